@@ -1,0 +1,42 @@
+"""Shared test set-up: quiet TensorFlow, two logical CPU devices, a small dataset on disk."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # exact float sums for equivalence tests
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from tfgpu import convert, distribute  # noqa: E402
+
+# Before TensorFlow starts: mirrored tests get 2 replicas; default stays on /cpu:0.
+distribute.configure_devices(2)
+
+
+def make_image_arrays(n: int, size: int = 40, num_classes: int = 4, seed: int = 0):
+    """Images whose class is visible (a bright quadrant), so short runs can learn them."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % num_classes
+    images = rng.integers(0, 60, size=(n, size, size, 3), dtype=np.uint8)
+    half = size // 2
+    for i, label in enumerate(labels):
+        y, x = divmod(int(label), 2)
+        images[i, y * half : (y + 1) * half, x * half : (x + 1) * half] += 150
+    return images, labels
+
+
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory) -> str:
+    """A converted dataset of 96 train and 24 validation 40x40 images in 4 classes."""
+    out = str(tmp_path_factory.mktemp("data"))
+    images, labels = make_image_arrays(120)
+    items = convert.items_from_arrays(images, labels, prefix="synthetic")
+    convert.write_dataset(
+        {"train": items[:96], "validation": items[96:]},
+        class_names=["a", "b", "c", "d"],
+        output_dir=out,
+        source="tests",
+        num_shards={"train": 4, "validation": 2},
+    )
+    return out

@@ -1,0 +1,91 @@
+"""The built-in demo dataset and its recipe.
+
+scikit-learn ships the UCI handwritten digits (1,797 real 8x8 scans, 10 classes). They are
+upscaled to 32x32 RGB and written as TFRecords by the converter's own code, once, into a cache
+directory; every later run reads them from there, through the same pipeline as ImageNet.
+"""
+
+import os
+import shutil
+import tempfile
+
+import numpy as np
+from PIL import Image
+
+from tfgpu import convert
+
+DEMO_VERSION = "digits-v1"
+DEMO_IMAGE_SIZE = 32
+
+# Flags the demo uses when no --data_dir is given (flags the user sets still win). The same
+# values are written out in flags/demo_digits.flags; tests/test_flags.py keeps the two equal.
+DEMO_RECIPE = {
+    "model": "tiny_cnn",
+    "image_size": DEMO_IMAGE_SIZE,
+    "global_batch_size": 64,
+    "train_steps": 600,
+    "optimizer": "adam",
+    "learning_rate": 0.002,
+    "lr_schedule": "cosine",
+    "warmup_steps": 20,
+    "weight_decay": 0.0,
+    "random_flip": False,  # digits are not mirror-symmetric
+    "crop_min_area": 0.6,
+    "eval_crop_fraction": 1.0,
+    "eval_every_steps": 200,
+    "log_every_steps": 50,
+}
+
+
+def cache_dir() -> str:
+    """``$TFGPU_CACHE_DIR`` or ``~/.cache/tfgpu``."""
+    return os.environ.get("TFGPU_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "tfgpu"
+    )
+
+
+def _digit_images() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits  # noqa: PLC0415 - only the demo needs sklearn
+
+    digits = load_digits()
+    pixels = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    big = [
+        np.asarray(
+            Image.fromarray(p).resize((DEMO_IMAGE_SIZE, DEMO_IMAGE_SIZE), Image.Resampling.BILINEAR)
+        )
+        for p in pixels
+    ]
+    return np.stack(big), digits.target
+
+
+def build_demo_dataset(directory: str | None = None, seed: int = 0) -> str:
+    """Returns the demo dataset's directory, writing it first if it is not there yet.
+
+    It is written into a temporary sibling and renamed into place, so processes that start
+    together (workers, ranks) never read a half-written dataset.
+    """
+    directory = directory or os.path.join(cache_dir(), "datasets", DEMO_VERSION)
+    if os.path.exists(os.path.join(directory, convert.INFO_FILE)):
+        return directory
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=".demo-", dir=parent)
+    try:
+        images, labels = _digit_images()
+        items = convert.items_from_arrays(images, labels, prefix="sklearn-digits")
+        train, validation = convert.split_items(items, validation_fraction=0.2, seed=seed)
+        convert.write_dataset(
+            {"train": train, "validation": validation},
+            class_names=[str(d) for d in range(10)],
+            output_dir=scratch,
+            source="sklearn.datasets.load_digits (UCI optical digits), upscaled to 32x32",
+            num_shards={"train": 4, "validation": 2},
+            seed=seed,
+        )
+        try:
+            os.rename(scratch, directory)
+        except OSError:  # another process finished first; its copy is identical
+            pass
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return directory

@@ -1,0 +1,275 @@
+"""How training is spread: the only module that knows strategies, TF_CONFIG, ranks and Horovod.
+
+Every backend offers the same few verbs, so ``step.py`` and ``train.py`` never branch on the
+strategy: ``scope``, ``num_replicas``, ``is_chief``, ``distribute_dataset``, ``run``,
+``all_reduce_sum`` (inside a step), ``reduce_sum`` (outside), ``broadcast_initial_state`` and
+``checkpoint_dir``.
+"""
+
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+STRATEGIES = (
+    "auto",
+    "default",
+    "one_device",
+    "mirrored",
+    "multi_worker_mirrored",
+    "horovod",
+)
+ALL_REDUCE_ALGS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
+COMMUNICATIONS = ("auto", "ring", "nccl")
+
+
+class DistributeError(ValueError):
+    """A strategy that cannot be set up in this environment; the message is one line."""
+
+
+@dataclass(frozen=True)
+class InputShard:
+    """Which slice of the data one input pipeline reads: pipeline ``index`` of ``count``."""
+
+    count: int
+    index: int
+
+
+def under_horovodrun() -> bool:
+    """True when this process was started by horovodrun (or mpirun with Horovod's variables)."""
+    return any(k in os.environ for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
+
+
+def read_tf_config() -> dict:
+    """Returns TF_CONFIG parsed, ``{}`` when unset; a malformed one is a DistributeError."""
+    raw = os.environ.get("TF_CONFIG", "")
+    if not raw.strip():
+        return {}
+    try:
+        config = json.loads(raw)
+        workers = config["cluster"]["worker"]
+        task = config["task"]
+        if not isinstance(workers, list) or not workers:
+            raise ValueError("cluster.worker must be a non-empty list")
+        if task["type"] not in ("worker", "chief", "evaluator"):
+            raise ValueError(f"task.type {task['type']!r} is not worker or chief")
+        if not 0 <= int(task["index"]) < len(config["cluster"].get(task["type"], [])):
+            raise ValueError(f"task.index {task['index']} is out of range")
+    except (ValueError, KeyError, TypeError) as err:
+        raise DistributeError(
+            f"TF_CONFIG is malformed ({err}); expected "
+            '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": N}}'
+        ) from None
+    return config
+
+
+def resolve_strategy(name: str) -> str:
+    """Resolves ``auto`` from the environment; other names are returned as they are."""
+    if name != "auto":
+        return name
+    if under_horovodrun():
+        return "horovod"
+    if len(read_tf_config().get("cluster", {}).get("worker", [])) > 1:
+        return "multi_worker_mirrored"
+    if len(tf.config.list_physical_devices("GPU")) > 1:
+        return "mirrored"
+    return "default"
+
+
+def configure_devices(logical_cpu_devices: int, gpu_memory_growth: bool = True) -> None:
+    """Splits the CPU into logical devices and sets GPU memory growth; call before any op runs.
+
+    Calling it again with the same split is fine (tests set it up once per process).
+    """
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if logical_cpu_devices > 1:
+        current = tf.config.get_logical_device_configuration(cpu) or []
+        if len(current) != logical_cpu_devices:
+            try:
+                tf.config.set_logical_device_configuration(
+                    cpu, [tf.config.LogicalDeviceConfiguration()] * logical_cpu_devices
+                )
+            except RuntimeError:
+                raise DistributeError(
+                    f"--logical_cpu_devices={logical_cpu_devices} came after TensorFlow started "
+                    f"with {max(len(current), 1)} CPU device(s)"
+                ) from None
+    for gpu in tf.config.list_physical_devices("GPU"):
+        # Growth instead of grabbing all memory: several ranks may share a machine.
+        tf.config.experimental.set_memory_growth(gpu, gpu_memory_growth)
+
+
+class StrategyBackend:
+    """default, one_device, mirrored and multi_worker_mirrored: a tf.distribute.Strategy."""
+
+    def __init__(self, name: str, strategy: tf.distribute.Strategy):
+        self.name = name
+        self.strategy = strategy
+        resolver = getattr(strategy.cluster_resolver, "task_id", None)
+        self.worker_index = int(resolver or 0)
+        self.num_workers = strategy.extended._num_workers if name == "multi_worker_mirrored" else 1
+        self.is_chief = strategy.extended.should_checkpoint if name != "default" else True
+
+    @property
+    def num_replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    def scope(self):
+        return self.strategy.scope()
+
+    def distribute_dataset(self, make_dataset):
+        """``make_dataset(InputShard) -> tf.data.Dataset`` of per-replica batches, one per worker."""
+
+        def fn(ctx: tf.distribute.InputContext):
+            return make_dataset(InputShard(ctx.num_input_pipelines, ctx.input_pipeline_id))
+
+        options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
+        return self.strategy.distribute_datasets_from_function(fn, options)
+
+    def run(self, fn, args=()):
+        return self.strategy.run(fn, args=args)
+
+    def all_reduce_sum(self, values):
+        """Sums a list of tensors over all replicas; called inside ``run``."""
+        ctx = tf.distribute.get_replica_context()
+        return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+
+    def reduce_sum(self, per_replica):
+        """Sums a (nest of) per-replica value(s) over replicas; called outside ``run``."""
+        return tf.nest.map_structure(
+            lambda v: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), per_replica
+        )
+
+    def local_values(self, per_replica):
+        """The values of this worker's replicas, as a list."""
+        return list(self.strategy.experimental_local_results(per_replica))
+
+    def broadcast_initial_state(self, variables):
+        # Mirrored variables are created identical on every replica and worker.
+        del variables
+
+    def checkpoint_dir(self, directory: str) -> str:
+        """Where this worker saves: the real directory for the chief, a scratch one otherwise.
+
+        Every worker must take part in a save (reading sync-on-read variables is collective).
+        """
+        if self.is_chief:
+            return directory
+        return tempfile.mkdtemp(prefix=f"tfgpu-worker{self.worker_index}-")
+
+
+class HorovodBackend:
+    """Horovod: one process per device, plain variables, grouped all-reduce of gradients."""
+
+    def __init__(self, compression: str = "none"):
+        import horovod.tensorflow as hvd  # noqa: PLC0415 - Horovod stays optional
+
+        hvd.init()
+        self.hvd = hvd
+        self.name = "horovod"
+        self.num_workers = hvd.size()
+        self.worker_index = hvd.rank()
+        self.is_chief = hvd.rank() == 0
+        self.strategy = tf.distribute.get_strategy()
+        self._compression = hvd.Compression.fp16 if compression == "fp16" else None
+
+    @property
+    def num_replicas(self) -> int:
+        return self.hvd.size()
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+    def distribute_dataset(self, make_dataset):
+        return make_dataset(InputShard(self.hvd.size(), self.hvd.rank()))
+
+    def run(self, fn, args=()):
+        return fn(*args)
+
+    def all_reduce_sum(self, values):
+        kwargs = {"compression": self._compression} if self._compression else {}
+        return self.hvd.grouped_allreduce(list(values), op=self.hvd.Sum, **kwargs)
+
+    def reduce_sum(self, value):
+        return tf.nest.map_structure(lambda v: self.hvd.allreduce(v, op=self.hvd.Sum), value)
+
+    def local_values(self, value):
+        return [value]
+
+    def broadcast_initial_state(self, variables):
+        """Copies rank 0's values into every rank's variables (Keras 3 variables unwrapped)."""
+        tf_vars = [getattr(v, "value", v) for v in variables]
+        self.hvd.broadcast_variables(tf_vars, root_rank=0)
+
+    def checkpoint_dir(self, directory: str) -> str:
+        if self.is_chief:
+            return directory
+        return tempfile.mkdtemp(prefix=f"tfgpu-rank{self.worker_index}-")
+
+
+def _mirrored(all_reduce_alg: str) -> tf.distribute.Strategy:
+    ops = {
+        "auto": None,
+        "nccl": tf.distribute.NcclAllReduce,
+        "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+        "reduce_to_one": tf.distribute.ReductionToOneDevice,
+    }[all_reduce_alg]
+    gpus = tf.config.list_logical_devices("GPU")
+    devices = [d.name for d in gpus or tf.config.list_logical_devices("CPU")]
+    if ops is None and not gpus:
+        # On CPU devices TensorFlow would pick NCCL-free ReductionToOneDevice anyway; say so.
+        ops = tf.distribute.ReductionToOneDevice
+    return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=ops())
+
+
+def _multi_worker(communication: str, timeout_s: float) -> tf.distribute.Strategy:
+    if not read_tf_config():
+        raise DistributeError(
+            "--strategy=multi_worker_mirrored needs TF_CONFIG naming the workers "
+            "(or start the workers with `python -m tfgpu.launch --num_workers=N -- ...`)"
+        )
+    impl = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }[communication]
+    # A collective timeout turns a dead peer into an error instead of a hang.
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=impl, timeout_seconds=timeout_s or None
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def build_backend(
+    strategy: str,
+    all_reduce_alg: str = "auto",
+    communication: str = "auto",
+    collective_timeout_s: float = 0.0,
+    hvd_compression: str = "none",
+):
+    """Returns the backend for a resolved strategy name (see ``resolve_strategy``)."""
+    if strategy == "horovod":
+        if not under_horovodrun():
+            raise DistributeError(
+                "--strategy=horovod must run under horovodrun, e.g. "
+                "`horovodrun -np 2 -H localhost:2 python -m tfgpu.main --strategy=horovod`"
+            )
+        try:
+            return HorovodBackend(hvd_compression)
+        except ImportError:
+            raise DistributeError(
+                "--strategy=horovod needs Horovod: run `bash tools/install_horovod.sh`"
+            ) from None
+    if strategy == "default":
+        return StrategyBackend(strategy, tf.distribute.get_strategy())
+    if strategy == "one_device":
+        device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
+        return StrategyBackend(strategy, tf.distribute.OneDeviceStrategy(device))
+    if strategy == "mirrored":
+        return StrategyBackend(strategy, _mirrored(all_reduce_alg))
+    if strategy == "multi_worker_mirrored":
+        return StrategyBackend(strategy, _multi_worker(communication, collective_timeout_s))
+    raise DistributeError(f"--strategy={strategy!r} is unknown; choose from {', '.join(STRATEGIES)}")

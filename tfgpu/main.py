@@ -1,0 +1,76 @@
+"""``python -m tfgpu.main``: flags -> one validated, frozen Config -> ``train.run``.
+
+With no ``--data_dir`` (and no ``--synthetic_data``) the run uses the built-in demo dataset and
+the demo recipe for every flag the user did not set.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
+
+from absl import app, flags, logging  # noqa: E402
+
+from tfgpu import demo  # noqa: E402
+from tfgpu.config import ConfigError, validate  # noqa: E402
+from tfgpu.flags import config_from_flags, define_flags  # noqa: E402
+from tfgpu.results import default_model_dir  # noqa: E402
+
+EXIT_USAGE = 2
+EXIT_NON_FINITE = 3
+
+define_flags()
+FLAGS = flags.FLAGS
+
+
+def _check_writable(model_dir: str) -> None:
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        probe = os.path.join(model_dir, ".write-test")
+        with open(probe, "w", encoding="utf-8"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        raise ConfigError(f"--model_dir={model_dir} is not writable: {err.strerror}") from None
+
+
+def make_config():
+    """The run's Config from the parsed flags (demo recipe as defaults when there is no data)."""
+    use_demo = not FLAGS["data_dir"].present and not FLAGS.synthetic_data
+    config = config_from_flags(FLAGS, demo.DEMO_RECIPE if use_demo else None)
+    if not config.model_dir:
+        config = config.replace(model_dir=default_model_dir())
+    return validate(config)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.WARNING)  # tf.distribute logs every reduction at INFO
+    # Imported here so that --help and flag errors do not wait for TensorFlow.
+    from tfgpu import train  # noqa: PLC0415
+    from tfgpu.distribute import DistributeError  # noqa: PLC0415
+    from tfgpu.input_pipeline import DataError  # noqa: PLC0415
+    from tfgpu.step import NonFiniteLoss  # noqa: PLC0415
+
+    try:
+        config = make_config()
+        _check_writable(config.model_dir)
+        train.run(config)
+    except (ConfigError, DataError, DistributeError, KeyError) as err:
+        message = err.args[0] if err.args else str(err)
+        print(f"tfgpu: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except NonFiniteLoss as err:
+        print(f"tfgpu: error: {err}; the last good checkpoint is kept", file=sys.stderr)
+        return EXIT_NON_FINITE
+    return 0
+
+
+def run():
+    """Console-script entry point (``tfgpu-train``)."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,162 @@
+"""The train step: k micro-batches -> summed float32 gradients -> ONE all-reduce -> ONE update.
+
+Each replica gets its whole share of a global batch and walks it in ``grad_accum_steps``
+micro-batches inside a ``tf.while_loop`` (so k costs no extra tracing). Each micro-batch's loss
+is summed over its examples and divided by the *global* batch, so the summed gradients equal
+those of one large batch. The replicas then all-reduce once, and the optimizer applies once,
+outside the replicas (cross-replica context), which is also where an update with non-finite
+gradients is skipped under float16 loss scaling.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfgpu import preprocess
+
+
+class NonFiniteLoss(FloatingPointError):
+    """Raised by the loop when a float32/bfloat16 step produced a non-finite loss."""
+
+
+class _OwnAllReduceMixin:
+    """Keras' TF optimizer all-reduces gradients itself inside a replica context; tfgpu's step
+    has already done that, once, so the second reduction is turned off."""
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return list(grads_and_vars)
+
+
+def without_implicit_all_reduce(optimizer: keras.optimizers.Optimizer):
+    """Returns ``optimizer`` re-classed so that ``apply`` does not all-reduce again."""
+    cls = type(optimizer)
+    optimizer.__class__ = type(cls.__name__, (_OwnAllReduceMixin, cls), {})
+    return optimizer
+
+
+class DynamicLossScale:
+    """Float16 dynamic loss scaling: halve on overflow, double after ``period`` good steps."""
+
+    def __init__(self, initial: float = 2.0**15, period: int = 2000):
+        agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        self.scale = tf.Variable(initial, trainable=False, dtype=tf.float32, aggregation=agg)
+        self.good_steps = tf.Variable(0, trainable=False, dtype=tf.int64, aggregation=agg)
+        self.period = period
+
+    def update(self, finite: tf.Tensor) -> None:
+        """Called once per update, in cross-replica context, with the global finiteness."""
+        grow = tf.logical_and(finite, self.good_steps + 1 >= self.period)
+        self.scale.assign(
+            tf.where(finite, tf.where(grow, self.scale * 2.0, self.scale), self.scale * 0.5)
+        )
+        self.good_steps.assign(tf.where(finite & ~grow, self.good_steps + 1, 0))
+
+
+def all_finite(tensors) -> tf.Tensor:
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
+
+
+def clip_by_global_norm(grads, clip_norm: float):
+    """Clips the all-reduced (global) gradients; Keras would clip each replica's part instead."""
+    if not clip_norm:
+        return grads
+    clipped, _ = tf.clip_by_global_norm(grads, clip_norm)
+    return clipped
+
+
+class TrainStep:
+    """Builds the per-update function run by the loop; holds no data, only the recipe."""
+
+    def __init__(
+        self,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
+        backend,
+        global_batch_size: int,
+        grad_accum_steps: int = 1,
+        label_smoothing: float = 0.0,
+        clip_norm: float = 0.0,
+        loss_scale: DynamicLossScale | None = None,
+    ):
+        self.model = model
+        self.optimizer = without_implicit_all_reduce(optimizer)
+        self.backend = backend
+        self.global_batch_size = global_batch_size
+        self.grad_accum_steps = grad_accum_steps
+        self.label_smoothing = label_smoothing
+        self.clip_norm = clip_norm
+        self.loss_scale = loss_scale
+        agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        with backend.scope():
+            # Built here: variables cannot be created inside the cond that may skip an update.
+            self.optimizer.build(model.trainable_variables)
+            # Counts gradient all-reduces as they run (tests check one per update).
+            self.all_reduce_count = tf.Variable(0, trainable=False, dtype=tf.int64, aggregation=agg)
+
+    def _loss(self, logits, labels):
+        """Summed cross-entropy of a micro-batch, over the global batch size."""
+        num_classes = logits.shape[-1]
+        targets = tf.one_hot(labels, num_classes)
+        if self.label_smoothing:
+            targets = targets * (1 - self.label_smoothing) + self.label_smoothing / num_classes
+        per_example = tf.nn.softmax_cross_entropy_with_logits(targets, logits)
+        return tf.reduce_sum(per_example) / self.global_batch_size
+
+    def _micro_step(self, images, labels):
+        """One micro-batch: (gradients, summed loss, correct count)."""
+        with tf.GradientTape() as tape:
+            logits = tf.cast(self.model(images, training=True), tf.float32)
+            loss = self._loss(logits, labels)
+            scaled = loss * self.loss_scale.scale if self.loss_scale else loss
+        grads = tape.gradient(scaled, self.model.trainable_variables)
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, tf.int32), labels), tf.float32))
+        return [tf.cast(g, tf.float32) for g in grads], loss, correct
+
+    def replica_step(self, batch: dict):
+        """Runs on each replica: accumulate k micro-batches, then all-reduce once.
+
+        Returns (all-reduced gradients, per-replica metrics {loss, correct, count}).
+        """
+        images, labels = preprocess.train_batch(batch)
+        k = self.grad_accum_steps
+        micro = tf.shape(labels)[0] // k
+        grads = [tf.zeros_like(v.value if hasattr(v, "value") else v) for v in self.model.trainable_variables]
+        loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
+        for i in tf.range(k):  # autograph: a tf.while_loop, traced once whatever k is
+            lo = i * micro
+            g, loss, correct = self._micro_step(images[lo : lo + micro], labels[lo : lo + micro])
+            grads = [a + b for a, b in zip(grads, g)]
+            loss_sum += loss
+            correct_sum += correct
+        # The only gradient synchronization of the update: after the last micro-batch.
+        grads = self.backend.all_reduce_sum(grads)
+        self.all_reduce_count.assign_add(1)
+        if self.loss_scale:
+            grads = [g / self.loss_scale.scale for g in grads]
+        finite = all_finite(grads)
+        grads = clip_by_global_norm(grads, self.clip_norm)
+        metrics = {
+            "loss": loss_sum,
+            "correct": correct_sum,
+            "count": tf.cast(tf.shape(labels)[0], tf.float32),
+        }
+        return grads, finite, metrics
+
+    def update(self, batch) -> dict:
+        """One optimizer update from one distributed global batch; returns global-summed metrics."""
+        grads, finite, metrics = self.backend.run(self.replica_step, args=(batch,))
+        # Identical on every replica (computed after the all-reduce): skip or apply together.
+        finite = self.backend.local_values(finite)[0]
+        if self.loss_scale:
+            # A cond with merge_call inside must sit in cross-replica context (as Keras'
+            # LossScaleOptimizer does), so the apply re-enters the replicas from inside it.
+            tf.cond(finite, lambda: self._apply(grads), lambda: tf.constant(False))
+            self.loss_scale.update(finite)
+        else:
+            self._apply(grads)
+        metrics = self.backend.reduce_sum(metrics)
+        metrics["finite"] = finite
+        return metrics
+
+    def _apply(self, grads):
+        self.backend.run(self.optimizer.apply, args=(grads, self.model.trainable_variables))
+        return tf.constant(True)
