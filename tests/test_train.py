@@ -1,0 +1,59 @@
+import json
+import os
+
+import numpy as np
+
+from tfgpu import train
+from tfgpu.config import Config, validate
+
+CONTRACT_FILES = [
+    "config.json",
+    "metrics.jsonl",
+    "summary.json",
+    "checkpoints",
+    "final.weights.h5",
+    "tensorboard",
+    "export/model.keras",
+    "export/saved_model",
+]
+
+
+def _config(data_dir, model_dir, **kw):
+    base = dict(
+        strategy="default",
+        model="tiny_cnn",
+        data_dir=data_dir,
+        model_dir=str(model_dir),
+        image_size=32,
+        global_batch_size=16,
+        train_steps=40,
+        optimizer="adam",
+        learning_rate=0.003,
+        weight_decay=0.0,
+        warmup_steps=0,
+        lr_schedule="constant",
+        random_flip=False,
+        crop_min_area=0.8,
+        log_every_steps=10,
+        checkpoint_every_steps=20,
+        steps_per_loop=5,
+        seed=1,
+    )
+    base.update(kw)
+    return validate(Config(**base))
+
+
+def test_short_run_writes_every_contract_file_and_learns(small_dataset, tmp_path):
+    summary = train.run(_config(small_dataset, tmp_path))
+    for name in CONTRACT_FILES:
+        assert os.path.exists(tmp_path / name), name
+    train_losses = [
+        r["loss"]
+        for r in map(json.loads, open(tmp_path / "metrics.jsonl"))
+        if r["split"] == "train"
+    ]
+    assert len(train_losses) == 4
+    assert np.mean(train_losses[-2:]) < 0.7 * train_losses[0]
+    assert summary["steps"] == 40 and summary["final_eval"]["top1"] > 0.5
+    assert json.load(open(tmp_path / "summary.json"))["num_replicas"] == 1
+    assert json.load(open(tmp_path / "config.json"))["model"] == "tiny_cnn"
