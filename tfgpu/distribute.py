@@ -102,6 +102,14 @@ def configure_devices(logical_cpu_devices: int, gpu_memory_growth: bool = True) 
         tf.config.experimental.set_memory_growth(gpu, gpu_memory_growth)
 
 
+def _counter() -> tf.Variable:
+    """Counts gradient all-reduces as they run (tests check one per update); every replica
+    increments it, the first replica's count is the one kept."""
+    return tf.Variable(
+        0, trainable=False, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+    )
+
+
 class StrategyBackend:
     """default, one_device, mirrored and multi_worker_mirrored: a tf.distribute.Strategy."""
 
@@ -112,6 +120,8 @@ class StrategyBackend:
         self.worker_index = int(resolver or 0)
         self.num_workers = strategy.extended._num_workers if name == "multi_worker_mirrored" else 1
         self.is_chief = strategy.extended.should_checkpoint if name != "default" else True
+        with strategy.scope():
+            self.all_reduce_calls = _counter()
 
     @property
     def num_replicas(self) -> int:
@@ -133,7 +143,8 @@ class StrategyBackend:
         return self.strategy.run(fn, args=args)
 
     def all_reduce_sum(self, values):
-        """Sums a list of tensors over all replicas; called inside ``run``."""
+        """Sums a list of tensors over all replicas, in one batched collective; inside ``run``."""
+        self.all_reduce_calls.assign_add(1)
         ctx = tf.distribute.get_replica_context()
         return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
 
@@ -175,6 +186,7 @@ class HorovodBackend:
         self.is_chief = hvd.rank() == 0
         self.strategy = tf.distribute.get_strategy()
         self._compression = hvd.Compression.fp16 if compression == "fp16" else None
+        self.all_reduce_calls = _counter()
 
     @property
     def num_replicas(self) -> int:
@@ -190,6 +202,7 @@ class HorovodBackend:
         return fn(*args)
 
     def all_reduce_sum(self, values):
+        self.all_reduce_calls.assign_add(1)
         kwargs = {"compression": self._compression} if self._compression else {}
         return self.hvd.grouped_allreduce(list(values), op=self.hvd.Sum, **kwargs)
 

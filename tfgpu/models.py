@@ -1,10 +1,16 @@
 """The model registry: a small dict of builders, name -> keras.Model.
 
-Every model takes float pixels in [0, 255] (NHWC) and returns float32 logits; normalization is
-its first layer, so an exported model needs no tfgpu code around it.
+Every model takes float pixels in [0, 255], channels-last (NHWC: the layout cuDNN's fast
+mixed-precision kernels and XLA prefer on GPUs, and what tf.data produces), and returns float32
+logits; normalization is inside the model, so an exported model needs no tfgpu code around it.
+Builders take (num_classes, image_size, small_input); ``small_input`` is a stem for 32x32 data.
+ResNets are built here (keras.applications has no basic-block or v1.5 ResNet); DenseNets and
+EfficientNets come from keras.applications without weights (the machines are offline), and
+``--init_weights`` loads a local file instead (``load_initial_weights``).
 """
 
 import functools
+import os
 
 import keras
 from keras import layers
@@ -106,16 +112,74 @@ def _depth_name(depths, block) -> int:
     return sum(depths) * (2 if block == "basic" else 3) + 2
 
 
-def _from_applications(app_name: str, normalize: bool, num_classes: int, image_size: int, small_input=False):
-    """A keras.applications backbone (no weights: machines are offline) with tfgpu's head."""
-    del small_input
-    inputs = keras.Input((image_size, image_size, 3), name="image")
-    x = _normalize(inputs) if normalize else inputs
-    backbone = getattr(keras.applications, app_name)(
-        include_top=False, weights=None, input_shape=(image_size, image_size, 3), pooling="avg"
+# How each keras.applications family brings pixels from [0, 255] to what it was designed for.
+# DenseNet has no preprocessing layer inside: tfgpu puts ImageNet mean/std in front of it.
+# EfficientNet (v1) has Rescaling(1/255) + a Normalization layer whose statistics are only
+# filled in by ImageNet weights; tfgpu sets them to the ImageNet mean/std itself.
+# EfficientNetV2 normalizes inside (B0-B3: ImageNet mean/std; S/M/L: to [-1, 1], as the paper).
+_SMALL_STEMS = {
+    # layer name -> config changes that keep the layer (and so its weights) but stop it from
+    # downsampling: stride 1, padding that keeps the size. 32x32 inputs then end at 4x4 (DenseNet)
+    # or 2x2 (EfficientNets) instead of 1x1.
+    "DenseNet": {"conv1_conv": {"strides": [1, 1]}, "pool1": {"strides": [1, 1]}},
+    "EfficientNetB": {
+        "stem_conv_pad": {"padding": [[1, 1], [1, 1]]},
+        "stem_conv": {"strides": [1, 1]},
+    },
+    "EfficientNetV2": {"stem_conv": {"strides": [1, 1]}},
+}
+
+
+def _family(app_name: str) -> str:
+    return next(
+        f for f in ("DenseNet", "EfficientNetV2", "EfficientNetB") if app_name.startswith(f)
     )
-    x = backbone(x)
-    return keras.Model(inputs, _head(x, num_classes), name=app_name.lower())
+
+
+def _small_stem(backbone: keras.Model, family: str) -> keras.Model:
+    """Rebuilds a functional ``backbone`` from its config with the stem's stride set to 1."""
+    config = backbone.get_config()
+    changes = _SMALL_STEMS[family]
+    for layer in config["layers"]:
+        layer["config"].update(changes.get(layer["config"]["name"], {}))
+    return keras.Model.from_config(config)
+
+
+def _set_imagenet_stats(backbone: keras.Model) -> None:
+    """EfficientNet v1: fills its Normalization layer (after Rescaling(1/255)) with ImageNet
+    mean/variance; without ImageNet weights Keras leaves it at mean 0, variance 1."""
+    (norm,) = [layer for layer in backbone.layers if isinstance(layer, layers.Normalization)]
+    norm.adapt_mean.assign([m / 255 for m in IMAGENET_MEAN])
+    norm.adapt_variance.assign([v / 255**2 for v in IMAGENET_VAR])
+    norm.finalize_state()
+
+
+def _from_applications(
+    app_name: str, num_classes: int, image_size: int, small_input: bool = False
+) -> keras.Model:
+    """A keras.applications backbone (no weights: machines are offline) with tfgpu's head.
+
+    ``small_input`` makes the stem stride 1 (see _SMALL_STEMS); layers and weights are the same.
+    """
+    family = _family(app_name)
+    shape = (image_size, image_size, 3)
+    backbone = getattr(keras.applications, app_name)(
+        include_top=False, weights=None, input_shape=shape, pooling="avg"
+    )
+    if small_input:
+        backbone = _small_stem(backbone, family)
+    if family == "EfficientNetB":
+        _set_imagenet_stats(backbone)
+    inputs = keras.Input(shape, name="image")
+    x = _normalize(inputs) if family == "DenseNet" else inputs
+    return keras.Model(inputs, _head(backbone(x), num_classes), name=app_name.lower())
+
+
+def _applications(prefix: str, app_prefix: str, suffixes) -> dict:
+    return {
+        f"{prefix}{s.lower()}": functools.partial(_from_applications, f"{app_prefix}{s}")
+        for s in suffixes
+    }
 
 
 MODELS = {
@@ -125,32 +189,65 @@ MODELS = {
     "resnet50": functools.partial(build_resnet, depths=(3, 4, 6, 3), block="bottleneck"),
     "resnet101": functools.partial(build_resnet, depths=(3, 4, 23, 3), block="bottleneck"),
     "resnet152": functools.partial(build_resnet, depths=(3, 8, 36, 3), block="bottleneck"),
+    **_applications("densenet", "DenseNet", ("121", "169", "201")),
+    **_applications("efficientnet_", "EfficientNet", [f"B{i}" for i in range(8)]),
+    **_applications("efficientnetv2_", "EfficientNetV2", ("B0", "B1", "B2", "B3", "S", "M", "L")),
 }
-# DenseNet expects normalized input; EfficientNets normalize inside (from [0, 255]).
-MODELS.update(
-    {
-        f"densenet{n}": functools.partial(_from_applications, f"DenseNet{n}", True)
-        for n in (121, 169, 201)
-    }
-)
-MODELS.update(
-    {
-        f"efficientnet_b{i}": functools.partial(_from_applications, f"EfficientNetB{i}", False)
-        for i in range(8)
-    }
-)
-MODELS.update(
-    {
-        f"efficientnetv2_{v.lower()}": functools.partial(
-            _from_applications, f"EfficientNetV2{v}", False
-        )
-        for v in ("B0", "B1", "B2", "B3", "S", "M", "L")
-    }
-)
 
 
 def build_model(name: str, num_classes: int, image_size: int, small_input: bool = False):
-    """Builds registry model ``name``; raises KeyError naming the choices for an unknown one."""
+    """Builds registry model ``name`` (NHWC float [0, 255] in, float32 logits out) under the
+    current mixed-precision policy; raises KeyError naming the choices for an unknown name."""
     if name not in MODELS:
         raise KeyError(f"--model={name!r} is unknown; choose from {', '.join(sorted(MODELS))}")
+    if keras.config.image_data_format() != "channels_last":
+        # Every builder and the input pipeline are NHWC; channels-first would silently mismatch.
+        raise ValueError("tfgpu models are channels-last: set image_data_format to channels_last")
     return MODELS[name](num_classes=num_classes, image_size=image_size, small_input=small_input)
+
+
+def load_initial_weights(model: keras.Model, path: str) -> list[str]:
+    """Loads ``--init_weights`` into ``model``; returns the names of the layers left as built.
+
+    A ``.weights.h5`` file must fit exactly (same model and classes). A ``.keras`` file
+    (loaded with safe_mode) may differ in its ``logits`` layer only, e.g. another number of
+    classes for fine-tuning; that layer then keeps its fresh initialization. Any other
+    mismatch, or a missing file, raises ConfigError with a one-line message.
+    """
+    from tfgpu.config import ConfigError  # noqa: PLC0415 (config imports this module)
+
+    flag = f"--init_weights={path}"
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"{flag}: no such file")
+    try:
+        if path.endswith(".weights.h5"):
+            model.load_weights(path)
+            return []
+        if path.endswith(".keras"):
+            source = keras.saving.load_model(path, compile=False, safe_mode=True)
+            return _copy_weights(source, model)
+    except (ValueError, OSError, TypeError) as err:
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ConfigError(f"{flag} does not fit model {model.name!r}: {first}") from None
+    raise ConfigError(f"{flag}: expected a .weights.h5 or .keras file")
+
+
+def _copy_weights(source: keras.Model, model: keras.Model) -> list[str]:
+    """Copies ``source``'s weights into ``model`` in order (same builder = same order)."""
+    if len(source.weights) != len(model.weights):
+        raise ValueError(
+            f"it holds {len(source.weights)} weight tensors, the model {len(model.weights)} "
+            f"(saved model {source.name!r})"
+        )
+    skipped = set()
+    for src, dst in zip(source.weights, model.weights):
+        if tuple(src.shape) == tuple(dst.shape):
+            dst.assign(src.value)
+        elif dst.path.startswith("logits/"):
+            skipped.add("logits")
+        else:
+            raise ValueError(
+                f"{dst.path} has shape {tuple(dst.shape)}, the file {tuple(src.shape)}"
+            )
+    return sorted(skipped)

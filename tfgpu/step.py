@@ -76,6 +76,7 @@ class TrainStep:
         label_smoothing: float = 0.0,
         clip_norm: float = 0.0,
         loss_scale: DynamicLossScale | None = None,
+        preprocess_fn=preprocess.train_batch,
     ):
         self.model = model
         self.optimizer = without_implicit_all_reduce(optimizer)
@@ -85,17 +86,19 @@ class TrainStep:
         self.label_smoothing = label_smoothing
         self.clip_norm = clip_norm
         self.loss_scale = loss_scale
-        agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        self.preprocess_fn = preprocess_fn
         with backend.scope():
             # Built here: variables cannot be created inside the cond that may skip an update.
             self.optimizer.build(model.trainable_variables)
-            # Counts gradient all-reduces as they run (tests check one per update).
-            self.all_reduce_count = tf.Variable(0, trainable=False, dtype=tf.int64, aggregation=agg)
 
-    def _loss(self, logits, labels):
-        """Summed cross-entropy of a micro-batch, over the global batch size."""
+    def _loss(self, logits, targets):
+        """Summed cross-entropy of a micro-batch, over the global batch size.
+
+        ``targets`` are int labels [N] or soft labels [N, C] (MixUp/CutMix).
+        """
         num_classes = logits.shape[-1]
-        targets = tf.one_hot(labels, num_classes)
+        if targets.dtype.is_integer:
+            targets = tf.one_hot(targets, num_classes)
         if self.label_smoothing:
             targets = targets * (1 - self.label_smoothing) + self.label_smoothing / num_classes
         per_example = tf.nn.softmax_cross_entropy_with_logits(targets, logits)
@@ -108,7 +111,8 @@ class TrainStep:
             loss = self._loss(logits, labels)
             scaled = loss * self.loss_scale.scale if self.loss_scale else loss
         grads = tape.gradient(scaled, self.model.trainable_variables)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, tf.int32), labels), tf.float32))
+        hard = labels if labels.dtype.is_integer else tf.argmax(labels, -1, tf.int32)
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, tf.int32), hard), tf.float32))
         return [tf.cast(g, tf.float32) for g in grads], loss, correct
 
     def replica_step(self, batch: dict):
@@ -116,7 +120,7 @@ class TrainStep:
 
         Returns (all-reduced gradients, per-replica metrics {loss, correct, count}).
         """
-        images, labels = preprocess.train_batch(batch)
+        images, labels = self.preprocess_fn(batch)
         k = self.grad_accum_steps
         micro = tf.shape(labels)[0] // k
         grads = [tf.zeros_like(v.value if hasattr(v, "value") else v) for v in self.model.trainable_variables]
@@ -129,7 +133,6 @@ class TrainStep:
             correct_sum += correct
         # The only gradient synchronization of the update: after the last micro-batch.
         grads = self.backend.all_reduce_sum(grads)
-        self.all_reduce_count.assign_add(1)
         if self.loss_scale:
             grads = [g / self.loss_scale.scale for g in grads]
         finite = all_finite(grads)

@@ -1,9 +1,11 @@
 """The outer loop: steps, evaluation, checkpoints, logs, export and the run summary."""
 
+import hashlib
 import os
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfgpu import demo, distribute, input_pipeline, models, optim
@@ -25,6 +27,14 @@ def _data(config: Config):
         return input_pipeline.DataSpec("", classes, 0, (), (), 1_281_167, 0)
     data_dir = os.path.expanduser(config.data_dir) if config.data_dir else demo.build_demo_dataset()
     return input_pipeline.load_data_spec(data_dir, config.num_classes, config.label_offset)
+
+
+def weights_fingerprint(model: keras.Model) -> str:
+    """SHA-256 of every weight's bytes, in order: equal on workers that ended identical."""
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(weight)).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def total_steps(config: Config, num_train: int) -> int:
@@ -282,7 +292,11 @@ def run(config: Config) -> dict:
         "train_images_per_sec": throughput["images_per_sec"],
         "skipped_records": 0,
         "skipped_updates": int(trainer.skipped_updates.numpy()),
+        "gradient_all_reduces": int(backend.all_reduce_calls.numpy()),
+        "weights_sha256": weights_fingerprint(trainer.model),
         "wall_time_s": time.time() - started,
     }
     writer.write_summary(summary)
+    # Every worker says what it ended with: replicas that disagree are a bug, and visible.
+    print(f"worker {backend.worker_index}/{backend.num_workers} weights_sha256 {summary['weights_sha256']}", flush=True)
     return summary

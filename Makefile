@@ -1,0 +1,25 @@
+# The two commands of the README. Both set everything up on a fresh machine (a virtualenv in
+# .venv with tfgpu and TensorFlow; `make test` also Horovod, built once and cached).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Re-install when the dependencies change.
+STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
+
+.PHONY: demo test install horovod bench
+demo: install
+	$(PY) -m tfgpu.main --strategy=mirrored
+
+test: install horovod
+	$(PY) -m pytest -q tests
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+horovod: install
+	PYTHON=$(PY) bash tools/install_horovod.sh

@@ -1,0 +1,110 @@
+"""Same seed, same global batch, same updates: every way to spread training ends with the same
+weights (to float rounding), and there is one gradient all-reduce per update."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from tfgpu import train
+from tfgpu.config import Config, validate
+
+STEPS = 6
+FLAGS = dict(
+    model="tiny_cnn",
+    image_size=32,
+    global_batch_size=16,
+    train_steps=STEPS,
+    optimizer="sgd",
+    learning_rate=0.05,
+    momentum=0.9,
+    weight_decay=0.0,
+    lr_schedule="constant",
+    crop_min_area=0.5,
+    deterministic=True,
+    seed=3,
+    steps_per_loop=3,
+    log_every_steps=3,
+    checkpoint_every_steps=100,
+    export=False,
+)
+
+
+def _weights(model_dir) -> list[np.ndarray]:
+    arrays = []
+    with h5py.File(os.path.join(model_dir, "final.weights.h5"), "r") as f:
+        f.visititems(lambda name, obj: arrays.append(obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return arrays
+
+
+def _assert_same(a, b):
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+
+
+def _in_process(data_dir, model_dir, **kw):
+    config = validate(Config(data_dir=data_dir, model_dir=str(model_dir), **dict(FLAGS, **kw)))
+    return train.run(config), _weights(model_dir)
+
+
+def _cli_flags(data_dir, model_dir, strategy):
+    flags = [f"--data_dir={data_dir}", f"--model_dir={model_dir}", f"--strategy={strategy}"]
+    for key, value in FLAGS.items():
+        flags.append(f"--{key}" if value is True else f"--no{key}" if value is False else f"--{key}={value}")
+    return flags
+
+
+def _fingerprints(output: str, workers: int = 2) -> set:
+    """The weights fingerprint every worker printed; fails unless all ``workers`` did."""
+    found = dict(re.findall(r"worker (\d+)/\d+ weights_sha256 (\w+)", output))
+    assert len(found) == workers, output[-3000:]
+    return set(found.values())
+
+
+@pytest.fixture(scope="module")
+def reference(small_dataset, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("default")
+    summary, weights = _in_process(small_dataset, model_dir, strategy="default")
+    assert summary["gradient_all_reduces"] == STEPS
+    return weights
+
+
+def test_mirrored_two_replicas_equals_default(small_dataset, reference, tmp_path):
+    summary, weights = _in_process(small_dataset, tmp_path, strategy="mirrored")
+    assert summary["num_replicas"] == 2
+    assert summary["gradient_all_reduces"] == STEPS
+    _assert_same(weights, reference)
+
+
+@pytest.mark.parametrize("accum", [2, 4])
+def test_gradient_accumulation_equals_default_one_all_reduce_per_update(small_dataset, reference, tmp_path, accum):
+    summary, weights = _in_process(small_dataset, tmp_path, strategy="mirrored", grad_accum_steps=accum)
+    assert summary["gradient_all_reduces"] == STEPS  # not STEPS * accum
+    _assert_same(weights, reference)
+
+
+def test_multi_worker_two_processes_equals_default(small_dataset, reference, tmp_path):
+    cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
+    cmd += _cli_flags(small_dataset, tmp_path, "multi_worker_mirrored")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert len(_fingerprints(out.stdout)) == 1, "workers ended with different weights"
+    _assert_same(_weights(tmp_path), reference)
+
+
+def test_horovod_two_ranks_equals_default(small_dataset, reference, tmp_path):
+    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable))
+    if horovodrun is None:
+        pytest.fail("horovodrun not found: run `make test` (it builds Horovod)")
+    cmd = [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, "-m", "tfgpu.main"]
+    cmd += _cli_flags(small_dataset, tmp_path, "horovod")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert len(_fingerprints(out.stdout)) == 1, "ranks ended with different weights"
+    _assert_same(_weights(tmp_path), reference)

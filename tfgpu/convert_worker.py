@@ -1,0 +1,190 @@
+"""The converter's worker side: check and encode images, write one whole shard.
+
+Nothing here imports TensorFlow. Workers are started fresh (``forkserver``), and importing
+TensorFlow would cost each of them seconds and hundreds of MB; so a record is serialized
+here by hand, in exactly the wire format of ``tf.train.Example`` and TFRecord files
+(tests/test_convert.py checks it against ``tfgpu.records`` byte for byte). The feature names
+are those of ``tfgpu/records.py``.
+"""
+
+import io
+import os
+import struct
+from dataclasses import dataclass
+from typing import Iterator, Union
+
+import google_crc32c
+import numpy as np
+from PIL import Image
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_H5_CHUNK = 64  # rows read from HDF5 at once: one read per chunk, memory stays small
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class BadImage(ValueError):
+    """An input that cannot become a record; the message is the reason recorded."""
+
+
+@dataclass(frozen=True)
+class ArrayRow:
+    """Row ``index`` of the HDF5 dataset ``key`` in file ``path``, read by the worker."""
+
+    path: str
+    key: str
+    index: int
+
+
+@dataclass(frozen=True)
+class Item:
+    """One labelled image: encoded bytes, an HxWxC/HxW uint8 array, a file path or an
+    ``ArrayRow``; ``filename`` is what the record and the skipped list call it."""
+
+    source: Union[bytes, np.ndarray, str, ArrayRow]
+    label: int
+    filename: str
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    jpeg_quality: int = 95
+    lossless: bool = False
+    max_side: int = 0
+
+
+# --- images ---------------------------------------------------------------------------------
+
+
+def encode_image(source, jpeg_quality: int = 95, lossless: bool = False, max_side: int = 0):
+    """Returns ``(encoded, format, height, width)`` for one image, or raises BadImage.
+
+    ``source`` is encoded bytes, a uint8 array or a file path. RGB JPEGs that need no
+    resizing pass through byte for byte once they decode; anything else (PNG, grayscale,
+    CMYK, alpha, BMP, GIF, arrays) becomes RGB JPEG, or PNG if ``lossless``.
+    """
+    data = _read_file(source) if isinstance(source, str) else source
+    if isinstance(data, np.ndarray):
+        image = _from_array(data)
+    else:
+        if not data:
+            raise BadImage("empty file")
+        try:
+            image = Image.open(io.BytesIO(data))
+            image.load()  # decodes fully: truncated or corrupt data fails here
+        except Exception as err:  # PIL raises many types for bad data
+            raise BadImage(f"cannot decode: {err}") from None
+        if data[:3] == _JPEG_MAGIC and image.mode == "RGB" and not _too_big(image, max_side):
+            return bytes(data), "JPEG", image.height, image.width
+    image = _to_rgb(image)
+    if _too_big(image, max_side):
+        image.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
+    out = io.BytesIO()
+    if lossless:
+        image.save(out, format="PNG")
+    else:
+        image.save(out, format="JPEG", quality=jpeg_quality)
+    return out.getvalue(), "PNG" if lossless else "JPEG", image.height, image.width
+
+
+def _read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise BadImage(f"cannot read: {err.strerror or err}") from None
+
+
+def _from_array(array: np.ndarray) -> Image.Image:
+    if array.dtype != np.uint8 or array.ndim not in (2, 3) or array.ndim == 3 and array.shape[2] not in (1, 3, 4):
+        raise BadImage(f"expected a uint8 HxW or HxWxC (C=1,3,4) array, got {array.dtype} {array.shape}")
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    return Image.fromarray(np.ascontiguousarray(array))
+
+
+def _too_big(image: Image.Image, max_side: int) -> bool:
+    return max_side > 0 and max(image.size) > max_side
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        # Composite onto white: dropping alpha would expose arbitrary colours under it.
+        image = image.convert("RGBA")
+        background = Image.new("RGB", image.size, (255, 255, 255))
+        background.paste(image, mask=image.getchannel("A"))
+        return background
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        # 16-bit/float grayscale: PIL's convert("RGB") would clip, not scale, to 8 bits.
+        array = np.asarray(image, dtype=np.float64)
+        top = array.max() or 1.0
+        image = Image.fromarray(np.round(array * (255.0 / top)).astype(np.uint8))
+    return image.convert("RGB")
+
+
+# --- records --------------------------------------------------------------------------------
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # negative int64s are sent as their 64-bit two's complement
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _bytes_feature(value: bytes) -> bytes:
+    return _field(1, _field(1, value))  # Feature.bytes_list(1) -> BytesList.value(1)
+
+
+def _int64_feature(value: int) -> bytes:
+    return _field(3, _field(1, _varint(value)))  # Feature.int64_list(3), packed value(1)
+
+
+def serialize_example(
+    encoded: bytes, label: int, height: int, width: int, image_format: str, filename: str
+) -> bytes:
+    """The same bytes as ``tfgpu.records.encode_example`` with the same arguments."""
+    features = [
+        ("image/encoded", _bytes_feature(encoded)),
+        ("image/class/label", _int64_feature(int(label))),
+        ("image/format", _bytes_feature(image_format.upper().encode())),
+        ("image/height", _int64_feature(int(height))),
+        ("image/width", _int64_feature(int(width))),
+        ("image/filename", _bytes_feature(filename.encode("utf-8", "surrogateescape"))),
+    ]
+    entries = b"".join(_field(1, _field(1, k.encode()) + _field(2, v)) for k, v in features)
+    return _field(1, entries)  # Example.features(1) -> Features.feature(1) map entries
+
+
+def _masked_crc(data: bytes) -> bytes:
+    crc = google_crc32c.value(data)
+    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+
+def write_record(file, record: bytes) -> None:
+    """Appends one record in TFRecord framing: length, its CRC, data, its CRC."""
+    length = struct.pack("<Q", len(record))
+    file.write(length + _masked_crc(length))
+    file.write(record)
+    file.write(_masked_crc(record))
+
+
+def open_new(path: str):
+    """Opens ``path`` for writing as a new regular file, never through a symlink.
+
+    Whatever sits at ``path`` (a stale temp file, or a symlink planted there) is unlinked
+    first, and O_EXCL|O_NOFOLLOW make sure the file created is the one opened.
+    """
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    return os.fdopen(fd, "wb")

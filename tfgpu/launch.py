@@ -1,0 +1,100 @@
+"""``python -m tfgpu.launch --num_workers=N -- <tfgpu flags>``: N multi-worker processes on one
+machine, each with its TF_CONFIG filled in (what torchrun is to PyTorch).
+
+Each worker's output is prefixed with ``[worker i]``. When one worker fails, the others are
+stopped after ``--grace_s`` seconds (their collectives would time out anyway), and the launcher
+exits with the first failing worker's code. For several machines, set TF_CONFIG on each node
+yourself (README) and run ``python -m tfgpu.main --strategy=multi_worker_mirrored``.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app, flags
+
+flags.DEFINE_integer("num_workers", 2, "Worker processes to start on this machine.")
+flags.DEFINE_string("host", "localhost", "Address the workers listen on.")
+flags.DEFINE_float("grace_s", 30.0, "Seconds the others get to stop after one worker fails.")
+FLAGS = flags.FLAGS
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports that are free now (the OS picks them); held open together so they differ."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_configs(num_workers: int, host: str = "localhost") -> list[str]:
+    """One TF_CONFIG JSON string per worker of a localhost cluster."""
+    cluster = {"worker": [f"{host}:{p}" for p in free_ports(num_workers)]}
+    return [
+        json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        for i in range(num_workers)
+    ]
+
+
+def _pump(stream, prefix: str) -> None:
+    for line in iter(stream.readline, ""):
+        sys.stdout.write(f"{prefix} {line}")
+        sys.stdout.flush()
+
+
+def start_workers(argv: list[str], num_workers: int, host: str = "localhost"):
+    """Starts ``python -m tfgpu.main <argv>`` N times; returns the Popen objects."""
+    procs = []
+    for i, tf_config in enumerate(tf_configs(num_workers, host)):
+        env = dict(os.environ, TF_CONFIG=tf_config)
+        cmd = [sys.executable, "-m", "tfgpu.main", *argv]
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        threading.Thread(target=_pump, args=(proc.stdout, f"[worker {i}]"), daemon=True).start()
+        procs.append(proc)
+    return procs
+
+
+def wait_all(procs, grace_s: float) -> int:
+    """Waits for every worker; after a failure, stops the rest. Returns the exit code."""
+    failed_code, deadline = 0, None
+    while any(p.poll() is None for p in procs):
+        for p in procs:
+            code = p.poll()
+            if code not in (None, 0) and not failed_code:
+                failed_code, deadline = code, time.time() + grace_s
+        if deadline and time.time() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+        time.sleep(0.2)
+    codes = [p.returncode for p in procs]
+    return failed_code or next((c for c in codes if c), 0)
+
+
+def main(argv):
+    procs = start_workers(argv[1:], FLAGS.num_workers, FLAGS.host)
+    try:
+        return wait_all(procs, FLAGS.grace_s)
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+        return 130
+
+
+def run():
+    """Console-script entry point (``tfgpu-launch``)."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
