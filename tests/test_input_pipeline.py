@@ -1,8 +1,10 @@
 import numpy as np
+import pytest
 import tensorflow as tf
+from conftest import make_image_arrays
 
 from tfgpu import input_pipeline as ip
-from tfgpu import preprocess
+from tfgpu import preprocess, records
 from tfgpu.distribute import InputShard
 
 CFG = ip.PipelineConfig(image_size=32, seed=3, deterministic=True, shuffle_buffer=16)
@@ -18,6 +20,7 @@ def test_train_batches_are_uint8_of_the_right_shape(small_dataset):
     assert batch["image"].shape == (8, 32, 32, 3) and batch["image"].dtype == tf.uint8
     assert batch["label"].shape == (8,) and batch["label"].dtype == tf.int32
     assert batch["flip"].dtype == tf.bool
+    assert batch["weight"].dtype == tf.float32 and batch["weight"].numpy().all()
 
 
 def test_deterministic_stream_is_repeatable_and_resumable(small_dataset):
@@ -72,3 +75,97 @@ def test_flip_eager_and_in_tf_data():
     np.testing.assert_array_equal(eager, graph)
     np.testing.assert_array_equal(eager[0], images.numpy()[0, :, ::-1])
     np.testing.assert_array_equal(eager[1], images.numpy()[1])
+
+
+# --- worker shards, bad data, other sources --------------------------------------------------
+
+
+def _epoch_images(spec, cfg, shard, batch, global_batch):
+    """One epoch of a pipeline's images, as bytes (crops cover the whole image, no flips)."""
+    steps = spec.num_train // global_batch
+    ds = ip.make_train_dataset(spec, cfg, shard, batch, global_batch)
+    return [img.tobytes() for b in ds.take(steps) for img in b["image"].numpy()]
+
+
+def test_two_workers_never_see_an_example_twice_in_an_epoch(small_dataset):
+    spec = _spec(small_dataset)
+    whole = dict(crop_min_area=1.0, random_flip=False)
+    for deterministic in (True, False):  # by position / by file
+        cfg = ip.PipelineConfig(image_size=40, seed=3, deterministic=deterministic, **whole)
+        a, b = (_epoch_images(spec, cfg, InputShard(2, i), 4, 8) for i in range(2))
+        assert len(a) == len(b) == 48
+        assert len(set(a) | set(b)) == 96 and not set(a) & set(b)
+
+
+def _write_records(path, payloads, label_start=0):
+    with tf.io.TFRecordWriter(path) as writer:
+        for i, data in enumerate(payloads):
+            writer.write(records.encode_example(data, i % 4 + label_start, 40, 40, "JPEG", f"f{i}"))
+
+
+def _jpegs(n):
+    images, _ = make_image_arrays(n)
+    return [tf.io.encode_jpeg(img).numpy() for img in images]
+
+
+def test_broken_image_gets_weight_zero_and_the_stream_goes_on(tmp_path):
+    good = _jpegs(8)
+    payloads = good[:3] + [good[3][:-200], b"not an image"] + good[5:]
+    _write_records(str(tmp_path / "train-00000-of-00001"), payloads)
+    spec = ip.load_data_spec(str(tmp_path), num_classes=4)
+    batch = next(iter(ip.make_train_dataset(spec, CFG, InputShard(1, 0), 8, 8)))
+    assert sorted(batch["weight"].numpy()) == [0, 0, 1, 1, 1, 1, 1, 1]
+    broken = batch["weight"].numpy() == 0
+    assert not batch["image"].numpy()[broken].any()
+    _, targets = preprocess.make_batch_fn(4)(batch)
+    assert not targets.numpy()[broken].any()  # zero targets: no loss, no gradient
+
+
+def test_truncated_shard_is_an_error_naming_it_or_skipped_under_the_flag(tmp_path):
+    path = str(tmp_path / "train-00000-of-00001")
+    _write_records(path, _jpegs(4))
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-100])
+    with pytest.raises(ip.DataError, match="train-00000-of-00001 is truncated"):
+        ip.load_data_spec(str(tmp_path), num_classes=4)
+    spec = ip.load_data_spec(str(tmp_path), num_classes=4, skip_truncated=True)
+    cfg = ip.PipelineConfig(image_size=32, skip_truncated=True, shuffle_buffer=1)
+    batch = next(iter(ip.make_train_dataset(spec, cfg, InputShard(1, 0), 3, 3)))
+    assert batch["image"].shape == (3, 32, 32, 3)
+
+
+def test_official_imagenet_records_labels_from_one(tmp_path):
+    _write_records(str(tmp_path / "train-00000-of-00001"), _jpegs(8), label_start=1)
+    with pytest.raises(ip.DataError, match="--num_classes"):
+        ip.load_data_spec(str(tmp_path))
+    spec = ip.load_data_spec(str(tmp_path), num_classes=4, label_offset=1)
+    assert spec.num_train == 8
+    labels = next(iter(ip.make_train_dataset(spec, CFG, InputShard(1, 0), 8, 8)))["label"]
+    assert sorted(labels.numpy()) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_tfds_dataset_read_from_its_files(tmp_path):
+    tfds = pytest.importorskip("tensorflow_datasets")
+
+    class TinyShapes(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            features = {"image": tfds.features.Image(shape=(40, 40, 3)), "label": tfds.features.ClassLabel(num_classes=4)}
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features), supervised_keys=("image", "label"))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(12), "test": self._generate_examples(4)}
+
+        def _generate_examples(self, n):
+            images, labels = make_image_arrays(n)
+            for i in range(n):
+                yield i, {"image": images[i], "label": int(labels[i])}
+
+    TinyShapes(data_dir=str(tmp_path)).download_and_prepare()
+    spec = ip.load_tfds_spec("tiny_shapes", str(tmp_path))
+    assert (spec.num_classes, spec.num_train, spec.num_eval) == (4, 12, 4)
+    batch = next(iter(ip.make_train_dataset(spec, CFG, InputShard(1, 0), 4, 4)))
+    assert batch["image"].shape == (4, 32, 32, 3) and batch["weight"].numpy().all()
+    evaluation = list(ip.make_eval_dataset(spec, CFG, InputShard(1, 0), 4, 4))
+    assert sum(float(b["weight"].numpy().sum()) for b in evaluation) == 4

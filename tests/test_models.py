@@ -1,16 +1,150 @@
+"""The registry: names, reference parameter counts, small-input stems, input normalization
+and --init_weights. Only a few models are built (building is the slow part on 2 cores)."""
+
 import numpy as np
 import pytest
+import keras
 
 from tfgpu import models
+from tfgpu.config import ConfigError
+
+EXPECTED_NAMES = (
+    ["tiny_cnn", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
+    + ["densenet121", "densenet169", "densenet201"]
+    + [f"efficientnet_b{i}" for i in range(8)]
+    + [f"efficientnetv2_{v}" for v in ("b0", "b1", "b2", "b3", "s", "m", "l")]
+)
 
 
-@pytest.mark.parametrize("name", ["tiny_cnn", "resnet18"])
-def test_registry_model_builds_and_returns_float32_logits(name):
-    model = models.build_model(name, num_classes=7, image_size=32, small_input=True)
-    logits = model(np.zeros((2, 32, 32, 3), np.float32))
+@pytest.fixture(scope="module")
+def small_models():
+    """Models at 32x32 with the small-input stem, built once for the tests of this module."""
+    cache = {}
+
+    def get(name, num_classes=7):
+        if (name, num_classes) not in cache:
+            cache[name, num_classes] = models.build_model(name, num_classes, 32, small_input=True)
+        return cache[name, num_classes]
+
+    return get
+
+
+def test_registry_has_exactly_the_contract_names():
+    assert sorted(models.MODELS) == sorted(EXPECTED_NAMES)
+
+
+def test_every_applications_entry_names_a_keras_application():
+    # Cheap stand-in for building all 18 keras.applications models (~100 s on 2 cores).
+    for name, builder in models.MODELS.items():
+        if getattr(builder, "func", None) is models._from_applications:
+            assert callable(getattr(keras.applications, builder.args[0])), name
+
+
+@pytest.mark.parametrize(
+    "name, trainable, total",
+    [
+        # Trainable counts equal torchvision's / the papers' (BatchNorm moving stats excluded).
+        ("resnet18", 11_689_512, None),
+        ("resnet50", 25_557_032, 25_610_152),
+        ("densenet121", 7_978_856, 8_062_504),
+        ("efficientnet_b0", 5_288_548, 5_330_571),
+    ],
+)
+def test_parameter_counts_match_the_references_at_1000_classes(name, trainable, total):
+    model = models.build_model(name, num_classes=1000, image_size=224)
+    assert sum(int(np.prod(w.shape)) for w in model.trainable_weights) == trainable
+    if total:
+        assert abs(model.count_params() - total) < 20  # + the 7 normalization statistics
+
+
+@pytest.mark.parametrize("name", ["tiny_cnn", "resnet18", "densenet121", "efficientnet_b0"])
+def test_small_input_models_give_float32_logits(small_models, name):
+    logits = small_models(name)(np.zeros((2, 32, 32, 3), np.float32))
     assert logits.shape == (2, 7) and logits.dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    "name, feature_side", [("resnet18", 4), ("densenet121", 4), ("efficientnet_b0", 2)]
+)
+def test_small_input_stem_keeps_32x32_features_spatial(small_models, name, feature_side):
+    model = small_models(name)
+    pools = [x for x in _all_layers(model) if isinstance(x, keras.layers.GlobalAveragePooling2D)]
+    # The last one is the head's (EfficientNets also pool in squeeze-and-excitation blocks).
+    assert pools[-1].input.shape[1:3] == (feature_side, feature_side)
+
+
+def _all_layers(model):
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _all_layers(layer)
+
+
+def _normalizer(model):
+    """A sub-model from the pixels to the output of the model's input normalization."""
+    if "normalize" in [layer.name for layer in model.layers]:  # tfgpu's own, in front
+        return keras.Model(model.input, model.get_layer("normalize").output)
+    (backbone,) = [layer for layer in model.layers if isinstance(layer, keras.Model)]
+    norm = [x for x in backbone.layers if isinstance(x, keras.layers.Normalization)]
+    return keras.Model(backbone.input, norm[0].output)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "densenet121", "efficientnet_b0"])
+def test_models_normalize_0_255_pixels_with_imagenet_mean_and_std(small_models, name):
+    normalize = _normalizer(small_models(name))
+    mean = np.array(models.IMAGENET_MEAN, np.float32)
+    std = np.sqrt(np.array(models.IMAGENET_VAR, np.float32))
+    image = np.broadcast_to(mean, (1, 32, 32, 3))
+    np.testing.assert_allclose(normalize(image), 0.0, atol=1e-5)
+    np.testing.assert_allclose(normalize(image + std), 1.0, atol=1e-5)
+
+
+def test_channels_first_is_refused():
+    keras.config.set_image_data_format("channels_first")
+    try:
+        with pytest.raises(ValueError, match="channels-last"):
+            models.build_model("tiny_cnn", 3, 32)
+    finally:
+        keras.config.set_image_data_format("channels_last")
 
 
 def test_unknown_model_names_the_choices():
     with pytest.raises(KeyError, match="resnet50"):
         models.build_model("resnet5", 10, 32)
+
+
+def _perturbed_tiny_cnn(num_classes, seed):
+    keras.utils.set_random_seed(seed)
+    return models.build_model("tiny_cnn", num_classes, 32)
+
+
+def test_init_weights_loads_weights_h5_exactly(tmp_path):
+    source = _perturbed_tiny_cnn(5, seed=1)
+    source.save_weights(tmp_path / "w.weights.h5")
+    target = _perturbed_tiny_cnn(5, seed=2)
+    assert models.load_initial_weights(target, str(tmp_path / "w.weights.h5")) == []
+    for a, b in zip(source.weights, target.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_init_weights_from_keras_file_may_change_the_number_of_classes(tmp_path):
+    source = _perturbed_tiny_cnn(5, seed=1)
+    source.save(tmp_path / "m.keras")
+    target = _perturbed_tiny_cnn(3, seed=2)
+    assert models.load_initial_weights(target, str(tmp_path / "m.keras")) == ["logits"]
+    np.testing.assert_array_equal(
+        source.get_layer("conv2b").kernel.numpy(), target.get_layer("conv2b").kernel.numpy()
+    )
+
+
+def test_init_weights_errors_are_one_line(tmp_path):
+    model = _perturbed_tiny_cnn(5, seed=1)
+    with pytest.raises(ConfigError, match="no such file"):
+        models.load_initial_weights(model, str(tmp_path / "missing.weights.h5"))
+    _perturbed_tiny_cnn(4, seed=1).save_weights(tmp_path / "other.weights.h5")
+    with pytest.raises(ConfigError, match="does not fit model") as err:
+        models.load_initial_weights(model, str(tmp_path / "other.weights.h5"))
+    assert "\n" not in str(err.value)
+    (tmp_path / "x.ckpt").write_text("")
+    with pytest.raises(ConfigError, match=r"\.weights\.h5 or \.keras"):
+        models.load_initial_weights(model, str(tmp_path / "x.ckpt"))

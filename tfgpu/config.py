@@ -28,6 +28,7 @@ class Config:
     synthetic_data: bool = False
     image_size: int = 224
     small_input: bool = False
+    init_weights: str = ""
     # How long and how big.
     global_batch_size: int = 256
     grad_accum_steps: int = 1
@@ -45,6 +46,7 @@ class Config:
     label_smoothing: float = 0.0
     clip_norm: float = 0.0
     ema_decay: float = 0.0
+    skip_non_finite: bool = False
     # Numerics and speed.
     dtype: str = "float32"
     jit_compile: bool = False
@@ -59,6 +61,17 @@ class Config:
     cycle_length: int = 8
     data_threads: int = 0
     cache_eval: bool = True
+    block_length: int = 1
+    ram_budget_mb: int = 0
+    eval_snapshot_dir: str = ""
+    skip_truncated_shards: bool = False
+    preprocess_on: str = "device"
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    randaugment_ops: int = 0
+    randaugment_magnitude: float = 0.5
+    tfds_name: str = ""
+    tfds_data_dir: str = ""
     # Distribution.
     logical_cpu_devices: int = 0
     all_reduce_alg: str = "auto"
@@ -100,6 +113,7 @@ def validate(config: Config) -> Config:
     _choice("all_reduce_alg", config.all_reduce_alg, distribute.ALL_REDUCE_ALGS)
     _choice("communication", config.communication, distribute.COMMUNICATIONS)
     _choice("hvd_compression", config.hvd_compression, ("none", "fp16"))
+    _choice("preprocess_on", config.preprocess_on, ("device", "host"))
     _positive(config, "global_batch_size", "grad_accum_steps", "image_size", "steps_per_loop")
     _positive(config, "log_every_steps", "checkpoint_every_steps", "keep_checkpoints")
     if config.global_batch_size % config.grad_accum_steps:

@@ -1,92 +1,69 @@
 """Turns labelled images into sharded TFRecords plus a ``dataset_info.json``.
 
 The library half of ``tools/to_tfrecord.py``; the built-in demo dataset is made with it too.
-A source yields ``Item``s; ``encode_image`` checks and (re-)encodes each image;
-``write_dataset`` shuffles the items, writes balanced shards under temporary names, renames
-them when complete and writes ``dataset_info.json`` last, so a dataset that has one is whole.
+A source (``tfgpu/sources.py``) gives ``Item``s per split. ``write_dataset`` deals them into
+shards with a seeded shuffle, so the same inputs and seed always give the same shards; a
+pool of workers (``tfgpu/convert_worker.py``) each writes whole shards, under temporary names
+renamed when complete. ``dataset_info.json`` is written last: a directory that has one is
+whole, and one that has not is an interrupted run that the same call finishes.
+
+TensorFlow is imported only by ``verify``: the workers are started fresh and must stay light.
 """
 
-import io
+import hashlib
 import json
+import multiprocessing
 import os
+import queue
 import random
-from dataclasses import dataclass
-from typing import Iterable, Sequence, Union
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 
 import numpy as np
-import tensorflow as tf
-from PIL import Image
 
-from tfgpu import records
+from tfgpu.convert_worker import (  # noqa: F401 - re-exported: the public API lives here
+    SCHEMA_VERSION,
+    ArrayRow,
+    BadImage,
+    EncodeOptions,
+    Item,
+    display_name,
+    done_marker,
+    encode_image,
+    init_worker,
+    open_new,
+    write_json,
+    write_shard,
+)
 
 INFO_FILE = "dataset_info.json"
-_JPEG_MAGIC = b"\xff\xd8\xff"
+PLAN_FILE = ".to_tfrecord-plan.json"
+# Everything a conversion may leave in --output_dir; --overwrite removes these and only these.
+_OWN_FILE = re.compile(r"^\.?[\w.]+-\d{5}-of-\d{5}\.tfrecord(\.tmp|\.json|\.json\.tmp)?$")
 
 
-class BadImage(ValueError):
-    """An input that cannot become a record; the message is the reason recorded."""
+class ConvertError(Exception):
+    """A conversion that cannot go on; the message is one line for the user."""
 
 
 @dataclass(frozen=True)
-class Item:
-    """One labelled image: encoded bytes, an HxWxC/HxW uint8 array, or a file path."""
+class LazySplit:
+    """A split read in order, range by range (tensorflow-datasets): ``load(start, end)``
+    returns the Items of that range. Its shards are consecutive ranges, shuffled inside."""
 
-    source: Union[bytes, np.ndarray, str]
-    label: int
-    filename: str
+    num_examples: int
+    load: object  # callable (start, end) -> list[Item], called in the parent process
 
-
-def _load(source) -> bytes | np.ndarray:
-    if isinstance(source, str):
-        with open(source, "rb") as f:
-            return f.read()
-    return source
+    def __len__(self) -> int:
+        return self.num_examples
 
 
-def encode_image(source, jpeg_quality: int = 95, lossless: bool = False, max_side: int = 0):
-    """Returns ``(encoded, format, height, width)`` for one image, or raises BadImage.
-
-    RGB JPEGs that need no resizing pass through byte for byte once they decode; anything
-    else (PNG, grayscale, CMYK, alpha, BMP, GIF, arrays) becomes RGB JPEG, or PNG if lossless.
-    """
-    data = _load(source)
-    if isinstance(data, np.ndarray):
-        image = Image.fromarray(data.astype(np.uint8))
-    else:
-        if not data:
-            raise BadImage("empty file")
-        try:
-            image = Image.open(io.BytesIO(data))
-            image.load()  # decodes fully: truncated or corrupt data fails here
-        except Exception as err:  # PIL raises many types for bad data
-            raise BadImage(f"cannot decode: {err}") from None
-        if data.startswith(_JPEG_MAGIC) and image.mode == "RGB" and not _too_big(image, max_side):
-            return data, "JPEG", image.height, image.width
-    if getattr(image, "n_frames", 1) > 1:
-        image.seek(0)
-    image = _to_rgb(image)
-    if _too_big(image, max_side):
-        image.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
-    out = io.BytesIO()
-    if lossless:
-        image.save(out, format="PNG")
-    else:
-        image.save(out, format="JPEG", quality=jpeg_quality)
-    return out.getvalue(), "PNG" if lossless else "JPEG", image.height, image.width
-
-
-def _too_big(image: Image.Image, max_side: int) -> bool:
-    return max_side > 0 and max(image.size) > max_side
-
-
-def _to_rgb(image: Image.Image) -> Image.Image:
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        # Composite onto white: dropping alpha would expose arbitrary colours under it.
-        image = image.convert("RGBA")
-        background = Image.new("RGB", image.size, (255, 255, 255))
-        background.paste(image, mask=image.getchannel("A"))
-        return background
-    return image.convert("RGB")
+@dataclass(frozen=True)
+class _Job:
+    split: str
+    name: str
+    items: object  # list[Item], or (LazySplit, start, end, seed) to load just before use
 
 
 def shard_names(split: str, num_shards: int) -> list[str]:
@@ -94,67 +71,32 @@ def shard_names(split: str, num_shards: int) -> list[str]:
     return [f"{split}-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
 
 
-def write_split(
-    items: Sequence[Item],
-    split: str,
-    output_dir: str,
-    num_shards: int,
-    seed: int = 0,
-    jpeg_quality: int = 95,
-    lossless: bool = False,
-    max_side: int = 0,
-) -> dict:
-    """Writes one split's shards; returns its ``dataset_info`` entry (shards, counts, skipped).
+def plan_split(items, split: str, num_shards: int, seed: int) -> list[_Job]:
+    """Deals a split into ``num_shards`` jobs, deterministically from ``seed``.
 
-    Items are shuffled with ``seed`` first, so class-sorted input makes mixed shards, and
-    dealt round-robin, so shard sizes differ by at most one record.
+    Items are shuffled first, so class-sorted input makes mixed shards, then dealt
+    round-robin, so shard sizes differ by at most one record (before skipped inputs).
     """
-    order = list(range(len(items)))
-    random.Random(seed).shuffle(order)
     names = shard_names(split, num_shards)
-    writers = [tf.io.TFRecordWriter(os.path.join(output_dir, n + ".tmp")) for n in names]
-    counts, per_class, skipped = [0] * num_shards, {}, []
-    written = 0
-    for i in order:
-        item = items[i]
-        try:
-            encoded, fmt, height, width = encode_image(item.source, jpeg_quality, lossless, max_side)
-        except (BadImage, OSError) as err:
-            skipped.append({"file": item.filename, "reason": str(err)})
-            continue
-        shard = written % num_shards
-        writers[shard].write(
-            records.encode_example(encoded, item.label, height, width, fmt, item.filename)
-        )
-        counts[shard] += 1
-        per_class[item.label] = per_class.get(item.label, 0) + 1
-        written += 1
-    for writer, name in zip(writers, names):
-        writer.close()
-        os.replace(os.path.join(output_dir, name + ".tmp"), os.path.join(output_dir, name))
-    return {
-        "num_examples": written,
-        "shards": [{"file": n, "num_examples": c} for n, c in zip(names, counts)],
-        "per_class": {str(k): v for k, v in sorted(per_class.items())},
-        "skipped": skipped,
-    }
+    n = len(items)
+    if isinstance(items, LazySplit):
+        bounds = [(i * n // num_shards, (i + 1) * n // num_shards) for i in range(num_shards)]
+        return [
+            _Job(split, nm, (items, a, b, seed + i))
+            for i, (nm, (a, b)) in enumerate(zip(names, bounds))
+        ]
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return [_Job(split, nm, [items[j] for j in order[i::num_shards]]) for i, nm in enumerate(names)]
 
 
-def write_info(output_dir: str, class_names: Sequence[str], splits: dict, source: str) -> dict:
-    """Writes ``dataset_info.json`` atomically, last, and returns it."""
-    info = {
-        "schema_version": records.SCHEMA_VERSION,
-        "source": source,
-        "num_classes": len(class_names),
-        "class_names": list(class_names),
-        "label_offset": 0,
-        "splits": splits,
-    }
-    path = os.path.join(output_dir, INFO_FILE)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=1, ensure_ascii=False)
-    os.replace(path + ".tmp", path)
-    return info
+def _job_items(job: _Job) -> list[Item]:
+    if isinstance(job.items, list):
+        return job.items
+    lazy, start, end, seed = job.items
+    items = list(lazy.load(start, end))
+    random.Random(seed).shuffle(items)
+    return items
 
 
 def split_items(items: Sequence[Item], validation_fraction: float, seed: int):
@@ -167,7 +109,7 @@ def split_items(items: Sequence[Item], validation_fraction: float, seed: int):
     for label in sorted(by_class):
         group = by_class[label]
         rng.shuffle(group)
-        n_val = int(round(len(group) * validation_fraction))
+        n_val = round(len(group) * validation_fraction)
         validation += group[:n_val]
         train += group[n_val:]
     return train, validation
@@ -175,24 +117,289 @@ def split_items(items: Sequence[Item], validation_fraction: float, seed: int):
 
 def items_from_arrays(images: np.ndarray, labels: Iterable[int], prefix: str) -> list[Item]:
     """Wraps an image array (N, H, W[, C]) and labels as Items named ``prefix/000123``."""
-    return [
-        Item(images[i], int(label), f"{prefix}/{i:06d}") for i, label in enumerate(labels)
-    ]
+    return [Item(images[i], int(label), f"{prefix}/{i:06d}") for i, label in enumerate(labels)]
+
+
+def choose_num_shards(
+    sizes: dict, split_bytes: dict, num_shards: int, shard_size_mb: float
+) -> dict:
+    """Shards per split: ``num_shards`` for train (other splits in proportion to their size),
+    or else enough shards of about ``shard_size_mb`` each; never more shards than images.
+
+    ``sizes`` and ``split_bytes`` give each split's number of images and estimated bytes.
+    """
+    out = {}
+    for split, n in sizes.items():
+        if num_shards > 0:
+            base = sizes.get("train") or max(sizes.values())
+            wanted = -(-num_shards * n // base) if split != "train" else num_shards
+        else:
+            wanted = int(-(-split_bytes.get(split, 0) // (shard_size_mb * 2**20)))
+        out[split] = max(1, min(wanted, n))
+    return out
+
+
+def plan_fingerprint(jobs: list, options: EncodeOptions, source: str) -> str:
+    """A hash of what each shard will hold: a re-run may keep a shard only if it matches."""
+    digest = hashlib.sha256(json.dumps([source, asdict(options)]).encode())
+    for job in jobs:
+        digest.update(job.name.encode())
+        if isinstance(job.items, list):
+            for item in job.items:
+                digest.update(f"\0{item.label}\0{item.filename}".encode("utf-8", "surrogateescape"))
+        else:
+            digest.update(repr(job.items[1:]).encode())
+    return digest.hexdigest()
+
+
+def prepare_output(output_dir: str, fingerprint: str, overwrite: bool) -> None:
+    """Makes ``output_dir`` ready: refuses to touch finished or foreign output without
+    ``overwrite``, removes only files a conversion writes, and records the plan."""
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        names = os.listdir(output_dir)
+    except OSError as err:
+        raise ConvertError(f"--output_dir={output_dir}: {err.strerror or err}") from None
+    own = [n for n in names if _OWN_FILE.match(n) or n.split(".tmp")[0] in (INFO_FILE, PLAN_FILE)]
+    if own and not overwrite:
+        if INFO_FILE in names:
+            raise ConvertError(
+                f"--output_dir={output_dir} already holds a finished dataset ({INFO_FILE}); "
+                "pass --overwrite to replace it"
+            )
+        if _read_json(os.path.join(output_dir, PLAN_FILE)).get("fingerprint") != fingerprint:
+            raise ConvertError(
+                f"--output_dir={output_dir} holds shards of another conversion (other inputs "
+                "or flags); pass --overwrite to replace them"
+            )
+    if overwrite:
+        for name in own:
+            os.unlink(os.path.join(output_dir, name))  # a symlink goes, never its target
+    write_json(os.path.join(output_dir, PLAN_FILE), {"fingerprint": fingerprint})
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+        return value if isinstance(value, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _finished(output_dir: str, name: str) -> dict:
+    """The done marker of a shard a previous run completed, or {}."""
+    if not os.path.isfile(os.path.join(output_dir, name)):
+        return {}
+    result = _read_json(os.path.join(output_dir, done_marker(name)))
+    return result if result.get("file") == name else {}
+
+
+def run_jobs(
+    jobs: list, output_dir: str, options: EncodeOptions, num_workers: int, progress: bool
+) -> dict:
+    """Writes every job's shard; returns each shard's result by name. ``num_workers`` > 0
+    runs them in that many processes, 0 in this one."""
+    from tqdm import tqdm
+
+    total = sum(
+        len(j.items) if isinstance(j.items, list) else j.items[2] - j.items[1] for j in jobs
+    )
+    bar = tqdm(total=total, unit="img", disable=not progress, smoothing=0.1, dynamic_ncols=True)
+    with bar:
+        if num_workers <= 0:
+            results = {}
+            for job in jobs:
+                results[job.name] = write_shard(output_dir, job.name, _job_items(job), options)
+                bar.update(results[job.name]["num_examples"] + len(results[job.name]["skipped"]))
+            return results
+        return _run_pool(jobs, output_dir, options, num_workers, bar)
+
+
+def _run_pool(jobs, output_dir, options, num_workers, bar) -> dict:
+    # forkserver: workers start from a fresh, small process (no TensorFlow, no threads),
+    # whatever the parent has loaded.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["tfgpu.convert_worker"])
+    counter = ctx.Value("q", 0)
+    done: queue.Queue = queue.Queue()
+    results, todo, in_flight = {}, iter(jobs), 0
+    pool = ctx.Pool(num_workers, init_worker, (counter,))
+    try:
+        while True:
+            # Bounded: a lazy split's images are loaded only a few shards ahead.
+            while in_flight < 2 * num_workers and (job := next(todo, None)) is not None:
+                pool.apply_async(
+                    write_shard,
+                    (output_dir, job.name, _job_items(job), options),
+                    callback=done.put,
+                    error_callback=lambda err, name=job.name: done.put((name, err)),
+                )
+                in_flight += 1
+            if not in_flight:
+                break
+            try:
+                result = done.get(timeout=0.25)
+                in_flight -= 1
+                if isinstance(result, tuple):
+                    raise ConvertError(f"writing {result[0]} failed: {result[1]}")
+                results[result["file"]] = result
+            except queue.Empty:
+                pass
+            bar.update(counter.value - bar.n)
+        pool.close()
+    finally:
+        pool.terminate()  # on error or Ctrl-C; the .tmp shards left are rewritten next run
+        pool.join()
+    return results
 
 
 def write_dataset(
-    splits: dict[str, Sequence[Item]],
+    splits: dict,
     class_names: Sequence[str],
     output_dir: str,
     source: str,
     num_shards: dict[str, int],
     seed: int = 0,
+    num_workers: int = 0,
+    overwrite: bool = False,
+    progress: bool = False,
+    skipped: Sequence[dict] = (),
     **encode_options,
 ) -> dict:
-    """Writes every split, then ``dataset_info.json``; returns the info dict."""
-    os.makedirs(output_dir, exist_ok=True)
+    """Writes every split, then ``dataset_info.json``; returns the info dict.
+
+    ``splits`` maps a split name to a list of Items or a LazySplit; ``num_shards`` gives
+    each split's shard count; ``skipped`` lists inputs the source itself rejected.
+    ``encode_options`` are EncodeOptions' fields. Shards that an interrupted run with the
+    same inputs and options completed are kept; ConvertError explains any refusal.
+    """
+    options = EncodeOptions(**encode_options)
+    jobs = [
+        j for name, items in splits.items() for j in plan_split(items, name, num_shards[name], seed)
+    ]
+    prepare_output(output_dir, plan_fingerprint(jobs, options, source), overwrite)
+    results = {j.name: r for j in jobs if (r := _finished(output_dir, j.name))}
+    todo = [j for j in jobs if j.name not in results]
+    results.update(run_jobs(todo, output_dir, options, num_workers, progress))
     entries = {
-        name: write_split(items, name, output_dir, num_shards[name], seed, **encode_options)
-        for name, items in splits.items()
+        split: _split_entry([results[j.name] for j in jobs if j.split == split], class_names)
+        for split in splits
     }
-    return write_info(output_dir, class_names, entries, source)
+    info = write_info(output_dir, class_names, entries, source, skipped, options, seed)
+    for job in jobs:  # the info file now holds what the markers held
+        os.unlink(os.path.join(output_dir, done_marker(job.name)))
+    os.unlink(os.path.join(output_dir, PLAN_FILE))
+    return info
+
+
+def _split_entry(results: list, class_names: Sequence[str]) -> dict:
+    per_label: dict[int, int] = {}
+    for result in results:
+        for label, count in result["per_class"].items():
+            per_label[int(label)] = per_label.get(int(label), 0) + count
+    return {
+        "num_examples": sum(r["num_examples"] for r in results),
+        "shards": [{"file": r["file"], "num_examples": r["num_examples"]} for r in results],
+        "per_class": {display_name(c): per_label.get(i, 0) for i, c in enumerate(class_names)},
+        "skipped": [s for r in results for s in r["skipped"]],
+    }
+
+
+def write_info(
+    output_dir: str,
+    class_names: Sequence[str],
+    splits: dict,
+    source: str,
+    skipped: Sequence[dict] = (),
+    options: EncodeOptions | None = None,
+    seed: int | None = None,
+) -> dict:
+    """Writes ``dataset_info.json`` atomically, last, and returns it."""
+    from tfgpu import __version__
+
+    names = [display_name(c) for c in class_names]
+    info = {
+        "schema_version": SCHEMA_VERSION,
+        "written_by": f"tfgpu {__version__} tools/to_tfrecord.py",
+        "source": display_name(source),
+        "num_classes": len(names),
+        "class_names": names,
+        "label_map": {c: i for i, c in enumerate(names)},
+        "label_offset": 0,
+        "num_examples": {k: v["num_examples"] for k, v in splits.items()},
+        "num_skipped": len(skipped) + sum(len(v["skipped"]) for v in splits.values()),
+        "splits": splits,
+        "skipped": [dict(s, file=display_name(s["file"])) for s in skipped],
+        "options": dict(asdict(options or EncodeOptions()), seed=seed),
+    }
+    write_json(os.path.join(output_dir, INFO_FILE), info)
+    return info
+
+
+def verify(output_dir: str) -> dict:
+    """Re-reads a finished dataset: every record must parse with ``tfgpu.records``, decode,
+    and carry a label below ``num_classes``, and each shard must hold the count its info
+    entry says. Returns ``{split: records read}``; raises ConvertError naming the fault."""
+    import tensorflow as tf
+
+    info = _read_json(os.path.join(output_dir, INFO_FILE))
+    if not info.get("splits"):
+        raise ConvertError(f"--output_dir={output_dir} has no readable {INFO_FILE}")
+    shards = [s for split in info["splits"].values() for s in split["shards"]]
+    files = [os.path.join(output_dir, s["file"]) for s in shards]
+    try:
+        counts, low, high = _read_all(files)
+    except tf.errors.OpError:
+        counts, low, high = _read_one_by_one(files)  # slower, but names the broken shard
+    for shard, count in zip(shards, counts):
+        if count != shard["num_examples"]:
+            raise ConvertError(
+                f"{shard['file']} holds {count} records, {INFO_FILE} says {shard['num_examples']}"
+            )
+    if low < 0 or high >= info["num_classes"]:
+        raise ConvertError(f"labels run {low}..{high}, outside 0..{info['num_classes'] - 1}")
+    return {k: v["num_examples"] for k, v in info["splits"].items()}
+
+
+def _read_all(files: list) -> tuple:
+    """Per-file record counts and the label range, reading all files in parallel."""
+    import tensorflow as tf
+
+    from tfgpu import records
+
+    def check(index, serialized):
+        example = records.parse_example(serialized)
+        image = tf.io.decode_image(example["encoded"], channels=3, expand_animations=False)
+        return index, example["label"], tf.size(image) > 0
+
+    autotune = tf.data.AUTOTUNE
+    data = tf.data.Dataset.from_tensor_slices((files, tf.range(len(files))))
+    data = data.interleave(
+        lambda f, i: tf.data.TFRecordDataset(f).map(lambda r: (i, r)),
+        cycle_length=min(len(files), 8),
+        num_parallel_calls=autotune,
+        deterministic=False,
+    )
+    data = data.map(check, num_parallel_calls=autotune, deterministic=False).batch(1024)
+    counts, low, high = np.zeros(len(files), np.int64), 0, -1
+    for index, labels, _ in data.as_numpy_iterator():
+        counts += np.bincount(index, minlength=len(files))
+        low, high = min(low, labels.min()), max(high, labels.max())
+    return counts, int(low), int(high)
+
+
+def _read_one_by_one(files: list) -> tuple:
+    import tensorflow as tf
+
+    counts, low, high = [], 0, -1
+    for path in files:
+        try:
+            shard_counts, shard_low, shard_high = _read_all([path])
+        except tf.errors.OpError as err:
+            raise ConvertError(
+                f"{os.path.basename(path)} does not read back: {err.message.splitlines()[0]}"
+            ) from None
+        counts.append(shard_counts[0])
+        low, high = min(low, shard_low), max(high, shard_high)
+    return counts, low, high

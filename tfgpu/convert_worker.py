@@ -10,13 +10,16 @@ are those of ``tfgpu/records.py``.
 import io
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Union
 
 import google_crc32c
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
+SCHEMA_VERSION = (
+    1  # tfgpu.records.SCHEMA_VERSION, which imports TensorFlow (a test keeps them equal)
+)
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _H5_CHUNK = 64  # rows read from HDF5 at once: one read per chunk, memory stays small
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -40,7 +43,7 @@ class Item:
     """One labelled image: encoded bytes, an HxWxC/HxW uint8 array, a file path or an
     ``ArrayRow``; ``filename`` is what the record and the skipped list call it."""
 
-    source: Union[bytes, np.ndarray, str, ArrayRow]
+    source: bytes | np.ndarray | str | ArrayRow
     label: int
     filename: str
 
@@ -71,7 +74,9 @@ def encode_image(source, jpeg_quality: int = 95, lossless: bool = False, max_sid
         try:
             image = Image.open(io.BytesIO(data))
             image.load()  # decodes fully: truncated or corrupt data fails here
-        except Exception as err:  # PIL raises many types for bad data
+        except UnidentifiedImageError:
+            raise BadImage("not an image (unknown format)") from None
+        except Exception as err:  # noqa: BLE001 - PIL raises many types for bad data
             raise BadImage(f"cannot decode: {err}") from None
         if data[:3] == _JPEG_MAGIC and image.mode == "RGB" and not _too_big(image, max_side):
             return bytes(data), "JPEG", image.height, image.width
@@ -95,8 +100,15 @@ def _read_file(path: str) -> bytes:
 
 
 def _from_array(array: np.ndarray) -> Image.Image:
-    if array.dtype != np.uint8 or array.ndim not in (2, 3) or array.ndim == 3 and array.shape[2] not in (1, 3, 4):
-        raise BadImage(f"expected a uint8 HxW or HxWxC (C=1,3,4) array, got {array.dtype} {array.shape}")
+    if (
+        array.dtype != np.uint8
+        or array.ndim not in (2, 3)
+        or array.ndim == 3
+        and array.shape[2] not in (1, 3, 4)
+    ):
+        raise BadImage(
+            f"expected a uint8 HxW or HxWxC (C=1,3,4) array, got {array.dtype} {array.shape}"
+        )
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[:, :, 0]
     return Image.fromarray(np.ascontiguousarray(array))
@@ -150,14 +162,15 @@ def _int64_feature(value: int) -> bytes:
 def serialize_example(
     encoded: bytes, label: int, height: int, width: int, image_format: str, filename: str
 ) -> bytes:
-    """The same bytes as ``tfgpu.records.encode_example`` with the same arguments."""
+    """``tfgpu.records.encode_example`` without TensorFlow: the same bytes as its Example
+    serialized deterministically (map keys sorted, as here)."""
     features = [
-        ("image/encoded", _bytes_feature(encoded)),
         ("image/class/label", _int64_feature(int(label))),
+        ("image/encoded", _bytes_feature(encoded)),
+        ("image/filename", _bytes_feature(filename.encode("utf-8", "surrogateescape"))),
         ("image/format", _bytes_feature(image_format.upper().encode())),
         ("image/height", _int64_feature(int(height))),
         ("image/width", _int64_feature(int(width))),
-        ("image/filename", _bytes_feature(filename.encode("utf-8", "surrogateescape"))),
     ]
     entries = b"".join(_field(1, _field(1, k.encode()) + _field(2, v)) for k, v in features)
     return _field(1, entries)  # Example.features(1) -> Features.feature(1) map entries
@@ -188,3 +201,110 @@ def open_new(path: str):
         pass
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
     return os.fdopen(fd, "wb")
+
+
+# --- shards ---------------------------------------------------------------------------------
+
+_progress = None  # a shared counter of images done, set by init_worker
+_h5_files: dict = {}  # HDF5 files this worker has open, by path
+
+
+def init_worker(progress) -> None:
+    """Pool initializer: keep the shared progress counter; leave Ctrl-C to the parent, which
+    stops the pool itself (workers that each print a KeyboardInterrupt help nobody)."""
+    import signal
+
+    global _progress
+    _progress = progress
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def display_name(name: str) -> str:
+    """``name`` printable and JSON-safe: undecodable bytes of a file name become U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def done_marker(name: str) -> str:
+    """The hidden file that records a finished shard's counts until the dataset is done."""
+    return f".{name}.json"
+
+
+def write_json(path: str, obj) -> None:
+    """Writes JSON to ``path`` atomically (temp file, then rename)."""
+    import json
+
+    with open_new(path + ".tmp") as f:
+        f.write(json.dumps(obj, indent=1, ensure_ascii=False).encode("utf-8"))
+    os.replace(path + ".tmp", path)
+
+
+def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions) -> dict:
+    """Encodes ``items`` in order into the shard ``output_dir/name`` and returns its counts.
+
+    The shard is written as ``name.tmp``, synced and renamed when complete, then a done
+    marker with the returned dict (``file``, ``num_examples``, ``per_class`` by label,
+    ``skipped``) is written beside it, so an interrupted run can keep it.
+    """
+    path = os.path.join(output_dir, name)
+    count, per_class, skipped = 0, {}, []
+    with open_new(path + ".tmp") as f:
+        for item, data in _load(items):
+            try:
+                if isinstance(data, BadImage):
+                    raise data
+                encoded, fmt, height, width = encode_image(
+                    data, options.jpeg_quality, options.lossless, options.max_side
+                )
+            except BadImage as err:
+                skipped.append({"file": display_name(item.filename), "reason": str(err)})
+            else:
+                record = serialize_example(encoded, item.label, height, width, fmt, item.filename)
+                write_record(f, record)
+                count += 1
+                per_class[item.label] = per_class.get(item.label, 0) + 1
+            if _progress is not None:
+                with _progress.get_lock():
+                    _progress.value += 1
+        f.flush()
+        os.fsync(f.fileno())  # the rename must not outlive the data in a crash
+    os.replace(path + ".tmp", path)
+    result = {"file": name, "num_examples": count, "per_class": per_class, "skipped": skipped}
+    write_json(os.path.join(output_dir, done_marker(name)), result)
+    return result
+
+
+def _load(items: list) -> Iterator[tuple]:
+    """Yields ``(item, data)``: bytes or an array to encode, or the BadImage it raised.
+
+    HDF5 rows are read ``_H5_CHUNK`` at a time with one sorted read per chunk.
+    """
+    for start in range(0, len(items), _H5_CHUNK):
+        chunk = items[start : start + _H5_CHUNK]
+        rows = _read_rows([it.source for it in chunk if isinstance(it.source, ArrayRow)])
+        for item in chunk:
+            source = item.source
+            try:
+                if isinstance(source, str):
+                    yield item, _read_file(source)
+                elif isinstance(source, ArrayRow):
+                    yield item, rows[source]
+                else:
+                    yield item, source
+            except BadImage as err:
+                yield item, err
+
+
+def _read_rows(refs: list) -> dict:
+    if not refs:
+        return {}
+    import h5py
+
+    out = {}
+    for path, key in {(r.path, r.key) for r in refs}:
+        if path not in _h5_files:
+            _h5_files[path] = h5py.File(path, "r")
+        wanted = sorted({r.index for r in refs if r.path == path and r.key == key})
+        block = _h5_files[path][key][wanted]  # h5py needs increasing indices
+        for index, row in zip(wanted, block):
+            out[ArrayRow(path, key, index)] = row
+    return out

@@ -158,6 +158,11 @@ class StrategyBackend:
         """The values of this worker's replicas, as a list."""
         return list(self.strategy.experimental_local_results(per_replica))
 
+    def any_worker(self, flag: bool) -> bool:
+        """True on every worker when ``flag`` is true on any (a collective: all must call)."""
+        value = self.strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
+        return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)) > 0
+
     def broadcast_initial_state(self, variables):
         # Mirrored variables are created identical on every replica and worker.
         del variables
@@ -211,6 +216,10 @@ class HorovodBackend:
 
     def local_values(self, value):
         return [value]
+
+    def any_worker(self, flag: bool) -> bool:
+        total = self.hvd.allreduce(tf.constant(1.0 if flag else 0.0), op=self.hvd.Sum)
+        return float(total) > 0
 
     def broadcast_initial_state(self, variables):
         """Copies rank 0's values into every rank's variables (Keras 3 variables unwrapped)."""

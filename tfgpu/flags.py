@@ -24,7 +24,10 @@ HELP = {
     "-1 = from dataset_info.json, else 0).",
     "synthetic_data": "Train on generated batches of the right shape: times the model, no I/O.",
     "image_size": "Training and evaluation image side, in pixels.",
-    "small_input": "Small-input stem (3x3/1, no max-pool) for 32x32-scale data.",
+    "small_input": "Small-input stem for 32x32-scale data: ResNets 3x3/1 conv, no max-pool; "
+    "DenseNets and EfficientNets keep their stem layers at stride 1.",
+    "init_weights": "A local .weights.h5 (same model) or .keras file (its logits layer may "
+    "differ: fine-tuning) to start from; no downloads. A checkpoint in --model_dir wins.",
     "global_batch_size": "Examples per optimizer update, over all replicas and micro-batches.",
     "grad_accum_steps": "Micro-batches per update; per-replica micro-batch = global / "
     "(replicas x grad_accum_steps).",
@@ -41,6 +44,8 @@ HELP = {
     "label_smoothing": "Label smoothing of the cross-entropy.",
     "clip_norm": "Clip the all-reduced gradients to this global norm (0: off).",
     "ema_decay": "Keep an exponential moving average of the weights with this decay (0: off).",
+    "skip_non_finite": "Skip an update whose loss or gradients are not finite, and count it, "
+    "instead of stopping (mixed_float16 always skips and lowers the loss scale).",
     "dtype": "float32, mixed_float16 (dynamic loss scaling) or mixed_bfloat16.",
     "jit_compile": "Compile the train step with XLA.",
     "seed": "Seed of initialization, shuffling and augmentation.",
@@ -53,6 +58,23 @@ HELP = {
     "cycle_length": "Files read in parallel by the interleave.",
     "data_threads": "Private tf.data thread pool size (0: the shared pool).",
     "cache_eval": "Cache the decoded evaluation split in memory.",
+    "block_length": "Consecutive records the interleave takes from each file.",
+    "ram_budget_mb": "RAM tf.data's autotuner may use for buffers, in MB (0: its default).",
+    "eval_snapshot_dir": "Write the decoded evaluation crops here once (tf.data snapshot); "
+    "later runs read them instead of decoding (empty: off).",
+    "skip_truncated_shards": "Read a truncated shard up to the break, with a warning, instead "
+    "of stopping with an error naming it.",
+    "preprocess_on": "device: flip, cast, RandAugment, MixUp/CutMix run inside the step on the "
+    "accelerator (uint8 crosses over); host: they run in tf.data.",
+    "mixup_alpha": "MixUp Beta(alpha, alpha) (0: off); pairs (2k, 2k+1) of each batch.",
+    "cutmix_alpha": "CutMix Beta(alpha, alpha) (0: off); with --mixup_alpha each example picks "
+    "one of the two at random.",
+    "randaugment_ops": "RandAugment operations per image (0: off); keras.layers.RandAugment, "
+    "not split-invariant under --deterministic.",
+    "randaugment_magnitude": "RandAugment factor in [0, 1].",
+    "tfds_name": "Train on a prepared tensorflow-datasets dataset (e.g. imagenet2012) instead "
+    "of --data_dir.",
+    "tfds_data_dir": "tensorflow-datasets data_dir of --tfds_name (empty: tfds' default).",
     "logical_cpu_devices": "Split the CPU into N devices, so mirrored has N replicas on a laptop.",
     "all_reduce_alg": "mirrored: auto, nccl, hierarchical_copy or reduce_to_one.",
     "communication": "multi_worker_mirrored collectives: auto, ring or nccl.",
@@ -68,6 +90,7 @@ HELP = {
 _ENUMS = {
     "strategy": ["auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "horovod"],
     "dtype": ["float32", "mixed_float16", "mixed_bfloat16"],
+    "preprocess_on": ["device", "host"],
 }
 
 

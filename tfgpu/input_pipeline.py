@@ -11,87 +11,22 @@ only draws the dice; the float work (flip, cast, normalization) runs on the acce
 ``preprocess.py``.
 """
 
-import json
-import os
 from dataclasses import dataclass
 
 import tensorflow as tf
 
-from tfgpu import records
-from tfgpu.convert import INFO_FILE
+from tfgpu import image_ops, preprocess
+from tfgpu.data_sources import (  # noqa: F401  (re-exported: the pipeline's public names)
+    DataError,
+    DataSpec,
+    count_records,
+    load_data_spec,
+    load_tfds_spec,
+)
 from tfgpu.distribute import InputShard
+from tfgpu.image_ops import center_crop_window, example_seed, random_crop_window  # noqa: F401
 
 AUTOTUNE = tf.data.AUTOTUNE
-
-
-class DataError(ValueError):
-    """A dataset that cannot be read as asked; the message is one line naming the file or flag."""
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """What the pipeline needs to know about a converted dataset."""
-
-    data_dir: str
-    num_classes: int
-    label_offset: int
-    train_files: tuple
-    eval_files: tuple
-    num_train: int
-    num_eval: int
-
-
-def _split_files(data_dir: str, info: dict, split: str) -> tuple:
-    if info and split in info.get("splits", {}):
-        names = [s["file"] for s in info["splits"][split]["shards"]]
-        files = [os.path.join(data_dir, n) for n in names]
-        missing = [f for f in files if not os.path.exists(f)]
-        if missing:
-            raise DataError(f"{missing[0]} is listed in {INFO_FILE} but does not exist")
-        return tuple(files)
-    return tuple(sorted(tf.io.gfile.glob(os.path.join(data_dir, f"{split}-*"))))
-
-
-def load_data_spec(data_dir: str, num_classes: int = 0, label_offset: int = -1) -> DataSpec:
-    """Reads ``dataset_info.json`` (optional) and lists the shards of ``data_dir``.
-
-    ``num_classes`` > 0 and ``label_offset`` >= 0 override the info file; without an info file
-    (e.g. TensorFlow's official ImageNet records) ``num_classes`` is required.
-    """
-    if not os.path.isdir(data_dir):
-        raise DataError(f"--data_dir={data_dir} is not a directory")
-    info = {}
-    info_path = os.path.join(data_dir, INFO_FILE)
-    if os.path.exists(info_path):
-        try:
-            with open(info_path, encoding="utf-8") as f:
-                info = json.load(f)
-        except (OSError, ValueError) as err:
-            raise DataError(f"{info_path} is not valid JSON: {err}") from None
-    train = _split_files(data_dir, info, "train")
-    evaluation = _split_files(data_dir, info, "validation")
-    if not train:
-        raise DataError(f"--data_dir={data_dir} holds no train-* shards (write them with tools/to_tfrecord.py)")
-    classes = num_classes or int(info.get("num_classes", 0))
-    if classes <= 0:
-        raise DataError(f"--data_dir={data_dir} has no {INFO_FILE}: set --num_classes")
-    counts = {k: v.get("num_examples", 0) for k, v in info.get("splits", {}).items()}
-    return DataSpec(
-        data_dir=data_dir,
-        num_classes=classes,
-        label_offset=label_offset if label_offset >= 0 else int(info.get("label_offset", 0)),
-        train_files=train,
-        eval_files=evaluation,
-        num_train=counts.get("train") or _count(train),
-        num_eval=counts.get("validation") or _count(evaluation),
-    )
-
-
-def _count(files) -> int:
-    """Counts records by reading them: only for datasets without a dataset_info.json."""
-    if not files:
-        return 0
-    return int(tf.data.TFRecordDataset(list(files)).reduce(0, lambda n, _: n + 1))
 
 
 def _options(deterministic: bool, threadpool_size: int, ram_budget_mb: int) -> tf.data.Options:
@@ -125,83 +60,45 @@ class PipelineConfig:
     threadpool_size: int = 0
     ram_budget_mb: int = 0
     cache_eval: bool = False
+    eval_snapshot_dir: str = ""  # decoded eval crops written once, read by later runs
+    skip_truncated: bool = False  # read truncated shards up to the break instead of failing
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    preprocess_on: str = "device"  # or "host": the float work in tf.data (see preprocess.py)
+    randaugment_ops: int = 0
+    randaugment_magnitude: float = 0.5
 
 
-def _window_to_crop(begin, size):
-    return tf.stack([begin[0], begin[1], size[0], size[1]])
-
-
-def _decode_crop(encoded: tf.Tensor, crop_window_fn) -> tf.Tensor:
-    """Decodes only the window ``crop_window_fn(shape)`` picks: fused for JPEG, sliced otherwise."""
-
-    def jpeg():
-        window = crop_window_fn(tf.image.extract_jpeg_shape(encoded))
-        return tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
-
-    def other():
-        image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
-        window = crop_window_fn(tf.shape(image))
-        return tf.slice(image, [window[0], window[1], 0], [window[2], window[3], 3])
-
-    return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
-
-
-def _resize_uint8(image: tf.Tensor, image_size: int) -> tf.Tensor:
-    resized = tf.image.resize(image, [image_size, image_size], method="bilinear")
-    return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
-
-
-def example_seed(seed: int, epoch: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
-    """The stateless seed of one example: a function of (seed, epoch, position) only."""
-    epoch = tf.cast(epoch, tf.int64)
-    return tf.stack([tf.cast(seed, tf.int64) * 1_000_003 + epoch, tf.cast(position, tf.int64)])
-
-
-def random_crop_window(shape, seed, min_area: float):
-    """Random-resized-crop window (Inception style) ``[y, x, h, w]`` for an image ``shape``."""
-    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        shape,
-        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
-        seed=seed,
-        min_object_covered=0.1,
-        aspect_ratio_range=(3 / 4, 4 / 3),
-        area_range=(min_area, 1.0),
-        max_attempts=10,
-        use_image_if_no_bounding_boxes=True,
-    )
-    return _window_to_crop(begin, size)
-
-
-def center_crop_window(shape, crop_fraction: float):
-    """The central square of ``crop_fraction`` of the shorter side (resized afterwards)."""
-    height, width = shape[0], shape[1]
-    side = tf.cast(crop_fraction * tf.cast(tf.minimum(height, width), tf.float32), tf.int32)
-    return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
-
-
-def preprocess_train(serialized, epoch, position, cfg: PipelineConfig, label_offset: int):
-    """One training record -> {image uint8 [S,S,3], label, flip}."""
-    example = records.parse_example(serialized, label_offset)
+def preprocess_train(serialized, epoch, position, cfg: PipelineConfig, spec: DataSpec) -> dict:
+    """One training record -> {image uint8 [S,S,3], label, flip, weight (0: broken image)}
+    plus, with MixUp/CutMix, the example's mixing draw (``image_ops.draw_mixing``)."""
+    example = spec.parse(serialized)
     seed = example_seed(cfg.seed, epoch, position)
-    crop = _decode_crop(example["encoded"], lambda s: random_crop_window(s, seed, cfg.crop_min_area))
-    flip = tf.random.stateless_uniform([], seed=seed + [0, 1 << 40]) < 0.5
-    return {
-        "image": _resize_uint8(crop, cfg.image_size),
+    image, valid = image_ops.decode_window_resized(
+        example["encoded"],
+        lambda s: random_crop_window(s, seed, cfg.crop_min_area),
+        cfg.image_size,
+    )
+    out = {
+        "image": image,
         "label": example["label"],
-        "flip": tf.logical_and(flip, cfg.random_flip),
+        "flip": tf.logical_and(image_ops.draw_flip(seed), cfg.random_flip),
+        "weight": tf.cast(valid, tf.float32),
     }
+    if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
+        out.update(image_ops.draw_mixing(seed, cfg.image_size, cfg.mixup_alpha, cfg.cutmix_alpha))
+    return out
 
 
-def preprocess_eval(serialized, cfg: PipelineConfig, label_offset: int):
-    """One evaluation record -> {image uint8 [S,S,3], label, weight=1}."""
-    example = records.parse_example(serialized, label_offset)
-    window_fn = lambda s: center_crop_window(s, cfg.eval_crop_fraction)  # noqa: E731
-    crop = _decode_crop(example["encoded"], window_fn)
-    return {
-        "image": _resize_uint8(crop, cfg.image_size),
-        "label": example["label"],
-        "weight": tf.constant(1.0),
-    }
+def preprocess_eval(serialized, cfg: PipelineConfig, spec: DataSpec) -> dict:
+    """One evaluation record -> {image uint8 [S,S,3], label, weight (0: broken image)}."""
+    example = spec.parse(serialized)
+    image, valid = image_ops.decode_window_resized(
+        example["encoded"],
+        lambda s: center_crop_window(s, cfg.eval_crop_fraction),
+        cfg.image_size,
+    )
+    return {"image": image, "label": example["label"], "weight": tf.cast(valid, tf.float32)}
 
 
 def _records(files, cfg: PipelineConfig, epoch_seed=None) -> tf.data.Dataset:
@@ -209,8 +106,14 @@ def _records(files, cfg: PipelineConfig, epoch_seed=None) -> tf.data.Dataset:
     names = tf.constant(list(files))
     if epoch_seed is not None:
         names = tf.random.experimental.stateless_shuffle(names, seed=epoch_seed)
+
+    def read(name):
+        ds = tf.data.TFRecordDataset(name, buffer_size=8 << 20)
+        # load_data_spec has already named truncated shards; here they end at the break.
+        return ds.ignore_errors() if cfg.skip_truncated else ds
+
     return tf.data.Dataset.from_tensor_slices(names).interleave(
-        lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20),
+        read,
         cycle_length=min(cfg.cycle_length, len(files)),
         block_length=cfg.block_length,
         num_parallel_calls=AUTOTUNE,
@@ -248,6 +151,8 @@ def make_train_dataset(
     an update do not depend on the number of workers; otherwise each pipeline reads its own
     files. ``start_index`` global examples are skipped (resume).
     """
+    if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
+        preprocess.check_mixing_batch(batch_size)
     files = spec.train_files
     by_file = not cfg.deterministic and len(files) >= shard.count
     if by_file:
@@ -271,11 +176,13 @@ def make_train_dataset(
         )
         ds = ds.map(lambda _, element: element)
     ds = ds.map(
-        lambda epoch, pos, rec: preprocess_train(rec, epoch, pos, cfg, spec.label_offset),
+        lambda epoch, pos, rec: preprocess_train(rec, epoch, pos, cfg, spec),
         num_parallel_calls=AUTOTUNE,
         deterministic=cfg.deterministic,
     )
     ds = ds.batch(batch_size, drop_remainder=True)
+    if cfg.preprocess_on == "host":
+        ds = ds.map(preprocess.host_batch_fn(spec.num_classes, cfg), num_parallel_calls=AUTOTUNE)
     ds = ds.prefetch(AUTOTUNE)
     return ds.with_options(_options(cfg.deterministic, cfg.threadpool_size, cfg.ram_budget_mb))
 
@@ -293,10 +200,10 @@ def make_eval_dataset(
     ds = _records(spec.eval_files, cfg)
     if shard.count > 1:
         ds = ds.shard(shard.count, shard.index)
-    ds = ds.map(
-        lambda rec: preprocess_eval(rec, cfg, spec.label_offset), num_parallel_calls=AUTOTUNE
-    )
-    if cfg.cache_eval:
+    ds = ds.map(lambda rec: preprocess_eval(rec, cfg, spec), num_parallel_calls=AUTOTUNE)
+    if cfg.eval_snapshot_dir:
+        ds = ds.snapshot(cfg.eval_snapshot_dir)
+    elif cfg.cache_eval:
         ds = ds.cache()
     padding = {
         "image": tf.zeros([cfg.image_size, cfg.image_size, 3], tf.uint8),
@@ -320,5 +227,6 @@ def make_synthetic_dataset(batch_size: int, image_size: int, num_classes: int) -
             [batch_size], seed=[0, 2], maxval=num_classes, dtype=tf.int32
         ),
         "flip": tf.zeros([batch_size], tf.bool),
+        "weight": tf.ones([batch_size], tf.float32),
     }
     return tf.data.Dataset.from_tensors(batch).repeat().prefetch(AUTOTUNE)

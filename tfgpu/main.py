@@ -18,6 +18,8 @@ from tfgpu.results import default_model_dir  # noqa: E402
 
 EXIT_USAGE = 2
 EXIT_NON_FINITE = 3
+EXIT_CHECKPOINT = 4
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving; run again to resume
 
 define_flags()
 FLAGS = flags.FLAGS
@@ -52,6 +54,7 @@ def main(argv):
     from tfgpu.distribute import DistributeError  # noqa: PLC0415
     from tfgpu.input_pipeline import DataError  # noqa: PLC0415
     from tfgpu.step import NonFiniteLoss  # noqa: PLC0415
+    from tfgpu.train import CheckpointError, Preempted  # noqa: PLC0415
 
     try:
         config = make_config()
@@ -64,6 +67,12 @@ def main(argv):
     except NonFiniteLoss as err:
         print(f"tfgpu: error: {err}; the last good checkpoint is kept", file=sys.stderr)
         return EXIT_NON_FINITE
+    except CheckpointError as err:
+        print(f"tfgpu: error: {err}", file=sys.stderr)
+        return EXIT_CHECKPOINT
+    except Preempted as err:
+        print(f"tfgpu: {err}; run the same command again to resume", file=sys.stderr)
+        return EXIT_PREEMPTED
     return 0
 
 

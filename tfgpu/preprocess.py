@@ -1,11 +1,18 @@
 """The float work of preprocessing: pure tensor -> tensor functions run inside the train step.
 
 Batches arrive as uint8 (a quarter of float32's host-to-device traffic) with the random
-choices already drawn on the host (``input_pipeline.py``); here they are applied on the
+choices already drawn on the host (``image_ops.py``: flip, MixUp/CutMix draws), so what an
+example becomes depends only on (seed, epoch, position); here they are applied on the
 accelerator. Normalization belongs to the model (its first layer), so exported models take
-plain pixels.
+plain pixels. With ``--preprocess_on=host`` the same functions run in tf.data instead.
+
+MixUp/CutMix partners: example ``2k`` mixes with ``2k+1`` of the same batch (and vice versa).
+Global batches are split across workers, replicas and micro-batches at even positions (the
+per-replica batch must be even, ``check_mixing_batch``) and mixing runs before the step splits
+micro-batches, so pairs never depend on the split.
 """
 
+import keras
 import tensorflow as tf
 
 
@@ -20,6 +27,101 @@ def to_float(images: tf.Tensor) -> tf.Tensor:
 
 
 def train_batch(batch: dict) -> tuple[tf.Tensor, tf.Tensor]:
-    """A host batch {image uint8, label, flip} -> (float images, labels)."""
+    """A host batch {image uint8, label, flip} -> (float images, int labels)."""
     images = apply_flip(batch["image"], batch["flip"])
     return to_float(images), batch["label"]
+
+
+def pair_swap(x: tf.Tensor) -> tf.Tensor:
+    """[N, ...] with N even -> each example's partner: rows (0,1)(2,3)... swapped."""
+    shape = tf.shape(x)
+    pairs = tf.reshape(x, tf.concat([[-1, 2], shape[1:]], 0))
+    return tf.reshape(tf.reverse(pairs, axis=[1]), shape)
+
+
+def mix_batch(images, targets, mix_lam, cut_box, use_cut):
+    """MixUp/CutMix of each example with its partner (``pair_swap``).
+
+    images [N,H,W,C] float, targets [N,K] float, mix_lam [N] (own share), cut_box [N,4] int
+    (y0, x0, y1, x1: pasted from the partner), use_cut [N] bool -> (images, targets).
+    """
+    partner, partner_targets = pair_swap(images), pair_swap(targets)
+    height, width = tf.shape(images)[1], tf.shape(images)[2]
+    ys = tf.range(height)[None, :, None]
+    xs = tf.range(width)[None, None, :]
+    box = [cut_box[:, i, None, None] for i in range(4)]
+    inside = (ys >= box[0]) & (ys < box[2]) & (xs >= box[1]) & (xs < box[3])
+    lam = mix_lam[:, None, None, None]
+    blended = lam * images + (1.0 - lam) * partner
+    cut = tf.where(inside[..., None], partner, images)
+    out = tf.where(use_cut[:, None, None, None], cut, blended)
+    lam_t = mix_lam[:, None]
+    return out, lam_t * targets + (1.0 - lam_t) * partner_targets
+
+
+def soft_targets(labels, weight, num_classes: int) -> tf.Tensor:
+    """One-hot [N, K] float targets; weight-0 (broken) examples get all-zero rows, which give
+    zero loss and zero gradient in a softmax cross-entropy."""
+    return tf.one_hot(labels, num_classes) * weight[:, None]
+
+
+def check_mixing_batch(per_replica_batch: int) -> None:
+    """MixUp/CutMix pairs (2k, 2k+1) must not straddle replicas: the batch must be even."""
+    if per_replica_batch % 2:
+        raise ValueError(
+            f"MixUp/CutMix need an even per-replica batch, got {per_replica_batch}: "
+            "change --global_batch_size"
+        )
+
+
+def make_batch_fn(num_classes: int, randaugment_ops: int = 0, randaugment_magnitude: float = 0.5):
+    """``fn(batch) -> (float images [N,H,W,3], soft targets [N,K])`` for a host batch
+    {image uint8, label, flip, weight[, mix_lam, cut_box, use_cut]}.
+
+    RandAugment (``randaugment_ops`` > 0) uses ``keras.layers.RandAugment``, whose random
+    choices come from Keras' own generator per batch: it does NOT honour the determinism
+    contract (the result depends on how the global batch is split) and is off by default.
+    """
+    rand_augment = None
+    if randaugment_ops:
+        rand_augment = keras.layers.RandAugment(
+            value_range=(0, 255), num_ops=randaugment_ops, factor=randaugment_magnitude
+        )
+
+    def fn(batch):
+        images = to_float(apply_flip(batch["image"], batch["flip"]))
+        if rand_augment is not None:
+            images = tf.cast(rand_augment(images, training=True), tf.float32)
+        weight = batch.get("weight", tf.ones(tf.shape(batch["label"]), tf.float32))
+        targets = soft_targets(batch["label"], weight, num_classes)
+        if "mix_lam" in batch:
+            images, targets = mix_batch(
+                images, targets, batch["mix_lam"], batch["cut_box"], batch["use_cut"]
+            )
+        return images, targets
+
+    return fn
+
+
+def host_batch_fn(num_classes: int, cfg):
+    """For ``--preprocess_on=host``: the batch fn as a tf.data map, batch -> {image float32,
+    target, weight}; the step then takes them as they are (``from_host``)."""
+    fn = make_batch_fn(num_classes, cfg.randaugment_ops, cfg.randaugment_magnitude)
+
+    def host(batch):
+        images, targets = fn(batch)
+        return {"image": images, "target": targets, "weight": batch["weight"]}
+
+    return host
+
+
+def from_host(batch: dict) -> tuple[tf.Tensor, tf.Tensor]:
+    """The device side of ``--preprocess_on=host``: nothing left to do."""
+    return batch["image"], batch["target"]
+
+
+def device_fn(num_classes: int, cfg):
+    """The ``preprocess_fn`` for TrainStep, given the run's PipelineConfig ``cfg``."""
+    if cfg.preprocess_on == "host":
+        return from_host
+    return make_batch_fn(num_classes, cfg.randaugment_ops, cfg.randaugment_magnitude)

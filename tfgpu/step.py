@@ -77,6 +77,7 @@ class TrainStep:
         clip_norm: float = 0.0,
         loss_scale: DynamicLossScale | None = None,
         preprocess_fn=preprocess.train_batch,
+        skip_non_finite: bool = False,
     ):
         self.model = model
         self.optimizer = without_implicit_all_reduce(optimizer)
@@ -87,6 +88,9 @@ class TrainStep:
         self.clip_norm = clip_norm
         self.loss_scale = loss_scale
         self.preprocess_fn = preprocess_fn
+        # Float16 overflows are expected (that is what the loss scale probes); elsewhere a
+        # non-finite update is skipped only when asked, else the loop stops at it.
+        self.skips_non_finite = skip_non_finite or loss_scale is not None
         with backend.scope():
             # Built here: variables cannot be created inside the cond that may skip an update.
             self.optimizer.build(model.trainable_variables)
@@ -141,6 +145,8 @@ class TrainStep:
             "loss": loss_sum,
             "correct": correct_sum,
             "count": tf.cast(tf.shape(labels)[0], tf.float32),
+            # Examples whose image was broken (weight 0: zero targets, no gradient).
+            "skipped": tf.reduce_sum(1.0 - batch["weight"]) if "weight" in batch else tf.constant(0.0),
         }
         return grads, finite, metrics
 
@@ -149,11 +155,12 @@ class TrainStep:
         grads, finite, metrics = self.backend.run(self.replica_step, args=(batch,))
         # Identical on every replica (computed after the all-reduce): skip or apply together.
         finite = self.backend.local_values(finite)[0]
-        if self.loss_scale:
+        if self.skips_non_finite:
             # A cond with merge_call inside must sit in cross-replica context (as Keras'
             # LossScaleOptimizer does), so the apply re-enters the replicas from inside it.
             tf.cond(finite, lambda: self._apply(grads), lambda: tf.constant(False))
-            self.loss_scale.update(finite)
+            if self.loss_scale:
+                self.loss_scale.update(finite)
         else:
             self._apply(grads)
         metrics = self.backend.reduce_sum(metrics)

@@ -1,14 +1,17 @@
 """The outer loop: steps, evaluation, checkpoints, logs, export and the run summary."""
 
+import contextlib
 import hashlib
 import os
+import signal
+import sys
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu import demo, distribute, input_pipeline, models, optim
+from tfgpu import demo, distribute, input_pipeline, models, optim, preprocess
 from tfgpu.config import Config, ConfigError, per_replica_batch
 from tfgpu.results import RunWriter, export_model, format_progress
 from tfgpu.step import DynamicLossScale, NonFiniteLoss, TrainStep
@@ -25,8 +28,57 @@ def _data(config: Config):
     if config.synthetic_data:
         classes = config.num_classes or 1000
         return input_pipeline.DataSpec("", classes, 0, (), (), 1_281_167, 0)
+    if config.tfds_name:
+        return input_pipeline.load_tfds_spec(config.tfds_name, config.tfds_data_dir, config.num_classes)
     data_dir = os.path.expanduser(config.data_dir) if config.data_dir else demo.build_demo_dataset()
-    return input_pipeline.load_data_spec(data_dir, config.num_classes, config.label_offset)
+    return input_pipeline.load_data_spec(
+        data_dir, config.num_classes, config.label_offset, config.skip_truncated_shards
+    )
+
+
+class CheckpointError(RuntimeError):
+    """The final checkpoint could not be written."""
+
+
+class Preempted(Exception):
+    """The run was asked to stop (SIGTERM/SIGINT) and saved a checkpoint; run it again."""
+
+
+class PreemptionGuard:
+    """Turns SIGTERM and SIGINT into a flag the loop polls, so a pre-empted job saves a
+    checkpoint at the next loop boundary instead of dying mid-step."""
+
+    def __init__(self):
+        self.signal_name = ""
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        del frame
+        if self.signal_name:  # a second signal: the user really wants out
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+
+    def should_stop(self, backend) -> bool:
+        """True when this process, or any other worker, was signalled (workers agree, so
+        they all leave at the same step and no collective is left waiting)."""
+        stop = bool(self.signal_name)
+        if backend.num_workers > 1:
+            stop = backend.any_worker(stop)
+            self.signal_name = self.signal_name or ("a signal to another worker" if stop else "")
+        return stop
+
+
+def _new_window() -> dict:
+    return {"loss": 0.0, "correct": 0.0, "count": 0.0, "steps": 0.0, "skipped": 0.0, "updates": 0, "start": time.time()}
 
 
 def weights_fingerprint(model: keras.Model) -> str:
@@ -57,6 +109,16 @@ def _pipeline_config(config: Config) -> input_pipeline.PipelineConfig:
         cycle_length=config.cycle_length,
         threadpool_size=config.data_threads,
         cache_eval=config.cache_eval,
+        block_length=config.block_length,
+        ram_budget_mb=config.ram_budget_mb,
+        eval_snapshot_dir=config.eval_snapshot_dir,
+        skip_truncated=config.skip_truncated_shards,
+        mixup_alpha=config.mixup_alpha,
+        cutmix_alpha=config.cutmix_alpha,
+        # Synthetic batches are uint8 like real ones: their float work is always on device.
+        preprocess_on="device" if config.synthetic_data else config.preprocess_on,
+        randaugment_ops=config.randaugment_ops,
+        randaugment_magnitude=config.randaugment_magnitude,
     )
 
 
@@ -65,6 +127,7 @@ class Trainer:
 
     def __init__(self, config: Config, backend, writer: RunWriter):
         self.config, self.backend, self.writer = config, backend, writer
+        self.skipped_records = 0
         self.spec = _data(config)
         self.steps = total_steps(config, self.spec.num_train)
         self.replica_batch = per_replica_batch(config, backend.num_replicas)
@@ -94,9 +157,13 @@ class Trainer:
                 c.label_smoothing,
                 c.clip_norm,
                 loss_scale,
+                skip_non_finite=c.skip_non_finite,
+                preprocess_fn=preprocess.device_fn(self.spec.num_classes, _pipeline_config(c)),
             )
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
             self.skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
+        if c.init_weights:  # outside the scope: a .keras source model needs no mirrored copies
+            models.load_initial_weights(self.model, c.init_weights)
         self.optimizer = self.step.optimizer
         self.backend.broadcast_initial_state(self.model.variables + self.optimizer.variables)
         tracked = {"model": self.model, "optimizer": self.optimizer, "step": self.global_step}
@@ -116,8 +183,16 @@ class Trainer:
             self.writer.info(f"resumed from {latest} at step {int(self.global_step.numpy())}")
         return int(self.global_step.numpy())
 
-    def save(self) -> None:
-        self.manager.save(checkpoint_number=self.global_step)
+    def save(self, final: bool = False) -> None:
+        """Writes a checkpoint. A failed write (disk full, ...) is reported loudly; training
+        goes on with the previous checkpoint kept, except at the end, where it is an error."""
+        try:
+            self.manager.save(checkpoint_number=self.global_step)
+        except (tf.errors.OpError, OSError) as err:
+            message = f"checkpoint at step {int(self.global_step.numpy())} failed: {err}"
+            if final:
+                raise CheckpointError(message) from None
+            print(f"tfgpu: WARNING: {message}; the previous checkpoint is kept", file=sys.stderr, flush=True)
 
     # --- datasets ---------------------------------------------------------------------
     def _train_iterator(self, start_step: int):
@@ -147,19 +222,26 @@ class Trainer:
     def _compile(self):
         step = self.step
 
-        @tf.function(jit_compile=None)
+        skip_bad = self.step.skips_non_finite
+
+        @tf.function
         def train_loop(iterator, num_steps):
-            totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
-            totals = {k: tf.constant(v) for k, v in totals.items()}
-            all_finite, skipped = tf.constant(True), tf.constant(0, tf.int64)
+            """``num_steps`` updates; returns summed metrics of the finite ones and the first
+            non-finite step (-1 if none). Without skipping, it stops at that step."""
+            totals = {k: tf.constant(0.0) for k in ("loss", "correct", "count", "steps", "skipped")}
+            first_bad = tf.constant(-1, tf.int64)
             for _ in tf.range(num_steps):
                 m = step.update(next(iterator))
-                totals = {k: totals[k] + m[k] for k in totals}
-                all_finite = tf.logical_and(all_finite, tf.math.is_finite(m["loss"]))
-                skipped += tf.cast(tf.logical_not(m["finite"]), tf.int64)
                 self.global_step.assign_add(1)
-            self.skipped_updates.assign_add(skipped)
-            return totals, all_finite
+                ok = tf.logical_and(m["finite"], tf.math.is_finite(m["loss"]))
+                m["steps"] = tf.constant(1.0)
+                totals = {k: totals[k] + tf.where(ok, m[k], 0.0) for k in totals}
+                self.skipped_updates.assign_add(tf.cast(tf.logical_not(ok), tf.int64))
+                if first_bad < 0 and not ok:
+                    first_bad = self.global_step.read_value()
+                if not skip_bad and not ok:
+                    break
+            return totals, first_bad
 
         if self.config.jit_compile:
             # XLA compiles the per-replica step (where the FLOPs are); the loop stays a graph.
@@ -185,8 +267,28 @@ class Trainer:
         self.train_loop, self.eval_step = train_loop, eval_step
 
     # --- the loop ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def ema_weights(self):
+        """Inside, the model holds the EMA of its weights (when --ema_decay is set)."""
+        if not self.optimizer.use_ema:
+            yield
+            return
+        trained = [v.numpy() for v in self.optimizer._trainable_variables]
+        for var, average in zip(self.optimizer._trainable_variables, self.optimizer._model_variables_moving_average):
+            var.assign(average)
+        try:
+            yield
+        finally:
+            for var, value in zip(self.optimizer._trainable_variables, trained):
+                var.assign(value)
+
     def evaluate(self) -> dict:
-        """Top-1, top-5 and loss over the whole validation split (each example once)."""
+        """Top-1, top-5 and loss over the whole validation split (each example once), with
+        the EMA weights when there are any."""
+        with self.ema_weights():
+            return self._evaluate()
+
+    def _evaluate(self) -> dict:
         if not self.spec.num_eval:
             return {}
         if not hasattr(self, "_eval_ds"):
@@ -209,46 +311,57 @@ class Trainer:
                 stops.append((step // every + 1) * every)
         return min(stops)
 
-    def fit(self) -> dict:
-        """Trains from the restored step to the end; returns the throughput numbers."""
+    def fit(self, guard=None) -> dict:
+        """Trains from the restored step to the end; returns the throughput numbers.
+
+        ``guard`` (a PreemptionGuard) is polled between loops: when it was signalled, a
+        checkpoint is written and Preempted raised.
+        """
         c = self.config
         self._compile()
         step = self.restore()
         iterator = self._train_iterator(step)
-        window = {"loss": 0.0, "correct": 0.0, "count": 0.0, "steps": 0, "start": time.time()}
-        timed_images, timed_seconds, first_window = 0, 0.0, True
+        window, timed = _new_window(), {"images": 0, "seconds": 0.0, "windows": 0}
         while step < self.steps:
             n = self._next_stop(step) - step
-            totals, finite = self.train_loop(iterator, tf.constant(n))
-            if not bool(finite):
-                raise NonFiniteLoss(f"non-finite loss between step {step + 1} and {step + n}")
-            step += n
-            for k in ("loss", "correct", "count"):
-                window[k] += float(totals[k])
-            window["steps"] += n
+            totals, first_bad = self.train_loop(iterator, tf.constant(n))
+            if int(first_bad) >= 0 and not self.step.skips_non_finite:
+                raise NonFiniteLoss(f"non-finite loss or gradients at step {int(first_bad)}")
+            step = int(self.global_step.numpy())
+            window = {k: window[k] + float(totals[k]) for k in totals} | {"start": window["start"]}
+            window["updates"] = window.get("updates", 0) + n
+            self.skipped_records += int(float(totals["skipped"]))  # broken images, weight 0
             if step % c.log_every_steps == 0 or step == self.steps:
-                seconds = time.time() - window["start"]
-                images = window["steps"] * c.global_batch_size
-                if not first_window:  # the first window includes tracing and warm-up
-                    timed_images, timed_seconds = timed_images + images, timed_seconds + seconds
-                first_window = False
-                self._log_train(step, window, images / max(seconds, 1e-9))
-                window = {"loss": 0.0, "correct": 0.0, "count": 0.0, "steps": 0, "start": time.time()}
+                self._log_window(step, window, timed)
+                window = _new_window()
             if c.eval_every_steps and step % c.eval_every_steps == 0 and step < self.steps:
                 self.writer.log_eval(step, self.evaluate())
             if step % c.checkpoint_every_steps == 0 and step < self.steps:
                 self.save()
-        return {"images_per_sec": timed_images / timed_seconds if timed_seconds else None}
+            if guard is not None and guard.should_stop(self.backend):
+                self.save()
+                raise Preempted(f"stopped by {guard.signal_name} at step {step}; checkpoint written")
+        return {"images_per_sec": timed["images"] / timed["seconds"] if timed["seconds"] else None}
+
+    def _log_window(self, step: int, window: dict, timed: dict) -> None:
+        seconds = time.time() - window["start"]
+        images = window["updates"] * self.config.global_batch_size
+        if timed["windows"]:  # the first window includes tracing and warm-up
+            timed["images"] += images
+            timed["seconds"] += seconds
+        timed["windows"] += 1
+        self._log_train(step, window, images / max(seconds, 1e-9))
 
     def _log_train(self, step: int, window: dict, images_per_sec: float) -> None:
         lr = float(self.optimizer.learning_rate)  # the schedule at the current update
         record = {
             "step": step,
             "split": "train",
-            "loss": window["loss"] / window["steps"],
+            "loss": window["loss"] / max(window["steps"], 1.0),
             "accuracy": window["correct"] / max(window["count"], 1.0),
             "learning_rate": lr,
             "images_per_sec": images_per_sec,
+            "skipped_records": int(window["skipped"]),
         }
         self.writer.log_train(record, format_progress(record, self.steps, self.config.global_batch_size))
 
@@ -274,8 +387,9 @@ def run(config: Config) -> dict:
         f"{trainer.replica_batch // config.grad_accum_steps} per replica), model {config.model}, "
         f"data {trainer.spec.data_dir or 'synthetic'}"
     )
-    throughput = trainer.fit()
-    trainer.save()
+    with PreemptionGuard() as guard:
+        throughput = trainer.fit(guard)
+    trainer.save(final=True)
     final_eval = trainer.evaluate()
     writer.log_eval(trainer.steps, final_eval)
     if backend.is_chief:
@@ -290,7 +404,7 @@ def run(config: Config) -> dict:
         "steps": int(trainer.global_step.numpy()),
         "final_eval": {k: final_eval.get(k) for k in ("top1", "top5", "loss")},
         "train_images_per_sec": throughput["images_per_sec"],
-        "skipped_records": 0,
+        "skipped_records": trainer.skipped_records,
         "skipped_updates": int(trainer.skipped_updates.numpy()),
         "gradient_all_reduces": int(backend.all_reduce_calls.numpy()),
         "weights_sha256": weights_fingerprint(trainer.model),

@@ -1,0 +1,215 @@
+"""How fast does the host hand 224x224 uint8 random-resized-crop batches to the accelerator?
+
+Writes >= 1,000 ImageNet-like JPEGs (350-500 px, quality 90, smooth random fields with
+texture) once into a cache dir, as TFRecords and as an image folder, then measures in ONE
+run, round-robin (the machine is shared: ratios come from side-by-side rounds, best of each):
+
+  (a)  decode-only ceiling: parallel tf.io.decode_jpeg of whole images, same records
+  tfgpu: input_pipeline.make_train_dataset (fused decode-and-crop, uint8 resize; flip and
+       cast left to the accelerator); also --preprocess_on=host for comparison
+  (b)  keras.utils.image_dataset_from_directory (224, flip, prefetch, repeat)
+  (c)  PyTorch DataLoader + torchvision ImageFolder, RandomResizedCrop(224), flip, uint8,
+       num_workers = cores; run with --torch_python (a venv with torch); skipped otherwise
+
+    python bench/input_pipeline.py [--torch_python=/tmp/torchenv/bin/python]
+"""
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+NUM_CLASSES = 10
+
+
+def fake_photo(rng: np.random.Generator) -> Image.Image:
+    """A 350-500 px image of smooth random fields at four scales plus grain: JPEG sizes and
+    decode cost close to ImageNet photos (~75 KB at quality 90), unlike flat colour."""
+    h, w = (int(v) for v in rng.integers(350, 501, size=2))
+    out = np.zeros((h, w, 3), np.float32)
+    for cells, amp in ((4, 80), (16, 40), (64, 25), (160, 20)):
+        small = (rng.normal(0, 1, (cells, cells, 3)) * 40 + 128).clip(0, 255).astype(np.uint8)
+        up = Image.fromarray(small).resize((w, h), Image.BICUBIC)
+        out += (np.asarray(up, np.float32) - 128) * amp / 40
+    out += rng.normal(0, 6, out.shape)
+    return Image.fromarray((out + 128).clip(0, 255).astype(np.uint8))
+
+
+def build_data(cache_dir: str, num_images: int) -> tuple[str, str]:
+    """(tfrecord dir, image-folder dir) holding the same JPEG bytes; built once."""
+    from tfgpu import records
+
+    import tensorflow as tf
+
+    tfr, folder = os.path.join(cache_dir, "tfrecords"), os.path.join(cache_dir, "folder")
+    done = os.path.join(cache_dir, f"done-{num_images}")
+    if os.path.exists(done):
+        return tfr, folder
+    os.makedirs(tfr, exist_ok=True)
+    rng = np.random.default_rng(0)
+    num_shards = 16
+    writers = [
+        tf.io.TFRecordWriter(os.path.join(tfr, f"train-{i:05d}-of-{num_shards:05d}.tfrecord"))
+        for i in range(num_shards)
+    ]
+    for i in range(num_images):
+        label = i % NUM_CLASSES
+        image = fake_photo(rng)
+        buf = io.BytesIO()
+        image.save(buf, "JPEG", quality=90)
+        data = buf.getvalue()
+        os.makedirs(os.path.join(folder, f"class{label}"), exist_ok=True)
+        with open(os.path.join(folder, f"class{label}", f"{i:05d}.jpg"), "wb") as f:
+            f.write(data)
+        name = f"class{label}/{i:05d}.jpg"
+        writers[i % num_shards].write(
+            records.encode_example(data, label, image.height, image.width, "JPEG", name)
+        )
+    for w in writers:
+        w.close()
+    open(done, "w").close()
+    return tfr, folder
+
+
+def tf_sources(tfr_dir: str, folder: str, batch: int) -> dict:
+    """name -> function making a fresh endless tf.data pipeline of (batched) elements."""
+    import keras
+    import tensorflow as tf
+
+    from tfgpu import input_pipeline as ip
+    from tfgpu import records
+    from tfgpu.distribute import InputShard
+
+    spec = ip.load_data_spec(tfr_dir, num_classes=NUM_CLASSES)
+    cfg = ip.PipelineConfig(image_size=224, seed=0, shuffle_buffer=1024)
+
+    def decode_only():
+        ds = tf.data.TFRecordDataset(list(spec.train_files), num_parallel_reads=8).repeat()
+        # Whole-image decodes; only their shapes are batched (a ceiling: no copy, no resize).
+        decode = lambda r: tf.io.decode_jpeg(records.parse_example(r)["encoded"], channels=3)  # noqa: E731
+        ds = ds.map(
+            lambda r: (tf.shape(decode(r)),),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=False,
+        )
+        return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
+
+    def keras_folder():
+        ds = keras.utils.image_dataset_from_directory(
+            folder, image_size=(224, 224), batch_size=batch, shuffle=True, seed=0, verbose=False
+        )
+        ds = ds.map(
+            lambda x, y: (tf.image.random_flip_left_right(x), y),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+        return ds.prefetch(tf.data.AUTOTUNE).repeat()
+
+    def tfgpu(preprocess_on):
+        c = ip.PipelineConfig(**{**cfg.__dict__, "preprocess_on": preprocess_on})
+        return lambda: ip.make_train_dataset(spec, c, InputShard(1, 0), batch, batch)
+
+    return {
+        "(a) decode-only ceiling": decode_only,
+        "tfgpu (flip+cast on device)": tfgpu("device"),
+        "tfgpu --preprocess_on=host": tfgpu("host"),
+        "(b) keras image_dataset_from_directory": keras_folder,
+    }
+
+
+def time_tf(make, seconds: float) -> float:
+    """Images/s of a fresh pipeline of batches, timed after a warm-up of a few batches."""
+    iterator = iter(make())
+    first = next(iterator)
+    per_batch = int(first[0].shape[0] if isinstance(first, tuple) else first["image"].shape[0])
+    for _ in range(3):
+        next(iterator)
+    count = max(1, int(seconds * 1000 / per_batch))
+    start = time.perf_counter()
+    for _ in range(count):
+        next(iterator)
+    return count * per_batch / (time.perf_counter() - start)
+
+
+TORCH_SCRIPT = r"""
+import json, os, sys, time, torch
+from torchvision import datasets, transforms
+folder, batch, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                         transforms.PILToTensor()])
+loader = torch.utils.data.DataLoader(datasets.ImageFolder(folder, tf), batch_size=batch,
+    shuffle=True, num_workers=os.cpu_count(), drop_last=True, persistent_workers=True)
+def batches():
+    while True:
+        yield from loader
+it = batches()
+for _ in range(3): next(it)
+count = max(1, int(seconds * 1000 / batch))
+start = time.perf_counter()
+for _ in range(count): x, y = next(it); assert x.dtype == torch.uint8
+print(json.dumps(count * batch / (time.perf_counter() - start)))
+"""
+
+
+def time_torch(python: str, folder: str, batch: int, seconds: float) -> float:
+    out = subprocess.run(
+        [python, "-c", TORCH_SCRIPT, folder, str(batch), str(seconds)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def torch_available(python: str) -> bool:
+    if not python:
+        return False
+    probe = subprocess.run([python, "-c", "import torch, torchvision"], capture_output=True)
+    return probe.returncode == 0
+
+
+def print_table(best: dict) -> None:
+    ceiling = best["(a) decode-only ceiling"]
+    ours = best["tfgpu (flip+cast on device)"]
+    print(f"\n| pipeline | images/s | x (a) | tfgpu x this |\n|---|---:|---:|---:|")
+    for name, rate in best.items():
+        vs = f"{ours / rate:.2f}" if rate else "-"
+        print(f"| {name} | {rate:.0f} | {rate / ceiling:.2f} | {vs} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--num_images", type=int, default=1000)
+    parser.add_argument("--cache_dir", default=os.path.expanduser("~/.cache/tfgpu/bench_input"))
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--seconds", type=float, default=6.0, help="~ per measurement")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--torch_python", default="", help="a python with torch+torchvision")
+    args = parser.parse_args()
+    tfr, folder = build_data(args.cache_dir, args.num_images)
+    sources = tf_sources(tfr, folder, args.batch)
+    use_torch = torch_available(args.torch_python)
+    if not use_torch:
+        print("(c) skipped: no --torch_python with torch and torchvision")
+    results = {name: [] for name in sources}
+    if use_torch:
+        results["(c) torch DataLoader + torchvision"] = []
+    for r in range(args.rounds):
+        for name, make in sources.items():
+            results[name].append(time_tf(make, args.seconds))
+        if use_torch:
+            name = "(c) torch DataLoader + torchvision"
+            results[name].append(time_torch(args.torch_python, folder, args.batch, args.seconds))
+        print(f"round {r + 1}: " + json.dumps({k: round(v[-1]) for k, v in results.items()}))
+    print_table({k: max(v) for k, v in results.items()})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""export/model.keras and export/saved_model load and predict in a Python without tfgpu."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import numpy as np
+import pytest
+
+from tfgpu import models
+from tfgpu.results import export_model
+
+# Runs in a fresh interpreter where `import tfgpu` fails (the package is installed editable,
+# so hiding the repo from sys.path is not enough: the module entry is blocked instead).
+LOADER = textwrap.dedent(
+    """
+    import sys
+    sys.modules["tfgpu"] = None
+    try:
+        import tfgpu
+        raise SystemExit("tfgpu is importable")
+    except ImportError:
+        pass
+    import numpy as np, keras, tensorflow as tf
+    export, images = sys.argv[1], np.load(sys.argv[2])
+    model = keras.saving.load_model(export + "/model.keras", safe_mode=True)
+    loaded = tf.saved_model.load(export + "/saved_model")  # kept: it owns the variables
+    served = loaded.serve(tf.constant(images))
+    np.save(sys.argv[3], np.stack([model(images.astype("float32")).numpy(), served.numpy()]))
+    print("tfgpu" in sys.modules and sys.modules["tfgpu"] is not None)
+    """
+)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "efficientnet_b0"])
+def test_exported_model_predicts_the_same_without_tfgpu(tmp_path, name):
+    model = models.build_model(name, num_classes=5, image_size=32, small_input=True)
+    images = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    expected = model(images.astype(np.float32), training=False).numpy()
+    export_model(model, str(tmp_path / "export"), image_size=32)
+    np.save(tmp_path / "images.npy", images)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LOADER,
+            str(tmp_path / "export"),
+            str(tmp_path / "images.npy"),
+            str(tmp_path / "out.npy"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("False")
+    from_keras, from_saved_model = np.load(tmp_path / "out.npy")
+    np.testing.assert_allclose(from_keras, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(from_saved_model, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_exported_keras_file_names_no_tfgpu_object(tmp_path):
+    export_model(models.build_model("tiny_cnn", 3, 32), str(tmp_path), image_size=32)
+    with zipfile.ZipFile(tmp_path / "model.keras") as archive:
+        config = json.loads(archive.read("config.json"))
+    # No custom object (and no compiled optimizer with tfgpu's WarmupDecay) is saved.
+    assert "tfgpu" not in json.dumps(config) and not config.get("compile_config")

@@ -1,0 +1,184 @@
+"""Where training data comes from: converted TFRecords, TF's official ImageNet records, or a
+tensorflow-datasets dataset read from its own files. Each becomes a ``DataSpec``: shard lists,
+counts, and ``parse(serialized) -> {"encoded": string, "label": int32}``, so the one pipeline of
+``input_pipeline.py`` (file shuffle, interleave, sharding) serves them all.
+"""
+
+import json
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from tfgpu import records
+from tfgpu.convert import INFO_FILE
+
+
+class DataError(ValueError):
+    """A dataset that cannot be read as asked; the message is one line naming the file or flag."""
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What the pipeline needs to know about a dataset."""
+
+    data_dir: str
+    num_classes: int
+    label_offset: int
+    train_files: tuple
+    eval_files: tuple
+    num_train: int
+    num_eval: int
+    # serialized record -> {"encoded", "label"}; None = tfgpu/TF-ImageNet schema.
+    parser: Optional[Callable] = None
+
+    def parse(self, serialized: tf.Tensor) -> dict:
+        if self.parser is not None:
+            return self.parser(serialized)
+        return records.parse_example(serialized, self.label_offset)
+
+
+def _split_files(data_dir: str, info: dict, split: str) -> tuple:
+    if info and split in info.get("splits", {}):
+        names = [s["file"] for s in info["splits"][split]["shards"]]
+        files = [os.path.join(data_dir, n) for n in names]
+        missing = [f for f in files if not os.path.exists(f)]
+        if missing:
+            raise DataError(f"{missing[0]} is listed in {INFO_FILE} but does not exist")
+        return tuple(files)
+    return tuple(sorted(tf.io.gfile.glob(os.path.join(data_dir, f"{split}-*"))))
+
+
+def _read_info(data_dir: str) -> dict:
+    info_path = os.path.join(data_dir, INFO_FILE)
+    if not os.path.exists(info_path):
+        return {}
+    try:
+        with open(info_path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise DataError(f"{info_path} is not valid JSON: {err}") from None
+
+
+def load_data_spec(
+    data_dir: str, num_classes: int = 0, label_offset: int = -1, skip_truncated: bool = False
+) -> DataSpec:
+    """Reads ``dataset_info.json`` (optional) and lists the shards of ``data_dir``.
+
+    ``num_classes`` > 0 and ``label_offset`` >= 0 override the info file; without an info file
+    (e.g. TensorFlow's official ImageNet records) ``num_classes`` is required. Truncated local
+    shards are a DataError naming the file, or a warning when ``skip_truncated``.
+    """
+    if not os.path.isdir(data_dir):
+        raise DataError(f"--data_dir={data_dir} is not a directory")
+    info = _read_info(data_dir)
+    train = _split_files(data_dir, info, "train")
+    evaluation = _split_files(data_dir, info, "validation")
+    if not train:
+        raise DataError(
+            f"--data_dir={data_dir} holds no train-* shards (write them with tools/to_tfrecord.py)"
+        )
+    classes = num_classes or int(info.get("num_classes", 0))
+    if classes <= 0:
+        raise DataError(f"--data_dir={data_dir} has no {INFO_FILE}: set --num_classes")
+    check_shards(train + evaluation, skip_truncated)
+    counts = {k: v.get("num_examples", 0) for k, v in info.get("splits", {}).items()}
+    return DataSpec(
+        data_dir=data_dir,
+        num_classes=classes,
+        label_offset=label_offset if label_offset >= 0 else int(info.get("label_offset", 0)),
+        train_files=train,
+        eval_files=evaluation,
+        num_train=counts.get("train") or count_records(train),
+        num_eval=counts.get("validation") or count_records(evaluation),
+    )
+
+
+def count_records(files) -> int:
+    """Counts records by reading them: only for datasets without a dataset_info.json."""
+    if not files:
+        return 0
+    return int(tf.data.TFRecordDataset(list(files)).reduce(0, lambda n, _: n + 1))
+
+
+def truncated_at(path: str) -> int:
+    """-1 if the TFRecord framing of a local file is whole, else the offset where it breaks.
+
+    Walks only the 12-byte record headers (seek past the data), so it costs one small read
+    per record, not a pass over the bytes; CRCs are left to the reader.
+    """
+    size = os.path.getsize(path)
+    offset = 0
+    with open(path, "rb") as f:
+        while offset < size:
+            header = f.read(12)
+            if len(header) < 12:
+                return offset
+            (length,) = struct.unpack("<Q", header[:8])
+            end = offset + 12 + length + 4
+            if end > size:
+                return offset
+            f.seek(end)
+            offset = end
+    return -1
+
+
+def check_shards(files, skip_truncated: bool) -> tuple:
+    """Raises a DataError naming the first truncated local shard, or (``skip_truncated``) logs
+    a warning per such shard (the reader then stops at the break). Remote paths (gs://, ...)
+    are not checked: seeking them costs a request per record."""
+    bad = []
+    for path in files:
+        if "://" in path:
+            continue
+        offset = truncated_at(path)
+        if offset < 0:
+            continue
+        if not skip_truncated:
+            raise DataError(
+                f"{path} is truncated (its record at byte {offset} is cut short): re-copy or "
+                "re-convert it, or pass --skip_truncated_shards to read what it holds"
+            )
+        logging.warning("%s is truncated at byte %d: reading its records before that", path, offset)
+        bad.append(path)
+    return tuple(bad)
+
+
+def load_tfds_spec(name: str, data_dir: str = "", num_classes: int = 0) -> DataSpec:
+    """A prepared tensorflow-datasets dataset, read from its own record files.
+
+    Images stay encoded (tfds' ``SkipDecoding``), so they go through the same fused
+    decode-and-crop as tfgpu's records. Nothing is downloaded: prepare the dataset first
+    (``tfds build NAME --data_dir=DIR``). Needs tfrecord files (tfds' default format).
+    """
+    import tensorflow_datasets as tfds  # optional dependency: only for --tfds_name
+
+    builder = tfds.builder(name, data_dir=data_dir or None)
+    if not tf.io.gfile.exists(builder.data_dir):
+        raise DataError(f"--tfds_name={name} is not prepared under {builder.data_dir}")
+    info = builder.info
+    image_key, label_key = info.supervised_keys or ("image", "label")
+    splits = info.splits
+    eval_split = next((s for s in ("validation", "test") if s in splits), None)
+    features = info.features
+
+    def parse(serialized):
+        example = features.deserialize_example(
+            serialized, decoders={image_key: tfds.decode.SkipDecoding()}
+        )
+        return {"encoded": example[image_key], "label": tf.cast(example[label_key], tf.int32)}
+
+    classes = num_classes or features[label_key].num_classes
+    return DataSpec(
+        data_dir=builder.data_dir,
+        num_classes=classes,
+        label_offset=0,
+        train_files=tuple(str(p) for p in splits["train"].filepaths),
+        eval_files=tuple(str(p) for p in splits[eval_split].filepaths) if eval_split else (),
+        num_train=splits["train"].num_examples,
+        num_eval=splits[eval_split].num_examples if eval_split else 0,
+        parser=parse,
+    )

@@ -1,0 +1,148 @@
+"""Per-example host ops of the input pipeline: check, decode only the crop window, resize to
+uint8, and draw each example's random choices from its stateless seed.
+
+Every function here maps one example, and works the same eagerly and inside ``Dataset.map``.
+"""
+
+import tensorflow as tf
+
+# Each random choice of an example gets its own stream of the example's stateless seed.
+_FLIP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X = 1, 2, 3, 4, 5, 6
+
+
+def example_seed(seed: int, epoch: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+    """The stateless seed of one example: a function of (seed, epoch, position) only."""
+    epoch = tf.cast(epoch, tf.int64)
+    return tf.stack([tf.cast(seed, tf.int64) * 1_000_003 + epoch, tf.cast(position, tf.int64)])
+
+
+def _stream(seed: tf.Tensor, k: int) -> tf.Tensor:
+    return seed + tf.constant([0, k << 40], tf.int64)
+
+
+def random_crop_window(shape, seed, min_area: float):
+    """Random-resized-crop window (Inception style) ``[y, x, h, w]`` for an image ``shape``."""
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape,
+        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        seed=seed,
+        min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(min_area, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    return tf.stack([begin[0], begin[1], size[0], size[1]])
+
+
+def center_crop_window(shape, crop_fraction: float):
+    """The central square of ``crop_fraction`` of the shorter side (resized afterwards)."""
+    height, width = shape[0], shape[1]
+    side = tf.cast(crop_fraction * tf.cast(tf.minimum(height, width), tf.float32), tf.int32)
+    return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
+
+
+def _tail_has(encoded, marker: bytes, tail: int = 16):
+    """True if ``marker`` occurs in the last ``tail`` bytes (trailing padding is common)."""
+    length = tf.strings.length(encoded)
+    end = tf.strings.substr(encoded, tf.maximum(length - tail, 0), tail)
+    raw = tf.cast(tf.io.decode_raw(end, tf.uint8), tf.int32)
+    n = tf.shape(raw)[0] - len(marker) + 1
+    hits = tf.ones([tf.maximum(n, 0)], tf.bool)
+    for i, byte in enumerate(marker):
+        hits &= raw[i : i + tf.maximum(n, 0)] == byte
+    return tf.reduce_any(hits)
+
+
+def looks_whole(encoded: tf.Tensor) -> tf.Tensor:
+    """A cheap check that an encoded image is not cut short or garbage.
+
+    JPEG must start with SOI and hold its EOI marker near the end, PNG its IEND chunk; GIF
+    and BMP are checked by magic only. An image that passes and still fails to decode (a
+    broken header) stops the pipeline with TensorFlow's error.
+    """
+    head = tf.strings.substr(encoded, 0, 4)
+    jpeg = tf.strings.substr(head, 0, 3) == b"\xff\xd8\xff"
+    png = head == b"\x89PNG"
+    other = tf.logical_or(
+        tf.strings.substr(head, 0, 3) == b"GIF", tf.strings.substr(head, 0, 2) == b"BM"
+    )
+    return (jpeg & _tail_has(encoded, b"\xff\xd9")) | (png & _tail_has(encoded, b"IEND")) | other
+
+
+def decode_crop(encoded: tf.Tensor, crop_window_fn) -> tf.Tensor:
+    """Decodes only the window ``crop_window_fn(shape)`` picks: fused for JPEG (rows below the
+    window are never decoded, columns outside skip the IDCT), sliced otherwise."""
+
+    def jpeg():
+        window = crop_window_fn(tf.image.extract_jpeg_shape(encoded))
+        return tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+
+    def other():
+        image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+        window = crop_window_fn(tf.shape(image))
+        return tf.slice(image, [window[0], window[1], 0], [window[2], window[3], 3])
+
+    return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+
+
+def resize_uint8(image: tf.Tensor, image_size: int) -> tf.Tensor:
+    """Bilinear resize (half-pixel centers, as ``tf.image.resize``) of uint8 to uint8.
+
+    The raw op reads uint8 directly, and pixel values cannot leave [0, 255] under bilinear
+    interpolation, so no clip: two passes over the output instead of ``tf.image.resize``'s five.
+    """
+    resized = tf.raw_ops.ResizeBilinear(
+        images=image[None], size=[image_size, image_size], half_pixel_centers=True
+    )[0]
+    return tf.cast(resized + 0.5, tf.uint8)
+
+
+def decode_window_resized(encoded, crop_window_fn, image_size: int):
+    """(uint8 [S, S, 3] image, valid) of one encoded image; a broken one gives zeros, False."""
+    valid = looks_whole(encoded)
+    image = tf.cond(
+        valid,
+        lambda: resize_uint8(decode_crop(encoded, crop_window_fn), image_size),
+        lambda: tf.zeros([image_size, image_size, 3], tf.uint8),
+    )
+    return image, valid
+
+
+def _beta(seed, alpha):
+    """A stateless Beta(alpha, alpha) draw, as the ratio of two gamma draws."""
+    a = tf.random.stateless_gamma([], _stream(seed, _GAMMA_A), alpha=alpha)
+    b = tf.random.stateless_gamma([], _stream(seed, _GAMMA_B), alpha=alpha)
+    return a / tf.maximum(a + b, 1e-12)
+
+
+def draw_mixing(seed, image_size: int, mixup_alpha: float, cutmix_alpha: float) -> dict:
+    """One example's MixUp/CutMix choice: {mix_lam, cut_box [y0, x0, y1, x1], use_cut}.
+
+    With both alphas set, each example picks CutMix or MixUp with equal odds. ``mix_lam`` is
+    the share of the example's own image (for CutMix, 1 - the pasted box's area fraction).
+    """
+    if mixup_alpha > 0 and cutmix_alpha > 0:
+        use_cut = tf.random.stateless_uniform([], _stream(seed, _MIX_KIND)) < 0.5
+    else:
+        use_cut = tf.constant(cutmix_alpha > 0)
+    alpha = tf.where(use_cut, max(cutmix_alpha, 1e-3), max(mixup_alpha, 1e-3))
+    lam = _beta(seed, alpha)
+    side = tf.cast(image_size, tf.float32)
+    half = side * tf.sqrt(1.0 - lam) / 2
+    cy = tf.random.stateless_uniform([], _stream(seed, _CUT_Y)) * side
+    cx = tf.random.stateless_uniform([], _stream(seed, _CUT_X)) * side
+    box = tf.cast(
+        tf.round(tf.clip_by_value(tf.stack([cy - half, cx - half, cy + half, cx + half]), 0, side)),
+        tf.int32,
+    )
+    area = tf.cast((box[2] - box[0]) * (box[3] - box[1]), tf.float32) / (side * side)
+    return {
+        "mix_lam": tf.where(use_cut, 1.0 - area, lam),
+        "cut_box": tf.where(use_cut, box, tf.zeros([4], tf.int32)),
+        "use_cut": use_cut,
+    }
+
+
+def draw_flip(seed) -> tf.Tensor:
+    return tf.random.stateless_uniform([], seed=_stream(seed, _FLIP)) < 0.5
