@@ -41,7 +41,11 @@ def _bad_and_odd_files() -> list:
         ("anim.gif", _encoded(_image().convert("P"), "GIF"), None),
         ("ünïcødé 猫.jpg", jpeg, None),
         ("truncated.jpg", jpeg[: len(jpeg) // 2], "cannot decode"),
-        ("garbage.jpg", b"\xff\xd8\xff" + bytes(RNG.integers(0, 256, 500, dtype=np.uint8)), "not an image"),
+        (
+            "garbage.jpg",
+            b"\xff\xd8\xff" + bytes(RNG.integers(0, 256, 500, dtype=np.uint8)),
+            "not an image",
+        ),
         ("zero.jpg", b"", "empty file"),
         ("readme.txt", b"not an image at all\n", "not an image"),
     ]
@@ -88,10 +92,13 @@ def test_folder_round_trip_through_the_input_pipeline(image_tree, tmp_path):
     out = str(tmp_path / "out")
     args = ["--num_workers=2", "--num_shards=3", "--validation_fraction=0.2", "--verify"]
     assert _run_cli(f"--input={image_tree}", f"--output_dir={out}", *args) == 0
-    info = json.loads(open(os.path.join(out, convert.INFO_FILE), encoding="utf-8").read())
+    with open(os.path.join(out, convert.INFO_FILE), encoding="utf-8") as f:
+        info = json.load(f)
     assert info["class_names"] == ["a", "b", "çlass ç"] and info["label_map"]["b"] == 1
     assert info["schema_version"] == records.SCHEMA_VERSION == convert.SCHEMA_VERSION
-    reasons = {s["file"]: s["reason"] for split in info["splits"].values() for s in split["skipped"]}
+    reasons = {
+        s["file"]: s["reason"] for split in info["splits"].values() for s in split["skipped"]
+    }
     expected = {f"b/{n}": why for n, _, why in _bad_and_odd_files() if why}
     assert set(reasons) == set(expected)
     assert all(reasons[f].startswith(why) for f, why in expected.items())
@@ -117,7 +124,11 @@ def test_folder_round_trip_through_the_input_pipeline(image_tree, tmp_path):
 
 def test_shards_are_balanced_and_mixed(tmp_path):
     """A class-sorted input must not become class-sorted shards."""
-    items = [convert.Item(np.full((8, 8, 3), c * 50, np.uint8), c, f"{c}/{i}") for c in range(4) for i in range(25)]
+    items = [
+        convert.Item(np.full((8, 8, 3), c * 50, np.uint8), c, f"{c}/{i}")
+        for c in range(4)
+        for i in range(25)
+    ]
     info = convert.write_dataset(
         {"train": items}, list("abcd"), str(tmp_path), "test", {"train": 4}, seed=3
     )
@@ -153,7 +164,9 @@ def test_worker_serializer_writes_exactly_what_records_writes():
         (b"y", -1, 1, 1, "JPEG", "negative label"),
     ]:
         expected = tf.train.Example.FromString(records.encode_example(*args))
-        assert convert_worker.serialize_example(*args) == expected.SerializeToString(deterministic=True)
+        assert convert_worker.serialize_example(*args) == expected.SerializeToString(
+            deterministic=True
+        )
 
 
 def test_encode_image_converts_and_passes_through():
@@ -162,7 +175,13 @@ def test_encode_image_converts_and_passes_through():
     for mode, fmt in (("CMYK", "JPEG"), ("L", "JPEG"), ("RGBA", "PNG"), ("RGB", "BMP")):
         encoded, out_fmt, height, width = convert.encode_image(_encoded(_image(mode), fmt))
         decoded = Image.open(io.BytesIO(encoded))
-        assert (out_fmt, decoded.format, decoded.mode, height, width) == ("JPEG", "JPEG", "RGB", 18, 24)
+        assert (out_fmt, decoded.format, decoded.mode, height, width) == (
+            "JPEG",
+            "JPEG",
+            "RGB",
+            18,
+            24,
+        )
     transparent = Image.new("RGBA", (4, 4), (255, 0, 0, 0))
     encoded, fmt, _, _ = convert.encode_image(_encoded(transparent, "PNG"), lossless=True)
     assert fmt == "PNG" and Image.open(io.BytesIO(encoded)).getpixel((0, 0)) == (255, 255, 255)
@@ -228,7 +247,9 @@ def test_killed_run_is_finished_by_running_it_again(tmp_path):
     for c in range(2):
         (tmp_path / "in" / str(c)).mkdir(parents=True)
         for i in range(150):
-            (tmp_path / "in" / str(c) / f"{i}.png").write_bytes(_encoded(_image(size=(96, 96)), "PNG"))
+            (tmp_path / "in" / str(c) / f"{i}.png").write_bytes(
+                _encoded(_image(size=(96, 96)), "PNG")
+            )
     out = tmp_path / "out"
     args = [f"--input={tmp_path / 'in'}", f"--output_dir={out}", "--num_shards=30", "--seed=5"]
     cli = os.path.join(os.path.dirname(__file__), "..", "tools", "to_tfrecord.py")
@@ -293,7 +314,10 @@ def test_never_writes_through_symlinks_outside_output_dir(tmp_path, image_tree):
         ([], "exactly one of --input and --tfds_name"),
         (["--input=/nonexistent", "--output_dir=/tmp/x"], "--input=/nonexistent does not exist"),
         (["--input=.", "--output_dir=./sub"], "is inside --input"),
-        (["--input=.", "--output_dir=/tmp/x", "--jpeg_quality=0"], "--jpeg_quality=0: expected in 1..100"),
+        (
+            ["--input=.", "--output_dir=/tmp/x", "--jpeg_quality=0"],
+            "--jpeg_quality=0: expected in 1..100",
+        ),
         (["--input=.", "--output_dir=/tmp/x", "--num_shards=x"], "num_shards"),
         (["--no_such_flag"], "no_such_flag"),
     ],

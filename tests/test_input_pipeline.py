@@ -59,7 +59,9 @@ def test_crop_windows_lie_inside_the_image_eager_and_in_tf_data():
     shape = tf.constant([40, 60, 3])
     seed = ip.example_seed(1, tf.constant(0), tf.constant(5))
     eager = ip.random_crop_window(shape, seed, 0.3).numpy()
-    graph = next(iter(tf.data.Dataset.from_tensors(shape).map(lambda s: ip.random_crop_window(s, seed, 0.3))))
+    graph = next(
+        iter(tf.data.Dataset.from_tensors(shape).map(lambda s: ip.random_crop_window(s, seed, 0.3)))
+    )
     np.testing.assert_array_equal(eager, graph.numpy())
     y, x, h, w = eager
     assert 0 <= y and 0 <= x and y + h <= 40 and x + w <= 60 and h * w >= 0.3 * 40 * 60 * 0.99
@@ -71,7 +73,9 @@ def test_flip_eager_and_in_tf_data():
     images = tf.reshape(tf.range(2 * 2 * 3 * 1, dtype=tf.int32), [2, 2, 3, 1])
     flip = tf.constant([True, False])
     eager = preprocess.apply_flip(images, flip).numpy()
-    graph = next(iter(tf.data.Dataset.from_tensors((images, flip)).map(preprocess.apply_flip))).numpy()
+    graph = next(
+        iter(tf.data.Dataset.from_tensors((images, flip)).map(preprocess.apply_flip))
+    ).numpy()
     np.testing.assert_array_equal(eager, graph)
     np.testing.assert_array_equal(eager[0], images.numpy()[0, :, ::-1])
     np.testing.assert_array_equal(eager[1], images.numpy()[1])
@@ -151,8 +155,15 @@ def test_tfds_dataset_read_from_its_files(tmp_path):
         VERSION = tfds.core.Version("1.0.0")
 
         def _info(self):
-            features = {"image": tfds.features.Image(shape=(40, 40, 3)), "label": tfds.features.ClassLabel(num_classes=4)}
-            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features), supervised_keys=("image", "label"))
+            features = {
+                "image": tfds.features.Image(shape=(40, 40, 3)),
+                "label": tfds.features.ClassLabel(num_classes=4),
+            }
+            return tfds.core.DatasetInfo(
+                builder=self,
+                features=tfds.features.FeaturesDict(features),
+                supervised_keys=("image", "label"),
+            )
 
         def _split_generators(self, dl_manager):
             return {"train": self._generate_examples(12), "test": self._generate_examples(4)}

@@ -92,16 +92,18 @@ def load_data_spec(
         label_offset=label_offset if label_offset >= 0 else int(info.get("label_offset", 0)),
         train_files=train,
         eval_files=evaluation,
-        num_train=counts.get("train") or count_records(train),
-        num_eval=counts.get("validation") or count_records(evaluation),
+        num_train=counts.get("train") or count_records(train, skip_truncated),
+        num_eval=counts.get("validation") or count_records(evaluation, skip_truncated),
     )
 
 
-def count_records(files) -> int:
+def count_records(files, skip_truncated: bool = False) -> int:
     """Counts records by reading them: only for datasets without a dataset_info.json."""
     if not files:
         return 0
-    return int(tf.data.TFRecordDataset(list(files)).reduce(0, lambda n, _: n + 1))
+    ds = tf.data.TFRecordDataset(list(files))
+    ds = ds.ignore_errors() if skip_truncated else ds
+    return int(ds.reduce(0, lambda n, _: n + 1))
 
 
 def truncated_at(path: str) -> int:

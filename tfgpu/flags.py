@@ -100,9 +100,8 @@ def define_flags() -> None:
         name, default = field.name, field.default
         if name in flags.FLAGS:
             continue
-        if name in _ENUMS:
-            flags.DEFINE_enum(name, default, _ENUMS[name], HELP[name])
-        elif isinstance(default, bool):
+        # Choices are checked by config.validate, which names them in one line.
+        if isinstance(default, bool):
             flags.DEFINE_bool(name, default, HELP[name])
         elif isinstance(default, int):
             flags.DEFINE_integer(name, default, HELP[name])

@@ -1,0 +1,158 @@
+"""Converter speed against the decode-only ceiling, on the same JPEGs in the same run.
+
+    python bench/convert.py [--num_images=1000] [--workers=N] [--repeats=2]
+
+Generates ImageNet-like JPEGs once (350-500 px sides, quality 90, smooth random content with
+fine grain, 10 class folders; cached in $TMPDIR/tfgpu-bench-convert), then measures on them:
+
+  decode ceiling, tf.data   read_file + tf.io.decode_jpeg, parallel map on all cores
+  decode ceiling, PIL       Image.open + load in N warm worker processes (what the converter
+                            does to verify an image)
+  converter                 tfgpu.convert_cli end to end (list the folders, verify-decode,
+                            write 4 shards per worker, dataset_info.json) with N workers
+
+Every measurement runs ``--repeats`` times and the best is kept (the machine may be shared).
+The ratio is the converter's images/s over the faster ceiling; the target is >= 0.8.
+"""
+
+import argparse
+import io
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+from PIL import Image
+
+from tfgpu import convert_cli
+
+CACHE = os.path.join(tempfile.gettempdir(), "tfgpu-bench-convert")
+NUM_CLASSES = 10
+
+
+def _make_jpeg(seed: int) -> bytes:
+    """A 350-500 px JPEG (quality 90) of upscaled noise plus grain: smooth like a photo, not
+    flat, so it costs the decoder what a real image does."""
+    rng = np.random.default_rng(seed)
+    height, width = rng.integers(350, 501, size=2)
+    coarse = rng.integers(0, 256, (height // 16 + 2, width // 16 + 2, 3), dtype=np.uint8)
+    smooth = np.asarray(Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC))
+    grain = rng.normal(0, 10, smooth.shape)
+    out = io.BytesIO()
+    Image.fromarray(np.clip(smooth + grain, 0, 255).astype(np.uint8)).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def _write_one(args) -> None:
+    path, seed = args
+    with open(path + ".part", "wb") as f:
+        f.write(_make_jpeg(seed))
+    os.replace(path + ".part", path)
+
+
+def make_images(num_images: int, workers: int) -> tuple[str, list]:
+    """The cached image folder for ``num_images`` and its file list."""
+    root = os.path.join(CACHE, f"jpegs-v1-{num_images}")
+    paths = [
+        os.path.join(root, f"c{i % NUM_CLASSES}", f"img_{i:06d}.JPEG") for i in range(num_images)
+    ]
+    missing = [(p, i) for i, p in enumerate(paths) if not os.path.exists(p)]
+    if missing:
+        print(f"generating {len(missing)} JPEGs into {root} ...", flush=True)
+        for c in range(NUM_CLASSES):
+            os.makedirs(os.path.join(root, f"c{c}"), exist_ok=True)
+        with multiprocessing.get_context("forkserver").Pool(workers) as pool:
+            pool.map(_write_one, missing, chunksize=16)
+    return root, paths
+
+
+def _decode_files(paths: list) -> int:
+    for path in paths:
+        with open(path, "rb") as f:
+            image = Image.open(io.BytesIO(f.read()))
+            image.load()
+    return len(paths)
+
+
+def pil_ceiling(paths: list, workers: int) -> float:
+    """Images/s of PIL decoding in ``workers`` warm processes."""
+    with multiprocessing.get_context("forkserver").Pool(workers) as pool:
+        pool.map(_decode_files, [paths[:2]] * workers)  # start and warm the workers
+        chunks = [paths[i : i + 16] for i in range(0, len(paths), 16)]
+        start = time.perf_counter()
+        done = sum(pool.map(_decode_files, chunks, chunksize=1))
+        return done / (time.perf_counter() - start)
+
+
+def tf_ceiling(paths: list) -> float:
+    """Images/s of read_file + decode_jpeg in a parallel tf.data map."""
+    import tensorflow as tf
+
+    def decode(path):
+        return tf.shape(tf.io.decode_jpeg(tf.io.read_file(path), channels=3))[0]
+
+    data = tf.data.Dataset.from_tensor_slices(paths).map(decode, tf.data.AUTOTUNE).batch(64)
+    start = time.perf_counter()
+    done = sum(int(tf.size(batch)) for batch in data)
+    return done / (time.perf_counter() - start)
+
+
+def converter(root: str, output_dir: str, workers: int) -> float:
+    """Images/s of the converter CLI's work, end to end, on the folder ``root``."""
+    argv = [
+        "bench",
+        f"--input={root}",
+        f"--output_dir={output_dir}",
+        "--validation_fraction=0",
+        f"--num_workers={workers}",
+        f"--num_shards={4 * workers}",
+        "--overwrite",
+        "--noprogress",
+    ]
+    convert_cli.FLAGS.unparse_flags()
+    convert_cli.FLAGS(argv)
+    start = time.perf_counter()
+    info = convert_cli.convert_from_flags(convert_cli.FLAGS)
+    seconds = time.perf_counter() - start
+    assert info["num_skipped"] == 0, info["skipped"]
+    return info["num_examples"]["train"] / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--num_images", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=os.cpu_count())
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    root, paths = make_images(args.num_images, args.workers)
+    megabytes = sum(os.path.getsize(p) for p in paths) / 2**20
+    _decode_files(paths[:0])
+    for path in paths:  # page cache: every measurement reads from memory, like the others
+        with open(path, "rb") as f:
+            f.read()
+    output_dir = tempfile.mkdtemp(prefix="tfgpu-bench-convert-out-")
+    try:
+        rows = {"decode ceiling, tf.data": [], "decode ceiling, PIL": [], "converter": []}
+        for _ in range(args.repeats):  # interleaved, so load from others hits all alike
+            rows["decode ceiling, tf.data"].append(tf_ceiling(paths))
+            rows["decode ceiling, PIL"].append(pil_ceiling(paths, args.workers))
+            rows["converter"].append(converter(root, output_dir, args.workers))
+    finally:
+        shutil.rmtree(output_dir, ignore_errors=True)
+    print(
+        f"\n{len(paths)} JPEGs, {megabytes / len(paths) * 1024:.0f} KB average, "
+        f"{args.workers} workers on {os.cpu_count()} cores"
+    )
+    print(f"{'':26s} {'best img/s':>10s}   all runs")
+    for name, values in rows.items():
+        print(f"{name:26s} {max(values):10.0f}   {', '.join(f'{v:.0f}' for v in values)}")
+    ceiling = max(max(rows["decode ceiling, tf.data"]), max(rows["decode ceiling, PIL"]))
+    print(f"{'converter / ceiling':26s} {max(rows['converter']) / ceiling:10.2f}   (target >= 0.8)")
+
+
+if __name__ == "__main__":
+    main()

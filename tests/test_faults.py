@@ -1,0 +1,161 @@
+"""Faults injected for real: signals, kill -9 while checkpointing, non-finite losses, bad flags
+and environments. Nothing finished is lost and every error is one clear line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpu import train
+from tfgpu.config import Config, validate
+from tfgpu.step import NonFiniteLoss
+
+RUN = dict(
+    model="tiny_cnn",
+    image_size=32,
+    global_batch_size=16,
+    train_steps=120,
+    optimizer="adam",
+    learning_rate=0.001,
+    weight_decay=0.0,
+    deterministic=True,
+    seed=5,
+    steps_per_loop=2,
+    log_every_steps=2,
+    checkpoint_every_steps=10,
+    export=False,
+    crop_min_area=0.5,
+)
+
+
+def _flags(data_dir, model_dir, **overrides):
+    values = dict(RUN, **overrides)
+    out = [f"--data_dir={data_dir}", f"--model_dir={model_dir}", "--strategy=default"]
+    for key, value in values.items():
+        out.append(f"--{key}" if value is True else f"--no{key}" if value is False else f"--{key}={value}")
+    return out
+
+
+def _start(flags, **env):
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfgpu.main", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, **env),
+    )
+
+
+def _wait_for(predicate, proc, timeout=120):
+    deadline = time.time() + timeout
+    while not predicate():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _logged_step(model_dir) -> int:
+    path = os.path.join(model_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return 0
+    steps = [json.loads(line)["step"] for line in open(path) if line.strip().endswith("}")]
+    return max(steps, default=0)
+
+
+def _final_weights(model_dir):
+    import h5py  # noqa: PLC0415
+
+    arrays = []
+    with h5py.File(os.path.join(model_dir, "final.weights.h5"), "r") as f:
+        f.visititems(lambda n, o: arrays.append(o[()]) if isinstance(o, h5py.Dataset) else None)
+    return arrays
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(small_dataset, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("uninterrupted")
+    train.run(validate(Config(data_dir=small_dataset, model_dir=str(model_dir), strategy="default", **RUN)))
+    return _final_weights(model_dir)
+
+
+def test_sigterm_checkpoints_exits_75_and_the_resumed_run_is_exact(small_dataset, uninterrupted, tmp_path):
+    proc = _start(_flags(small_dataset, tmp_path))
+    _wait_for(lambda: _logged_step(tmp_path) >= 4, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    assert "run the same command again to resume" in err and "Traceback" not in err
+    stopped_at = int(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).rsplit("-", 1)[1])
+    assert 4 <= stopped_at < RUN["train_steps"]
+    resumed = _start(_flags(small_dataset, tmp_path))
+    out, err = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0, err
+    assert f"resumed from" in out
+    for a, b in zip(_final_weights(tmp_path), uninterrupted):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_kill_9_while_checkpointing_every_step_resumes_from_a_complete_one(small_dataset, uninterrupted, tmp_path):
+    proc = _start(_flags(small_dataset, tmp_path, checkpoint_every_steps=1))
+    _wait_for(lambda: _logged_step(tmp_path) >= 6, proc)
+    proc.kill()
+    proc.communicate()
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+    resumed = _start(_flags(small_dataset, tmp_path, checkpoint_every_steps=1))
+    out, err = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, err[-3000:]
+    for a, b in zip(_final_weights(tmp_path), uninterrupted):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_non_finite_float32_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(small_dataset, tmp_path):
+    config = validate(
+        Config(data_dir=small_dataset, model_dir=str(tmp_path), strategy="default",
+               **dict(RUN, learning_rate=1e30, optimizer="sgd", train_steps=40))
+    )
+    with pytest.raises(NonFiniteLoss, match=r"at step \d+"):
+        train.run(config)
+    assert not os.path.exists(tmp_path / "final.weights.h5")
+
+
+def test_skip_non_finite_counts_skipped_updates(small_dataset, tmp_path):
+    config = validate(
+        Config(data_dir=small_dataset, model_dir=str(tmp_path), strategy="default", skip_non_finite=True,
+               **dict(RUN, learning_rate=1e30, optimizer="sgd", train_steps=8, export=False))
+    )
+    summary = train.run(config)
+    assert summary["skipped_updates"] > 0
+
+
+@pytest.mark.parametrize(
+    "flags,env,expected",
+    [
+        (["--model=resnet5"], {}, "--model='resnet5' is unknown; choose from"),
+        (["--strategy=ring"], {}, "--strategy='ring' is unknown; choose from auto, default"),
+        (["--global_batch_size=10", "--grad_accum_steps=3"], {}, "does not divide by --grad_accum_steps=3"),
+        (["--strategy=mirrored", "--logical_cpu_devices=2", "--global_batch_size=15"], {}, "does not divide by 2 replicas"),
+        (["--data_dir=/nonexistent/data"], {}, "--data_dir=/nonexistent/data is not a directory"),
+        (["--data_dir={empty}"], {}, "holds no train-* shards"),
+        (["--strategy=multi_worker_mirrored"], {"TF_CONFIG": "{not json"}, "TF_CONFIG is malformed"),
+        (["--strategy=horovod"], {}, "--strategy=horovod must run under horovodrun"),
+        (["--model_dir=/proc/tfgpu-run"], {}, "--model_dir=/proc/tfgpu-run is not writable"),
+    ],
+)
+def test_bad_flags_and_environment_are_one_clear_line(flags, env, expected, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    flags = [f.replace("{empty}", str(empty)) for f in flags]
+    if not any(f.startswith("--model_dir") for f in flags):
+        flags.append(f"--model_dir={tmp_path / 'run'}")
+    proc = _start(flags + ["--train_steps=1"], **env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    lines = [line for line in err.splitlines() if line.startswith("tfgpu: error:")]
+    assert len(lines) == 1 and expected in lines[0], err[-2000:]
+    assert "Traceback" not in err

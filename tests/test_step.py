@@ -1,0 +1,82 @@
+"""The train step: k micro-batches of b = one batch of k*b, on one replica and on two; one
+all-reduce per update; no retracing; weight decay skips BatchNorm and bias."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpu import distribute, models, optim
+from tfgpu.step import TrainStep
+
+GLOBAL_BATCH, UPDATES = 16, 3
+
+
+def _batches():
+    rng = np.random.default_rng(0)
+    n = GLOBAL_BATCH * UPDATES
+    return {
+        "image": rng.integers(0, 256, (n, 16, 16, 3)).astype(np.uint8),
+        "label": (np.arange(n) % 5).astype(np.int32),
+        "flip": rng.random(n) < 0.5,
+    }
+
+
+def _train(strategy: str, optimizer: str, accum: int, weight_decay: float):
+    """Trains tiny_cnn for UPDATES updates; returns (weights, step, traced update fn)."""
+    backend = distribute.build_backend(strategy)
+    keras.utils.set_random_seed(7)
+    with backend.scope():
+        model = models.build_model("tiny_cnn", num_classes=5, image_size=16)
+        opt = optim.build_optimizer(optimizer, 0.01, momentum=0.9, weight_decay=weight_decay)
+        step = TrainStep(model, opt, backend, GLOBAL_BATCH, grad_accum_steps=accum)
+    per_replica = GLOBAL_BATCH // backend.num_replicas
+    data = backend.distribute_dataset(
+        lambda shard: tf.data.Dataset.from_tensor_slices(_batches()).batch(per_replica)
+    )
+    update = tf.function(step.update)
+    iterator = iter(data)
+    for _ in range(UPDATES):
+        update(next(iterator))
+    return [w.numpy() for w in model.weights], backend, update
+
+
+@pytest.mark.parametrize(
+    "optimizer,weight_decay", [("sgd", 0.0), ("sgd", 1e-3), ("nesterov", 0.0), ("adamw", 1e-2)]
+)
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_accumulated_gradients_equal_the_large_batch(strategy, optimizer, weight_decay):
+    big, _, _ = _train(strategy, optimizer, 1, weight_decay)
+    small, backend, update = _train(strategy, optimizer, 4, weight_decay)
+    for a, b in zip(big, small):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert int(backend.all_reduce_calls.numpy()) == UPDATES
+    assert update.experimental_get_tracing_count() == 1
+
+
+def test_two_replicas_equal_one():
+    one, _, _ = _train("default", "adam", 2, 0.0)
+    two, backend, _ = _train("mirrored", "adam", 2, 0.0)
+    assert backend.num_replicas == 2
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_weight_decay_skips_batchnorm_and_bias():
+    model = models.build_model("resnet18", num_classes=3, image_size=32, small_input=True)
+    opt = optim.build_optimizer("sgd", 0.1, weight_decay=1e-4)
+    opt.build(model.trainable_variables)
+    decayed = {v.path for v in model.trainable_variables if opt._use_weight_decay(v)}
+    assert any(p.endswith("kernel") for p in decayed)
+    assert not any(p.endswith(("bias", "gamma", "beta")) for p in decayed)
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+    schedule = optim.WarmupDecay(0.4, total_steps=100, warmup_steps=10, decay="cosine")
+    rates = [float(schedule(s)) for s in (0, 9, 10, 55, 100)]
+    assert rates[0] == pytest.approx(0.04) and rates[1] == pytest.approx(0.4)
+    assert rates[2] == pytest.approx(0.4) and rates[3] == pytest.approx(0.2, abs=1e-6)
+    assert rates[4] == pytest.approx(0.0, abs=1e-7)
+    step = optim.WarmupDecay(1.0, total_steps=100, decay="step")
+    assert [round(float(step(s)), 6) for s in (0, 30, 60, 95)] == [1.0, 0.1, 0.01, 0.001]
+    assert optim.scaled_learning_rate(0.1, 1024, True) == pytest.approx(0.4)
