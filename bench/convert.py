@@ -5,14 +5,17 @@
 Generates ImageNet-like JPEGs once (350-500 px sides, quality 90, smooth random content with
 fine grain, 10 class folders; cached in $TMPDIR/tfgpu-bench-convert), then measures on them:
 
-  decode ceiling, tf.data   read_file + tf.io.decode_jpeg, parallel map on all cores
+  decode ceiling, tf.data   read_file + tf.io.decode_jpeg, parallel map on N threads
   decode ceiling, PIL       Image.open + load in N warm worker processes (what the converter
                             does to verify an image)
   converter                 tfgpu.convert_cli end to end (list the folders, verify-decode,
                             write 4 shards per worker, dataset_info.json) with N workers
 
-Every measurement runs ``--repeats`` times and the best is kept (the machine may be shared).
-The ratio is the converter's images/s over the faster ceiling; the target is >= 0.8.
+Every measurement runs ``--repeats`` times, interleaved, and the best is kept. On a shared
+machine wall-clock rates swing with the others' load, so the CPU time per image of each
+contender (one process, 300 images) is printed too: the ratio of those is what the rates'
+ratio would be on an idle machine, the workers being independent processes. The ratios are
+the converter's over the faster ceiling's; the target is >= 0.8.
 """
 
 import argparse
@@ -88,14 +91,20 @@ def pil_ceiling(paths: list, workers: int) -> float:
         return done / (time.perf_counter() - start)
 
 
-def tf_ceiling(paths: list) -> float:
-    """Images/s of read_file + decode_jpeg in a parallel tf.data map."""
+def tf_ceiling(paths: list, workers: int) -> float:
+    """Images/s of read_file + decode_jpeg in a parallel tf.data map on ``workers`` threads
+    (as many as the converter has processes: on a shared machine, more threads would take
+    a larger share of the cores rather than measure a faster decoder)."""
     import tensorflow as tf
 
     def decode(path):
         return tf.shape(tf.io.decode_jpeg(tf.io.read_file(path), channels=3))[0]
 
-    data = tf.data.Dataset.from_tensor_slices(paths).map(decode, tf.data.AUTOTUNE).batch(64)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = workers
+    options.threading.max_intra_op_parallelism = 1
+    data = tf.data.Dataset.from_tensor_slices(paths).with_options(options)
+    data = data.map(decode, num_parallel_calls=workers).batch(64)
     start = time.perf_counter()
     done = sum(int(tf.size(batch)) for batch in data)
     return done / (time.perf_counter() - start)
@@ -122,15 +131,43 @@ def converter(root: str, output_dir: str, workers: int) -> float:
     return info["num_examples"]["train"] / seconds
 
 
+def cpu_costs(paths: list, workers: int) -> dict:
+    """CPU ms per image of each contender run in this one process, one image at a time: a
+    cost the other users of a shared machine cannot change, unlike wall-clock rates."""
+    import tensorflow as tf
+
+    from tfgpu import convert
+
+    def tf_decode():
+        for path in paths:
+            tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
+
+    def converter_in_process():
+        items = [convert.Item(p, 0, p) for p in paths]
+        out = tempfile.mkdtemp(prefix="tfgpu-bench-convert-out-")
+        convert.write_dataset({"train": items}, ["c"], out, "bench", {"train": workers})
+        shutil.rmtree(out)
+
+    costs = {}
+    for name, work in (
+        ("decode ceiling, tf.data", tf_decode),
+        ("decode ceiling, PIL", lambda: _decode_files(paths)),
+        ("converter", converter_in_process),
+    ):
+        start = time.process_time()
+        work()
+        costs[name] = 1e3 * (time.process_time() - start) / len(paths)
+    return costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num_images", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=os.cpu_count())
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     root, paths = make_images(args.num_images, args.workers)
     megabytes = sum(os.path.getsize(p) for p in paths) / 2**20
-    _decode_files(paths[:0])
     for path in paths:  # page cache: every measurement reads from memory, like the others
         with open(path, "rb") as f:
             f.read()
@@ -138,20 +175,26 @@ def main() -> None:
     try:
         rows = {"decode ceiling, tf.data": [], "decode ceiling, PIL": [], "converter": []}
         for _ in range(args.repeats):  # interleaved, so load from others hits all alike
-            rows["decode ceiling, tf.data"].append(tf_ceiling(paths))
+            rows["decode ceiling, tf.data"].append(tf_ceiling(paths, args.workers))
             rows["decode ceiling, PIL"].append(pil_ceiling(paths, args.workers))
             rows["converter"].append(converter(root, output_dir, args.workers))
     finally:
         shutil.rmtree(output_dir, ignore_errors=True)
+    costs = cpu_costs(paths[:300], args.workers)
     print(
         f"\n{len(paths)} JPEGs, {megabytes / len(paths) * 1024:.0f} KB average, "
         f"{args.workers} workers on {os.cpu_count()} cores"
     )
-    print(f"{'':26s} {'best img/s':>10s}   all runs")
+    print(f"{'':26s} {'img/s best':>10s} {'CPU ms/img':>11s}   img/s of each run")
     for name, values in rows.items():
-        print(f"{name:26s} {max(values):10.0f}   {', '.join(f'{v:.0f}' for v in values)}")
-    ceiling = max(max(rows["decode ceiling, tf.data"]), max(rows["decode ceiling, PIL"]))
-    print(f"{'converter / ceiling':26s} {max(rows['converter']) / ceiling:10.2f}   (target >= 0.8)")
+        runs = ", ".join(f"{v:.0f}" for v in values)
+        print(f"{name:26s} {max(values):10.0f} {costs[name]:11.2f}   {runs}")
+    best = max(rows, key=lambda k: max(rows[k]) if k != "converter" else 0)
+    wall = max(rows["converter"]) / max(rows[best])
+    cpu = min(costs["decode ceiling, tf.data"], costs["decode ceiling, PIL"]) / costs["converter"]
+    print(
+        f"converter / ceiling: {wall:.2f} by wall clock (vs {best}), {cpu:.2f} by CPU cost; target >= 0.8"
+    )
 
 
 if __name__ == "__main__":

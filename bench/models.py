@@ -93,6 +93,7 @@ def main():
     parser.add_argument("--steps", type=int, default=6, help="timed updates per setting")
     parser.add_argument("--models", default=",".join(MODELS))
     args = parser.parse_args()
+    tf.get_logger().setLevel("ERROR")  # the profiler's deprecation notes, retracing notes
     started = time.time()
     print(
         f"train step images/s at {args.image_size}x{args.image_size}, batch {args.batch_size}, "

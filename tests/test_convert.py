@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfgpu import convert, convert_cli, convert_worker, input_pipeline, records
+from tfgpu import convert, convert_cli, convert_verify, convert_worker, input_pipeline, records
 
 RNG = np.random.default_rng(0)
 
@@ -277,7 +277,7 @@ def test_refuses_to_overwrite_without_the_flag(tmp_path):
     (tmp_path / "notes.md").write_text("mine")
     _write(tmp_path, _items(12), overwrite=True)
     assert (tmp_path / "notes.md").read_text() == "mine"  # only its own files are replaced
-    assert convert.verify(str(tmp_path)) == {"train": 12}
+    assert convert_verify.verify(str(tmp_path)) == {"train": 12}
 
 
 def test_never_writes_through_symlinks_outside_output_dir(tmp_path, image_tree):
@@ -336,3 +336,26 @@ def test_bad_input_file_is_a_one_line_error(tmp_path, capsys):
     empty.mkdir()
     assert _run_cli(f"--input={empty}", f"--output_dir={tmp_path / 'o'}") == 2
     assert "holds no class folders" in capsys.readouterr().err
+
+
+def test_verify_names_a_shard_that_does_not_read_back(tmp_path):
+    _write(tmp_path, _items(10))
+    assert convert_verify.verify(str(tmp_path)) == {"train": 10}
+    shard = tmp_path / "train-00003-of-00005.tfrecord"
+    with open(shard, "ab") as f:  # a well-framed record whose image is not one
+        convert_worker.write_record(
+            f, convert_worker.serialize_example(b"junk", 0, 1, 1, "JPEG", "x")
+        )
+    with pytest.raises(convert.ConvertError, match="train-00003-of-00005.tfrecord does not read"):
+        convert_verify.verify(str(tmp_path))
+    shard.write_bytes(shard.read_bytes()[:-30])  # now truncated as well
+    with pytest.raises(convert.ConvertError, match="train-00003-of-00005.tfrecord does not read"):
+        convert_verify.verify(str(tmp_path))
+    info = json.loads((tmp_path / convert.INFO_FILE).read_text())
+    info["splits"]["train"]["shards"][3]["num_examples"] = 7
+    shard.unlink()
+    convert.write_shard(str(tmp_path), shard.name, _items(2), convert.EncodeOptions())
+    (tmp_path / convert.done_marker(shard.name)).unlink()
+    (tmp_path / convert.INFO_FILE).write_text(json.dumps(info))
+    with pytest.raises(convert.ConvertError, match="holds 2 records, dataset_info.json says 7"):
+        convert_verify.verify(str(tmp_path))

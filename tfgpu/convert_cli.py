@@ -14,7 +14,7 @@ import time
 
 from absl import flags
 
-from tfgpu import convert, sources
+from tfgpu import convert, convert_verify, sources
 
 # Own FlagValues: the converter's flags must not clash with tfgpu.main's in one process.
 FLAGS = flags.FlagValues()
@@ -135,12 +135,12 @@ def open_source(f) -> sources.Source:
 
 
 def convert_from_flags(f) -> dict:
-    """Runs the conversion the flags describe (and --verify); returns dataset_info."""
+    """Runs the conversion the flags describe; returns dataset_info."""
     _check_flags(f)
     source = open_source(f)
     sizes = {s: len(items) for s, items in source.splits.items()}
     num_shards = convert.choose_num_shards(sizes, source.split_bytes, f.num_shards, f.shard_size_mb)
-    info = convert.write_dataset(
+    return convert.write_dataset(
         source.splits,
         class_names=source.class_names,
         output_dir=os.path.expanduser(f.output_dir),
@@ -155,35 +155,33 @@ def convert_from_flags(f) -> dict:
         lossless=f.lossless,
         max_side=f.max_side,
     )
-    if f.verify:
-        convert.verify(os.path.expanduser(f.output_dir))
-    return info
 
 
 def main(argv: list) -> int:
     """Parses ``argv`` (program name first), converts, prints a summary; returns the exit code."""
     if "--help" in argv or "-h" in argv:
-        print(__doc__ + "\n" + FLAGS.get_help())
+        print(__doc__ + "\n" + FLAGS.get_help(include_special_flags=False))
         return 0
-    start = time.perf_counter()
     try:
         FLAGS.unparse_flags()  # main may run more than once in a process (tests)
         FLAGS(argv)
+        start = time.perf_counter()
         info = convert_from_flags(FLAGS)
+        seconds = time.perf_counter() - start
+        if FLAGS.verify:
+            convert_verify.verify(os.path.expanduser(FLAGS.output_dir))
     except (flags.Error, convert.ConvertError) as err:
         print(f"to_tfrecord: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("to_tfrecord: interrupted; run the same command again to finish", file=sys.stderr)
         return 130
-    seconds = time.perf_counter() - start
     counts = ", ".join(f"{n} {s}" for s, n in info["num_examples"].items())
-    total = sum(info["num_examples"].values()) + info["num_skipped"]
     shards = sum(len(v["shards"]) for v in info["splits"].values())
     print(
-        f"to_tfrecord: wrote {counts} images in {shards} shards to {FLAGS.output_dir}, "
-        f"skipped {info['num_skipped']} (see {convert.INFO_FILE}), {seconds:.1f} s, "
-        f"{total / seconds:.0f} inputs/s" + (", verified" if FLAGS.verify else "")
+        f"to_tfrecord: wrote {counts} images in {shards} shards to {FLAGS.output_dir} in "
+        f"{seconds:.1f} s; skipped {info['num_skipped']} inputs (reasons in {convert.INFO_FILE})"
+        + ("; verified: every record decodes" if FLAGS.verify else "")
     )
     return 0
 

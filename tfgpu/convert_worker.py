@@ -68,18 +68,25 @@ def encode_image(source, jpeg_quality: int = 95, lossless: bool = False, max_sid
     data = _read_file(source) if isinstance(source, str) else source
     if isinstance(data, np.ndarray):
         image = _from_array(data)
-    else:
-        if not data:
-            raise BadImage("empty file")
+    elif not data:
+        raise BadImage("empty file")
+    elif data[:3] == _JPEG_MAGIC:
         try:
-            image = Image.open(io.BytesIO(data))
-            image.load()  # decodes fully: truncated or corrupt data fails here
-        except UnidentifiedImageError:
-            raise BadImage("not an image (unknown format)") from None
-        except Exception as err:  # noqa: BLE001 - PIL raises many types for bad data
-            raise BadImage(f"cannot decode: {err}") from None
-        if data[:3] == _JPEG_MAGIC and image.mode == "RGB" and not _too_big(image, max_side):
+            # A full decode, minus the YCbCr -> RGB conversion: verifying needs no colours.
+            image = _decode(data, ycbcr=True)
+        except BadImage:
+            image = _decode(data, ycbcr=False)  # e.g. Adobe RGB JPEGs refuse YCbCr output
+        if image.mode in ("YCbCr", "RGB") and not _too_big(image, max_side):
             return bytes(data), "JPEG", image.height, image.width
+    else:
+        image = _decode(data, ycbcr=False)
+    try:
+        return _reencode(image, jpeg_quality, lossless, max_side)
+    except Exception as err:  # noqa: BLE001 - an odd mode PIL cannot convert: skip, go on
+        raise BadImage(f"cannot convert to RGB: {err}") from None
+
+
+def _reencode(image: Image.Image, jpeg_quality: int, lossless: bool, max_side: int):
     image = _to_rgb(image)
     if _too_big(image, max_side):
         image.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
@@ -89,6 +96,19 @@ def encode_image(source, jpeg_quality: int = 95, lossless: bool = False, max_sid
     else:
         image.save(out, format="JPEG", quality=jpeg_quality)
     return out.getvalue(), "PNG" if lossless else "JPEG", image.height, image.width
+
+
+def _decode(data: bytes, ycbcr: bool) -> Image.Image:
+    try:
+        image = Image.open(io.BytesIO(data))
+        if ycbcr:
+            image.draft("YCbCr", image.size)  # a no-op unless the JPEG is colour
+        image.load()  # decodes fully: truncated or corrupt data fails here
+        return image
+    except UnidentifiedImageError:
+        raise BadImage("not an image (unknown format)") from None
+    except Exception as err:  # noqa: BLE001 - PIL raises many types for bad data
+        raise BadImage(f"cannot decode: {err}") from None
 
 
 def _read_file(path: str) -> bytes:
@@ -206,17 +226,21 @@ def open_new(path: str):
 # --- shards ---------------------------------------------------------------------------------
 
 _progress = None  # a shared counter of images done, set by init_worker
-_h5_files: dict = {}  # HDF5 files this worker has open, by path
+_h5_files: dict = {}  # HDF5 files open while a shard is written, by path
 
 
 def init_worker(progress) -> None:
     """Pool initializer: keep the shared progress counter; leave Ctrl-C to the parent, which
     stops the pool itself (workers that each print a KeyboardInterrupt help nobody)."""
     import signal
+    import warnings
 
     global _progress
     _progress = progress
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # PIL warns about odd metadata (EXIF, ICC) of images that decode fine; in N workers
+    # those lines would bury the progress bar. Undecodable images are reported anyway.
+    warnings.simplefilter("ignore")
 
 
 def display_name(name: str) -> str:
@@ -267,6 +291,7 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
                     _progress.value += 1
         f.flush()
         os.fsync(f.fileno())  # the rename must not outlive the data in a crash
+    _close_h5_files()
     os.replace(path + ".tmp", path)
     result = {"file": name, "num_examples": count, "per_class": per_class, "skipped": skipped}
     write_json(os.path.join(output_dir, done_marker(name)), result)
@@ -308,3 +333,8 @@ def _read_rows(refs: list) -> dict:
         for index, row in zip(wanted, block):
             out[ArrayRow(path, key, index)] = row
     return out
+
+
+def _close_h5_files() -> None:
+    while _h5_files:
+        _h5_files.popitem()[1].close()

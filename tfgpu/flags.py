@@ -87,13 +87,6 @@ HELP = {
     "export": "At the end, export the model as .keras and as a SavedModel taking uint8 images.",
 }
 
-_ENUMS = {
-    "strategy": ["auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "horovod"],
-    "dtype": ["float32", "mixed_float16", "mixed_bfloat16"],
-    "preprocess_on": ["device", "host"],
-}
-
-
 def define_flags() -> None:
     """Defines one absl flag per Config field (idempotent)."""
     for field in dataclasses.fields(Config):

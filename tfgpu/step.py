@@ -129,7 +129,9 @@ class TrainStep:
         micro = tf.shape(labels)[0] // k
         grads = [tf.zeros_like(v.value if hasattr(v, "value") else v) for v in self.model.trainable_variables]
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
-        for i in tf.range(k):  # autograph: a tf.while_loop, traced once whatever k is
+        # k == 1 runs without a loop: XLA on CPU runs convolutions inside a while loop ~70x
+        # slower (measured, bench/models.py); k > 1 is a tf.while_loop, traced once whatever k.
+        for i in range(k) if k == 1 else tf.range(k):
             lo = i * micro
             g, loss, correct = self._micro_step(images[lo : lo + micro], labels[lo : lo + micro])
             grads = [a + b for a, b in zip(grads, g)]

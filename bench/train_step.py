@@ -1,0 +1,119 @@
+"""tfgpu's train step against Keras `fit`, and gradient accumulation's cost, side by side.
+
+    python bench/train_step.py [--model=resnet18] [--image_size=32] [--batch=64] [--rounds=5]
+
+(1) images/s of tfgpu's loop (Trainer.train_loop, `--steps_per_loop` updates per call) and of
+    `model.fit` with `steps_per_execution` equal, same model, batch, optimizer and data (one
+    uint8 batch repeated, cast on the device by both), single device;
+(2) images/s of k=4 micro-batches of b against k=1 at micro-batch b.
+Rounds alternate between the contenders and ratios are medians of per-round ratios, so the
+machine's noise hits both sides alike.
+"""
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from tfgpu import input_pipeline, models, train  # noqa: E402
+from tfgpu.config import Config  # noqa: E402
+from tfgpu.distribute import build_backend  # noqa: E402
+from tfgpu.results import RunWriter  # noqa: E402
+
+flags.DEFINE_string("model", "resnet18", "Registry model.")
+flags.DEFINE_integer("image_size", 32, "Image side.")
+flags.DEFINE_integer("batch", 64, "Micro-batch b (and the fit batch).")
+flags.DEFINE_integer("steps", 20, "Updates timed per round.")
+flags.DEFINE_integer("rounds", 5, "Alternating rounds.")
+FLAGS = flags.FLAGS
+
+
+def make_trainer(backend, global_batch: int, accum: int) -> train.Trainer:
+    config = Config(
+        strategy="default",
+        model=FLAGS.model,
+        image_size=FLAGS.image_size,
+        small_input=True,
+        synthetic_data=True,
+        num_classes=10,
+        global_batch_size=global_batch,
+        grad_accum_steps=accum,
+        train_steps=10**6,
+        steps_per_loop=FLAGS.steps,
+        optimizer="sgd",
+        learning_rate=0.01,
+        weight_decay=0.0,
+        model_dir=tempfile.mkdtemp(),
+    )
+    trainer = train.Trainer(config, backend, RunWriter(config.model_dir, is_chief=False))
+    trainer._compile()
+    iterator = trainer._train_iterator(0)
+
+    def run(steps):
+        trainer.train_loop(iterator, tf.constant(steps))[0]["loss"].numpy()
+
+    return run
+
+
+def make_fit(global_batch: int):
+    keras.utils.set_random_seed(0)
+    model = models.build_model(FLAGS.model, 10, FLAGS.image_size, small_input=True)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=FLAGS.steps,
+    )
+    batch = input_pipeline.make_synthetic_dataset(global_batch, FLAGS.image_size, 10)
+    data = batch.map(lambda b: (tf.cast(b["image"], tf.float32), b["label"]))
+
+    def run(steps):
+        model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
+
+    return run
+
+
+def images_per_sec(run, images_per_step: int) -> float:
+    start = time.perf_counter()
+    run(FLAGS.steps)
+    return FLAGS.steps * images_per_step / (time.perf_counter() - start)
+
+
+def compare(name_a, run_a, name_b, run_b, images_a, images_b):
+    """Median ratio a/b over alternating rounds (after one warm-up call each)."""
+    run_a(FLAGS.steps)
+    run_b(FLAGS.steps)
+    rates = {name_a: [], name_b: []}
+    for _ in range(FLAGS.rounds):
+        rates[name_a].append(images_per_sec(run_a, images_a))
+        rates[name_b].append(images_per_sec(run_b, images_b))
+    ratio = statistics.median(a / b for a, b in zip(rates[name_a], rates[name_b]))
+    print(
+        f"| {name_a} vs {name_b} | {statistics.median(rates[name_a]):,.0f} | "
+        f"{statistics.median(rates[name_b]):,.0f} | {ratio:.3f} |",
+        flush=True,
+    )
+    return ratio
+
+
+def main(argv):
+    del argv
+    backend = build_backend("default")
+    b = FLAGS.batch
+    print(f"{FLAGS.model} {FLAGS.image_size}x{FLAGS.image_size}, b={b}, {FLAGS.steps} updates x "
+          f"{FLAGS.rounds} rounds, {os.cpu_count()} CPU cores, TF {tf.__version__}")
+    print("| comparison | images/s (first) | images/s (second) | ratio |")
+    print("|---|---|---|---|")
+    compare("tfgpu step", make_trainer(backend, b, 1), "keras fit", make_fit(b), b, b)
+    compare("tfgpu k=4", make_trainer(backend, 4 * b, 4), "tfgpu k=1", make_trainer(backend, b, 1), 4 * b, b)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))
