@@ -159,3 +159,59 @@ def test_bad_flags_and_environment_are_one_clear_line(flags, env, expected, tmp_
     lines = [line for line in err.splitlines() if line.startswith("tfgpu: error:")]
     assert len(lines) == 1 and expected in lines[0], err[-2000:]
     assert "Traceback" not in err
+
+
+def _copy_dataset(src, dst):
+    import shutil  # noqa: PLC0415
+
+    shutil.copytree(src, dst)
+    return str(dst)
+
+
+def test_label_out_of_range_is_one_clear_line(small_dataset, tmp_path):
+    proc = _start(_flags(small_dataset, tmp_path / "run", train_steps=4) + ["--num_classes=2"])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err[-2000:]
+    lines = [line for line in err.splitlines() if line.startswith("tfgpu: error:")]
+    assert len(lines) == 1 and "outside [0, 2)" in lines[0] and "--num_classes" in lines[0], err[-2000:]
+    assert "Traceback" not in err
+
+
+def test_dataset_info_that_disagrees_with_the_shards_is_named(small_dataset, tmp_path):
+    from tfgpu.data_sources import DataError, load_data_spec  # noqa: PLC0415
+
+    data = _copy_dataset(small_dataset, tmp_path / "data")
+    info_path = os.path.join(data, "dataset_info.json")
+    info = json.load(open(info_path))
+    info["splits"]["train"]["shards"][1]["num_examples"] += 3
+    json.dump(info, open(info_path, "w"))
+    with pytest.raises(DataError, match=r"train-00001-of-00004.tfrecord holds \d+ records but"):
+        load_data_spec(data)
+
+
+def test_empty_train_split_is_an_error(tmp_path):
+    from tfgpu import convert  # noqa: PLC0415
+    from tfgpu.data_sources import DataError, load_data_spec  # noqa: PLC0415
+
+    convert.write_dataset({"train": [], "validation": []}, ["a"], str(tmp_path), "t", {"train": 1, "validation": 1})
+    with pytest.raises(DataError, match="the train split holds no examples"):
+        load_data_spec(str(tmp_path))
+
+
+def test_a_failed_checkpoint_write_is_loud_and_the_final_one_is_an_error(small_dataset, tmp_path, monkeypatch, capsys):
+    real_save = tf.train.CheckpointManager.save
+    calls = []
+
+    def disk_full(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) in (1, 3):  # the first periodic save, and the final one
+            raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+        return real_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", disk_full)
+    config = validate(Config(data_dir=small_dataset, model_dir=str(tmp_path), strategy="default",
+                             **dict(RUN, train_steps=20, checkpoint_every_steps=8)))
+    with pytest.raises(train.CheckpointError, match="No space left on device"):
+        train.run(config)
+    assert "checkpoint at step 8 failed" in capsys.readouterr().err
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("-16")

@@ -17,6 +17,10 @@ from tfgpu import records
 from tfgpu.convert import INFO_FILE
 
 
+# Marks the runtime errors of bad records, so tfgpu.main can print them as one line.
+LABEL_ERROR = "tfgpu-data-error:"
+
+
 class DataError(ValueError):
     """A dataset that cannot be read as asked; the message is one line naming the file or flag."""
 
@@ -36,9 +40,18 @@ class DataSpec:
     parser: Optional[Callable] = None
 
     def parse(self, serialized: tf.Tensor) -> dict:
+        """A record -> {"encoded", "label"}; a label outside [0, num_classes) fails the run
+        (it means a wrong --num_classes or --label_offset, which no skipping would fix)."""
         if self.parser is not None:
-            return self.parser(serialized)
-        return records.parse_example(serialized, self.label_offset)
+            example = self.parser(serialized)
+        else:
+            example = records.parse_example(serialized, self.label_offset)
+        label = example["label"]
+        valid = tf.logical_and(label >= 0, label < self.num_classes)
+        message = f"{LABEL_ERROR} a record's label (after --label_offset={self.label_offset}) is"
+        check = tf.debugging.Assert(valid, [message, label, f"outside [0, {self.num_classes})"])
+        with tf.control_dependencies([check]):
+            return dict(example, label=tf.identity(label))
 
 
 def _split_files(data_dir: str, info: dict, split: str) -> tuple:
@@ -84,9 +97,9 @@ def load_data_spec(
     classes = num_classes or int(info.get("num_classes", 0))
     if classes <= 0:
         raise DataError(f"--data_dir={data_dir} has no {INFO_FILE}: set --num_classes")
-    check_shards(train + evaluation, skip_truncated)
+    check_shards(train + evaluation, skip_truncated, _shard_counts(info))
     counts = {k: v.get("num_examples", 0) for k, v in info.get("splits", {}).items()}
-    return DataSpec(
+    spec = DataSpec(
         data_dir=data_dir,
         num_classes=classes,
         label_offset=label_offset if label_offset >= 0 else int(info.get("label_offset", 0)),
@@ -95,6 +108,11 @@ def load_data_spec(
         num_train=counts.get("train") or count_records(train, skip_truncated),
         num_eval=counts.get("validation") or count_records(evaluation, skip_truncated),
     )
+    if spec.num_train == 0:
+        raise DataError(f"--data_dir={data_dir}: the train split holds no examples")
+    if spec.num_eval == 0:
+        logging.warning("%s has no validation examples: evaluation is skipped", data_dir)
+    return spec
 
 
 def count_records(files, skip_truncated: bool = False) -> int:
@@ -106,37 +124,50 @@ def count_records(files, skip_truncated: bool = False) -> int:
     return int(ds.reduce(0, lambda n, _: n + 1))
 
 
-def truncated_at(path: str) -> int:
-    """-1 if the TFRecord framing of a local file is whole, else the offset where it breaks.
+def scan_shard(path: str) -> tuple[int, int]:
+    """(records, offset of the break or -1) for a local TFRecord file.
 
     Walks only the 12-byte record headers (seek past the data), so it costs one small read
     per record, not a pass over the bytes; CRCs are left to the reader.
     """
     size = os.path.getsize(path)
-    offset = 0
+    offset, count = 0, 0
     with open(path, "rb") as f:
         while offset < size:
             header = f.read(12)
             if len(header) < 12:
-                return offset
+                return count, offset
             (length,) = struct.unpack("<Q", header[:8])
             end = offset + 12 + length + 4
             if end > size:
-                return offset
+                return count, offset
             f.seek(end)
-            offset = end
-    return -1
+            offset, count = end, count + 1
+    return count, -1
 
 
-def check_shards(files, skip_truncated: bool) -> tuple:
+def truncated_at(path: str) -> int:
+    """-1 if the TFRecord framing of a local file is whole, else the offset where it breaks."""
+    return scan_shard(path)[1]
+
+
+def check_shards(files, skip_truncated: bool, expected: dict | None = None) -> tuple:
     """Raises a DataError naming the first truncated local shard, or (``skip_truncated``) logs
-    a warning per such shard (the reader then stops at the break). Remote paths (gs://, ...)
-    are not checked: seeking them costs a request per record."""
+    a warning per such shard (the reader then stops at the break). A whole shard holding
+    another number of records than ``expected[file name]`` (from dataset_info.json) is a
+    DataError too. Remote paths (gs://, ...) are not checked: seeking them costs a request
+    per record."""
     bad = []
     for path in files:
         if "://" in path:
             continue
-        offset = truncated_at(path)
+        count, offset = scan_shard(path)
+        want = (expected or {}).get(os.path.basename(path))
+        if offset < 0 and want is not None and count != want:
+            raise DataError(
+                f"{path} holds {count} records but {INFO_FILE} says {want}: the info file "
+                "belongs to another conversion; re-run tools/to_tfrecord.py"
+            )
         if offset < 0:
             continue
         if not skip_truncated:
@@ -147,6 +178,16 @@ def check_shards(files, skip_truncated: bool) -> tuple:
         logging.warning("%s is truncated at byte %d: reading its records before that", path, offset)
         bad.append(path)
     return tuple(bad)
+
+
+def _shard_counts(info: dict) -> dict:
+    """{shard file name: records} as dataset_info.json lists them."""
+    return {
+        shard["file"]: shard["num_examples"]
+        for split in info.get("splits", {}).values()
+        for shard in split.get("shards", [])
+        if "num_examples" in shard
+    }
 
 
 def load_tfds_spec(name: str, data_dir: str = "", num_classes: int = 0) -> DataSpec:

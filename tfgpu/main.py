@@ -52,7 +52,9 @@ def main(argv):
     # Imported here so that --help and flag errors do not wait for TensorFlow.
     from tfgpu import train  # noqa: PLC0415
     from tfgpu.distribute import DistributeError  # noqa: PLC0415
-    from tfgpu.input_pipeline import DataError  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    from tfgpu.data_sources import LABEL_ERROR, DataError  # noqa: PLC0415
     from tfgpu.step import NonFiniteLoss  # noqa: PLC0415
     from tfgpu.train import CheckpointError, Preempted  # noqa: PLC0415
 
@@ -67,6 +69,12 @@ def main(argv):
     except NonFiniteLoss as err:
         print(f"tfgpu: error: {err}; the last good checkpoint is kept", file=sys.stderr)
         return EXIT_NON_FINITE
+    except tf.errors.InvalidArgumentError as err:
+        if LABEL_ERROR not in err.message:
+            raise
+        detail = err.message.split(LABEL_ERROR, 1)[1].split("\n")[0].replace("] [", " ")
+        print(f"tfgpu: error:{detail.rstrip(']')}; check --num_classes and --label_offset", file=sys.stderr)
+        return EXIT_USAGE
     except CheckpointError as err:
         print(f"tfgpu: error: {err}", file=sys.stderr)
         return EXIT_CHECKPOINT
