@@ -26,6 +26,15 @@ def make_image_arrays(n: int, size: int = 40, num_classes: int = 4, seed: int = 
     return images, labels
 
 
+@pytest.fixture(autouse=True)
+def _op_determinism_off_after_each_test():
+    """enable_op_determinism is process-wide; a deterministic test must not leak it."""
+    yield
+    from tfgpu.train import set_op_determinism  # noqa: PLC0415
+
+    set_op_determinism(False)
+
+
 @pytest.fixture(scope="session")
 def small_dataset(tmp_path_factory) -> str:
     """A converted dataset of 96 train and 24 validation 40x40 images in 4 classes."""

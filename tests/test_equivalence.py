@@ -1,6 +1,7 @@
 """Same seed, same global batch, same updates: every way to spread training ends with the same
 weights (to float rounding), and there is one gradient all-reduce per update."""
 
+import json
 import os
 import re
 import shutil
@@ -96,6 +97,8 @@ def test_multi_worker_two_processes_equals_default(small_dataset, reference, tmp
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(_fingerprints(out.stdout)) == 1, "workers ended with different weights"
     _assert_same(_weights(tmp_path), reference)
+    with open(os.path.join(tmp_path, "summary.json"), encoding="utf-8") as f:
+        assert json.load(f)["gradient_all_reduces"] == STEPS  # one per update, across processes
 
 
 def test_horovod_two_ranks_equals_default(small_dataset, reference, tmp_path):
@@ -108,3 +111,5 @@ def test_horovod_two_ranks_equals_default(small_dataset, reference, tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(_fingerprints(out.stdout)) == 1, "ranks ended with different weights"
     _assert_same(_weights(tmp_path), reference)
+    with open(os.path.join(tmp_path, "summary.json"), encoding="utf-8") as f:
+        assert json.load(f)["gradient_all_reduces"] == STEPS  # one per update, across processes

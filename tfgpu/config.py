@@ -123,6 +123,11 @@ def validate(config: Config) -> Config:
         )
     if config.train_steps < 0 or config.epochs < 0:
         raise ConfigError("--train_steps and --epochs must not be negative")
+    if config.deterministic and config.jit_compile:
+        raise ConfigError(
+            "--deterministic and --jit_compile do not go together: XLA has no deterministic "
+            "kernel for some gradients (MaxPool's), and TensorFlow refuses them"
+        )
     if config.train_steps and config.epochs:
         raise ConfigError("set --train_steps or --epochs, not both")
     if not 0 < config.crop_min_area <= 1 or not 0 < config.eval_crop_fraction <= 1:

@@ -27,6 +27,8 @@ from tfgpu.distribute import InputShard
 from tfgpu.image_ops import center_crop_window, example_seed, random_crop_window  # noqa: F401
 
 AUTOTUNE = tf.data.AUTOTUNE
+import os as _os
+_X = set(_os.environ.get("TFGPU_X", "").split(","))
 
 
 def _options(deterministic: bool, threadpool_size: int, ram_budget_mb: int) -> tf.data.Options:
@@ -41,6 +43,10 @@ def _options(deterministic: bool, threadpool_size: int, ram_budget_mb: int) -> t
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     if threadpool_size:
         options.threading.private_threadpool_size = threadpool_size
+    if "intra1" in _X:
+        options.threading.max_intra_op_parallelism = 1
+    if "pool" in _X:
+        options.threading.private_threadpool_size = _os.cpu_count()
     return options
 
 
@@ -128,7 +134,10 @@ def _block_shuffle(ds: tf.data.Dataset, size: int, epoch_seed) -> tf.data.Datase
     global seed is set; a stateless shuffle makes epoch k the same whether or not the run
     was restarted before it (exact resume without replaying earlier epochs).
     """
-    blocks = ds.batch(size).enumerate()
+    blocks = ds.batch(size)
+    if "blockpf" in _X:
+        blocks = blocks.prefetch(1)
+    blocks = blocks.enumerate()
     return blocks.flat_map(
         lambda i, block: tf.data.Dataset.from_tensor_slices(
             tf.random.experimental.stateless_shuffle(block, seed=epoch_seed + [0, i + 1])
@@ -169,6 +178,10 @@ def make_train_dataset(
     first_epoch = start_index // max(epoch_size, 1)
     ds = tf.data.Dataset.counter(first_epoch).flat_map(one_epoch)
     ds = ds.skip(start_index - first_epoch * epoch_size)
+    if "recpf" in _X:
+        ds = ds.prefetch(AUTOTUNE)
+    if "recpf256" in _X:
+        ds = ds.prefetch(256)
     if not by_file and shard.count > 1:
         per_pipeline = global_batch_size // shard.count
         ds = ds.enumerate().filter(

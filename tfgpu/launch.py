@@ -3,7 +3,8 @@ machine, each with its TF_CONFIG filled in (what torchrun is to PyTorch).
 
 Each worker's output is prefixed with ``[worker i]``. When one worker fails, the others are
 stopped after ``--grace_s`` seconds (their collectives would time out anyway), and the launcher
-exits with the first failing worker's code. For several machines, set TF_CONFIG on each node
+exits with the first failing worker's code (128 + N for a worker killed by signal N;
+``python -m tfgpu.main`` exits with 5 when it lost contact with another worker). For several machines, set TF_CONFIG on each node
 yourself (README) and run ``python -m tfgpu.main --strategy=multi_worker_mirrored``.
 """
 
@@ -73,12 +74,24 @@ def wait_all(procs, grace_s: float) -> int:
             if code not in (None, 0) and not failed_code:
                 failed_code, deadline = code, time.time() + grace_s
         if deadline and time.time() > deadline:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
+            # SIGTERM first (a training worker saves and leaves); SIGKILL 10 s later, because
+            # a worker still waiting for its peers at start-up does not act on SIGTERM.
+            stop_all(procs, kill=time.time() > deadline + 10)
         time.sleep(0.2)
     codes = [p.returncode for p in procs]
-    return failed_code or next((c for c in codes if c), 0)
+    return shell_code(failed_code or next((c for c in codes if c), 0))
+
+
+def stop_all(procs, kill: bool = False) -> None:
+    """Sends SIGTERM (or SIGKILL) to the workers still running."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill() if kill else p.terminate()
+
+
+def shell_code(returncode: int) -> int:
+    """A Popen return code as a shell reports it: killed by signal N (-N) becomes 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def main(argv):
@@ -86,8 +99,7 @@ def main(argv):
     try:
         return wait_all(procs, FLAGS.grace_s)
     except KeyboardInterrupt:
-        for p in procs:
-            p.terminate()
+        stop_all(procs)
         return 130
 
 

@@ -19,6 +19,7 @@ from tfgpu.results import default_model_dir  # noqa: E402
 EXIT_USAGE = 2
 EXIT_NON_FINITE = 3
 EXIT_CHECKPOINT = 4
+EXIT_WORKER_LOST = 5  # another worker died or froze; run again (all workers) to resume
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving; run again to resume
 
 define_flags()
@@ -28,7 +29,7 @@ FLAGS = flags.FLAGS
 def _check_writable(model_dir: str) -> None:
     try:
         os.makedirs(model_dir, exist_ok=True)
-        probe = os.path.join(model_dir, ".write-test")
+        probe = os.path.join(model_dir, f".write-test-{os.getpid()}")  # workers share the dir
         with open(probe, "w", encoding="utf-8"):
             pass
         os.remove(probe)
@@ -51,7 +52,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # tf.distribute logs every reduction at INFO
     # Imported here so that --help and flag errors do not wait for TensorFlow.
     from tfgpu import train  # noqa: PLC0415
-    from tfgpu.distribute import DistributeError  # noqa: PLC0415
+    from tfgpu.distribute import DistributeError, lost_worker_message  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
     from tfgpu.data_sources import LABEL_ERROR, DataError  # noqa: PLC0415
@@ -81,6 +82,12 @@ def main(argv):
     except Preempted as err:
         print(f"tfgpu: {err}; run the same command again to resume", file=sys.stderr)
         return EXIT_PREEMPTED
+    except tf.errors.OpError as err:
+        message = lost_worker_message(err)
+        if message is None:  # not a lost peer: keep TensorFlow's full error
+            raise
+        print(f"tfgpu: error: {message}", file=sys.stderr)
+        return EXIT_WORKER_LOST
     return 0
 
 

@@ -19,8 +19,18 @@ from tfgpu.step import DynamicLossScale, NonFiniteLoss, TrainStep
 
 def _set_determinism(config: Config) -> None:
     keras.utils.set_random_seed(config.seed)
-    if config.deterministic:
+    set_op_determinism(config.deterministic)
+
+
+def set_op_determinism(enabled: bool) -> None:
+    """Turns TensorFlow's process-wide op determinism on or off: a later run in the same
+    process must not inherit it. TF exports only the 'on' switch; 'off' is internal."""
+    from tensorflow.python.framework import config as tf_config  # noqa: PLC0415
+
+    if enabled:
         tf.config.experimental.enable_op_determinism()
+    else:
+        tf_config.disable_op_determinism()
 
 
 def _data(config: Config):

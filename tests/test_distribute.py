@@ -1,0 +1,277 @@
+"""Backends chosen from the environment, TF_CONFIG checks, the launcher, and a worker killed -9
+mid-training: the survivor stops with one clear line in bounded time, and a rerun resumes."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+import tensorflow as tf
+
+from tfgpu import distribute, launch
+
+EXIT_WORKER_LOST = 5
+LOST_LINE = "tfgpu: error: lost contact with another worker ("
+STOP_BOUND_S = 90  # kill -> survivor gone; measured ~2 s (MWMS) and <1 s (Horovod)
+RUN = {
+    "model": "tiny_cnn",
+    "image_size": 32,
+    "global_batch_size": 16,
+    "train_steps": 60,  # the kill lands near step 6-10; the rerun trains the rest
+    "optimizer": "sgd",
+    "learning_rate": 0.01,
+    "lr_schedule": "constant",
+    "deterministic": True,
+    "seed": 7,
+    "steps_per_loop": 2,
+    "log_every_steps": 2,
+    "checkpoint_every_steps": 4,
+    "collective_timeout_s": 15,
+    "export": False,
+}
+
+
+def _tf_config(workers: int, index: int = 0, task_type: str = "worker") -> str:
+    cluster = {"worker": [f"localhost:{2000 + i}" for i in range(workers)]}
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+# --- choosing a backend -----------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for key in ("TF_CONFIG", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    return monkeypatch
+
+
+def test_auto_is_default_on_one_cpu_process(clean_env):
+    assert distribute.resolve_strategy("auto") == "default"
+    clean_env.setenv("TF_CONFIG", _tf_config(1))
+    assert distribute.resolve_strategy("auto") == "default"
+
+
+def test_auto_is_multi_worker_when_tf_config_names_several_workers(clean_env):
+    clean_env.setenv("TF_CONFIG", _tf_config(2, index=1))
+    assert distribute.resolve_strategy("auto") == "multi_worker_mirrored"
+
+
+def test_auto_is_horovod_under_horovodrun(clean_env):
+    clean_env.setenv("TF_CONFIG", _tf_config(2))
+    clean_env.setenv("HOROVOD_RANK", "0")
+    assert distribute.resolve_strategy("auto") == "horovod"
+    assert distribute.resolve_strategy("mirrored") == "mirrored"  # an explicit choice wins
+
+
+@pytest.mark.parametrize(
+    "raw, why",
+    [
+        ("{not json", "malformed"),
+        ('{"task": {"type": "worker", "index": 0}}', "cluster"),
+        ('{"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}', "non-empty"),
+        (_tf_config(2, task_type="ps"), "not worker or chief"),
+        (_tf_config(2, index=2), "out of range"),
+    ],
+)
+def test_read_tf_config_rejects_malformed(clean_env, raw, why):
+    clean_env.setenv("TF_CONFIG", raw)
+    with pytest.raises(distribute.DistributeError, match=why) as err:
+        distribute.read_tf_config()
+    assert "\n" not in str(err.value)
+
+
+def test_multi_worker_without_tf_config_is_a_clear_error(clean_env):
+    with pytest.raises(distribute.DistributeError, match="tfgpu.launch"):
+        distribute.build_backend("multi_worker_mirrored")
+    with pytest.raises(distribute.DistributeError, match="horovodrun"):
+        distribute.build_backend("horovod")
+
+
+def test_launch_tf_configs_one_cluster_distinct_ports():
+    configs = [json.loads(c) for c in launch.tf_configs(3)]
+    workers = configs[0]["cluster"]["worker"]
+    assert len(set(workers)) == 3 and all(w.startswith("localhost:") for w in workers)
+    assert all(c["cluster"]["worker"] == workers for c in configs)
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": i} for i in range(3)]
+    assert launch.shell_code(-9) == 137 and launch.shell_code(5) == 5
+
+
+class _FakeConfig:
+    """Stands in for tf.config: no GPU exists where tfgpu is tested."""
+
+    def __init__(self, gpus):
+        self.gpus, self.visible = gpus, None
+
+    def list_physical_devices(self, kind):
+        return list(self.gpus) if kind == "GPU" else []
+
+    def set_visible_devices(self, device, kind):
+        self.visible = (device, kind)
+
+
+def test_horovod_rank_sees_only_its_local_gpu():
+    fake = _FakeConfig(["gpu0", "gpu1", "gpu2"])
+    distribute.pin_to_local_gpu(1, fake)
+    assert fake.visible == ("gpu1", "GPU")
+    distribute.pin_to_local_gpu(0, _FakeConfig([]))  # CPU only: nothing to pin
+    with pytest.raises(distribute.DistributeError, match="one rank per GPU"):
+        distribute.pin_to_local_gpu(3, fake)
+
+
+def test_lost_worker_message_only_for_lost_peers(clean_env):
+    heartbeat = tf.errors.UnavailableError(
+        None,
+        None,
+        "Collective ops is aborted by: Error reported from /job:worker/task:1: "
+        "The following tasks are unhealthy (stopped sending heartbeats):\n"
+        "/job:worker/replica:0/task:1\nThe tasks have crashed.",
+    )
+    shutdown = tf.errors.UnknownError(None, None, "Horovod has been shut down. This was ...")
+    assert distribute.lost_worker_message(heartbeat) is None  # one process: something else
+    clean_env.setenv("TF_CONFIG", _tf_config(2))
+    message = distribute.lost_worker_message(heartbeat)
+    assert "no heartbeat from /job:worker/replica:0/task:1" in message
+    assert "run again to resume" in message and "\n" not in message
+    assert distribute.lost_worker_message(tf.errors.DeadlineExceededError(None, None, "x"))
+    assert distribute.lost_worker_message(tf.errors.InvalidArgumentError(None, None, "x")) is None
+    clean_env.setenv("HOROVOD_RANK", "0")
+    assert "Horovod shut down" in distribute.lost_worker_message(shutdown)
+
+
+# --- a worker killed -9 -----------------------------------------------------------------
+
+
+def _flags(data_dir, model_dir, strategy):
+    out = [f"--data_dir={data_dir}", f"--model_dir={model_dir}", f"--strategy={strategy}"]
+    for key, value in RUN.items():
+        out.append(
+            f"--{key}" if value is True else f"--no{key}" if value is False else f"--{key}={value}"
+        )
+    return out
+
+
+class Output:
+    """Collects a process's merged output on a thread, so pipes never fill up."""
+
+    def __init__(self, proc):
+        self.proc, self.lines = proc, []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_step(self, step: int, timeout: float = 150) -> None:
+        """Waits until the chief has logged ``step`` (a checkpoint at step 4 is then on disk)."""
+        deadline = time.time() + timeout
+        while not re.search(rf"step\s+{step}/", self.text):
+            assert self.proc.poll() is None, self.text[-3000:]
+            assert time.time() < deadline, "no progress: " + self.text[-3000:]
+            time.sleep(0.1)
+
+
+def _popen(cmd, env=None):
+    env = dict(env or os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kills a process and everything it started (launcher workers, horovodrun ranks)."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        family = []
+    for p in [*family, proc]:
+        try:
+            p.kill()
+        except (psutil.Error, OSError):
+            pass
+
+
+def _resumes_and_finishes(cmd, timeout: float = 240):
+    proc = _popen(cmd)
+    try:
+        text, _ = proc.communicate(timeout=timeout)
+    finally:
+        _kill_tree(proc)
+    assert proc.returncode == 0, text[-3000:]
+    assert re.search(r"resumed from \S+ckpt-\d+ at step [1-9]\d*", text), text[-3000:]
+    assert re.search(rf"step\s+{RUN['train_steps']}/{RUN['train_steps']}\s", text), text[-3000:]
+
+
+def test_multi_worker_survivor_stops_with_clear_error_then_resumes(small_dataset, tmp_path):
+    flags = _flags(small_dataset, tmp_path, "multi_worker_mirrored")
+    cmd = [sys.executable, "-m", "tfgpu.main", *flags]
+    procs = [_popen(cmd, dict(os.environ, TF_CONFIG=c)) for c in launch.tf_configs(2)]
+    chief, other = Output(procs[0]), Output(procs[1])
+    try:
+        chief.wait_for_step(6)
+        procs[1].kill()
+        killed = time.time()
+        procs[0].wait(timeout=STOP_BOUND_S)
+        assert time.time() - killed < STOP_BOUND_S
+    finally:
+        for p in procs:
+            _kill_tree(p)
+    time.sleep(0.5)  # let the reader thread drain the pipe
+    assert procs[0].returncode == EXIT_WORKER_LOST, chief.text[-3000:] + other.text[-500:]
+    assert LOST_LINE in chief.text and "Traceback" not in chief.text, chief.text[-3000:]
+    _resumes_and_finishes([sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", *flags])
+
+
+def _rank_process(horovodrun: subprocess.Popen, rank: int) -> psutil.Process:
+    """The python process of ``rank`` among horovodrun's descendants (read from its env)."""
+    for child in psutil.Process(horovodrun.pid).children(recursive=True):
+        try:
+            if "tfgpu.main" in " ".join(child.cmdline()) and child.environ().get(
+                "HOROVOD_RANK"
+            ) == str(rank):
+                return child
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no process of rank {rank}")
+
+
+def test_horovod_survivor_stops_with_clear_error_then_resumes(small_dataset, tmp_path):
+    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable))
+    if horovodrun is None:
+        pytest.fail("horovodrun not found: run `make test` (it builds Horovod)")
+    cmd = [
+        horovodrun,
+        "--gloo",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        sys.executable,
+        "-m",
+        "tfgpu.main",
+    ]
+    cmd += _flags(small_dataset, tmp_path, "horovod")
+    proc = _popen(cmd)
+    output = Output(proc)
+    try:
+        output.wait_for_step(6)
+        _rank_process(proc, 1).kill()
+        killed = time.time()
+        proc.wait(timeout=STOP_BOUND_S)
+        assert time.time() - killed < STOP_BOUND_S
+    finally:
+        _kill_tree(proc)
+    time.sleep(0.5)
+    assert proc.returncode != 0
+    assert LOST_LINE + "Horovod shut down" in output.text, output.text[-3000:]
+    _resumes_and_finishes(cmd)
