@@ -87,21 +87,21 @@ HELP = {
     "export": "At the end, export the model as .keras and as a SavedModel taking uint8 images.",
 }
 
-def define_flags() -> None:
-    """Defines one absl flag per Config field (idempotent)."""
+def define_flags(flag_values=flags.FLAGS) -> None:
+    """Defines one absl flag per Config field in ``flag_values`` (idempotent)."""
     for field in dataclasses.fields(Config):
         name, default = field.name, field.default
-        if name in flags.FLAGS:
+        if name in flag_values:
             continue
         # Choices are checked by config.validate, which names them in one line.
         if isinstance(default, bool):
-            flags.DEFINE_bool(name, default, HELP[name])
+            flags.DEFINE_bool(name, default, HELP[name], flag_values=flag_values)
         elif isinstance(default, int):
-            flags.DEFINE_integer(name, default, HELP[name])
+            flags.DEFINE_integer(name, default, HELP[name], flag_values=flag_values)
         elif isinstance(default, float):
-            flags.DEFINE_float(name, default, HELP[name])
+            flags.DEFINE_float(name, default, HELP[name], flag_values=flag_values)
         else:
-            flags.DEFINE_string(name, default, HELP[name])
+            flags.DEFINE_string(name, default, HELP[name], flag_values=flag_values)
 
 
 def config_from_flags(flag_values=flags.FLAGS, defaults: dict | None = None) -> Config:

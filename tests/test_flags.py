@@ -1,0 +1,46 @@
+"""Flags and recipes: every flagfile parses into a valid Config; the demo recipe file says
+exactly what a run without --data_dir uses."""
+
+import pathlib
+
+import pytest
+from absl import flags
+
+from tfgpu import demo
+from tfgpu.config import validate
+from tfgpu.flags import config_from_flags, define_flags
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RECIPES = sorted(ROOT.glob("flags/*.flags"))
+
+
+def _parse(*argv):
+    values = flags.FlagValues()
+    define_flags(values)
+    values(["tfgpu", *argv])
+    return values
+
+
+def test_demo_recipe_file_equals_the_built_in_demo_recipe():
+    values = _parse(f"--flagfile={ROOT / 'flags/demo_digits.flags'}")
+    config = config_from_flags(values)
+    assert {k: getattr(config, k) for k in demo.DEMO_RECIPE} == demo.DEMO_RECIPE
+
+
+def test_demo_defaults_fill_only_the_flags_not_given():
+    config = config_from_flags(_parse("--train_steps=7"), demo.DEMO_RECIPE)
+    assert config.train_steps == 7 and config.model == "tiny_cnn" and config.image_size == 32
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])
+def test_every_recipe_parses_into_a_valid_config_and_says_how_to_run(recipe):
+    config = validate(config_from_flags(_parse(f"--flagfile={recipe}")))
+    header = recipe.read_text().split("\n--", 1)[0]
+    assert "python -m tfgpu.main" in header or "horovodrun" in header, recipe.name
+    assert config.model
+
+
+def test_every_config_field_is_a_flag_with_help():
+    values = flags.FlagValues()
+    define_flags(values)
+    assert all(values[name].help for name in values)
