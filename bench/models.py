@@ -19,15 +19,15 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from tensorflow.python.framework.convert_to_constants import (  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework.convert_to_constants import (
     convert_variables_to_constants_v2,
 )
 
-from tfgpu import distribute, models  # noqa: E402
-from tfgpu.step import TrainStep  # noqa: E402
+from tfgpu import distribute, models
+from tfgpu.step import TrainStep
 
 MODELS = ("tiny_cnn", "resnet18", "resnet50", "densenet121", "efficientnet_b0")
 SETTINGS = (

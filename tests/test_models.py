@@ -1,9 +1,9 @@
 """The registry: names, reference parameter counts, small-input stems, input normalization
 and --init_weights. Only a few models are built (building is the slow part on 2 cores)."""
 
+import keras
 import numpy as np
 import pytest
-import keras
 
 from tfgpu import models
 from tfgpu.config import ConfigError

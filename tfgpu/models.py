@@ -214,7 +214,7 @@ def load_initial_weights(model: keras.Model, path: str) -> list[str]:
     classes for fine-tuning; that layer then keeps its fresh initialization. Any other
     mismatch, or a missing file, raises ConfigError with a one-line message.
     """
-    from tfgpu.config import ConfigError  # noqa: PLC0415 (config imports this module)
+    from tfgpu.config import ConfigError  # here: config.py imports this module
 
     flag = f"--init_weights={path}"
     path = os.path.expanduser(path)

@@ -338,8 +338,8 @@ class Trainer:
             if int(first_bad) >= 0 and not self.step.skips_non_finite:
                 raise NonFiniteLoss(f"non-finite loss or gradients at step {int(first_bad)}")
             step = int(self.global_step.numpy())
-            window = {k: window[k] + float(totals[k]) for k in totals} | {"start": window["start"]}
-            window["updates"] = window.get("updates", 0) + n
+            window.update({k: window[k] + float(totals[k]) for k in totals})
+            window["updates"] += n
             self.skipped_records += int(float(totals["skipped"]))  # broken images, weight 0
             if step % c.log_every_steps == 0 or step == self.steps:
                 self._log_window(step, window, timed)
