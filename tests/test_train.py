@@ -47,10 +47,10 @@ def test_short_run_writes_every_contract_file_and_learns(small_dataset, tmp_path
     summary = train.run(_config(small_dataset, tmp_path))
     for name in CONTRACT_FILES:
         assert os.path.exists(tmp_path / name), name
-    train = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if r["split"] == "train"]
-    train_losses = [r["loss"] for r in train]
+    logged = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if r["split"] == "train"]
+    train_losses = [r["loss"] for r in logged]
     # Each window's images/s, turned back into seconds, must fit inside the run's wall time.
-    window_seconds = sum(10 * 16 / r["images_per_sec"] for r in train)
+    window_seconds = sum(10 * 16 / r["images_per_sec"] for r in logged)
     assert 0 < window_seconds < summary["wall_time_s"]
     assert len(train_losses) == 4
     assert np.mean(train_losses[-2:]) < 0.7 * train_losses[0]

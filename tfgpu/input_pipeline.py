@@ -122,7 +122,7 @@ def _records(files, cfg: PipelineConfig, epoch_seed=None) -> tf.data.Dataset:
         read,
         cycle_length=min(cfg.cycle_length, len(files)),
         block_length=cfg.block_length,
-        num_parallel_calls=AUTOTUNE,
+        num_parallel_calls=None if "seqil" in _X else AUTOTUNE,
         deterministic=cfg.deterministic,
     )
 
@@ -170,7 +170,7 @@ def make_train_dataset(
     def one_epoch(epoch):
         epoch_seed = tf.stack([tf.cast(cfg.seed, tf.int64), epoch * 1_000_003])
         records_ds = _records(files, cfg, epoch_seed)
-        if cfg.shuffle_buffer > 1:
+        if cfg.shuffle_buffer > 1 and "nobs" not in _X:
             records_ds = _block_shuffle(records_ds, cfg.shuffle_buffer, epoch_seed)
         return records_ds.enumerate().map(lambda pos, rec: (epoch, pos, rec))
 
