@@ -18,14 +18,14 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
+import keras
+import tensorflow as tf
+from absl import app, flags
 
-from tfgpu import input_pipeline, models, train  # noqa: E402
-from tfgpu.config import Config  # noqa: E402
-from tfgpu.distribute import build_backend  # noqa: E402
-from tfgpu.results import RunWriter  # noqa: E402
+from tfgpu import input_pipeline, models, train
+from tfgpu.config import Config
+from tfgpu.distribute import build_backend
+from tfgpu.results import RunWriter
 
 flags.DEFINE_string("model", "resnet18", "Registry model.")
 flags.DEFINE_integer("image_size", 32, "Image side.")
@@ -106,12 +106,21 @@ def main(argv):
     del argv
     backend = build_backend("default")
     b = FLAGS.batch
-    print(f"{FLAGS.model} {FLAGS.image_size}x{FLAGS.image_size}, b={b}, {FLAGS.steps} updates x "
-          f"{FLAGS.rounds} rounds, {os.cpu_count()} CPU cores, TF {tf.__version__}")
+    print(
+        f"{FLAGS.model} {FLAGS.image_size}x{FLAGS.image_size}, b={b}, {FLAGS.steps} updates x "
+        f"{FLAGS.rounds} rounds, {os.cpu_count()} CPU cores, TF {tf.__version__}"
+    )
     print("| comparison | images/s (first) | images/s (second) | ratio |")
     print("|---|---|---|---|")
     compare("tfgpu step", make_trainer(backend, b, 1), "keras fit", make_fit(b), b, b)
-    compare("tfgpu k=4", make_trainer(backend, 4 * b, 4), "tfgpu k=1", make_trainer(backend, b, 1), 4 * b, b)
+    compare(
+        "tfgpu k=4",
+        make_trainer(backend, 4 * b, 4),
+        "tfgpu k=1",
+        make_trainer(backend, b, 1),
+        4 * b,
+        b,
+    )
     return 0
 
 

@@ -5,10 +5,10 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # exact float sums for equivalence tests
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-from tfgpu import convert, distribute  # noqa: E402
+from tfgpu import convert, distribute
 
 # Before TensorFlow starts: mirrored tests get 2 replicas; default stays on /cpu:0.
 distribute.configure_devices(2)
@@ -30,7 +30,7 @@ def make_image_arrays(n: int, size: int = 40, num_classes: int = 4, seed: int = 
 def _op_determinism_off_after_each_test():
     """enable_op_determinism is process-wide; a deterministic test must not leak it."""
     yield
-    from tfgpu.train import set_op_determinism  # noqa: PLC0415
+    from tfgpu.train import set_op_determinism
 
     set_op_determinism(False)
 

@@ -39,7 +39,9 @@ FLAGS = dict(
 def _weights(model_dir) -> list[np.ndarray]:
     arrays = []
     with h5py.File(os.path.join(model_dir, "final.weights.h5"), "r") as f:
-        f.visititems(lambda name, obj: arrays.append(obj[()]) if isinstance(obj, h5py.Dataset) else None)
+        f.visititems(
+            lambda name, obj: arrays.append(obj[()]) if isinstance(obj, h5py.Dataset) else None
+        )
     return arrays
 
 
@@ -57,7 +59,9 @@ def _in_process(data_dir, model_dir, **kw):
 def _cli_flags(data_dir, model_dir, strategy):
     flags = [f"--data_dir={data_dir}", f"--model_dir={model_dir}", f"--strategy={strategy}"]
     for key, value in FLAGS.items():
-        flags.append(f"--{key}" if value is True else f"--no{key}" if value is False else f"--{key}={value}")
+        flags.append(
+            f"--{key}" if value is True else f"--no{key}" if value is False else f"--{key}={value}"
+        )
     return flags
 
 
@@ -84,8 +88,12 @@ def test_mirrored_two_replicas_equals_default(small_dataset, reference, tmp_path
 
 
 @pytest.mark.parametrize("accum", [2, 4])
-def test_gradient_accumulation_equals_default_one_all_reduce_per_update(small_dataset, reference, tmp_path, accum):
-    summary, weights = _in_process(small_dataset, tmp_path, strategy="mirrored", grad_accum_steps=accum)
+def test_gradient_accumulation_equals_default_one_all_reduce_per_update(
+    small_dataset, reference, tmp_path, accum
+):
+    summary, weights = _in_process(
+        small_dataset, tmp_path, strategy="mirrored", grad_accum_steps=accum
+    )
     assert summary["gradient_all_reduces"] == STEPS  # not STEPS * accum
     _assert_same(weights, reference)
 
@@ -105,7 +113,17 @@ def test_horovod_two_ranks_equals_default(small_dataset, reference, tmp_path):
     horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable))
     if horovodrun is None:
         pytest.fail("horovodrun not found: run `make test` (it builds Horovod)")
-    cmd = [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, "-m", "tfgpu.main"]
+    cmd = [
+        horovodrun,
+        "--gloo",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        sys.executable,
+        "-m",
+        "tfgpu.main",
+    ]
     cmd += _cli_flags(small_dataset, tmp_path, "horovod")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -38,7 +38,9 @@ def _flags(data_dir, model_dir, **overrides):
     values = dict(RUN, **overrides)
     out = [f"--data_dir={data_dir}", f"--model_dir={model_dir}", "--strategy=default"]
     for key, value in values.items():
-        out.append(f"--{key}" if value is True else f"--no{key}" if value is False else f"--{key}={value}")
+        out.append(
+            f"--{key}" if value is True else f"--no{key}" if value is False else f"--{key}={value}"
+        )
     return out
 
 
@@ -69,7 +71,7 @@ def _logged_step(model_dir) -> int:
 
 
 def _final_weights(model_dir):
-    import h5py  # noqa: PLC0415
+    import h5py
 
     arrays = []
     with h5py.File(os.path.join(model_dir, "final.weights.h5"), "r") as f:
@@ -80,11 +82,17 @@ def _final_weights(model_dir):
 @pytest.fixture(scope="module")
 def uninterrupted(small_dataset, tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("uninterrupted")
-    train.run(validate(Config(data_dir=small_dataset, model_dir=str(model_dir), strategy="default", **RUN)))
+    train.run(
+        validate(
+            Config(data_dir=small_dataset, model_dir=str(model_dir), strategy="default", **RUN)
+        )
+    )
     return _final_weights(model_dir)
 
 
-def test_sigterm_checkpoints_exits_75_and_the_resumed_run_is_exact(small_dataset, uninterrupted, tmp_path):
+def test_sigterm_checkpoints_exits_75_and_the_resumed_run_is_exact(
+    small_dataset, uninterrupted, tmp_path
+):
     proc = _start(_flags(small_dataset, tmp_path))
     _wait_for(lambda: _logged_step(tmp_path) >= 4, proc)
     proc.send_signal(signal.SIGTERM)
@@ -96,12 +104,14 @@ def test_sigterm_checkpoints_exits_75_and_the_resumed_run_is_exact(small_dataset
     resumed = _start(_flags(small_dataset, tmp_path))
     out, err = resumed.communicate(timeout=180)
     assert resumed.returncode == 0, err
-    assert f"resumed from" in out
+    assert "resumed from" in out
     for a, b in zip(_final_weights(tmp_path), uninterrupted):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
-def test_kill_9_while_checkpointing_every_step_resumes_from_a_complete_one(small_dataset, uninterrupted, tmp_path):
+def test_kill_9_while_checkpointing_every_step_resumes_from_a_complete_one(
+    small_dataset, uninterrupted, tmp_path
+):
     proc = _start(_flags(small_dataset, tmp_path, checkpoint_every_steps=1))
     _wait_for(lambda: _logged_step(tmp_path) >= 6, proc)
     proc.kill()
@@ -114,10 +124,16 @@ def test_kill_9_while_checkpointing_every_step_resumes_from_a_complete_one(small
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
-def test_non_finite_float32_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(small_dataset, tmp_path):
+def test_non_finite_float32_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(
+    small_dataset, tmp_path
+):
     config = validate(
-        Config(data_dir=small_dataset, model_dir=str(tmp_path), strategy="default",
-               **dict(RUN, learning_rate=1e30, optimizer="sgd", train_steps=40))
+        Config(
+            data_dir=small_dataset,
+            model_dir=str(tmp_path),
+            strategy="default",
+            **dict(RUN, learning_rate=1e30, optimizer="sgd", train_steps=40),
+        )
     )
     with pytest.raises(NonFiniteLoss, match=r"at step \d+"):
         train.run(config)
@@ -126,8 +142,13 @@ def test_non_finite_float32_loss_stops_naming_the_step_and_keeps_the_last_checkp
 
 def test_skip_non_finite_counts_skipped_updates(small_dataset, tmp_path):
     config = validate(
-        Config(data_dir=small_dataset, model_dir=str(tmp_path), strategy="default", skip_non_finite=True,
-               **dict(RUN, learning_rate=1e30, optimizer="sgd", train_steps=8, export=False))
+        Config(
+            data_dir=small_dataset,
+            model_dir=str(tmp_path),
+            strategy="default",
+            skip_non_finite=True,
+            **dict(RUN, learning_rate=1e30, optimizer="sgd", train_steps=8, export=False),
+        )
     )
     summary = train.run(config)
     assert summary["skipped_updates"] > 0
@@ -138,11 +159,23 @@ def test_skip_non_finite_counts_skipped_updates(small_dataset, tmp_path):
     [
         (["--model=resnet5"], {}, "--model='resnet5' is unknown; choose from"),
         (["--strategy=ring"], {}, "--strategy='ring' is unknown; choose from auto, default"),
-        (["--global_batch_size=10", "--grad_accum_steps=3"], {}, "does not divide by --grad_accum_steps=3"),
-        (["--strategy=mirrored", "--logical_cpu_devices=2", "--global_batch_size=15"], {}, "does not divide by 2 replicas"),
+        (
+            ["--global_batch_size=10", "--grad_accum_steps=3"],
+            {},
+            "does not divide by --grad_accum_steps=3",
+        ),
+        (
+            ["--strategy=mirrored", "--logical_cpu_devices=2", "--global_batch_size=15"],
+            {},
+            "does not divide by 2 replicas",
+        ),
         (["--data_dir=/nonexistent/data"], {}, "--data_dir=/nonexistent/data is not a directory"),
         (["--data_dir={empty}"], {}, "holds no train-* shards"),
-        (["--strategy=multi_worker_mirrored"], {"TF_CONFIG": "{not json"}, "TF_CONFIG is malformed"),
+        (
+            ["--strategy=multi_worker_mirrored"],
+            {"TF_CONFIG": "{not json"},
+            "TF_CONFIG is malformed",
+        ),
         (["--strategy=horovod"], {}, "--strategy=horovod must run under horovodrun"),
         (["--model_dir=/proc/tfgpu-run"], {}, "--model_dir=/proc/tfgpu-run is not writable"),
     ],
@@ -162,7 +195,7 @@ def test_bad_flags_and_environment_are_one_clear_line(flags, env, expected, tmp_
 
 
 def _copy_dataset(src, dst):
-    import shutil  # noqa: PLC0415
+    import shutil
 
     shutil.copytree(src, dst)
     return str(dst)
@@ -173,12 +206,14 @@ def test_label_out_of_range_is_one_clear_line(small_dataset, tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err[-2000:]
     lines = [line for line in err.splitlines() if line.startswith("tfgpu: error:")]
-    assert len(lines) == 1 and "outside [0, 2)" in lines[0] and "--num_classes" in lines[0], err[-2000:]
+    assert len(lines) == 1 and "outside [0, 2)" in lines[0] and "--num_classes" in lines[0], err[
+        -2000:
+    ]
     assert "Traceback" not in err
 
 
 def test_dataset_info_that_disagrees_with_the_shards_is_named(small_dataset, tmp_path):
-    from tfgpu.data_sources import DataError, load_data_spec  # noqa: PLC0415
+    from tfgpu.data_sources import DataError, load_data_spec
 
     data = _copy_dataset(small_dataset, tmp_path / "data")
     info_path = os.path.join(data, "dataset_info.json")
@@ -190,15 +225,19 @@ def test_dataset_info_that_disagrees_with_the_shards_is_named(small_dataset, tmp
 
 
 def test_empty_train_split_is_an_error(tmp_path):
-    from tfgpu import convert  # noqa: PLC0415
-    from tfgpu.data_sources import DataError, load_data_spec  # noqa: PLC0415
+    from tfgpu import convert
+    from tfgpu.data_sources import DataError, load_data_spec
 
-    convert.write_dataset({"train": [], "validation": []}, ["a"], str(tmp_path), "t", {"train": 1, "validation": 1})
+    convert.write_dataset(
+        {"train": [], "validation": []}, ["a"], str(tmp_path), "t", {"train": 1, "validation": 1}
+    )
     with pytest.raises(DataError, match="the train split holds no examples"):
         load_data_spec(str(tmp_path))
 
 
-def test_a_failed_checkpoint_write_is_loud_and_the_final_one_is_an_error(small_dataset, tmp_path, monkeypatch, capsys):
+def test_a_failed_checkpoint_write_is_loud_and_the_final_one_is_an_error(
+    small_dataset, tmp_path, monkeypatch, capsys
+):
     real_save = tf.train.CheckpointManager.save
     calls = []
 
@@ -209,8 +248,14 @@ def test_a_failed_checkpoint_write_is_loud_and_the_final_one_is_an_error(small_d
         return real_save(self, *args, **kwargs)
 
     monkeypatch.setattr(tf.train.CheckpointManager, "save", disk_full)
-    config = validate(Config(data_dir=small_dataset, model_dir=str(tmp_path), strategy="default",
-                             **dict(RUN, train_steps=20, checkpoint_every_steps=8)))
+    config = validate(
+        Config(
+            data_dir=small_dataset,
+            model_dir=str(tmp_path),
+            strategy="default",
+            **dict(RUN, train_steps=20, checkpoint_every_steps=8),
+        )
+    )
     with pytest.raises(train.CheckpointError, match="No space left on device"):
         train.run(config)
     assert "checkpoint at step 8 failed" in capsys.readouterr().err

@@ -45,7 +45,7 @@ def cache_dir() -> str:
 
 
 def _digit_images() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits  # noqa: PLC0415 - only the demo needs sklearn
+    from sklearn.datasets import load_digits
 
     digits = load_digits()
     pixels = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)

@@ -200,7 +200,8 @@ class StrategyBackend:
         return self.strategy.scope()
 
     def distribute_dataset(self, make_dataset):
-        """``make_dataset(InputShard) -> tf.data.Dataset`` of per-replica batches, one per worker."""
+        """``make_dataset(InputShard) -> tf.data.Dataset`` of per-replica batches, called once
+        per worker."""
 
         def fn(ctx: tf.distribute.InputContext):
             return make_dataset(InputShard(ctx.num_input_pipelines, ctx.input_pipeline_id))

@@ -87,6 +87,7 @@ HELP = {
     "export": "At the end, export the model as .keras and as a SavedModel taking uint8 images.",
 }
 
+
 def define_flags(flag_values=flags.FLAGS) -> None:
     """Defines one absl flag per Config field in ``flag_values`` (idempotent)."""
     for field in dataclasses.fields(Config):

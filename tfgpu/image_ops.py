@@ -42,32 +42,30 @@ def center_crop_window(shape, crop_fraction: float):
     return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
 
 
-def _tail_has(encoded, marker: bytes, tail: int = 16):
-    """True if ``marker`` occurs in the last ``tail`` bytes (trailing padding is common)."""
-    length = tf.strings.length(encoded)
-    end = tf.strings.substr(encoded, tf.maximum(length - tail, 0), tail)
-    raw = tf.cast(tf.io.decode_raw(end, tf.uint8), tf.int32)
-    n = tf.shape(raw)[0] - len(marker) + 1
-    hits = tf.ones([tf.maximum(n, 0)], tf.bool)
-    for i, byte in enumerate(marker):
-        hits &= raw[i : i + tf.maximum(n, 0)] == byte
-    return tf.reduce_any(hits)
+def _tail_has(tail, marker: bytes):
+    """True if ``marker`` occurs in the string ``tail`` (a few bytes: trailing padding is
+    common). String ops on the short tail: a handful of ops (the byte-array version cost
+    ~0.05 ms an image, 5% of a decode)."""
+    n = tf.maximum(tf.strings.length(tail) - len(marker) + 1, 0)
+    windows = tf.strings.substr(tf.fill([n], tail), tf.range(n), tf.fill([n], len(marker)))
+    return tf.reduce_any(tf.equal(windows, marker))
 
 
 def looks_whole(encoded: tf.Tensor) -> tf.Tensor:
     """A cheap check that an encoded image is not cut short or garbage.
 
-    JPEG must start with SOI and hold its EOI marker near the end, PNG its IEND chunk; GIF
-    and BMP are checked by magic only. An image that passes and still fails to decode (a
+    JPEG must start with SOI and hold its EOI marker in its last 16 bytes, PNG its IEND chunk;
+    GIF and BMP are checked by magic only. An image that passes and still fails to decode (a
     broken header) stops the pipeline with TensorFlow's error.
     """
     head = tf.strings.substr(encoded, 0, 4)
+    tail = tf.strings.substr(encoded, tf.maximum(tf.strings.length(encoded) - 16, 0), 16)
     jpeg = tf.strings.substr(head, 0, 3) == b"\xff\xd8\xff"
     png = head == b"\x89PNG"
     other = tf.logical_or(
         tf.strings.substr(head, 0, 3) == b"GIF", tf.strings.substr(head, 0, 2) == b"BM"
     )
-    return (jpeg & _tail_has(encoded, b"\xff\xd9")) | (png & _tail_has(encoded, b"IEND")) | other
+    return (jpeg & _tail_has(tail, b"\xff\xd9")) | (png & _tail_has(tail, b"IEND")) | other
 
 
 def decode_crop(encoded: tf.Tensor, crop_window_fn) -> tf.Tensor:

@@ -4,8 +4,9 @@ machine, each with its TF_CONFIG filled in (what torchrun is to PyTorch).
 Each worker's output is prefixed with ``[worker i]``. When one worker fails, the others are
 stopped after ``--grace_s`` seconds (their collectives would time out anyway), and the launcher
 exits with the first failing worker's code (128 + N for a worker killed by signal N;
-``python -m tfgpu.main`` exits with 5 when it lost contact with another worker). For several machines, set TF_CONFIG on each node
-yourself (README) and run ``python -m tfgpu.main --strategy=multi_worker_mirrored``.
+``python -m tfgpu.main`` exits with 5 when it lost contact with another worker). For several
+machines, set TF_CONFIG on each node yourself (README) and run
+``python -m tfgpu.main --strategy=multi_worker_mirrored``.
 """
 
 import json

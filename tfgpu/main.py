@@ -9,12 +9,12 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags, logging
 
-from tfgpu import demo  # noqa: E402
-from tfgpu.config import ConfigError, validate  # noqa: E402
-from tfgpu.flags import config_from_flags, define_flags  # noqa: E402
-from tfgpu.results import default_model_dir  # noqa: E402
+from tfgpu import demo
+from tfgpu.config import ConfigError, validate
+from tfgpu.flags import config_from_flags, define_flags
+from tfgpu.results import default_model_dir
 
 EXIT_USAGE = 2
 EXIT_NON_FINITE = 3
@@ -51,13 +51,13 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.WARNING)  # tf.distribute logs every reduction at INFO
     # Imported here so that --help and flag errors do not wait for TensorFlow.
-    from tfgpu import train  # noqa: PLC0415
-    from tfgpu.distribute import DistributeError, lost_worker_message  # noqa: PLC0415
-    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow as tf
 
-    from tfgpu.data_sources import LABEL_ERROR, DataError  # noqa: PLC0415
-    from tfgpu.step import NonFiniteLoss  # noqa: PLC0415
-    from tfgpu.train import CheckpointError, Preempted  # noqa: PLC0415
+    from tfgpu import train
+    from tfgpu.data_sources import LABEL_ERROR, DataError
+    from tfgpu.distribute import DistributeError, lost_worker_message
+    from tfgpu.faults import CheckpointError, Preempted
+    from tfgpu.step import NonFiniteLoss
 
     try:
         config = make_config()
@@ -74,7 +74,10 @@ def main(argv):
         if LABEL_ERROR not in err.message:
             raise
         detail = err.message.split(LABEL_ERROR, 1)[1].split("\n")[0].replace("] [", " ")
-        print(f"tfgpu: error:{detail.rstrip(']')}; check --num_classes and --label_offset", file=sys.stderr)
+        print(
+            f"tfgpu: error:{detail.rstrip(']')}; check --num_classes and --label_offset",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     except CheckpointError as err:
         print(f"tfgpu: error: {err}", file=sys.stderr)

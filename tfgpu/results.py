@@ -32,7 +32,9 @@ class RunWriter:
         if is_chief:
             os.makedirs(model_dir, exist_ok=True)
             tb = os.path.join(model_dir, "tensorboard")
-            self._tb = {s: tf.summary.create_file_writer(os.path.join(tb, s)) for s in ("train", "eval")}
+            self._tb = {
+                s: tf.summary.create_file_writer(os.path.join(tb, s)) for s in ("train", "eval")
+            }
 
     def info(self, line: str) -> None:
         if self.is_chief:
@@ -40,7 +42,9 @@ class RunWriter:
 
     def write_config(self, config, backend) -> None:
         if self.is_chief:
-            resolved = dict(config.to_dict(), strategy=backend.name, num_replicas=backend.num_replicas)
+            resolved = dict(
+                config.to_dict(), strategy=backend.name, num_replicas=backend.num_replicas
+            )
             _atomic_json(os.path.join(self.model_dir, "config.json"), resolved)
 
     def _append(self, record: dict, split: str) -> None:

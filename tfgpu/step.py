@@ -116,7 +116,9 @@ class TrainStep:
             scaled = loss * self.loss_scale.scale if self.loss_scale else loss
         grads = tape.gradient(scaled, self.model.trainable_variables)
         hard = labels if labels.dtype.is_integer else tf.argmax(labels, -1, tf.int32)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, tf.int32), hard), tf.float32))
+        correct = tf.reduce_sum(
+            tf.cast(tf.equal(tf.argmax(logits, -1, tf.int32), hard), tf.float32)
+        )
         return [tf.cast(g, tf.float32) for g in grads], loss, correct
 
     def replica_step(self, batch: dict):
@@ -127,7 +129,10 @@ class TrainStep:
         images, labels = self.preprocess_fn(batch)
         k = self.grad_accum_steps
         micro = tf.shape(labels)[0] // k
-        grads = [tf.zeros_like(v.value if hasattr(v, "value") else v) for v in self.model.trainable_variables]
+        grads = [
+            tf.zeros_like(v.value if hasattr(v, "value") else v)
+            for v in self.model.trainable_variables
+        ]
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
         # k == 1 runs without a loop: XLA on CPU runs convolutions inside a while loop ~70x
         # slower (measured, bench/models.py); k > 1 is a tf.while_loop, traced once whatever k.
@@ -148,7 +153,9 @@ class TrainStep:
             "correct": correct_sum,
             "count": tf.cast(tf.shape(labels)[0], tf.float32),
             # Examples whose image was broken (weight 0: zero targets, no gradient).
-            "skipped": tf.reduce_sum(1.0 - batch["weight"]) if "weight" in batch else tf.constant(0.0),
+            "skipped": tf.reduce_sum(1.0 - batch["weight"])
+            if "weight" in batch
+            else tf.constant(0.0),
         }
         return grads, finite, metrics
 

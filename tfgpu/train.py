@@ -3,7 +3,6 @@
 import contextlib
 import hashlib
 import os
-import signal
 import sys
 import time
 
@@ -13,6 +12,7 @@ import tensorflow as tf
 
 from tfgpu import demo, distribute, input_pipeline, models, optim, preprocess
 from tfgpu.config import Config, ConfigError, per_replica_batch
+from tfgpu.faults import CheckpointError, Preempted, PreemptionGuard
 from tfgpu.results import RunWriter, export_model, format_progress
 from tfgpu.step import DynamicLossScale, NonFiniteLoss, TrainStep
 
@@ -25,7 +25,7 @@ def _set_determinism(config: Config) -> None:
 def set_op_determinism(enabled: bool) -> None:
     """Turns TensorFlow's process-wide op determinism on or off: a later run in the same
     process must not inherit it. TF exports only the 'on' switch; 'off' is internal."""
-    from tensorflow.python.framework import config as tf_config  # noqa: PLC0415
+    from tensorflow.python.framework import config as tf_config
 
     if enabled:
         tf.config.experimental.enable_op_determinism()
@@ -39,56 +39,19 @@ def _data(config: Config):
         classes = config.num_classes or 1000
         return input_pipeline.DataSpec("", classes, 0, (), (), 1_281_167, 0)
     if config.tfds_name:
-        return input_pipeline.load_tfds_spec(config.tfds_name, config.tfds_data_dir, config.num_classes)
+        return input_pipeline.load_tfds_spec(
+            config.tfds_name, config.tfds_data_dir, config.num_classes
+        )
     data_dir = os.path.expanduser(config.data_dir) if config.data_dir else demo.build_demo_dataset()
     return input_pipeline.load_data_spec(
         data_dir, config.num_classes, config.label_offset, config.skip_truncated_shards
     )
 
 
-class CheckpointError(RuntimeError):
-    """The final checkpoint could not be written."""
-
-
-class Preempted(Exception):
-    """The run was asked to stop (SIGTERM/SIGINT) and saved a checkpoint; run it again."""
-
-
-class PreemptionGuard:
-    """Turns SIGTERM and SIGINT into a flag the loop polls, so a pre-empted job saves a
-    checkpoint at the next loop boundary instead of dying mid-step."""
-
-    def __init__(self):
-        self.signal_name = ""
-        self._previous = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, frame):
-        del frame
-        if self.signal_name:  # a second signal: the user really wants out
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
-
-    def should_stop(self, backend) -> bool:
-        """True when this process, or any other worker, was signalled (workers agree, so
-        they all leave at the same step and no collective is left waiting)."""
-        stop = bool(self.signal_name)
-        if backend.num_workers > 1:
-            stop = backend.any_worker(stop)
-            self.signal_name = self.signal_name or ("a signal to another worker" if stop else "")
-        return stop
-
-
 def _new_window() -> dict:
-    return {"loss": 0.0, "correct": 0.0, "count": 0.0, "steps": 0.0, "skipped": 0.0, "updates": 0, "start": time.time()}
+    """Sums of one logging window's train metrics."""
+    sums = dict.fromkeys(("loss", "correct", "count", "steps", "skipped"), 0.0)
+    return dict(sums, updates=0, start=time.time())
 
 
 def weights_fingerprint(model: keras.Model) -> str:
@@ -153,10 +116,16 @@ class Trainer:
         c = self.config
         keras.mixed_precision.set_global_policy(c.dtype)
         with self.backend.scope():
-            self.model = models.build_model(c.model, self.spec.num_classes, c.image_size, c.small_input)
-            lr = optim.scaled_learning_rate(c.learning_rate, c.global_batch_size, c.scale_lr_with_batch)
+            self.model = models.build_model(
+                c.model, self.spec.num_classes, c.image_size, c.small_input
+            )
+            lr = optim.scaled_learning_rate(
+                c.learning_rate, c.global_batch_size, c.scale_lr_with_batch
+            )
             schedule = optim.WarmupDecay(lr, self.steps, c.warmup_steps, c.lr_schedule)
-            optimizer = optim.build_optimizer(c.optimizer, schedule, c.momentum, c.weight_decay, c.ema_decay)
+            optimizer = optim.build_optimizer(
+                c.optimizer, schedule, c.momentum, c.weight_decay, c.ema_decay
+            )
             loss_scale = DynamicLossScale() if c.dtype == "mixed_float16" else None
             self.step = TrainStep(
                 self.model,
@@ -202,19 +171,27 @@ class Trainer:
             message = f"checkpoint at step {int(self.global_step.numpy())} failed: {err}"
             if final:
                 raise CheckpointError(message) from None
-            print(f"tfgpu: WARNING: {message}; the previous checkpoint is kept", file=sys.stderr, flush=True)
+            print(
+                f"tfgpu: WARNING: {message}; the previous checkpoint is kept",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # --- datasets ---------------------------------------------------------------------
     def _train_iterator(self, start_step: int):
         c = self.config
         if c.synthetic_data:
-            make = lambda shard: input_pipeline.make_synthetic_dataset(  # noqa: E731
+            make = lambda shard: input_pipeline.make_synthetic_dataset(
                 self.replica_batch, c.image_size, self.spec.num_classes
             )
         else:
             pcfg = _pipeline_config(c)
-            make = lambda shard: input_pipeline.make_train_dataset(  # noqa: E731
-                self.spec, pcfg, shard, self.replica_batch, c.global_batch_size,
+            make = lambda shard: input_pipeline.make_train_dataset(
+                self.spec,
+                pcfg,
+                shard,
+                self.replica_batch,
+                c.global_batch_size,
                 start_index=start_step * c.global_batch_size,
             )
         return iter(self.backend.distribute_dataset(make))
@@ -260,10 +237,14 @@ class Trainer:
         @tf.function
         def eval_step(batch):
             def replica(batch):
-                logits = tf.cast(self.model(tf.cast(batch["image"], tf.float32), training=False), tf.float32)
+                logits = tf.cast(
+                    self.model(tf.cast(batch["image"], tf.float32), training=False), tf.float32
+                )
                 labels, weight = batch["label"], batch["weight"]
                 loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
-                top5 = tf.cast(tf.math.in_top_k(labels, logits, min(5, logits.shape[-1])), tf.float32)
+                top5 = tf.cast(
+                    tf.math.in_top_k(labels, logits, min(5, logits.shape[-1])), tf.float32
+                )
                 top1 = tf.cast(tf.equal(tf.argmax(logits, -1, tf.int32), labels), tf.float32)
                 return {
                     "loss": tf.reduce_sum(loss * weight),
@@ -284,7 +265,9 @@ class Trainer:
             yield
             return
         trained = [v.numpy() for v in self.optimizer._trainable_variables]
-        for var, average in zip(self.optimizer._trainable_variables, self.optimizer._model_variables_moving_average):
+        for var, average in zip(
+            self.optimizer._trainable_variables, self.optimizer._model_variables_moving_average
+        ):
             var.assign(average)
         try:
             yield
@@ -309,8 +292,12 @@ class Trainer:
             out = self.eval_step(next(iterator))
             sums = {k: sums[k] + float(out[k]) for k in sums}
         n = max(sums["count"], 1.0)
-        return {"loss": sums["loss"] / n, "top1": sums["top1"] / n, "top5": sums["top5"] / n,
-                "num_examples": int(sums["count"])}
+        return {
+            "loss": sums["loss"] / n,
+            "top1": sums["top1"] / n,
+            "top5": sums["top5"] / n,
+            "num_examples": int(sums["count"]),
+        }
 
     def _next_stop(self, step: int) -> int:
         """The next step at which something other than training happens."""
@@ -350,7 +337,9 @@ class Trainer:
                 self.save()
             if guard is not None and guard.should_stop(self.backend):
                 self.save()
-                raise Preempted(f"stopped by {guard.signal_name} at step {step}; checkpoint written")
+                raise Preempted(
+                    f"stopped by {guard.signal_name} at step {step}; checkpoint written"
+                )
         return {"images_per_sec": timed["images"] / timed["seconds"] if timed["seconds"] else None}
 
     def _log_window(self, step: int, window: dict, timed: dict) -> None:
@@ -373,7 +362,9 @@ class Trainer:
             "images_per_sec": images_per_sec,
             "skipped_records": int(window["skipped"]),
         }
-        self.writer.log_train(record, format_progress(record, self.steps, self.config.global_batch_size))
+        self.writer.log_train(
+            record, format_progress(record, self.steps, self.config.global_batch_size)
+        )
 
 
 def run(config: Config) -> dict:
@@ -422,5 +413,6 @@ def run(config: Config) -> dict:
     }
     writer.write_summary(summary)
     # Every worker says what it ended with: replicas that disagree are a bug, and visible.
-    print(f"worker {backend.worker_index}/{backend.num_workers} weights_sha256 {summary['weights_sha256']}", flush=True)
+    worker = f"{backend.worker_index}/{backend.num_workers}"
+    print(f"worker {worker} weights_sha256 {summary['weights_sha256']}", flush=True)
     return summary
