@@ -2,9 +2,11 @@
 
 Writes >= 1,000 ImageNet-like JPEGs (350-500 px, quality 90, smooth random fields with
 texture) once into a cache dir, as TFRecords and as an image folder, then measures in ONE
-run, round-robin (the machine is shared: ratios come from side-by-side rounds, best of each):
+run, round-robin (the machine is shared: ratios come from side-by-side rounds; the table gives
+medians over rounds and their range, and each tf contender's host CPU ms per image):
 
-  (a)  decode-only ceiling: parallel tf.io.decode_jpeg of whole images, same records
+  (a)  decode-only ceiling: parallel tf.io.decode_jpeg of whole images (default options), same
+       records, same reader and map parallelism and tf.data.Options as tfgpu
   tfgpu: input_pipeline.make_train_dataset (fused decode-and-crop, uint8 resize; flip and
        cast left to the accelerator); also --preprocess_on=host for comparison
   (b)  keras.utils.image_dataset_from_directory (224, flip, prefetch, repeat)
@@ -92,7 +94,9 @@ def tf_sources(tfr_dir: str, folder: str, batch: int) -> dict:
     cfg = ip.PipelineConfig(image_size=224, seed=0, shuffle_buffer=1024)
 
     def decode_only():
-        ds = tf.data.TFRecordDataset(list(spec.train_files), num_parallel_reads=8).repeat()
+        ds = tf.data.TFRecordDataset(
+            list(spec.train_files), num_parallel_reads=cfg.cycle_length
+        ).repeat()
         # Whole-image decodes; only their shapes are batched (a ceiling: no copy, no resize).
         decode = lambda r: tf.io.decode_jpeg(records.parse_example(r)["encoded"], channels=3)  # noqa: E731
         ds = ds.map(
@@ -100,7 +104,8 @@ def tf_sources(tfr_dir: str, folder: str, batch: int) -> dict:
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=False,
         )
-        return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
+        ds = ds.batch(batch).prefetch(tf.data.AUTOTUNE)
+        return ds.with_options(ip.dataset_options(False, cfg.threadpool_size, cfg.ram_budget_mb))
 
     def keras_folder():
         ds = keras.utils.image_dataset_from_directory(
@@ -124,18 +129,26 @@ def tf_sources(tfr_dir: str, folder: str, batch: int) -> dict:
     }
 
 
-def time_tf(make, seconds: float) -> float:
-    """Images/s of a fresh pipeline of batches, timed after a warm-up of a few batches."""
+WARMUP_BATCHES = 3  # excluded from timing, the same for every contender (torch too)
+
+
+def time_tf(make, seconds: float) -> tuple[float, float]:
+    """(images/s, host CPU ms per image) of a fresh pipeline of batches, after the warm-up.
+
+    CPU time (all threads of this process) is the steadier number on a shared machine: other
+    tenants slow the wall clock, not the work each image costs.
+    """
     iterator = iter(make())
     first = next(iterator)
     per_batch = int(first[0].shape[0] if isinstance(first, tuple) else first["image"].shape[0])
-    for _ in range(3):
+    for _ in range(WARMUP_BATCHES - 1):
         next(iterator)
     count = max(1, int(seconds * 1000 / per_batch))
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     for _ in range(count):
         next(iterator)
-    return count * per_batch / (time.perf_counter() - start)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return count * per_batch / wall, cpu / (count * per_batch) * 1e3
 
 
 TORCH_SCRIPT = r"""
@@ -150,7 +163,7 @@ def batches():
     while True:
         yield from loader
 it = batches()
-for _ in range(3): next(it)
+for _ in range(int(sys.argv[4])): next(it)
 count = max(1, int(seconds * 1000 / batch))
 start = time.perf_counter()
 for _ in range(count): x, y = next(it); assert x.dtype == torch.uint8
@@ -160,7 +173,7 @@ print(json.dumps(count * batch / (time.perf_counter() - start)))
 
 def time_torch(python: str, folder: str, batch: int, seconds: float) -> float:
     out = subprocess.run(
-        [python, "-c", TORCH_SCRIPT, folder, str(batch), str(seconds)],
+        [python, "-c", TORCH_SCRIPT, folder, str(batch), str(seconds), str(WARMUP_BATCHES)],
         capture_output=True,
         text=True,
         check=True,
@@ -175,13 +188,23 @@ def torch_available(python: str) -> bool:
     return probe.returncode == 0
 
 
-def print_table(best: dict) -> None:
-    ceiling = best["(a) decode-only ceiling"]
-    ours = best["tfgpu (flip+cast on device)"]
-    print(f"\n| pipeline | images/s | x (a) | tfgpu x this |\n|---|---:|---:|---:|")
-    for name, rate in best.items():
-        vs = f"{ours / rate:.2f}" if rate else "-"
-        print(f"| {name} | {rate:.0f} | {rate / ceiling:.2f} | {vs} |")
+def print_table(results: dict, cpu: dict, command: str) -> None:
+    """Median images/s per contender; ratios are medians of per-round ratios (each round runs
+    the contenders side by side), with their range over rounds."""
+    median = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    ceiling = results["(a) decode-only ceiling"]
+    ours = results["tfgpu (flip+cast on device)"]
+    print(f"\n`{command}`\n")
+    print(
+        "| pipeline | images/s (median) | host CPU ms/img | x (a) [range] | tfgpu x this [range] |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    for name, rates in results.items():
+        vs_a = [r / c for r, c in zip(rates, ceiling)]
+        ours_vs = [o / r for o, r in zip(ours, rates)]
+        cell = lambda v: f"{median(v):.2f} [{min(v):.2f}-{max(v):.2f}]"  # noqa: E731
+        ms = f"{median(cpu[name]):.2f}" if cpu.get(name) else "-"
+        print(f"| {name} | {median(rates):.0f} | {ms} | {cell(vs_a)} | {cell(ours_vs)} |")
 
 
 def main() -> None:
@@ -190,7 +213,7 @@ def main() -> None:
     parser.add_argument("--cache_dir", default=os.path.expanduser("~/.cache/tfgpu/bench_input"))
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--seconds", type=float, default=6.0, help="~ per measurement")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--torch_python", default="", help="a python with torch+torchvision")
     args = parser.parse_args()
     tfr, folder = build_data(args.cache_dir, args.num_images)
@@ -199,16 +222,19 @@ def main() -> None:
     if not use_torch:
         print("(c) skipped: no --torch_python with torch and torchvision")
     results = {name: [] for name in sources}
+    cpu = {name: [] for name in sources}
     if use_torch:
         results["(c) torch DataLoader + torchvision"] = []
     for r in range(args.rounds):
         for name, make in sources.items():
-            results[name].append(time_tf(make, args.seconds))
+            rate, ms = time_tf(make, args.seconds)
+            results[name].append(rate)
+            cpu[name].append(ms)
         if use_torch:
             name = "(c) torch DataLoader + torchvision"
             results[name].append(time_torch(args.torch_python, folder, args.batch, args.seconds))
         print(f"round {r + 1}: " + json.dumps({k: round(v[-1]) for k, v in results.items()}))
-    print_table({k: max(v) for k, v in results.items()})
+    print_table(results, cpu, "python " + " ".join(sys.argv))
 
 
 if __name__ == "__main__":

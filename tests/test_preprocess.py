@@ -36,6 +36,10 @@ def test_host_ops_eager_equal_tf_data():
     encoded = tf.io.encode_jpeg(image)
     _assert_same(*_eager_and_graph(image_ops.looks_whole, encoded))
     assert not image_ops.looks_whole(tf.strings.substr(encoded, 0, 100))
+    assert image_ops.looks_whole(encoded + b"\x00" * 9)  # padding after EOI is common
+    png = tf.io.encode_png(image)
+    assert image_ops.looks_whole(png)
+    assert not image_ops.looks_whole(tf.strings.substr(png, 0, 60))
 
 
 def test_mixing_draws_are_consistent():

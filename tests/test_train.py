@@ -38,6 +38,7 @@ def _config(data_dir, model_dir, **kw):
         checkpoint_every_steps=20,
         steps_per_loop=5,
         seed=1,
+        deterministic=True,  # the same data order and draws every run: no flaky "loss falls"
     )
     base.update(kw)
     return validate(Config(**base))
@@ -57,3 +58,10 @@ def test_short_run_writes_every_contract_file_and_learns(small_dataset, tmp_path
     assert summary["steps"] == 40 and summary["final_eval"]["top1"] > 0.5
     assert json.load(open(tmp_path / "summary.json"))["num_replicas"] == 1
     assert json.load(open(tmp_path / "config.json"))["model"] == "tiny_cnn"
+
+
+def test_evaluation_every_epoch(small_dataset, tmp_path):
+    # 96 train examples / 16 per update = 6 updates per epoch: evaluations at 6, 12 and the end.
+    train.run(_config(small_dataset, tmp_path, train_steps=14, eval_every_epochs=1.0, export=False))
+    evals = [r["step"] for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if r["split"] == "validation"]
+    assert evals == [6, 12, 14]

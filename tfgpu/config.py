@@ -81,6 +81,7 @@ class Config:
     # Bookkeeping.
     log_every_steps: int = 100
     eval_every_steps: int = 0
+    eval_every_epochs: float = 0.0
     checkpoint_every_steps: int = 1000
     keep_checkpoints: int = 3
     export: bool = True
@@ -128,6 +129,8 @@ def validate(config: Config) -> Config:
             "--deterministic and --jit_compile do not go together: XLA has no deterministic "
             "kernel for some gradients (MaxPool's), and TensorFlow refuses them"
         )
+    if config.eval_every_steps and config.eval_every_epochs:
+        raise ConfigError("set --eval_every_steps or --eval_every_epochs, not both")
     if config.train_steps and config.epochs:
         raise ConfigError("set --train_steps or --epochs, not both")
     if not 0 < config.crop_min_area <= 1 or not 0 < config.eval_crop_fraction <= 1:

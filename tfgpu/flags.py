@@ -82,6 +82,7 @@ HELP = {
     "hvd_compression": "horovod: none or fp16 compression of the gradient all-reduce.",
     "log_every_steps": "Print and log train metrics every N updates.",
     "eval_every_steps": "Evaluate every N updates (0: only at the end).",
+    "eval_every_epochs": "Evaluate every N passes over the train split (0: only at the end).",
     "checkpoint_every_steps": "Write a checkpoint every N updates (and always at the end).",
     "keep_checkpoints": "Checkpoints kept (the newest).",
     "export": "At the end, export the model as .keras and as a SavedModel taking uint8 images.",

@@ -103,6 +103,8 @@ class Trainer:
         self.skipped_records = 0
         self.spec = _data(config)
         self.steps = total_steps(config, self.spec.num_train)
+        steps_per_epoch = max(1, self.spec.num_train // config.global_batch_size)
+        self.eval_every = config.eval_every_steps or round(config.eval_every_epochs * steps_per_epoch)
         self.replica_batch = per_replica_batch(config, backend.num_replicas)
         self.eval_global = config.eval_batch_size or config.global_batch_size
         if self.eval_global % backend.num_replicas:
@@ -303,7 +305,7 @@ class Trainer:
         """The next step at which something other than training happens."""
         c = self.config
         stops = [self.steps, step + c.steps_per_loop]
-        for every in (c.log_every_steps, c.eval_every_steps, c.checkpoint_every_steps):
+        for every in (c.log_every_steps, self.eval_every, c.checkpoint_every_steps):
             if every:
                 stops.append((step // every + 1) * every)
         return min(stops)
@@ -331,7 +333,7 @@ class Trainer:
             if step % c.log_every_steps == 0 or step == self.steps:
                 self._log_window(step, window, timed)
                 window = _new_window()
-            if c.eval_every_steps and step % c.eval_every_steps == 0 and step < self.steps:
+            if self.eval_every and step % self.eval_every == 0 and step < self.steps:
                 self.writer.log_eval(step, self.evaluate())
             if step % c.checkpoint_every_steps == 0 and step < self.steps:
                 self.save()
