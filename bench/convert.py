@@ -193,7 +193,8 @@ def main() -> None:
     wall = max(rows["converter"]) / max(rows[best])
     cpu = min(costs["decode ceiling, tf.data"], costs["decode ceiling, PIL"]) / costs["converter"]
     print(
-        f"converter / ceiling: {wall:.2f} by wall clock (vs {best}), {cpu:.2f} by CPU cost; target >= 0.8"
+        f"converter / ceiling: {wall:.2f} by wall clock (vs {best}), "
+        f"{cpu:.2f} by CPU cost; target >= 0.8"
     )
 
 

@@ -5,6 +5,9 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # exact float sums for equivalence tests
 
+import shutil
+import sys
+
 import numpy as np
 import pytest
 
@@ -49,3 +52,32 @@ def small_dataset(tmp_path_factory) -> str:
         num_shards={"train": 4, "validation": 2},
     )
     return out
+
+
+def cli_flags(values: dict, **paths) -> list[str]:
+    """Config-style values (and paths such as data_dir=...) as tfgpu.main flags."""
+    out = [f"--{key}={value}" for key, value in paths.items()]
+    for key, value in values.items():
+        out.append(
+            f"--{key}" if value is True else f"--no{key}" if value is False else f"--{key}={value}"
+        )
+    return out
+
+
+@pytest.fixture
+def horovodrun_tfgpu() -> list[str]:
+    """The command prefix that runs tfgpu.main as 2 Horovod ranks on localhost (Gloo)."""
+    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable))
+    if horovodrun is None:
+        pytest.fail("horovodrun not found: run `make test` (it builds Horovod)")
+    return [
+        horovodrun,
+        "--gloo",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        sys.executable,
+        "-m",
+        "tfgpu.main",
+    ]

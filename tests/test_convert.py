@@ -56,7 +56,7 @@ def image_tree(tmp_path) -> str:
     """ROOT/<class>/... with 3 classes of 10 plain JPEGs, nested folders, hidden files and
     the bad and odd files of ``_bad_and_odd_files`` in class ``b``."""
     root = tmp_path / "in"
-    for c, name in enumerate(["a", "b", "çlass ç"]):
+    for name in ["a", "b", "çlass ç"]:
         for i in range(10):
             folder = root / name / ("deep/er" if i % 3 == 0 else "")
             folder.mkdir(parents=True, exist_ok=True)

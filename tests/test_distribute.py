@@ -4,7 +4,6 @@ mid-training: the survivor stops with one clear line in bounded time, and a reru
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -12,6 +11,7 @@ import time
 
 import psutil
 import pytest
+from conftest import cli_flags
 import tensorflow as tf
 
 from tfgpu import distribute, launch
@@ -149,12 +149,7 @@ def test_lost_worker_message_only_for_lost_peers(clean_env):
 
 
 def _flags(data_dir, model_dir, strategy):
-    out = [f"--data_dir={data_dir}", f"--model_dir={model_dir}", f"--strategy={strategy}"]
-    for key, value in RUN.items():
-        out.append(
-            f"--{key}" if value is True else f"--no{key}" if value is False else f"--{key}={value}"
-        )
-    return out
+    return cli_flags(RUN, data_dir=data_dir, model_dir=model_dir, strategy=strategy)
 
 
 class Output:
@@ -245,21 +240,10 @@ def _rank_process(horovodrun: subprocess.Popen, rank: int) -> psutil.Process:
     raise AssertionError(f"no process of rank {rank}")
 
 
-def test_horovod_survivor_stops_with_clear_error_then_resumes(small_dataset, tmp_path):
-    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable))
-    if horovodrun is None:
-        pytest.fail("horovodrun not found: run `make test` (it builds Horovod)")
-    cmd = [
-        horovodrun,
-        "--gloo",
-        "-np",
-        "2",
-        "-H",
-        "localhost:2",
-        sys.executable,
-        "-m",
-        "tfgpu.main",
-    ]
+def test_horovod_survivor_stops_with_clear_error_then_resumes(
+    small_dataset, tmp_path, horovodrun_tfgpu
+):
+    cmd = list(horovodrun_tfgpu)
     cmd += _flags(small_dataset, tmp_path, "horovod")
     proc = _popen(cmd)
     output = Output(proc)

@@ -4,13 +4,13 @@ weights (to float rounding), and there is one gradient all-reduce per update."""
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import h5py
 import numpy as np
 import pytest
+from conftest import cli_flags
 
 from tfgpu import train
 from tfgpu.config import Config, validate
@@ -57,12 +57,7 @@ def _in_process(data_dir, model_dir, **kw):
 
 
 def _cli_flags(data_dir, model_dir, strategy):
-    flags = [f"--data_dir={data_dir}", f"--model_dir={model_dir}", f"--strategy={strategy}"]
-    for key, value in FLAGS.items():
-        flags.append(
-            f"--{key}" if value is True else f"--no{key}" if value is False else f"--{key}={value}"
-        )
-    return flags
+    return cli_flags(FLAGS, data_dir=data_dir, model_dir=model_dir, strategy=strategy)
 
 
 def _fingerprints(output: str, workers: int = 2) -> set:
@@ -109,21 +104,8 @@ def test_multi_worker_two_processes_equals_default(small_dataset, reference, tmp
         assert json.load(f)["gradient_all_reduces"] == STEPS  # one per update, across processes
 
 
-def test_horovod_two_ranks_equals_default(small_dataset, reference, tmp_path):
-    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable))
-    if horovodrun is None:
-        pytest.fail("horovodrun not found: run `make test` (it builds Horovod)")
-    cmd = [
-        horovodrun,
-        "--gloo",
-        "-np",
-        "2",
-        "-H",
-        "localhost:2",
-        sys.executable,
-        "-m",
-        "tfgpu.main",
-    ]
+def test_horovod_two_ranks_equals_default(small_dataset, reference, tmp_path, horovodrun_tfgpu):
+    cmd = list(horovodrun_tfgpu)
     cmd += _cli_flags(small_dataset, tmp_path, "horovod")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

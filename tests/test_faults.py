@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import cli_flags
 import tensorflow as tf
 
 from tfgpu import train
@@ -36,12 +37,7 @@ RUN = dict(
 
 def _flags(data_dir, model_dir, **overrides):
     values = dict(RUN, **overrides)
-    out = [f"--data_dir={data_dir}", f"--model_dir={model_dir}", "--strategy=default"]
-    for key, value in values.items():
-        out.append(
-            f"--{key}" if value is True else f"--no{key}" if value is False else f"--{key}={value}"
-        )
-    return out
+    return cli_flags(values, data_dir=data_dir, model_dir=model_dir, strategy="default")
 
 
 def _start(flags, **env):

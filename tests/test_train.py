@@ -63,5 +63,9 @@ def test_short_run_writes_every_contract_file_and_learns(small_dataset, tmp_path
 def test_evaluation_every_epoch(small_dataset, tmp_path):
     # 96 train examples / 16 per update = 6 updates per epoch: evaluations at 6, 12 and the end.
     train.run(_config(small_dataset, tmp_path, train_steps=14, eval_every_epochs=1.0, export=False))
-    evals = [r["step"] for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if r["split"] == "validation"]
+    evals = [
+        r["step"]
+        for r in map(json.loads, open(tmp_path / "metrics.jsonl"))
+        if r["split"] == "validation"
+    ]
     assert evals == [6, 12, 14]

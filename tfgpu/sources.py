@@ -156,7 +156,7 @@ def hdf5_source(
     if top >= len(names):
         raise ConvertError(f"{path}: label {top} but only {len(names)} class_names")
     splits = {}
-    for split, (key, labels, row_bytes) in arrays.items():
+    for split, (key, labels, _row_bytes) in arrays.items():
         items = [Item(ArrayRow(path, key, i), int(y), f"{key}[{i}]") for i, y in enumerate(labels)]
         splits[split] = items
     if "" in splits:

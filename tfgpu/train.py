@@ -104,7 +104,8 @@ class Trainer:
         self.spec = _data(config)
         self.steps = total_steps(config, self.spec.num_train)
         steps_per_epoch = max(1, self.spec.num_train // config.global_batch_size)
-        self.eval_every = config.eval_every_steps or round(config.eval_every_epochs * steps_per_epoch)
+        epochs_between_evals = config.eval_every_epochs * steps_per_epoch
+        self.eval_every = config.eval_every_steps or round(epochs_between_evals)
         self.replica_batch = per_replica_batch(config, backend.num_replicas)
         self.eval_global = config.eval_batch_size or config.global_batch_size
         if self.eval_global % backend.num_replicas:
