@@ -8,7 +8,9 @@ medians over rounds and their range, and each tf contender's host CPU ms per ima
   (a)  decode-only ceiling: parallel tf.io.decode_jpeg of whole images (default options), same
        records, same reader and map parallelism and tf.data.Options as tfgpu
   tfgpu: input_pipeline.make_train_dataset (fused decode-and-crop, uint8 resize; flip and
-       cast left to the accelerator); also --preprocess_on=host for comparison
+       cast left to the accelerator); also --preprocess_on=host for comparison, and
+       --resize_on=device (the host hands over un-resized crops: flat uint8 + sizes, resized
+       on the accelerator; images/s counted the same way, per example handed over)
   (b)  keras.utils.image_dataset_from_directory (224, flip, prefetch, repeat)
   (c)  PyTorch DataLoader + torchvision ImageFolder, RandomResizedCrop(224), flip, uint8,
        num_workers = cores; run with --torch_python (a venv with torch); skipped otherwise
@@ -117,14 +119,17 @@ def tf_sources(tfr_dir: str, folder: str, batch: int) -> dict:
         )
         return ds.prefetch(tf.data.AUTOTUNE).repeat()
 
-    def tfgpu(preprocess_on):
-        c = ip.PipelineConfig(**{**cfg.__dict__, "preprocess_on": preprocess_on})
+    def tfgpu(preprocess_on, resize_on="host"):
+        c = ip.PipelineConfig(
+            **{**cfg.__dict__, "preprocess_on": preprocess_on, "resize_on": resize_on}
+        )
         return lambda: ip.make_train_dataset(spec, c, InputShard(1, 0), batch, batch)
 
     return {
         "(a) decode-only ceiling": decode_only,
         "tfgpu (flip+cast on device)": tfgpu("device"),
         "tfgpu --preprocess_on=host": tfgpu("host"),
+        "tfgpu, resize on device": tfgpu("device", "device"),
         "(b) keras image_dataset_from_directory": keras_folder,
     }
 
@@ -140,7 +145,7 @@ def time_tf(make, seconds: float) -> tuple[float, float]:
     """
     iterator = iter(make())
     first = next(iterator)
-    per_batch = int(first[0].shape[0] if isinstance(first, tuple) else first["image"].shape[0])
+    per_batch = int(first[0].shape[0] if isinstance(first, tuple) else first["label"].shape[0])
     for _ in range(WARMUP_BATCHES - 1):
         next(iterator)
     count = max(1, int(seconds * 1000 / per_batch))
@@ -235,6 +240,17 @@ def main() -> None:
             results[name].append(time_torch(args.torch_python, folder, args.batch, args.seconds))
         print(f"round {r + 1}: " + json.dumps({k: round(v[-1]) for k, v in results.items()}))
     print_table(results, cpu, "python " + " ".join(sys.argv))
+    print_handover_bytes(sources["tfgpu, resize on device"])
+
+
+def print_handover_bytes(make, num_batches: int = 8) -> None:
+    """Host-to-device bytes per image of --resize_on=device, against uint8 224x224x3."""
+    sizes = [b["pixels"].shape[0] / b["label"].shape[0] for b in make().take(num_batches)]
+    print(
+        f"\nresize on device: {np.mean(sizes):,.0f} bytes/image handed over "
+        f"({np.mean(sizes) / (224 * 224 * 3):.2f}x uint8 224x224x3, "
+        f"{np.mean(sizes) / (224 * 224 * 3 * 4):.2f}x float32)"
+    )
 
 
 if __name__ == "__main__":

@@ -96,3 +96,66 @@ def test_pair_swap_and_flip():
     eager, graph = _eager_and_graph(preprocess.apply_flip, images, flip)
     _assert_same(eager, graph)
     np.testing.assert_array_equal(eager[0], images.numpy()[0, :, ::-1])
+
+
+def _crops(shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in shapes]
+
+
+def _flat(crops):
+    pixels = tf.constant(np.concatenate([c.ravel() for c in crops]))
+    return pixels, tf.constant([c.shape[:2] for c in crops], tf.int32)
+
+
+def test_resize_flat_equals_tf_image_resize_eagerly_and_in_tf_data():
+    crops = _crops([(30, 50), (7, 3), (1, 1), (100, 64), (16, 16), (17, 250)])
+    pixels, sizes = _flat(crops)
+    eager, graph = _eager_and_graph(lambda p, s: preprocess.resize_flat(p, s, 16), pixels, sizes)
+    _assert_same(eager, graph)
+    assert eager.shape == (len(crops), 16, 16, 3) and eager.dtype == tf.float32
+    for image, crop in zip(eager.numpy(), crops):
+        np.testing.assert_allclose(image, tf.image.resize(crop, [16, 16]).numpy(), atol=1e-3)
+        host = image_ops.resize_uint8(tf.constant(crop), 16).numpy()  # rounded to uint8
+        assert np.abs(image - host).max() <= 0.5 + 1e-3
+
+
+def test_resize_flat_does_not_depend_on_the_batch():
+    crops = _crops([(30, 50), (9, 40), (64, 12), (5, 5)], seed=1)
+    whole = preprocess.resize_flat(*_flat(crops), 8).numpy()
+    halves = [preprocess.resize_flat(*_flat(crops[i : i + 2]), 8).numpy() for i in (0, 2)]
+    np.testing.assert_array_equal(np.concatenate(halves), whole)
+
+
+DEVICE_RESIZE = ip.PipelineConfig(**{**MIX.__dict__, "resize_on": "device"})
+
+
+def test_resize_on_device_batches_and_equals_host_resize(small_dataset):
+    spec = ip.load_data_spec(small_dataset)
+    ds = ip.make_train_dataset(spec, DEVICE_RESIZE, InputShard(1, 0), 8, 8)
+    batch = next(iter(ds))
+    assert "image" not in batch and batch["pixels"].dtype == tf.uint8
+    assert batch["pixels"].shape.rank == 1 and batch["sizes"].shape == (8, 2)
+    assert batch["pixels"].shape[0] == 3 * int(tf.reduce_sum(tf.reduce_prod(batch["sizes"], 1)))
+    images, targets = preprocess.device_fn(4, DEVICE_RESIZE)(batch)
+    assert images.shape == (8, 32, 32, 3) and images.dtype == tf.float32
+    host_images, host_targets = preprocess.device_fn(4, MIX)(_batch(spec, InputShard(1, 0), 8, 8))
+    # Same crops, flips and mixing; the host rounds its resize to uint8 (MixUp blends two).
+    assert np.abs(images.numpy() - host_images.numpy()).max() <= 1.0 + 1e-3
+    _assert_same(targets, host_targets)
+    # Inside tf.data (--preprocess_on=host with the resize on "device") gives the same.
+    both_host = ip.PipelineConfig(**{**DEVICE_RESIZE.__dict__, "preprocess_on": "host"})
+    host_batch = next(iter(ip.make_train_dataset(spec, both_host, InputShard(1, 0), 8, 8)))
+    np.testing.assert_allclose(host_batch["image"].numpy(), images.numpy(), atol=1e-4)
+
+
+def test_resize_on_device_does_not_depend_on_the_split(small_dataset):
+    spec = ip.load_data_spec(small_dataset)
+    fn = preprocess.device_fn(4, DEVICE_RESIZE)
+    make = lambda shard, b: next(iter(ip.make_train_dataset(spec, DEVICE_RESIZE, shard, b, 8)))
+    whole = fn(make(InputShard(1, 0), 8))
+    halves = [fn(make(InputShard(2, i), 4)) for i in range(2)]
+    for k in range(2):
+        np.testing.assert_allclose(
+            np.concatenate([h[k].numpy() for h in halves]), whole[k].numpy(), rtol=1e-6
+        )

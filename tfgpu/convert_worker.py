@@ -71,15 +71,12 @@ def encode_image(source, jpeg_quality: int = 95, lossless: bool = False, max_sid
     elif not data:
         raise BadImage("empty file")
     elif data[:3] == _JPEG_MAGIC:
-        try:
-            # A full decode, minus the YCbCr -> RGB conversion: verifying needs no colours.
-            image = _decode(data, ycbcr=True)
-        except BadImage:
-            image = _decode(data, ycbcr=False)  # e.g. Adobe RGB JPEGs refuse YCbCr output
-        if image.mode in ("YCbCr", "RGB") and not _too_big(image, max_side):
-            return bytes(data), "JPEG", image.height, image.width
+        mode, height, width = _verify_jpeg(data)
+        if mode == "RGB" and (max_side <= 0 or max(height, width) <= max_side):
+            return bytes(data), "JPEG", height, width
+        image = _decode(data)  # grayscale, CMYK or too big: re-encoded below
     else:
-        image = _decode(data, ycbcr=False)
+        image = _decode(data)
     try:
         return _reencode(image, jpeg_quality, lossless, max_side)
     except Exception as err:  # noqa: BLE001 - an odd mode PIL cannot convert: skip, go on
@@ -98,11 +95,31 @@ def _reencode(image: Image.Image, jpeg_quality: int, lossless: bool, max_side: i
     return out.getvalue(), "PNG" if lossless else "JPEG", image.height, image.width
 
 
-def _decode(data: bytes, ycbcr: bool) -> Image.Image:
+def _verify_jpeg(data: bytes) -> tuple[str, int, int]:
+    """(mode, height, width) of a JPEG that decodes; raises BadImage otherwise.
+
+    It decodes at 1/8 scale (libjpeg's DCT scaling): the entropy decoder still walks every
+    coefficient of every block, which is where truncated or corrupt data fails, but the
+    full-size inverse DCT and colour conversion, which cannot fail on well-formed
+    coefficients, are skipped. That makes the check ~40% cheaper than a full decode
+    (0.60 against 0.95-1.0 CPU ms on 350-500 px JPEGs) and catches the same files (tests).
+    """
     try:
         image = Image.open(io.BytesIO(data))
-        if ycbcr:
-            image.draft("YCbCr", image.size)  # a no-op unless the JPEG is colour
+        mode, (width, height) = image.mode, image.size
+        image.draft(mode, (max(1, width // 8), max(1, height // 8)))
+        image.load()
+    except UnidentifiedImageError:
+        raise BadImage("not an image (unknown format)") from None
+    except Exception as err:  # noqa: BLE001 - PIL raises many types for bad data
+        raise BadImage(f"cannot decode: {err}") from None
+    return mode, height, width
+
+
+def _decode(data: bytes) -> Image.Image:
+    """A fully decoded image, or BadImage with the reason."""
+    try:
+        image = Image.open(io.BytesIO(data))
         image.load()  # decodes fully: truncated or corrupt data fails here
         return image
     except UnidentifiedImageError:

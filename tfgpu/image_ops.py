@@ -107,6 +107,22 @@ def decode_window_resized(encoded, crop_window_fn, image_size: int):
     return image, valid
 
 
+def decode_window_flat(encoded, crop_window_fn):
+    """For ``--resize_on=device``: (flat uint8 pixels [h*w*3] of the crop window, size [2]
+    int32 (h, w), valid) of one encoded image, un-resized; a broken one gives one black pixel.
+
+    Flat, so that a batch is one ragged row per example (``Dataset.ragged_batch``); the device
+    resizes it (``preprocess.resize_flat``).
+    """
+    valid = looks_whole(encoded)
+    image = tf.cond(
+        valid,
+        lambda: decode_crop(encoded, crop_window_fn),
+        lambda: tf.zeros([1, 1, 3], tf.uint8),
+    )
+    return tf.reshape(image, [-1]), tf.shape(image)[:2], valid
+
+
 def _beta(seed, alpha):
     """A stateless Beta(alpha, alpha) draw, as the ratio of two gamma draws."""
     a = tf.random.stateless_gamma([], _stream(seed, _GAMMA_A), alpha=alpha)

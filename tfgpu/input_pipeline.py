@@ -71,22 +71,27 @@ class PipelineConfig:
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
     preprocess_on: str = "device"  # or "host": the float work in tf.data (see preprocess.py)
+    resize_on: str = "host"  # or "device": train crops cross un-resized (preprocess.resize_flat)
     randaugment_ops: int = 0
     randaugment_magnitude: float = 0.5
 
 
 def preprocess_train(serialized, epoch, position, cfg: PipelineConfig, spec: DataSpec) -> dict:
     """One training record -> {image uint8 [S,S,3], label, flip, weight (0: broken image)}
-    plus, with MixUp/CutMix, the example's mixing draw (``image_ops.draw_mixing``)."""
+    plus, with MixUp/CutMix, the example's mixing draw (``image_ops.draw_mixing``).
+
+    With ``resize_on="device"``, {pixels uint8 [h*w*3], sizes [2] (h, w)} of the crop instead
+    of ``image``: the resize runs on the accelerator (``preprocess.resize_flat``)."""
     example = spec.parse(serialized)
     seed = example_seed(cfg.seed, epoch, position)
-    image, valid = image_ops.decode_window_resized(
-        example["encoded"],
-        lambda s: random_crop_window(s, seed, cfg.crop_min_area),
-        cfg.image_size,
-    )
-    out = {
-        "image": image,
+    window = lambda s: random_crop_window(s, seed, cfg.crop_min_area)
+    if cfg.resize_on == "device":
+        pixels, sizes, valid = image_ops.decode_window_flat(example["encoded"], window)
+        out = {"pixels": pixels, "sizes": sizes}
+    else:
+        image, valid = image_ops.decode_window_resized(example["encoded"], window, cfg.image_size)
+        out = {"image": image}
+    out |= {
         "label": example["label"],
         "flip": tf.logical_and(image_ops.draw_flip(seed), cfg.random_flip),
         "weight": tf.cast(valid, tf.float32),
@@ -209,13 +214,24 @@ def make_train_dataset(
         num_parallel_calls=AUTOTUNE,
         deterministic=cfg.deterministic,
     )
-    ds = ds.batch(batch_size, drop_remainder=True)
+    if cfg.resize_on == "device":
+        ds = _flat_batches(ds, batch_size)
+    else:
+        ds = ds.batch(batch_size, drop_remainder=True)
     if cfg.preprocess_on == "host":
         ds = ds.map(preprocess.host_batch_fn(spec.num_classes, cfg), num_parallel_calls=AUTOTUNE)
     ds = ds.prefetch(AUTOTUNE)
     return ds.with_options(
         dataset_options(cfg.deterministic, cfg.threadpool_size, cfg.ram_budget_mb)
     )
+
+
+def _flat_batches(ds: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+    """Batches examples whose ``pixels`` differ in length: one ragged batch, handed over as
+    plain tensors (its flat values) that tf.data and tf.distribute carry like any other;
+    ``sizes`` say where each crop is."""
+    ds = ds.ragged_batch(batch_size, drop_remainder=True)
+    return ds.map(lambda b: b | {"pixels": b["pixels"].flat_values})
 
 
 def eval_steps(num_examples: int, global_batch_size: int) -> int:

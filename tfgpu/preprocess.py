@@ -4,7 +4,9 @@ Batches arrive as uint8 (a quarter of float32's host-to-device traffic) with the
 choices already drawn on the host (``image_ops.py``: flip, MixUp/CutMix draws), so what an
 example becomes depends only on (seed, epoch, position); here they are applied on the
 accelerator. Normalization belongs to the model (its first layer), so exported models take
-plain pixels. With ``--preprocess_on=host`` the same functions run in tf.data instead.
+plain pixels. With ``--preprocess_on=host`` the same functions run in tf.data instead. With
+``--resize_on=device`` the training crops arrive un-resized (flat uint8 + sizes) and the
+bilinear resize runs here too, first (``resize_flat``).
 
 MixUp/CutMix partners: example ``2k`` mixes with ``2k+1`` of the same batch (and vice versa).
 Global batches are split across workers, replicas and micro-batches at even positions (the
@@ -24,6 +26,51 @@ def apply_flip(images: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
 def to_float(images: tf.Tensor) -> tf.Tensor:
     """uint8 [0, 255] -> float32 [0, 255]; the model's first layer normalizes."""
     return tf.cast(images, tf.float32)
+
+
+def resize_flat(pixels: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tensor:
+    """``--resize_on=device``: a batch of un-resized crops -> float32 [N, S, S, 3] in [0, 255].
+
+    ``pixels`` uint8 [total] are the crops' (h, w, 3) pixels one after the other, ``sizes``
+    [N, 2] their (h, w). Bilinear with half-pixel centers, the arithmetic of TensorFlow's
+    ResizeBilinear kernel (``tf.image.resize``) in float32, as 4 gathers of whole RGB pixels;
+    each output pixel reads only its own crop, so the result never depends on the batch.
+    """
+    sizes = tf.cast(sizes, tf.int64)
+    height, width = sizes[:, 0], sizes[:, 1]
+    starts = tf.cumsum(height * width, exclusive=True)  # first pixel of each crop
+    out = tf.range(image_size, dtype=tf.float32)[None] + 0.5
+
+    def axis(size):
+        """[N] input sizes -> (lower, upper index, fraction), each [N, S]."""
+        pos = out * (tf.cast(size, tf.float32) / image_size)[:, None] - 0.5
+        floor = tf.floor(pos)
+        lower = tf.maximum(tf.cast(floor, tf.int64), 0)
+        upper = tf.minimum(tf.cast(tf.math.ceil(pos), tf.int64), size[:, None] - 1)
+        return lower, upper, pos - floor
+
+    top, bottom, y_frac = axis(height)
+    left, right, x_frac = axis(width)
+    rgb = tf.reshape(pixels, [-1, 3])
+
+    def corner(rows, cols):  # [N, S] rows x [N, S] cols -> float [N, S, S, 3]
+        index = (starts[:, None] + rows * width[:, None])[:, :, None] + cols[:, None, :]
+        return tf.cast(tf.gather(rgb, index), tf.float32)
+
+    def lerp(a, b, frac):
+        return a + (b - a) * frac
+
+    x_frac = x_frac[:, None, :, None]
+    upper_row = lerp(corner(top, left), corner(top, right), x_frac)
+    lower_row = lerp(corner(bottom, left), corner(bottom, right), x_frac)
+    return lerp(upper_row, lower_row, y_frac[:, :, None, None])
+
+
+def batch_images(batch: dict, image_size: int) -> tf.Tensor:
+    """The batch's images at ``image_size``: uint8 as they came, or resized here (float)."""
+    if "pixels" in batch:
+        return resize_flat(batch["pixels"], batch["sizes"], image_size)
+    return batch["image"]
 
 
 def train_batch(batch: dict) -> tuple[tf.Tensor, tf.Tensor]:
@@ -74,9 +121,15 @@ def check_mixing_batch(per_replica_batch: int) -> None:
         )
 
 
-def make_batch_fn(num_classes: int, randaugment_ops: int = 0, randaugment_magnitude: float = 0.5):
+def make_batch_fn(
+    num_classes: int,
+    randaugment_ops: int = 0,
+    randaugment_magnitude: float = 0.5,
+    image_size: int | None = None,
+):
     """``fn(batch) -> (float images [N,H,W,3], soft targets [N,K])`` for a host batch
-    {image uint8, label, flip, weight[, mix_lam, cut_box, use_cut]}.
+    {image uint8 | pixels + sizes (``resize_flat`` to ``image_size``), label, flip, weight
+    [, mix_lam, cut_box, use_cut]}.
 
     RandAugment (``randaugment_ops`` > 0) uses ``keras.layers.RandAugment``, whose random
     choices come from Keras' own generator per batch: it does NOT honour the determinism
@@ -89,7 +142,7 @@ def make_batch_fn(num_classes: int, randaugment_ops: int = 0, randaugment_magnit
         )
 
     def fn(batch):
-        images = to_float(apply_flip(batch["image"], batch["flip"]))
+        images = to_float(apply_flip(batch_images(batch, image_size), batch["flip"]))
         if rand_augment is not None:
             images = tf.cast(rand_augment(images, training=True), tf.float32)
         weight = batch.get("weight", tf.ones(tf.shape(batch["label"]), tf.float32))
@@ -106,7 +159,7 @@ def make_batch_fn(num_classes: int, randaugment_ops: int = 0, randaugment_magnit
 def host_batch_fn(num_classes: int, cfg):
     """For ``--preprocess_on=host``: the batch fn as a tf.data map, batch -> {image float32,
     target, weight}; the step then takes them as they are (``from_host``)."""
-    fn = make_batch_fn(num_classes, cfg.randaugment_ops, cfg.randaugment_magnitude)
+    fn = make_batch_fn(num_classes, cfg.randaugment_ops, cfg.randaugment_magnitude, cfg.image_size)
 
     def host(batch):
         images, targets = fn(batch)
@@ -124,4 +177,6 @@ def device_fn(num_classes: int, cfg):
     """The ``preprocess_fn`` for TrainStep, given the run's PipelineConfig ``cfg``."""
     if cfg.preprocess_on == "host":
         return from_host
-    return make_batch_fn(num_classes, cfg.randaugment_ops, cfg.randaugment_magnitude)
+    return make_batch_fn(
+        num_classes, cfg.randaugment_ops, cfg.randaugment_magnitude, cfg.image_size
+    )

@@ -92,6 +92,7 @@ def _pipeline_config(config: Config) -> input_pipeline.PipelineConfig:
         preprocess_on="device" if config.synthetic_data else config.preprocess_on,
         randaugment_ops=config.randaugment_ops,
         randaugment_magnitude=config.randaugment_magnitude,
+        resize_on=config.resize_on,
     )
 
 
