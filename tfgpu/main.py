@@ -1,6 +1,6 @@
 """``python -m tfgpu.main``: flags -> one validated, frozen Config -> ``train.run``.
 
-With no ``--data_dir`` (and no ``--synthetic_data``) the run uses the built-in demo dataset and
+With no ``--data_dir`` (nor ``--synthetic_data`` or ``--tfds_name``) the run uses the built-in demo dataset and
 the demo recipe for every flag the user did not set.
 """
 
@@ -39,7 +39,7 @@ def _check_writable(model_dir: str) -> None:
 
 def make_config():
     """The run's Config from the parsed flags (demo recipe as defaults when there is no data)."""
-    use_demo = not FLAGS["data_dir"].present and not FLAGS.synthetic_data
+    use_demo = not (FLAGS["data_dir"].present or FLAGS.synthetic_data or FLAGS.tfds_name)
     config = config_from_flags(FLAGS, demo.DEMO_RECIPE if use_demo else None)
     if not config.model_dir:
         config = config.replace(model_dir=default_model_dir())
