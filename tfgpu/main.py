@@ -1,7 +1,7 @@
 """``python -m tfgpu.main``: flags -> one validated, frozen Config -> ``train.run``.
 
-With no ``--data_dir`` (nor ``--synthetic_data`` or ``--tfds_name``) the run uses the built-in demo dataset and
-the demo recipe for every flag the user did not set.
+With no ``--data_dir`` (nor ``--synthetic_data`` or ``--tfds_name``) the run uses the built-in
+demo dataset and the demo recipe for every flag the user did not set.
 """
 
 import os
