@@ -9,8 +9,8 @@ medians over rounds and their range, and each tf contender's host CPU ms per ima
        records, same reader and map parallelism and tf.data.Options as tfgpu
   tfgpu: input_pipeline.make_train_dataset (fused decode-and-crop, uint8 resize; flip and
        cast left to the accelerator); also --preprocess_on=host for comparison, and
-       --resize_on=device (the host hands over un-resized crops: flat uint8 + sizes, resized
-       on the accelerator; images/s counted the same way, per example handed over)
+       --resize_on=device (the host hands over un-resized crops: zero-padded flat uint8 rows
+       + sizes, resized on the accelerator; images/s counted the same way, per example)
   (b)  keras.utils.image_dataset_from_directory (224, flip, prefetch, repeat)
   (c)  PyTorch DataLoader + torchvision ImageFolder, RandomResizedCrop(224), flip, uint8,
        num_workers = cores; run with --torch_python (a venv with torch); skipped otherwise
@@ -145,7 +145,7 @@ def time_tf(make, seconds: float) -> tuple[float, float]:
     """
     iterator = iter(make())
     first = next(iterator)
-    per_batch = int(first[0].shape[0] if isinstance(first, tuple) else first["label"].shape[0])
+    per_batch = int(first[0].shape[0] if isinstance(first, tuple) else first["weight"].shape[0])
     for _ in range(WARMUP_BATCHES - 1):
         next(iterator)
     count = max(1, int(seconds * 1000 / per_batch))
@@ -245,7 +245,9 @@ def main() -> None:
 
 def print_handover_bytes(make, num_batches: int = 8) -> None:
     """Host-to-device bytes per image of --resize_on=device, against uint8 224x224x3."""
-    sizes = [b["pixels"].shape[0] / b["label"].shape[0] for b in make().take(num_batches)]
+    import tensorflow as tf
+
+    sizes = [int(tf.size(b["pixels"])) / b["weight"].shape[0] for b in make().take(num_batches)]
     print(
         f"\nresize on device: {np.mean(sizes):,.0f} bytes/image handed over "
         f"({np.mean(sizes) / (224 * 224 * 3):.2f}x uint8 224x224x3, "

@@ -111,8 +111,8 @@ def decode_window_flat(encoded, crop_window_fn):
     """For ``--resize_on=device``: (flat uint8 pixels [h*w*3] of the crop window, size [2]
     int32 (h, w), valid) of one encoded image, un-resized; a broken one gives one black pixel.
 
-    Flat, so that a batch is one ragged row per example (``Dataset.ragged_batch``); the device
-    resizes it (``preprocess.resize_flat``).
+    Flat, so that a batch is one (padded) row per example; the device resizes it
+    (``preprocess.resize_flat``).
     """
     valid = looks_whole(encoded)
     image = tf.cond(

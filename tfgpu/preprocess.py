@@ -5,7 +5,7 @@ choices already drawn on the host (``image_ops.py``: flip, MixUp/CutMix draws), 
 example becomes depends only on (seed, epoch, position); here they are applied on the
 accelerator. Normalization belongs to the model (its first layer), so exported models take
 plain pixels. With ``--preprocess_on=host`` the same functions run in tf.data instead. With
-``--resize_on=device`` the training crops arrive un-resized (flat uint8 + sizes) and the
+``--resize_on=device`` the training crops arrive un-resized (flat uint8 rows + sizes) and the
 bilinear resize runs here too, first (``resize_flat``).
 
 MixUp/CutMix partners: example ``2k`` mixes with ``2k+1`` of the same batch (and vice versa).
@@ -31,14 +31,20 @@ def to_float(images: tf.Tensor) -> tf.Tensor:
 def resize_flat(pixels: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tensor:
     """``--resize_on=device``: a batch of un-resized crops -> float32 [N, S, S, 3] in [0, 255].
 
-    ``pixels`` uint8 [total] are the crops' (h, w, 3) pixels one after the other, ``sizes``
-    [N, 2] their (h, w). Bilinear with half-pixel centers, the arithmetic of TensorFlow's
+    ``pixels`` uint8 are the crops' (h, w, 3) pixels, flat: [N, L] one zero-padded row per
+    crop (``input_pipeline._flat_batches``) or [total] one after the other; ``sizes`` [N, 2]
+    their (h, w). Bilinear with half-pixel centers, the arithmetic of TensorFlow's
     ResizeBilinear kernel (``tf.image.resize``) in float32, as 4 gathers of whole RGB pixels;
     each output pixel reads only its own crop, so the result never depends on the batch.
     """
     sizes = tf.cast(sizes, tf.int64)
     height, width = sizes[:, 0], sizes[:, 1]
-    starts = tf.cumsum(height * width, exclusive=True)  # first pixel of each crop
+    if pixels.shape.rank == 2:  # [N, longest] padded rows: crop i starts at row i
+        starts = tf.range(tf.shape(pixels, out_type=tf.int64)[0]) * (
+            tf.shape(pixels, out_type=tf.int64)[1] // 3
+        )
+    else:
+        starts = tf.cumsum(height * width, exclusive=True)  # first pixel of each crop
     out = tf.range(image_size, dtype=tf.float32)[None] + 0.5
 
     def axis(size):
