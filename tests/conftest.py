@@ -54,6 +54,38 @@ def small_dataset(tmp_path_factory) -> str:
     return out
 
 
+# A short deterministic tiny_cnn run: the base of the equivalence tests.
+TINY_RUN = {
+    "model": "tiny_cnn",
+    "image_size": 32,
+    "global_batch_size": 16,
+    "train_steps": 6,
+    "optimizer": "sgd",
+    "learning_rate": 0.01,
+    "momentum": 0.9,
+    "weight_decay": 0.0,
+    "lr_schedule": "constant",
+    "crop_min_area": 0.5,
+    "deterministic": True,
+    "seed": 3,
+    "steps_per_loop": 3,
+    "log_every_steps": 3,
+    "checkpoint_every_steps": 100,
+    "export": False,
+}
+
+
+def final_weights(model_dir) -> list[np.ndarray]:
+    """Every array of ``model_dir/final.weights.h5``, in file order."""
+    import h5py  # noqa: PLC0415
+
+    arrays = []
+    with h5py.File(os.path.join(model_dir, "final.weights.h5"), "r") as f:
+        # visititems stops at the first non-None return: append() returns None.
+        f.visititems(lambda _, o: arrays.append(o[()]) if isinstance(o, h5py.Dataset) else None)
+    return arrays
+
+
 def cli_flags(values: dict, **paths) -> list[str]:
     """Config-style values (and paths such as data_dir=...) as tfgpu.main flags."""
     out = [f"--{key}={value}" for key, value in paths.items()]

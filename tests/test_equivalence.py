@@ -7,42 +7,15 @@ import re
 import subprocess
 import sys
 
-import h5py
 import numpy as np
 import pytest
-from conftest import cli_flags
+from conftest import TINY_RUN, cli_flags, final_weights
 
 from tfgpu import train
 from tfgpu.config import Config, validate
 
 STEPS = 6
-FLAGS = dict(
-    model="tiny_cnn",
-    image_size=32,
-    global_batch_size=16,
-    train_steps=STEPS,
-    optimizer="sgd",
-    learning_rate=0.01,
-    momentum=0.9,
-    weight_decay=0.0,
-    lr_schedule="constant",
-    crop_min_area=0.5,
-    deterministic=True,
-    seed=3,
-    steps_per_loop=3,
-    log_every_steps=3,
-    checkpoint_every_steps=100,
-    export=False,
-)
-
-
-def _weights(model_dir) -> list[np.ndarray]:
-    arrays = []
-    with h5py.File(os.path.join(model_dir, "final.weights.h5"), "r") as f:
-        f.visititems(
-            lambda name, obj: arrays.append(obj[()]) if isinstance(obj, h5py.Dataset) else None
-        )
-    return arrays
+FLAGS = dict(TINY_RUN, train_steps=STEPS)
 
 
 def _assert_same(a, b):
@@ -53,7 +26,7 @@ def _assert_same(a, b):
 
 def _in_process(data_dir, model_dir, **kw):
     config = validate(Config(data_dir=data_dir, model_dir=str(model_dir), **dict(FLAGS, **kw)))
-    return train.run(config), _weights(model_dir)
+    return train.run(config), final_weights(model_dir)
 
 
 def _cli_flags(data_dir, model_dir, strategy):
@@ -99,7 +72,7 @@ def test_multi_worker_two_processes_equals_default(small_dataset, reference, tmp
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(_fingerprints(out.stdout)) == 1, "workers ended with different weights"
-    _assert_same(_weights(tmp_path), reference)
+    _assert_same(final_weights(tmp_path), reference)
     with open(os.path.join(tmp_path, "summary.json"), encoding="utf-8") as f:
         assert json.load(f)["gradient_all_reduces"] == STEPS  # one per update, across processes
 
@@ -110,6 +83,6 @@ def test_horovod_two_ranks_equals_default(small_dataset, reference, tmp_path, ho
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(_fingerprints(out.stdout)) == 1, "ranks ended with different weights"
-    _assert_same(_weights(tmp_path), reference)
+    _assert_same(final_weights(tmp_path), reference)
     with open(os.path.join(tmp_path, "summary.json"), encoding="utf-8") as f:
         assert json.load(f)["gradient_all_reduces"] == STEPS  # one per update, across processes

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import cli_flags
+from conftest import cli_flags, final_weights
 import tensorflow as tf
 
 from tfgpu import train
@@ -66,15 +66,6 @@ def _logged_step(model_dir) -> int:
     return max(steps, default=0)
 
 
-def _final_weights(model_dir):
-    import h5py
-
-    arrays = []
-    with h5py.File(os.path.join(model_dir, "final.weights.h5"), "r") as f:
-        f.visititems(lambda n, o: arrays.append(o[()]) if isinstance(o, h5py.Dataset) else None)
-    return arrays
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(small_dataset, tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("uninterrupted")
@@ -83,7 +74,7 @@ def uninterrupted(small_dataset, tmp_path_factory):
             Config(data_dir=small_dataset, model_dir=str(model_dir), strategy="default", **RUN)
         )
     )
-    return _final_weights(model_dir)
+    return final_weights(model_dir)
 
 
 def test_sigterm_checkpoints_exits_75_and_the_resumed_run_is_exact(
@@ -101,7 +92,7 @@ def test_sigterm_checkpoints_exits_75_and_the_resumed_run_is_exact(
     out, err = resumed.communicate(timeout=180)
     assert resumed.returncode == 0, err
     assert "resumed from" in out
-    for a, b in zip(_final_weights(tmp_path), uninterrupted):
+    for a, b in zip(final_weights(tmp_path), uninterrupted):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
@@ -116,7 +107,7 @@ def test_kill_9_while_checkpointing_every_step_resumes_from_a_complete_one(
     resumed = _start(_flags(small_dataset, tmp_path, checkpoint_every_steps=1))
     out, err = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, err[-3000:]
-    for a, b in zip(_final_weights(tmp_path), uninterrupted):
+    for a, b in zip(final_weights(tmp_path), uninterrupted):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 

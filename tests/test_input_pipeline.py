@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import make_image_arrays
+from conftest import TINY_RUN, final_weights, make_image_arrays
 
 from tfgpu import input_pipeline as ip
 from tfgpu import preprocess, records
@@ -182,18 +182,6 @@ def test_tfds_dataset_read_from_its_files(tmp_path):
     assert sum(float(b["weight"].numpy().sum()) for b in evaluation) == 4
 
 
-def _final_weights(model_dir) -> list[np.ndarray]:
-    import h5py
-
-    arrays = []
-    with h5py.File(model_dir / "final.weights.h5", "r") as f:
-        # visititems stops at the first non-None return: append() returns None.
-        f.visititems(
-            lambda _, obj: arrays.append(obj[()]) if isinstance(obj, h5py.Dataset) else None
-        )
-    return arrays
-
-
 def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_dataset, tmp_path):
     """Un-resized crops (variable-length per-replica tensors) go through tf.distribute, and
     under --deterministic 2 mirrored replicas end where one device does."""
@@ -201,32 +189,14 @@ def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_
     from tfgpu.config import Config, validate
 
     def run(strategy):
+        settings = dict(TINY_RUN, crop_min_area=0.3, mixup_alpha=0.4, resize_on="device")
+        model_dir = tmp_path / strategy
         config = Config(
-            strategy=strategy,
-            model="tiny_cnn",
-            data_dir=small_dataset,
-            model_dir=str(tmp_path / strategy),
-            image_size=32,
-            global_batch_size=16,
-            train_steps=6,
-            optimizer="sgd",
-            learning_rate=0.01,
-            momentum=0.9,
-            weight_decay=0.0,
-            lr_schedule="constant",
-            crop_min_area=0.3,
-            mixup_alpha=0.4,
-            deterministic=True,
-            seed=3,
-            steps_per_loop=3,
-            log_every_steps=3,
-            checkpoint_every_steps=100,
-            export=False,
-            resize_on="device",
+            strategy=strategy, data_dir=small_dataset, model_dir=str(model_dir), **settings
         )
         summary = train.run(validate(config))
         assert summary["steps"] == 6 and np.isfinite(summary["final_eval"]["loss"])
-        return summary, _final_weights(tmp_path / strategy)
+        return summary, final_weights(model_dir)
 
     (default, reference), (mirrored, weights) = run("default"), run("mirrored")
     assert default["num_replicas"] == 1 and mirrored["num_replicas"] == 2
