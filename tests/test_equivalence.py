@@ -66,23 +66,24 @@ def test_gradient_accumulation_equals_default_one_all_reduce_per_update(
     _assert_same(weights, reference)
 
 
+def _check_two_process_run(cmd, model_dir, reference):
+    """Runs a 2-process training command; both processes must end identical, equal to the
+    reference, with one gradient all-reduce per update."""
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert len(_fingerprints(out.stdout)) == 1, "the processes ended with different weights"
+    _assert_same(final_weights(model_dir), reference)
+    with open(os.path.join(model_dir, "summary.json"), encoding="utf-8") as f:
+        assert json.load(f)["gradient_all_reduces"] == STEPS  # one per update, across processes
+
+
 def test_multi_worker_two_processes_equals_default(small_dataset, reference, tmp_path):
     cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
     cmd += _cli_flags(small_dataset, tmp_path, "multi_worker_mirrored")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert len(_fingerprints(out.stdout)) == 1, "workers ended with different weights"
-    _assert_same(final_weights(tmp_path), reference)
-    with open(os.path.join(tmp_path, "summary.json"), encoding="utf-8") as f:
-        assert json.load(f)["gradient_all_reduces"] == STEPS  # one per update, across processes
+    _check_two_process_run(cmd, tmp_path, reference)
 
 
 def test_horovod_two_ranks_equals_default(small_dataset, reference, tmp_path, horovodrun_tfgpu):
     cmd = list(horovodrun_tfgpu)
     cmd += _cli_flags(small_dataset, tmp_path, "horovod")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert len(_fingerprints(out.stdout)) == 1, "ranks ended with different weights"
-    _assert_same(final_weights(tmp_path), reference)
-    with open(os.path.join(tmp_path, "summary.json"), encoding="utf-8") as f:
-        assert json.load(f)["gradient_all_reduces"] == STEPS  # one per update, across processes
+    _check_two_process_run(cmd, tmp_path, reference)

@@ -72,7 +72,7 @@ def encode_image(source, jpeg_quality: int = 95, lossless: bool = False, max_sid
         raise BadImage("empty file")
     elif data[:3] == _JPEG_MAGIC:
         mode, height, width = _verify_jpeg(data)
-        if mode == "RGB" and (max_side <= 0 or max(height, width) <= max_side):
+        if mode == "RGB" and not _too_big((width, height), max_side):
             return bytes(data), "JPEG", height, width
         image = _decode(data)  # grayscale, CMYK or too big: re-encoded below
     else:
@@ -85,7 +85,7 @@ def encode_image(source, jpeg_quality: int = 95, lossless: bool = False, max_sid
 
 def _reencode(image: Image.Image, jpeg_quality: int, lossless: bool, max_side: int):
     image = _to_rgb(image)
-    if _too_big(image, max_side):
+    if _too_big(image.size, max_side):
         image.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
     out = io.BytesIO()
     if lossless:
@@ -151,8 +151,9 @@ def _from_array(array: np.ndarray) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(array))
 
 
-def _too_big(image: Image.Image, max_side: int) -> bool:
-    return max_side > 0 and max(image.size) > max_side
+def _too_big(size: tuple[int, int], max_side: int) -> bool:
+    """True when an image of ``size`` (width, height) must shrink to fit ``--max_side``."""
+    return max_side > 0 and max(size) > max_side
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
