@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import distribute, models, train
+from tfgpu import distribute, image_ops, models, preprocess, train
 from tfgpu.step import DynamicLossScale, TrainStep
 
 
@@ -27,8 +27,12 @@ def _batch(n=8, size=32, seed=0):
     }
 
 
+def _backend():
+    return distribute.build_backend("default")
+
+
 def _step(model, loss_scale=None, lr=0.05):
-    backend = distribute.build_backend("default")
+    backend = _backend()
     optimizer = keras.optimizers.SGD(lr, momentum=0.9)
     return TrainStep(model, optimizer, backend, global_batch_size=8, loss_scale=loss_scale)
 
@@ -111,10 +115,39 @@ def test_xla_train_step_matches_the_plain_one(name):
     train.set_op_determinism(False)
     plain_model, xla_model = _twin_models(name)
     plain, xla = _step(plain_model), _step(xla_model)
-    xla.replica_step = tf.function(xla.replica_step, jit_compile=True)  # as train.py does
+    xla.replica_step = train.jit_compiled(xla.replica_step, 32)
     batch = _batch(seed=1)
     m_plain = tf.function(plain.update)(batch)
     m_xla = tf.function(xla.update)(batch)
     np.testing.assert_allclose(float(m_xla["loss"]), float(m_plain["loss"]), rtol=1e-4)
     for a, b in zip(_weights(plain_model), _weights(xla_model)):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_xla_step_takes_un_resized_crops_and_matches_the_plain_one():
+    """--resize_on=device with --jit_compile: the variable-length crops are resized before
+    XLA, which sees fixed shapes; the update equals the plain step's."""
+    train.set_op_determinism(False)
+    plain_model, xla_model = _twin_models("tiny_cnn")
+    fn = preprocess.make_batch_fn(4, image_size=32)
+    plain = TrainStep(plain_model, keras.optimizers.SGD(0.05), _backend(), 8, preprocess_fn=fn)
+    xla = TrainStep(xla_model, keras.optimizers.SGD(0.05), _backend(), 8, preprocess_fn=fn)
+    xla.replica_step = train.jit_compiled(xla.replica_step, 32)
+    rng = np.random.default_rng(4)
+    update = tf.function(xla.update)
+    for shapes in ([(40, 30), (20, 50)] * 4, [(33, 33), (64, 16)] * 4):  # two lengths
+        crops = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in shapes]
+        batch = dict(_batch(seed=2), sizes=tf.constant(shapes, tf.int32))
+        batch["pixels"] = tf.concat([image_ops.pack_pixels(tf.constant(c)) for c in crops], 0)
+        del batch["image"]
+        m_plain, m_xla = tf.function(plain.update)(batch), update(batch)
+        np.testing.assert_allclose(float(m_xla["loss"]), float(m_plain["loss"]), rtol=1e-4)
+    for a, b in zip(_weights(plain_model), _weights(xla_model)):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_resize_on_auto_is_device_only_with_a_gpu():
+    assert train.resolve_resize_on("auto", has_gpu=True) == "device"
+    assert train.resolve_resize_on("auto", has_gpu=False) == "host"
+    assert train.resolve_resize_on("device", has_gpu=False) == "device"
+    assert train.resolve_resize_on("host", has_gpu=True) == "host"

@@ -104,8 +104,20 @@ def _crops(shapes, seed=0):
 
 
 def _flat(crops):
-    pixels = tf.constant(np.concatenate([c.ravel() for c in crops]))
-    return pixels, tf.constant([c.shape[:2] for c in crops], tf.int32)
+    """Crops packed one after the other, as a --resize_on=device batch carries them."""
+    words = tf.concat([image_ops.pack_pixels(tf.constant(c)) for c in crops], 0)
+    return words, tf.constant([c.shape[:2] for c in crops], tf.int32)
+
+
+def test_pack_pixels_round_trips_eagerly_and_in_tf_data():
+    for crop in _crops([(1, 1), (3, 5), (8, 1), (7, 9)]):
+        eager, graph = _eager_and_graph(image_ops.pack_pixels, tf.constant(crop))
+        _assert_same(eager, graph)
+        assert eager.dtype == tf.int64 and eager.shape[0] % 3 == 0
+        rgb = preprocess.unpack_rgb(eager).numpy()
+        n = crop.shape[0] * crop.shape[1]
+        np.testing.assert_array_equal(rgb[:n], crop.reshape(-1, 3))
+        assert len(rgb) == -(-n // 8) * 8 and not rgb[n:].any()
 
 
 def test_resize_flat_equals_tf_image_resize_eagerly_and_in_tf_data():
@@ -118,12 +130,6 @@ def test_resize_flat_equals_tf_image_resize_eagerly_and_in_tf_data():
         np.testing.assert_allclose(image, tf.image.resize(crop, [16, 16]).numpy(), atol=1e-3)
         host = image_ops.resize_uint8(tf.constant(crop), 16).numpy()  # rounded to uint8
         assert np.abs(image - host).max() <= 0.5 + 1e-3
-    # The same crops as zero-padded rows [N, longest] (what the pipeline sends).
-    longest = max(c.size for c in crops)
-    rows = tf.constant(np.stack([np.pad(c.ravel(), (0, longest - c.size)) for c in crops]))
-    padded, graph = _eager_and_graph(lambda p, s: preprocess.resize_flat(p, s, 16), rows, sizes)
-    _assert_same(padded, graph)
-    np.testing.assert_array_equal(padded.numpy(), eager.numpy())
 
 
 def test_resize_flat_does_not_depend_on_the_batch():
@@ -140,9 +146,11 @@ def test_resize_on_device_batches_and_equals_host_resize(small_dataset):
     spec = ip.load_data_spec(small_dataset)
     ds = ip.make_train_dataset(spec, DEVICE_RESIZE, InputShard(1, 0), 8, 8)
     batch = next(iter(ds))
-    assert "image" not in batch and batch["pixels"].dtype == tf.uint8
-    assert batch["pixels"].shape.rank == 2 and batch["sizes"].shape == (8, 2)
-    assert batch["pixels"].shape[1] == 3 * int(tf.reduce_max(tf.reduce_prod(batch["sizes"], 1)))
+    assert "image" not in batch and batch["pixels"].dtype == tf.int64
+    assert batch["pixels"].shape.rank == 1 and batch["sizes"].shape == (8, 2)
+    # No padding beyond each crop's last 8-pixel group: 3 words per group.
+    groups = (tf.reduce_prod(batch["sizes"], 1) + 7) // 8
+    assert batch["pixels"].shape[0] == 3 * int(tf.reduce_sum(groups))
     images, targets = preprocess.device_fn(4, DEVICE_RESIZE)(batch)
     assert images.shape == (8, 32, 32, 3) and images.dtype == tf.float32
     host_images, host_targets = preprocess.device_fn(4, MIX)(_batch(spec, InputShard(1, 0), 8, 8))

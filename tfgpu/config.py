@@ -66,7 +66,7 @@ class Config:
     eval_snapshot_dir: str = ""
     skip_truncated_shards: bool = False
     preprocess_on: str = "device"
-    resize_on: str = "host"
+    resize_on: str = "auto"
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
     randaugment_ops: int = 0
@@ -116,7 +116,7 @@ def validate(config: Config) -> Config:
     _choice("communication", config.communication, distribute.COMMUNICATIONS)
     _choice("hvd_compression", config.hvd_compression, ("none", "fp16"))
     _choice("preprocess_on", config.preprocess_on, ("device", "host"))
-    _choice("resize_on", config.resize_on, ("host", "device"))
+    _choice("resize_on", config.resize_on, ("auto", "host", "device"))
     _positive(config, "global_batch_size", "grad_accum_steps", "image_size", "steps_per_loop")
     _positive(config, "log_every_steps", "checkpoint_every_steps", "keep_checkpoints")
     if config.global_batch_size % config.grad_accum_steps:
@@ -130,11 +130,6 @@ def validate(config: Config) -> Config:
         raise ConfigError(
             "--deterministic and --jit_compile do not go together: XLA has no deterministic "
             "kernel for some gradients (MaxPool's), and TensorFlow refuses them"
-        )
-    if config.resize_on == "device" and config.jit_compile:
-        raise ConfigError(
-            "--resize_on=device and --jit_compile do not go together: the un-resized batch "
-            "changes length every step, and XLA would compile the step again for each one"
         )
     if config.eval_every_steps and config.eval_every_epochs:
         raise ConfigError("set --eval_every_steps or --eval_every_epochs, not both")

@@ -80,15 +80,16 @@ def preprocess_train(serialized, epoch, position, cfg: PipelineConfig, spec: Dat
     """One training record -> {image uint8 [S,S,3], label, flip, weight (0: broken image)}
     plus, with MixUp/CutMix, the example's mixing draw (``image_ops.draw_mixing``).
 
-    With ``resize_on="device"``, {pixels uint8 [h*w*3], sizes [2] (h, w)} of the crop instead
-    of ``image``; batched by ``_flat_batches``, resized on the accelerator
+    With ``resize_on="device"``, {pixels, sizes [2] (h, w)} of the crop instead of ``image``:
+    ``pixels`` are the un-resized crop packed into int64 words (``image_ops.pack_pixels``) and
+    wrapped in a scalar variant for ``_flat_batches``; resized on the accelerator
     (``preprocess.resize_flat``)."""
     example = spec.parse(serialized)
     seed = example_seed(cfg.seed, epoch, position)
     window = lambda s: random_crop_window(s, seed, cfg.crop_min_area)
     if cfg.resize_on == "device":
-        pixels, sizes, valid = image_ops.decode_window_flat(example["encoded"], window)
-        out = {"pixels": pixels, "sizes": sizes}
+        pixels, sizes, valid = image_ops.decode_window_packed(example["encoded"], window)
+        out = {"pixels": _to_variant(pixels), "sizes": sizes}
     else:
         image, valid = image_ops.decode_window_resized(example["encoded"], window, cfg.image_size)
         out = {"image": image}
@@ -216,7 +217,7 @@ def make_train_dataset(
         deterministic=cfg.deterministic,
     )
     if cfg.resize_on == "device":
-        ds = _flat_batches(ds, batch_size)
+        ds = _flat_batches(ds, batch_size, cfg.deterministic)
     else:
         ds = ds.batch(batch_size, drop_remainder=True)
     if cfg.preprocess_on == "host":
@@ -227,16 +228,37 @@ def make_train_dataset(
     )
 
 
-def _flat_batches(ds: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
-    """Batches examples whose flat ``pixels`` differ in length: [N, longest] rows, zero-padded
-    (``sizes`` say how much of each row is the crop), a plain tensor that tf.data and
-    tf.distribute carry like any other.
+def _to_variant(words: tf.Tensor) -> tf.Tensor:
+    """A 1-D tensor -> a scalar variant holding it (no copy), so examples of different
+    lengths batch like scalars."""
+    return tf.raw_ops.RaggedTensorToVariant(
+        rt_nested_splits=[], rt_dense_values=words, batched_input=False
+    )
 
-    Padding costs host-to-device bytes (N x the batch's largest crop), not host time: a ragged
-    batch (``ragged_batch`` + ``flat_values``: no padding) costs ~0.25-0.5 ms of host CPU per
-    image in its variant encoding, as much as the resize it saves (measured, bench/README.md).
+
+def _flat_batches(ds: tf.data.Dataset, batch_size: int, deterministic: bool) -> tf.data.Dataset:
+    """Batches examples whose packed ``pixels`` (variants, ``_to_variant``) differ in length:
+    the batch's ``pixels`` become one int64 vector, the crops one after the other, no padding
+    (``sizes`` say where each crop ends).
+
+    What ``Dataset.ragged_batch`` does, by hand because it is slow here: it copies uint8 byte
+    by byte and its concatenation runs on one thread (0.5 ms of host CPU per image, as much as
+    the resize it saves). Int64 words, concatenated by a parallel map: ~0.15 (measured,
+    bench/README.md). The rows of ``padded_batch`` cost as much and up to 4x the bytes.
     """
-    return ds.padded_batch(batch_size, drop_remainder=True)
+
+    def concat(batch):
+        flat = tf.raw_ops.RaggedTensorFromVariant(
+            encoded_ragged=batch["pixels"],
+            input_ragged_rank=0,
+            output_ragged_rank=1,
+            Tvalues=tf.int64,
+            Tsplits=tf.int64,
+        ).output_dense_values
+        return {**batch, "pixels": flat}
+
+    ds = ds.batch(batch_size, drop_remainder=True)
+    return ds.map(concat, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
 
 
 def eval_steps(num_examples: int, global_batch_size: int) -> int:

@@ -5,7 +5,7 @@ choices already drawn on the host (``image_ops.py``: flip, MixUp/CutMix draws), 
 example becomes depends only on (seed, epoch, position); here they are applied on the
 accelerator. Normalization belongs to the model (its first layer), so exported models take
 plain pixels. With ``--preprocess_on=host`` the same functions run in tf.data instead. With
-``--resize_on=device`` the training crops arrive un-resized (flat uint8 rows + sizes) and the
+``--resize_on=device`` the training crops arrive un-resized (packed pixels + sizes) and the
 bilinear resize runs here too, first (``resize_flat``).
 
 MixUp/CutMix partners: example ``2k`` mixes with ``2k+1`` of the same batch (and vice versa).
@@ -16,6 +16,8 @@ micro-batches, so pairs never depend on the split.
 
 import keras
 import tensorflow as tf
+
+from tfgpu import image_ops
 
 
 def apply_flip(images: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
@@ -28,23 +30,24 @@ def to_float(images: tf.Tensor) -> tf.Tensor:
     return tf.cast(images, tf.float32)
 
 
-def resize_flat(pixels: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tensor:
+def unpack_rgb(words: tf.Tensor) -> tf.Tensor:
+    """int64 words (``image_ops.pack_pixels``) -> uint8 [P, 3], one RGB pixel per row."""
+    return tf.reshape(tf.bitcast(words, tf.uint8), [-1, 3])
+
+
+def resize_flat(words: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tensor:
     """``--resize_on=device``: a batch of un-resized crops -> float32 [N, S, S, 3] in [0, 255].
 
-    ``pixels`` uint8 are the crops' (h, w, 3) pixels, flat: [N, L] one zero-padded row per
-    crop (``input_pipeline._flat_batches``) or [total] one after the other; ``sizes`` [N, 2]
-    their (h, w). Bilinear with half-pixel centers, the arithmetic of TensorFlow's
-    ResizeBilinear kernel (``tf.image.resize``) in float32, as 4 gathers of whole RGB pixels;
-    each output pixel reads only its own crop, so the result never depends on the batch.
+    ``words`` int64 [total] are the crops' (h, w, 3) pixels packed one after the other
+    (``image_ops.pack_pixels``: each padded to whole 8-pixel groups); ``sizes`` [N, 2] their
+    (h, w). Bilinear with half-pixel centers, the arithmetic of TensorFlow's ResizeBilinear
+    kernel (``tf.image.resize``) in float32, as 4 gathers of whole RGB pixels; each output
+    pixel reads only its own crop, so the result never depends on the batch.
     """
     sizes = tf.cast(sizes, tf.int64)
     height, width = sizes[:, 0], sizes[:, 1]
-    if pixels.shape.rank == 2:  # [N, longest] padded rows: crop i starts at row i
-        starts = tf.range(tf.shape(pixels, out_type=tf.int64)[0]) * (
-            tf.shape(pixels, out_type=tf.int64)[1] // 3
-        )
-    else:
-        starts = tf.cumsum(height * width, exclusive=True)  # first pixel of each crop
+    group = image_ops.WORD_PIXELS
+    starts = tf.cumsum((height * width + group - 1) // group * group, exclusive=True)
     out = tf.range(image_size, dtype=tf.float32)[None] + 0.5
 
     def axis(size):
@@ -57,7 +60,7 @@ def resize_flat(pixels: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tens
 
     top, bottom, y_frac = axis(height)
     left, right, x_frac = axis(width)
-    rgb = tf.reshape(pixels, [-1, 3])
+    rgb = unpack_rgb(words)
 
     def corner(rows, cols):  # [N, S] rows x [N, S] cols -> float [N, S, S, 3]
         index = (starts[:, None] + rows * width[:, None])[:, :, None] + cols[:, None, :]
@@ -72,11 +75,19 @@ def resize_flat(pixels: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tens
     return lerp(upper_row, lower_row, y_frac[:, :, None, None])
 
 
+def resize_in_batch(batch: dict, image_size: int) -> dict:
+    """A batch with un-resized crops (``pixels``, ``sizes``) -> the same batch with float32
+    ``image`` [N, S, S, 3] instead (``resize_flat``); any other batch unchanged."""
+    if "pixels" not in batch:
+        return batch
+    rest = {k: v for k, v in batch.items() if k not in ("pixels", "sizes")}
+    return {**rest, "image": resize_flat(batch["pixels"], batch["sizes"], image_size)}
+
+
 def batch_images(batch: dict, image_size: int) -> tf.Tensor:
-    """The batch's images at ``image_size``: uint8 as they came, or resized here (float)."""
-    if "pixels" in batch:
-        return resize_flat(batch["pixels"], batch["sizes"], image_size)
-    return batch["image"]
+    """The batch's images at ``image_size``: as they came (uint8, or float once resized), or
+    resized here (float)."""
+    return resize_in_batch(batch, image_size)["image"]
 
 
 def train_batch(batch: dict) -> tuple[tf.Tensor, tf.Tensor]:
