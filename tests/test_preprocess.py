@@ -40,6 +40,15 @@ def test_host_ops_eager_equal_tf_data():
     png = tf.io.encode_png(image)
     assert image_ops.looks_whole(png)
     assert not image_ops.looks_whole(tf.strings.substr(png, 0, 60))
+    # A block of records at once (as the train pipeline checks them) = one at a time.
+    block = tf.stack(
+        [encoded, tf.strings.substr(encoded, 0, 100), encoded + b"\x00" * 9, png]
+        + [tf.strings.substr(png, 0, 60), b"", b"\xff\xd9", b"GIF8"]
+    )
+    eager, graph = _eager_and_graph(image_ops.looks_whole, block)
+    _assert_same(eager, graph)
+    assert eager.numpy().tolist() == [bool(image_ops.looks_whole(e)) for e in block]
+    assert eager.numpy().tolist() == [True, False, True, True, False, False, False, True]
 
 
 def test_mixing_draws_are_consistent():

@@ -22,6 +22,11 @@ def test_round_trip_eager_and_in_tf_data():
     assert int(eager["label"]) == 3 and eager["label"].dtype == tf.int32
     in_data = next(iter(tf.data.Dataset.from_tensors(serialized).map(records.parse_example)))
     assert in_data["encoded"].numpy() == encoded and int(in_data["label"]) == 3
+    # A vector of records (a block of the train pipeline) parses to the same, in one op.
+    other = records.encode_example(b"png bytes", 1, 2, 2, "png", "b.png")
+    both = records.parse_example(tf.constant([serialized, other]), label_offset=1)
+    assert both["encoded"].numpy().tolist() == [encoded, b"png bytes"]
+    assert both["label"].numpy().tolist() == [2, 0] and both["label"].dtype == tf.int32
 
 
 def test_schema_is_tensorflows_imagenet_schema_and_offset_applies():

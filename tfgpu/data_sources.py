@@ -36,20 +36,31 @@ class DataSpec:
     eval_files: tuple
     num_train: int
     num_eval: int
-    # serialized record -> {"encoded", "label"}; None = tfgpu/TF-ImageNet schema.
+    # one serialized record -> {"encoded", "label"}; None = tfgpu/TF-ImageNet schema.
     parser: Optional[Callable] = None
 
     def parse(self, serialized: tf.Tensor) -> dict:
-        """A record -> {"encoded", "label"}; a label outside [0, num_classes) fails the run
-        (it means a wrong --num_classes or --label_offset, which no skipping would fix)."""
-        if self.parser is not None:
-            example = self.parser(serialized)
-        else:
+        """A record (scalar) or a vector of them -> {"encoded", "label"} of that shape; a label
+        outside [0, num_classes) fails the run (it means a wrong --num_classes or
+        --label_offset, which no skipping would fix)."""
+        if self.parser is None:
             example = records.parse_example(serialized, self.label_offset)
+        elif serialized.shape.rank == 0:
+            example = self.parser(serialized)
+        else:  # a custom parser (tfds') takes one record at a time
+            signature = {
+                "encoded": tf.TensorSpec([], tf.string),
+                "label": tf.TensorSpec([], tf.int32),
+            }
+            example = tf.map_fn(self.parser, serialized, fn_output_signature=signature)
         label = example["label"]
-        valid = tf.logical_and(label >= 0, label < self.num_classes)
+        bad = tf.reshape(tf.logical_or(label < 0, label >= self.num_classes), [-1])
         message = f"{LABEL_ERROR} a record's label (after --label_offset={self.label_offset}) is"
-        check = tf.debugging.Assert(valid, [message, label, f"outside [0, {self.num_classes})"])
+        wrong = tf.boolean_mask(tf.reshape(label, [-1]), bad)[:1]
+        check = tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(bad)),
+            [message, wrong, f"outside [0, {self.num_classes})"],
+        )
         with tf.control_dependencies([check]):
             return dict(example, label=tf.identity(label))
 
