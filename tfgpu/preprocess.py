@@ -60,7 +60,10 @@ def resize_flat(words: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tenso
 
     top, bottom, y_frac = axis(height)
     left, right, x_frac = axis(width)
-    rgb = unpack_rgb(words)
+    # GPUs have no uint8 gather kernel (TensorFlow registers bool, int32, int64 and float
+    # types), and TensorFlow would quietly run it on the CPU: gather float16, exact for
+    # 0..255 and half of float32's memory (tested: no uint8 gather in this graph).
+    rgb = tf.cast(unpack_rgb(words), tf.float16)
 
     def corner(rows, cols):  # [N, S] rows x [N, S] cols -> float [N, S, S, 3]
         index = (starts[:, None] + rows * width[:, None])[:, :, None] + cols[:, None, :]
@@ -92,8 +95,7 @@ def batch_images(batch: dict, image_size: int) -> tf.Tensor:
 
 def train_batch(batch: dict) -> tuple[tf.Tensor, tf.Tensor]:
     """A host batch {image uint8, label, flip} -> (float images, int labels)."""
-    images = apply_flip(batch["image"], batch["flip"])
-    return to_float(images), batch["label"]
+    return apply_flip(to_float(batch["image"]), batch["flip"]), batch["label"]
 
 
 def pair_swap(x: tf.Tensor) -> tf.Tensor:
@@ -159,7 +161,9 @@ def make_batch_fn(
         )
 
     def fn(batch):
-        images = to_float(apply_flip(batch_images(batch, image_size), batch["flip"]))
+        # Cast first: many ops have no uint8 GPU kernel (gather, for one), and TensorFlow
+        # would quietly run them on the CPU (tested: uint8 reaches only casts and reshapes).
+        images = apply_flip(to_float(batch_images(batch, image_size)), batch["flip"])
         if rand_augment is not None:
             images = tf.cast(rand_augment(images, training=True), tf.float32)
         weight = batch.get("weight", tf.ones(tf.shape(batch["label"]), tf.float32))
