@@ -409,7 +409,8 @@ def run(config: Config) -> dict:
         f"{backend.name}: {backend.num_replicas} replica(s), {trainer.steps} updates of "
         f"{config.global_batch_size} ({config.grad_accum_steps} micro-batch(es) of "
         f"{trainer.replica_batch // config.grad_accum_steps} per replica), model {config.model}, "
-        f"data {trainer.spec.data_dir or 'synthetic'}"
+        f"data {trainer.spec.data_dir or 'synthetic'}, crops resized on the "
+        f"{_pipeline_config(config).resize_on}"
     )
     with PreemptionGuard() as guard:
         throughput = trainer.fit(guard)
