@@ -257,5 +257,7 @@ def test_horovod_survivor_stops_with_clear_error_then_resumes(
         _kill_tree(proc)
     time.sleep(0.5)
     assert proc.returncode != 0
-    assert LOST_LINE + "Horovod shut down" in output.text, output.text[-3000:]
+    # Which the survivor notices first is a race: Horovod's shutdown or gloo's broken socket.
+    reasons = ("Horovod shut down", "connection reset by peer")
+    assert any(LOST_LINE + r in output.text for r in reasons), output.text[-3000:]
     _resumes_and_finishes(cmd)
