@@ -1,7 +1,6 @@
 """Device-side ops: same result eagerly and in tf.data; MixUp/CutMix independent of the split."""
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from tfgpu import image_ops, preprocess
@@ -140,32 +139,6 @@ def test_resize_flat_equals_tf_image_resize_eagerly_and_in_tf_data():
         np.testing.assert_allclose(image, tf.image.resize(crop, [16, 16]).numpy(), atol=1e-3)
         host = image_ops.resize_uint8(tf.constant(crop), 16).numpy()  # rounded to uint8
         assert np.abs(image - host).max() <= 0.5 + 1e-3
-
-
-# Types whose GatherV2 has a GPU kernel (tensorflow/core/kernels/gather_op.cc).
-GPU_GATHER_TYPES = {tf.bool, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64}
-# Ops surely fine on uint8 on a GPU. Many others have no uint8 GPU kernel (GatherV2: none),
-# and TensorFlow would quietly place them on the CPU; the float work starts with a cast.
-UINT8_OK = {"Cast", "Bitcast", "Reshape", "Identity", "Shape", "Placeholder"}
-
-
-@pytest.mark.parametrize("resize_on", ["host", "device"])
-def test_device_preprocessing_keeps_uint8_away_from_ops_without_gpu_kernels(resize_on):
-    words, sizes = _flat(_crops([(30, 50), (7, 3), (9, 9), (20, 20)]))
-    batch = {"label": tf.constant([0, 1, 2, 3]), "flip": tf.constant([True, False] * 2)}
-    if resize_on == "device":
-        batch.update(pixels=words, sizes=sizes)
-    else:
-        batch["image"] = tf.zeros([4, 16, 16, 3], tf.uint8)
-    draws = [image_ops.draw_mixing(tf.constant([1, i], tf.int64), 16, 0.4, 1.0) for i in range(4)]
-    batch.update({k: tf.stack([d[k] for d in draws]) for k in draws[0]})  # MixUp and CutMix
-    fn = tf.function(preprocess.make_batch_fn(4, image_size=16))
-    ops = fn.get_concrete_function(batch).graph.get_operations()
-    uint8_users = {op.type for op in ops for t in op.inputs if t.dtype == tf.uint8}
-    assert uint8_users <= UINT8_OK, uint8_users - UINT8_OK
-    gathers = [op for op in ops if op.type in ("GatherV2", "ResourceGather", "GatherNd")]
-    assert all(op.get_attr("Tparams") in GPU_GATHER_TYPES for op in gathers)
-    assert gathers or resize_on == "host"
 
 
 def test_resize_flat_does_not_depend_on_the_batch():

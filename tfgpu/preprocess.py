@@ -62,7 +62,7 @@ def resize_flat(words: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tenso
     left, right, x_frac = axis(width)
     # GPUs have no uint8 gather kernel (TensorFlow registers bool, int32, int64 and float
     # types), and TensorFlow would quietly run it on the CPU: gather float16, exact for
-    # 0..255 and half of float32's memory (tested: no uint8 gather in this graph).
+    # 0..255 and half of float32's memory (tests/test_gpu_kernels.py).
     rgb = tf.cast(unpack_rgb(words), tf.float16)
 
     def corner(rows, cols):  # [N, S] rows x [N, S] cols -> float [N, S, S, 3]
@@ -161,8 +161,8 @@ def make_batch_fn(
         )
 
     def fn(batch):
-        # Cast first: many ops have no uint8 GPU kernel (gather, for one), and TensorFlow
-        # would quietly run them on the CPU (tested: uint8 reaches only casts and reshapes).
+        # Cast first: float has a GPU kernel for every op here, uint8 not always, and TensorFlow
+        # would quietly run such an op on the CPU (tests/test_gpu_kernels.py).
         images = apply_flip(to_float(batch_images(batch, image_size)), batch["flip"])
         if rand_augment is not None:
             images = tf.cast(rand_augment(images, training=True), tf.float32)
