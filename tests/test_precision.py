@@ -151,3 +151,5 @@ def test_resize_on_auto_is_device_only_with_a_gpu():
     assert train.resolve_resize_on("auto", has_gpu=False) == "host"
     assert train.resolve_resize_on("device", has_gpu=False) == "device"
     assert train.resolve_resize_on("host", has_gpu=True) == "host"
+    # With the float work in tf.data the resize would run there too, on the CPU.
+    assert train.resolve_resize_on("auto", has_gpu=True, preprocess_on="host") == "host"

@@ -68,7 +68,8 @@ HELP = {
     "accelerator (uint8 crosses over); host: they run in tf.data.",
     "resize_on": "Where training crops are resized. host: in tf.data; device: they cross "
     "un-resized (packed one after the other, with their sizes) and a gather-based bilinear "
-    "resizes them inside the step, before XLA; auto: device with a GPU, else host.",
+    "resizes them inside the step, before XLA; auto: device with a GPU and "
+    "--preprocess_on=device, else host.",
     "mixup_alpha": "MixUp Beta(alpha, alpha) (0: off); pairs (2k, 2k+1) of each batch.",
     "cutmix_alpha": "CutMix Beta(alpha, alpha) (0: off); with --mixup_alpha each example picks "
     "one of the two at random.",

@@ -92,7 +92,9 @@ def _pipeline_config(config: Config) -> input_pipeline.PipelineConfig:
         preprocess_on="device" if config.synthetic_data else config.preprocess_on,
         randaugment_ops=config.randaugment_ops,
         randaugment_magnitude=config.randaugment_magnitude,
-        resize_on=resolve_resize_on(config.resize_on, bool(tf.config.list_logical_devices("GPU"))),
+        resize_on=resolve_resize_on(
+            config.resize_on, bool(tf.config.list_logical_devices("GPU")), config.preprocess_on
+        ),
     )
 
 
@@ -107,13 +109,13 @@ def jit_compiled(replica_step, image_size: int):
     return lambda batch: compiled(preprocess.resize_in_batch(batch, image_size))
 
 
-def resolve_resize_on(resize_on: str, has_gpu: bool) -> str:
-    """``--resize_on=auto``: on the device when it is a GPU. Without one the "device" is the
-    same CPU cores as tf.data, where the step's gather-based resize costs ~10x the host's
-    ResizeBilinear (measured: 2.7 vs 0.25 ms of CPU per image, bench/README.md)."""
+def resolve_resize_on(resize_on: str, has_gpu: bool, preprocess_on: str = "device") -> str:
+    """``--resize_on=auto``: on the device when it is a GPU that does the float work. Else
+    the resize would run on CPU cores, where the step's gather-based resize costs ~10x the
+    host's ResizeBilinear (measured: 2.7 vs 0.25 ms of CPU per image, bench/README.md)."""
     if resize_on != "auto":
         return resize_on
-    return "device" if has_gpu else "host"
+    return "device" if has_gpu and preprocess_on == "device" else "host"
 
 
 class Trainer:
