@@ -51,6 +51,30 @@ def test_host_ops_eager_equal_tf_data():
     assert eager.numpy().tolist() == [True, False, True, True, False, False, False, True]
 
 
+def test_large_jpeg_windows_decode_at_a_dct_scale_like_an_antialiased_resize():
+    smooth = tf.image.resize(tf.random.stateless_uniform([1, 40, 48, 3], [3, 4]), [1000, 1200])
+    encoded = tf.io.encode_jpeg(tf.cast(smooth[0] * 255, tf.uint8), quality=90)
+    full = tf.io.decode_jpeg(encoded, channels=3)
+    cases = [  # window, min_side -> decoded shape
+        ([100, 200, 600, 800], 0, (600, 800)),  # no output size: full scale
+        ([100, 200, 600, 800], 400, (600, 800)),  # 600 < 2 x 400
+        ([100, 200, 600, 800], 224, (300, 400)),  # >= 2x, < 4x: 1/2
+        ([1, 1, 999, 1199], 224, (250, 300)),  # >= 4x: 1/4, odd edges rounded outwards
+        ([0, 0, 1000, 1200], 130, (250, 300)),  # >= 8x on one side only: 1/4
+        ([0, 0, 1000, 1200], 120, (125, 150)),  # >= 8x: 1/8
+    ]
+    for window, min_side, shape in cases:
+        fn = lambda e, w=window, m=min_side: image_ops.decode_crop(e, lambda _: tf.constant(w), m)
+        eager, graph = _eager_and_graph(fn, encoded)
+        _assert_same(eager, graph)
+        assert eager.shape == shape + (3,)
+        y, x, h, w = window
+        crop = tf.cast(full[y : y + h, x : x + w], tf.float32)
+        reference = tf.image.resize(crop, shape, antialias=True)
+        # Windows are widened to whole scaled pixels: off by under one, ~1-2.5/255 on average.
+        assert float(tf.reduce_mean(tf.abs(tf.cast(eager, tf.float32) - reference))) < 3.0
+
+
 def test_mixing_draws_are_consistent():
     for position in range(20):
         seed = image_ops.example_seed(0, tf.constant(0), tf.constant(position))

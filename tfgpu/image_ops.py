@@ -74,13 +74,45 @@ def looks_whole(encoded: tf.Tensor) -> tf.Tensor:
     return (jpeg & _tail_has(tail, b"\xff\xd9")) | (png & _tail_has(tail, b"IEND")) | other
 
 
-def decode_crop(encoded: tf.Tensor, crop_window_fn) -> tf.Tensor:
+# DCT scalings libjpeg offers through decode_and_crop_jpeg's ``ratio``.
+_RATIOS = (1, 2, 4, 8)
+
+
+def _scaled_window(window, shape, ratio: int):
+    """A crop window ``[y, x, h, w]`` in the image decoded at 1/``ratio`` scale (libjpeg's
+    size: ceil(side / ratio)), covering the original window."""
+    if ratio == 1:
+        return window
+    limit = (shape[:2] + ratio - 1) // ratio
+    start = window[:2] // ratio
+    end = tf.minimum((window[:2] + window[2:] + ratio - 1) // ratio, limit)
+    return tf.concat([start, end - start], 0)
+
+
+def decode_crop(encoded: tf.Tensor, crop_window_fn, min_side: int = 0) -> tf.Tensor:
     """Decodes only the window ``crop_window_fn(shape)`` picks: fused for JPEG (rows below the
-    window are never decoded, columns outside skip the IDCT), sliced otherwise."""
+    window are never decoded, columns outside skip the IDCT), sliced otherwise.
+
+    With ``min_side`` (the output size), a JPEG window at least 2, 4 or 8 times ``min_side``
+    on both sides is decoded at that DCT scale, still >= ``min_side``: less to decode and
+    copy (1600x1200 photos: -15-20% host CPU per image), and the IDCT's scaling averages like
+    an antialiased resize (within ~1-2.5/255 of one, tested). Keeps the crops of large photos
+    small for ``--resize_on=device``. Rare on ImageNet-sized images (0.1% of crops).
+    """
 
     def jpeg():
-        window = crop_window_fn(tf.image.extract_jpeg_shape(encoded))
-        return tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+        shape = tf.image.extract_jpeg_shape(encoded)
+        window = crop_window_fn(shape)
+
+        def at(ratio):
+            scaled = _scaled_window(window, shape, ratio)
+            return lambda: tf.image.decode_and_crop_jpeg(encoded, scaled, channels=3, ratio=ratio)
+
+        if not min_side:
+            return at(1)()
+        smaller = tf.minimum(window[2], window[3])
+        index = tf.add_n([tf.cast(smaller >= r * min_side, tf.int32) for r in _RATIOS[1:]])
+        return tf.switch_case(index, [at(r) for r in _RATIOS])
 
     def other():
         image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
@@ -107,7 +139,7 @@ def decode_window_resized(encoded, valid, crop_window_fn, image_size: int):
     (``looks_whole``)."""
     return tf.cond(
         valid,
-        lambda: resize_uint8(decode_crop(encoded, crop_window_fn), image_size),
+        lambda: resize_uint8(decode_crop(encoded, crop_window_fn, image_size), image_size),
         lambda: tf.zeros([image_size, image_size, 3], tf.uint8),
     )
 
@@ -129,14 +161,15 @@ def pack_pixels(image: tf.Tensor) -> tf.Tensor:
     return tf.bitcast(tf.reshape(flat, [-1, 8]), tf.int64)
 
 
-def decode_window_packed(encoded, valid, crop_window_fn):
+def decode_window_packed(encoded, valid, crop_window_fn, image_size: int):
     """For ``--resize_on=device``: (the crop window's pixels un-resized, packed by
     ``pack_pixels``, size [2] int32 (h, w)) of one encoded image; one black pixel unless
-    ``valid`` (``looks_whole``). The device resizes the batch (``preprocess.resize_flat``).
+    ``valid`` (``looks_whole``). The device resizes the batch to ``image_size``
+    (``preprocess.resize_flat``); large windows are decoded at a DCT scale (``decode_crop``).
     """
     image = tf.cond(
         valid,
-        lambda: decode_crop(encoded, crop_window_fn),
+        lambda: decode_crop(encoded, crop_window_fn, image_size),
         lambda: tf.zeros([1, 1, 3], tf.uint8),
     )
     return pack_pixels(image), tf.shape(image)[:2]

@@ -89,7 +89,7 @@ def preprocess_train(example: dict, cfg: PipelineConfig) -> dict:
     window = lambda s: random_crop_window(s, seed, cfg.crop_min_area)
     encoded, valid = example["encoded"], example["valid"]
     if cfg.resize_on == "device":
-        pixels, sizes = image_ops.decode_window_packed(encoded, valid, window)
+        pixels, sizes = image_ops.decode_window_packed(encoded, valid, window, cfg.image_size)
         out = {"pixels": _to_variant(pixels), "sizes": sizes}
     else:
         out = {"image": image_ops.decode_window_resized(encoded, valid, window, cfg.image_size)}
