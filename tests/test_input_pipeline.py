@@ -203,3 +203,21 @@ def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_
     assert len(weights) == len(reference) > 0
     for a, b in zip(weights, reference):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_dct_scaled_decode_hands_over_large_crops_at_a_smaller_scale(small_dataset):
+    """Same crop windows (same seed); with --dct_scaled_decode those >= 2x the output on both
+    sides arrive decoded at 1/2 or 1/4 scale, never below the output size."""
+    spec = ip.load_data_spec(small_dataset)
+    sizes = {}
+    for dct in (False, True):
+        cfg = ip.PipelineConfig(
+            image_size=8, seed=1, crop_min_area=0.3, resize_on="device", dct_scaled_decode=dct
+        )
+        sizes[dct] = next(iter(ip.make_train_dataset(spec, cfg, InputShard(1, 0), 8, 8)))["sizes"]
+    full, scaled = sizes[False].numpy(), sizes[True].numpy()
+    ratio = np.where(full.min(1) >= 32, 4, np.where(full.min(1) >= 16, 2, 1))
+    assert (ratio > 1).any()
+    expected = -(-full // ratio[:, None])  # + 1 where the window is widened to whole pixels
+    assert ((scaled >= expected) & (scaled <= expected + 1)).all(), (full, scaled)
+    assert (scaled.min(1) >= 8).all()

@@ -55,6 +55,7 @@ class Config:
     # Input pipeline.
     random_flip: bool = True
     crop_min_area: float = 0.08
+    dct_scaled_decode: bool = False
     eval_crop_fraction: float = 0.875
     eval_batch_size: int = 0
     shuffle_buffer: int = 10_000

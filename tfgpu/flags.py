@@ -52,6 +52,9 @@ HELP = {
     "deterministic": "Same flags + same seed = same weights: deterministic ops and data order.",
     "random_flip": "Random left-right flips in training.",
     "crop_min_area": "Smallest area fraction of a random-resized crop.",
+    "dct_scaled_decode": "Decode JPEG crop windows 2, 4 or 8 times --image_size on both sides at "
+    "that DCT scale: 15-20% less host CPU and smaller crops on large photos (1600x1200); costs "
+    "~3% on ImageNet-sized images, where it seldom applies.",
     "eval_crop_fraction": "Evaluation center crop, as a fraction of the shorter side.",
     "eval_batch_size": "Global evaluation batch (0: the training global batch).",
     "shuffle_buffer": "Examples in the training shuffle buffer.",

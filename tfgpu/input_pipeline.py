@@ -59,6 +59,7 @@ class PipelineConfig:
     deterministic: bool = False
     random_flip: bool = True
     crop_min_area: float = 0.08
+    dct_scaled_decode: bool = False  # large windows decoded at 1/2-1/8 scale (decode_crop)
     eval_crop_fraction: float = 0.875
     shuffle_buffer: int = 10_000
     cycle_length: int = 8
@@ -87,12 +88,14 @@ def preprocess_train(example: dict, cfg: PipelineConfig) -> dict:
     (``preprocess.resize_flat``)."""
     seed = example_seed(cfg.seed, example["epoch"], example["position"])
     window = lambda s: random_crop_window(s, seed, cfg.crop_min_area)
+    min_side = _dct_min_side(cfg)
     encoded, valid = example["encoded"], example["valid"]
     if cfg.resize_on == "device":
-        pixels, sizes = image_ops.decode_window_packed(encoded, valid, window, cfg.image_size)
+        pixels, sizes = image_ops.decode_window_packed(encoded, valid, window, min_side)
         out = {"pixels": _to_variant(pixels), "sizes": sizes}
     else:
-        out = {"image": image_ops.decode_window_resized(encoded, valid, window, cfg.image_size)}
+        image = image_ops.decode_window_resized(encoded, valid, window, cfg.image_size, min_side)
+        out = {"image": image}
     out |= {
         "label": example["label"],
         "flip": tf.logical_and(image_ops.draw_flip(seed), cfg.random_flip),
@@ -101,6 +104,11 @@ def preprocess_train(example: dict, cfg: PipelineConfig) -> dict:
     if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
         out.update(image_ops.draw_mixing(seed, cfg.image_size, cfg.mixup_alpha, cfg.cutmix_alpha))
     return out
+
+
+def _dct_min_side(cfg: PipelineConfig) -> int:
+    """``decode_crop``'s ``min_side``: the output size with ``--dct_scaled_decode``, else 0."""
+    return cfg.image_size if cfg.dct_scaled_decode else 0
 
 
 def preprocess_eval(serialized, cfg: PipelineConfig, spec: DataSpec) -> dict:
@@ -112,6 +120,7 @@ def preprocess_eval(serialized, cfg: PipelineConfig, spec: DataSpec) -> dict:
         valid,
         lambda s: center_crop_window(s, cfg.eval_crop_fraction),
         cfg.image_size,
+        _dct_min_side(cfg),
     )
     return {"image": image, "label": example["label"], "weight": tf.cast(valid, tf.float32)}
 

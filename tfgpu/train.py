@@ -77,6 +77,7 @@ def _pipeline_config(config: Config) -> input_pipeline.PipelineConfig:
         deterministic=config.deterministic,
         random_flip=config.random_flip,
         crop_min_area=config.crop_min_area,
+        dct_scaled_decode=config.dct_scaled_decode,
         eval_crop_fraction=config.eval_crop_fraction,
         shuffle_buffer=config.shuffle_buffer,
         cycle_length=config.cycle_length,
