@@ -126,6 +126,8 @@ class Trainer:
         self.config, self.backend, self.writer = config, backend, writer
         self.skipped_records = 0
         self.spec = _data(config)
+        # Derived once: the train dataset and the step must agree on it (where crops resize).
+        self.pipeline = _pipeline_config(config)
         self.steps = total_steps(config, self.spec.num_train)
         steps_per_epoch = max(1, self.spec.num_train // config.global_batch_size)
         epochs_between_evals = config.eval_every_epochs * steps_per_epoch
@@ -164,7 +166,7 @@ class Trainer:
                 c.clip_norm,
                 loss_scale,
                 skip_non_finite=c.skip_non_finite,
-                preprocess_fn=preprocess.device_fn(self.spec.num_classes, _pipeline_config(c)),
+                preprocess_fn=preprocess.device_fn(self.spec.num_classes, self.pipeline),
             )
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
             self.skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -212,10 +214,9 @@ class Trainer:
                 self.replica_batch, c.image_size, self.spec.num_classes
             )
         else:
-            pcfg = _pipeline_config(c)
             make = lambda shard: input_pipeline.make_train_dataset(
                 self.spec,
-                pcfg,
+                self.pipeline,
                 shard,
                 self.replica_batch,
                 c.global_batch_size,
@@ -224,11 +225,10 @@ class Trainer:
         return iter(self.backend.distribute_dataset(make))
 
     def _eval_dataset(self):
-        pcfg = _pipeline_config(self.config)
         eval_replica = self.eval_global // self.backend.num_replicas
         return self.backend.distribute_dataset(
             lambda shard: input_pipeline.make_eval_dataset(
-                self.spec, pcfg, shard, eval_replica, self.eval_global
+                self.spec, self.pipeline, shard, eval_replica, self.eval_global
             )
         )
 
@@ -413,7 +413,7 @@ def run(config: Config) -> dict:
         f"{config.global_batch_size} ({config.grad_accum_steps} micro-batch(es) of "
         f"{trainer.replica_batch // config.grad_accum_steps} per replica), model {config.model}, "
         f"data {trainer.spec.data_dir or 'synthetic'}, crops resized on the "
-        f"{_pipeline_config(config).resize_on}"
+        f"{trainer.pipeline.resize_on}"
     )
     with PreemptionGuard() as guard:
         throughput = trainer.fit(guard)
