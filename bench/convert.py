@@ -31,7 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 from PIL import Image
 
-from tfgpu import convert_cli
+from tfgpu.convert import cli
 
 CACHE = os.path.join(tempfile.gettempdir(), "tfgpu-bench-convert")
 NUM_CLASSES = 10
@@ -122,10 +122,10 @@ def converter(root: str, output_dir: str, workers: int) -> float:
         "--overwrite",
         "--noprogress",
     ]
-    convert_cli.FLAGS.unparse_flags()
-    convert_cli.FLAGS(argv)
+    cli.FLAGS.unparse_flags()
+    cli.FLAGS(argv)
     start = time.perf_counter()
-    info = convert_cli.convert_from_flags(convert_cli.FLAGS)
+    info = cli.convert_from_flags(cli.FLAGS)
     seconds = time.perf_counter() - start
     assert info["num_skipped"] == 0, info["skipped"]
     return info["num_examples"]["train"] / seconds
@@ -136,16 +136,17 @@ def cpu_costs(paths: list, workers: int) -> dict:
     cost the other users of a shared machine cannot change, unlike wall-clock rates."""
     import tensorflow as tf
 
-    from tfgpu import convert
+    from tfgpu.convert import plan
+    from tfgpu.convert.items import Item
 
     def tf_decode():
         for path in paths:
             tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
 
     def converter_in_process():
-        items = [convert.Item(p, 0, p) for p in paths]
+        items = [Item(p, 0, p) for p in paths]
         out = tempfile.mkdtemp(prefix="tfgpu-bench-convert-out-")
-        convert.write_dataset({"train": items}, ["c"], out, "bench", {"train": workers})
+        plan.write_dataset({"train": items}, ["c"], out, "bench", {"train": workers})
         shutil.rmtree(out)
 
     costs = {}

@@ -7,7 +7,7 @@ medians over rounds and their range, and each tf contender's host CPU ms per ima
 
   (a)  decode-only ceiling: parallel tf.io.decode_jpeg of whole images (default options), same
        records, same reader and map parallelism and tf.data.Options as tfgpu
-  tfgpu: input_pipeline.make_train_dataset as on a GPU machine (--resize_on=auto: fused
+  tfgpu: data.pipeline.make_train_dataset as on a GPU machine (--resize_on=auto: fused
        decode-and-crop handed over un-resized, packed int64 words + sizes; resize, flip and
        cast left to the accelerator; images/s counted per example); also the host resize
        (the default without GPU) and --preprocess_on=host for comparison
@@ -19,6 +19,7 @@ medians over rounds and their range, and each tf contender's host CPU ms per ima
 """
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -49,9 +50,9 @@ def fake_photo(rng: np.random.Generator) -> Image.Image:
 
 def build_data(cache_dir: str, num_images: int) -> tuple[str, str]:
     """(tfrecord dir, image-folder dir) holding the same JPEG bytes; built once."""
-    from tfgpu import records
-
     import tensorflow as tf
+
+    from tfgpu.data import records
 
     tfr, folder = os.path.join(cache_dir, "tfrecords"), os.path.join(cache_dir, "folder")
     done = os.path.join(cache_dir, f"done-{num_images}")
@@ -88,12 +89,13 @@ def tf_sources(tfr_dir: str, folder: str, batch: int) -> dict:
     import keras
     import tensorflow as tf
 
-    from tfgpu import input_pipeline as ip
-    from tfgpu import records
+    from tfgpu.config import DataConfig
+    from tfgpu.data import pipeline, records
+    from tfgpu.data.spec import load_data_spec
     from tfgpu.distribute import InputShard
 
-    spec = ip.load_data_spec(tfr_dir, num_classes=NUM_CLASSES)
-    cfg = ip.PipelineConfig(image_size=224, seed=0, shuffle_buffer=1024)
+    spec = load_data_spec(tfr_dir, num_classes=NUM_CLASSES)
+    cfg = DataConfig(image_size=224, shuffle_buffer=1024)
 
     def decode_only():
         ds = tf.data.TFRecordDataset(
@@ -107,7 +109,7 @@ def tf_sources(tfr_dir: str, folder: str, batch: int) -> dict:
             deterministic=False,
         )
         ds = ds.batch(batch).prefetch(tf.data.AUTOTUNE)
-        return ds.with_options(ip.dataset_options(False, cfg.threadpool_size, cfg.ram_budget_mb))
+        return ds.with_options(pipeline.dataset_options(False, cfg))
 
     def keras_folder():
         ds = keras.utils.image_dataset_from_directory(
@@ -120,10 +122,16 @@ def tf_sources(tfr_dir: str, folder: str, batch: int) -> dict:
         return ds.prefetch(tf.data.AUTOTUNE).repeat()
 
     def tfgpu(preprocess_on, resize_on="host"):
-        c = ip.PipelineConfig(
-            **{**cfg.__dict__, "preprocess_on": preprocess_on, "resize_on": resize_on}
+        c = dataclasses.replace(cfg, preprocess_on=preprocess_on, resize_on=resize_on)
+        return lambda: pipeline.make_train_dataset(
+            spec,
+            c,
+            InputShard(1, 0),
+            batch_size=batch,
+            global_batch_size=batch,
+            seed=0,
+            deterministic=False,
         )
-        return lambda: ip.make_train_dataset(spec, c, InputShard(1, 0), batch, batch)
 
     return {
         "(a) decode-only ceiling": decode_only,

@@ -26,7 +26,8 @@ from tensorflow.python.framework.convert_to_constants import (
     convert_variables_to_constants_v2,
 )
 
-from tfgpu import distribute, models
+from tfgpu import models
+from tfgpu.distribute import backends
 from tfgpu.step import TrainStep
 
 MODELS = ("tiny_cnn", "resnet18", "resnet50", "densenet121", "efficientnet_b0")
@@ -57,10 +58,9 @@ def images_per_sec(name: str, dtype: str, jit: bool, args) -> float:
     keras.mixed_precision.set_global_policy(dtype)
     keras.utils.set_random_seed(0)
     model = models.build_model(name, NUM_CLASSES, args.image_size, small_input=False)
-    backend = distribute.build_backend("default")
-    step = TrainStep(model, keras.optimizers.SGD(0.01, momentum=0.9), backend, args.batch_size)
-    if jit:
-        step.replica_step = tf.function(step.replica_step, jit_compile=True)
+    backend = backends.build_backend("default")
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+    step = TrainStep(model, optimizer, backend, global_batch_size=args.batch_size, jit_compile=jit)
     rng = np.random.default_rng(0)
     batch = {
         "image": tf.constant(
@@ -70,12 +70,13 @@ def images_per_sec(name: str, dtype: str, jit: bool, args) -> float:
         ),
         "label": tf.constant(rng.integers(0, NUM_CLASSES, args.batch_size), tf.int32),
         "flip": tf.zeros([args.batch_size], tf.bool),
+        "weight": tf.ones([args.batch_size]),
     }
 
     @tf.function
     def run(n):
         for _ in tf.range(n):  # several updates per call, as train.py's steps_per_loop
-            loss = step.update(batch)["loss"]
+            loss = step.update(batch)[0]["loss"]
         return loss
 
     float(run(tf.constant(2)))  # trace, compile (XLA) and warm up

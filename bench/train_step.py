@@ -2,7 +2,7 @@
 
     python bench/train_step.py [--model=resnet18] [--image_size=32] [--batch=64] [--rounds=5]
 
-(1) images/s of tfgpu's loop (Trainer.train_loop, `--steps_per_loop` updates per call) and of
+(1) images/s of tfgpu's loop (train.make_train_loop, `--steps_per_loop` updates per call) and of
     `model.fit` with `steps_per_execution` equal, same model, batch, optimizer and data (one
     uint8 batch repeated, cast on the device by both), single device;
 (2) images/s of k=4 micro-batches of b against k=1 at micro-batch b.
@@ -22,10 +22,11 @@ import keras
 import tensorflow as tf
 from absl import app, flags
 
-from tfgpu import input_pipeline, models, train
-from tfgpu.config import Config
-from tfgpu.distribute import build_backend
-from tfgpu.results import RunWriter
+from tfgpu import models, train
+from tfgpu.config import config_from
+from tfgpu.data import pipeline
+from tfgpu.data.spec import load_spec
+from tfgpu.distribute.backends import build_backend
 
 flags.DEFINE_string("model", "resnet18", "Registry model.")
 flags.DEFINE_integer("image_size", 32, "Image side.")
@@ -35,8 +36,10 @@ flags.DEFINE_integer("rounds", 5, "Alternating rounds.")
 FLAGS = flags.FLAGS
 
 
-def make_trainer(backend, global_batch: int, accum: int) -> train.Trainer:
-    config = Config(
+def make_trainer(backend, global_batch: int, accum: int):
+    """tfgpu's train loop (``train.make_train_loop``, ``--steps_per_loop`` updates a call) on
+    synthetic batches; returns ``run(steps)``."""
+    config = config_from(
         strategy="default",
         model=FLAGS.model,
         image_size=FLAGS.image_size,
@@ -52,14 +55,14 @@ def make_trainer(backend, global_batch: int, accum: int) -> train.Trainer:
         weight_decay=0.0,
         model_dir=tempfile.mkdtemp(),
     )
-    trainer = train.Trainer(config, backend, RunWriter(config.model_dir, is_chief=False))
-    trainer._compile()
-    iterator = trainer._train_iterator(0)
+    run = train.build(config, backend, load_spec(config.data))
+    loop = train.make_train_loop(run.step, run.global_step, run.skipped_updates)
+    batches = train.train_batches(run, start_step=0)
 
-    def run(steps):
-        trainer.train_loop(iterator, tf.constant(steps))[0]["loss"].numpy()
+    def steps(n):
+        loop(batches, tf.constant(n))[0]["loss"].numpy()
 
-    return run
+    return steps
 
 
 def make_fit(global_batch: int):
@@ -70,7 +73,8 @@ def make_fit(global_batch: int):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         steps_per_execution=FLAGS.steps,
     )
-    batch = input_pipeline.make_synthetic_dataset(global_batch, FLAGS.image_size, 10)
+    data = config_from(image_size=FLAGS.image_size).data
+    batch = pipeline.make_synthetic_dataset(global_batch, 10, data)
     data = batch.map(lambda b: (tf.cast(b["image"], tf.float32), b["label"]))
 
     def run(steps):

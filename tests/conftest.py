@@ -11,10 +11,12 @@ import sys
 import numpy as np
 import pytest
 
-from tfgpu import convert, distribute
+from tfgpu.convert import plan
+from tfgpu.convert.items import items_from_arrays
+from tfgpu.distribute import backends
 
 # Before TensorFlow starts: mirrored tests get 2 replicas; default stays on /cpu:0.
-distribute.configure_devices(2)
+backends.configure_devices(2)
 
 
 def make_image_arrays(n: int, size: int = 40, num_classes: int = 4, seed: int = 0):
@@ -33,7 +35,7 @@ def make_image_arrays(n: int, size: int = 40, num_classes: int = 4, seed: int = 
 def _op_determinism_off_after_each_test():
     """enable_op_determinism is process-wide; a deterministic test must not leak it."""
     yield
-    from tfgpu.train import set_op_determinism
+    from tfgpu.compat import set_op_determinism
 
     set_op_determinism(False)
 
@@ -43,8 +45,8 @@ def small_dataset(tmp_path_factory) -> str:
     """A converted dataset of 96 train and 24 validation 40x40 images in 4 classes."""
     out = str(tmp_path_factory.mktemp("data"))
     images, labels = make_image_arrays(120)
-    items = convert.items_from_arrays(images, labels, prefix="synthetic")
-    convert.write_dataset(
+    items = items_from_arrays(images, labels, prefix="synthetic")
+    plan.write_dataset(
         {"train": items[:96], "validation": items[96:]},
         class_names=["a", "b", "c", "d"],
         output_dir=out,
@@ -113,3 +115,28 @@ def horovodrun_tfgpu() -> list[str]:
         "-m",
         "tfgpu.main",
     ]
+
+
+def train_ds(spec, data, shard, batch, global_batch, *, seed=0, deterministic=False, **kw):
+    """``pipeline.make_train_dataset`` with the positional arguments tests like."""
+    from tfgpu.data import pipeline  # noqa: PLC0415
+
+    return pipeline.make_train_dataset(
+        spec,
+        data,
+        shard,
+        batch_size=batch,
+        global_batch_size=global_batch,
+        seed=seed,
+        deterministic=deterministic,
+        **kw,
+    )
+
+
+def eval_ds(spec, data, shard, batch, global_batch):
+    """``pipeline.make_eval_dataset`` with positional batch sizes."""
+    from tfgpu.data import pipeline  # noqa: PLC0415
+
+    return pipeline.make_eval_dataset(
+        spec, data, shard, batch_size=batch, global_batch_size=global_batch
+    )

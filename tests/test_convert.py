@@ -13,7 +13,11 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfgpu import convert, convert_cli, convert_verify, convert_worker, input_pipeline, records
+from tfgpu import files, schema
+from tfgpu.convert import cli, plan, verify, worker
+from tfgpu.convert.items import BadImage, ConvertError, EncodeOptions, Item
+from tfgpu.data import records
+from tfgpu.data import spec as data_spec
 
 RNG = np.random.default_rng(0)
 
@@ -69,7 +73,7 @@ def image_tree(tmp_path) -> str:
 
 
 def _run_cli(*args) -> int:
-    return convert_cli.main(["to_tfrecord", "--noprogress", *args])
+    return cli.main(["to_tfrecord", "--noprogress", *args])
 
 
 def _read_split(data_dir: str, files) -> list:
@@ -92,10 +96,10 @@ def test_folder_round_trip_through_the_input_pipeline(image_tree, tmp_path):
     out = str(tmp_path / "out")
     args = ["--num_workers=2", "--num_shards=3", "--validation_fraction=0.2", "--verify"]
     assert _run_cli(f"--input={image_tree}", f"--output_dir={out}", *args) == 0
-    with open(os.path.join(out, convert.INFO_FILE), encoding="utf-8") as f:
+    with open(os.path.join(out, schema.INFO_FILE), encoding="utf-8") as f:
         info = json.load(f)
     assert info["class_names"] == ["a", "b", "çlass ç"] and info["label_map"]["b"] == 1
-    assert info["schema_version"] == records.SCHEMA_VERSION == convert.SCHEMA_VERSION
+    assert info["schema_version"] == schema.SCHEMA_VERSION
     reasons = {
         s["file"]: s["reason"] for split in info["splits"].values() for s in split["skipped"]
     }
@@ -105,10 +109,10 @@ def test_folder_round_trip_through_the_input_pipeline(image_tree, tmp_path):
     assert info["skipped"] == [{"file": "LICENSE", "reason": "not inside a class folder"}]
     assert info["num_skipped"] == len(expected) + 1
     assert sorted(os.listdir(out)) == sorted(
-        [convert.INFO_FILE] + convert.shard_names("train", 3) + convert.shard_names("validation", 1)
+        [schema.INFO_FILE] + plan.shard_names("train", 3) + plan.shard_names("validation", 1)
     )
 
-    spec = input_pipeline.load_data_spec(out)
+    spec = data_spec.load_data_spec(out)
     assert spec.num_classes == 3 and spec.label_offset == 0
     train = _read_split(out, spec.train_files)
     validation = _read_split(out, spec.eval_files)
@@ -125,16 +129,16 @@ def test_folder_round_trip_through_the_input_pipeline(image_tree, tmp_path):
 def test_shards_are_balanced_and_mixed(tmp_path):
     """A class-sorted input must not become class-sorted shards."""
     items = [
-        convert.Item(np.full((8, 8, 3), c * 50, np.uint8), c, f"{c}/{i}")
+        Item(np.full((8, 8, 3), c * 50, np.uint8), c, f"{c}/{i}")
         for c in range(4)
         for i in range(25)
     ]
-    info = convert.write_dataset(
+    info = plan.write_dataset(
         {"train": items}, list("abcd"), str(tmp_path), "test", {"train": 4}, seed=3
     )
     counts = [s["num_examples"] for s in info["splits"]["train"]["shards"]]
     assert counts == [25, 25, 25, 25]
-    for shard in convert.shard_names("train", 4):
+    for shard in plan.shard_names("train", 4):
         labels = [label for label, _, _ in _read_split(str(tmp_path), [tmp_path / shard])]
         assert len(set(labels)) == 4 and labels != sorted(labels)
 
@@ -148,7 +152,7 @@ def test_split_layout_train_and_val_folders(tmp_path):
                 (root / split / name / f"{i}.png").write_bytes(_encoded(_image(), "PNG"))
     out = str(tmp_path / "out")
     assert _run_cli(f"--input={root}", f"--output_dir={out}", "--num_workers=0", "--lossless") == 0
-    info = json.loads((tmp_path / "out" / convert.INFO_FILE).read_text())
+    info = json.loads((tmp_path / "out" / schema.INFO_FILE).read_text())
     assert info["num_examples"] == {"train": 12, "validation": 4}
     assert info["class_names"] == ["x", "y"] and info["options"]["lossless"] is True
 
@@ -164,16 +168,14 @@ def test_worker_serializer_writes_exactly_what_records_writes():
         (b"y", -1, 1, 1, "JPEG", "negative label"),
     ]:
         expected = tf.train.Example.FromString(records.encode_example(*args))
-        assert convert_worker.serialize_example(*args) == expected.SerializeToString(
-            deterministic=True
-        )
+        assert worker.serialize_example(*args) == expected.SerializeToString(deterministic=True)
 
 
 def test_encode_image_converts_and_passes_through():
     jpeg = _encoded(_image(), "JPEG")
-    assert convert.encode_image(jpeg) == (jpeg, "JPEG", 18, 24)  # untouched bytes
+    assert worker.encode_image(jpeg) == (jpeg, "JPEG", 18, 24)  # untouched bytes
     for mode, fmt in (("CMYK", "JPEG"), ("L", "JPEG"), ("RGBA", "PNG"), ("RGB", "BMP")):
-        encoded, out_fmt, height, width = convert.encode_image(_encoded(_image(mode), fmt))
+        encoded, out_fmt, height, width = worker.encode_image(_encoded(_image(mode), fmt))
         decoded = Image.open(io.BytesIO(encoded))
         assert (out_fmt, decoded.format, decoded.mode, height, width) == (
             "JPEG",
@@ -183,27 +185,27 @@ def test_encode_image_converts_and_passes_through():
             24,
         )
     transparent = Image.new("RGBA", (4, 4), (255, 0, 0, 0))
-    encoded, fmt, _, _ = convert.encode_image(_encoded(transparent, "PNG"), lossless=True)
+    encoded, fmt, _, _ = worker.encode_image(_encoded(transparent, "PNG"), lossless=True)
     assert fmt == "PNG" and Image.open(io.BytesIO(encoded)).getpixel((0, 0)) == (255, 255, 255)
     big = _encoded(_image(size=(300, 120)), "JPEG")
-    encoded, _, height, width = convert.encode_image(big, max_side=100)
+    encoded, _, height, width = worker.encode_image(big, max_side=100)
     assert (height, width) == (40, 100) == Image.open(io.BytesIO(encoded)).size[::-1]
     array = RNG.integers(0, 256, (5, 6), dtype=np.uint8)
-    encoded, _, _, _ = convert.encode_image(array, lossless=True)
+    encoded, _, _, _ = worker.encode_image(array, lossless=True)
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(encoded)))[..., 0], array)
-    with pytest.raises(convert.BadImage, match="expected a uint8"):
-        convert.encode_image(np.zeros((4, 4), np.float32))
+    with pytest.raises(BadImage, match="expected a uint8"):
+        worker.encode_image(np.zeros((4, 4), np.float32))
 
 
 # --- interruption, refusal, safety ----------------------------------------------------------
 
 
 def _items(n: int = 40) -> list:
-    return [convert.Item(_encoded(_image(), "PNG"), i % 4, f"{i % 4}/{i}.png") for i in range(n)]
+    return [Item(_encoded(_image(), "PNG"), i % 4, f"{i % 4}/{i}.png") for i in range(n)]
 
 
 def _write(out, items, **kwargs) -> dict:
-    return convert.write_dataset(
+    return plan.write_dataset(
         {"train": items}, list("abcd"), str(out), "test", {"train": 5}, seed=1, **kwargs
     )
 
@@ -216,30 +218,30 @@ def test_interrupted_run_keeps_finished_shards_and_finishes_the_rest(tmp_path, m
     items = _items()
     _write(tmp_path / "clean", items)
     calls = []
-    real = convert.write_shard
+    real = worker.write_shard
 
     def dies_on_third_shard(output_dir, name, shard_items, options):
         calls.append(name)
         if len(calls) == 3:
-            with convert_worker.open_new(os.path.join(output_dir, name + ".tmp")) as f:
+            with files.open_new(os.path.join(output_dir, name + ".tmp")) as f:
                 f.write(b"half a shard")  # what a killed worker leaves
             raise KeyboardInterrupt
         return real(output_dir, name, shard_items, options)
 
-    monkeypatch.setattr(convert, "write_shard", dies_on_third_shard)
+    monkeypatch.setattr(plan, "write_shard", dies_on_third_shard)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         _write(out, items)
-    assert not (out / convert.INFO_FILE).exists()
+    assert not (out / schema.INFO_FILE).exists()
     kept = {n: os.stat(out / n).st_ino for n in calls[:2]}
-    monkeypatch.setattr(convert, "write_shard", real)
-    with pytest.raises(convert.ConvertError, match="another conversion"):
+    monkeypatch.setattr(plan, "write_shard", real)
+    with pytest.raises(ConvertError, match="another conversion"):
         _write(out, items[:-1])  # other inputs must not be mixed with these shards
     info = _write(out, items, num_workers=2)
     assert {n: os.stat(out / n).st_ino for n in kept} == kept  # not rewritten
     assert _shard_bytes(out) == _shard_bytes(tmp_path / "clean")  # same as never interrupted
     assert info["num_examples"] == {"train": 40}
-    assert sorted(os.listdir(out)) == sorted([convert.INFO_FILE, *convert.shard_names("train", 5)])
+    assert sorted(os.listdir(out)) == sorted([schema.INFO_FILE, *plan.shard_names("train", 5)])
 
 
 def test_killed_run_is_finished_by_running_it_again(tmp_path):
@@ -262,22 +264,22 @@ def test_killed_run_is_finished_by_running_it_again(tmp_path):
         time.sleep(0.005)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
-    assert not (out / convert.INFO_FILE).exists()
+    assert not (out / schema.INFO_FILE).exists()
     assert 0 < len([n for n in os.listdir(out) if n.endswith(".tfrecord")]) < 33  # of 30 + 3
     assert _run_cli(*args, "--num_workers=2", "--verify") == 0
-    info = json.loads((out / convert.INFO_FILE).read_text())
+    info = json.loads((out / schema.INFO_FILE).read_text())
     assert info["num_examples"] == {"train": 270, "validation": 30} and info["num_skipped"] == 0
     assert not [n for n in os.listdir(out) if n.startswith(".") or n.endswith(".tmp")]
 
 
 def test_refuses_to_overwrite_without_the_flag(tmp_path):
     _write(tmp_path, _items(8))
-    with pytest.raises(convert.ConvertError, match="finished dataset.*--overwrite"):
+    with pytest.raises(ConvertError, match="finished dataset.*--overwrite"):
         _write(tmp_path, _items(8))
     (tmp_path / "notes.md").write_text("mine")
     _write(tmp_path, _items(12), overwrite=True)
     assert (tmp_path / "notes.md").read_text() == "mine"  # only its own files are replaced
-    assert convert_verify.verify(str(tmp_path)) == {"train": 12}
+    assert verify.verify(str(tmp_path)) == {"train": 12}
 
 
 def test_never_writes_through_symlinks_outside_output_dir(tmp_path, image_tree):
@@ -287,12 +289,12 @@ def test_never_writes_through_symlinks_outside_output_dir(tmp_path, image_tree):
     out = tmp_path / "out"
     out.mkdir()
     names = [
-        convert.INFO_FILE,
-        convert.INFO_FILE + ".tmp",
-        convert.PLAN_FILE + ".tmp",
+        schema.INFO_FILE,
+        schema.INFO_FILE + ".tmp",
+        plan.PLAN_FILE + ".tmp",
         "train-00000-of-00001.tfrecord",
         "train-00000-of-00001.tfrecord.tmp",
-        convert.done_marker("train-00000-of-00001.tfrecord") + ".tmp",
+        worker.done_marker("train-00000-of-00001.tfrecord") + ".tmp",
     ]
     for i, name in enumerate(names):
         (outside / f"victim{i}").write_text("precious")
@@ -303,7 +305,7 @@ def test_never_writes_through_symlinks_outside_output_dir(tmp_path, image_tree):
     assert all(p.read_text() == "precious" for p in outside.iterdir())
     assert not any(os.path.islink(out / n) for n in os.listdir(out))
     os.symlink(outside / "victim0", out / "y")  # the workers' own temp files, likewise
-    with convert_worker.open_new(str(out / "y")) as f:
+    with files.open_new(str(out / "y")) as f:
         f.write(b"new")
     assert (outside / "victim0").read_text() == "precious"
 
@@ -340,22 +342,20 @@ def test_bad_input_file_is_a_one_line_error(tmp_path, capsys):
 
 def test_verify_names_a_shard_that_does_not_read_back(tmp_path):
     _write(tmp_path, _items(10))
-    assert convert_verify.verify(str(tmp_path)) == {"train": 10}
+    assert verify.verify(str(tmp_path)) == {"train": 10}
     shard = tmp_path / "train-00003-of-00005.tfrecord"
     with open(shard, "ab") as f:  # a well-framed record whose image is not one
-        convert_worker.write_record(
-            f, convert_worker.serialize_example(b"junk", 0, 1, 1, "JPEG", "x")
-        )
-    with pytest.raises(convert.ConvertError, match="train-00003-of-00005.tfrecord does not read"):
-        convert_verify.verify(str(tmp_path))
+        worker.write_record(f, worker.serialize_example(b"junk", 0, 1, 1, "JPEG", "x"))
+    with pytest.raises(ConvertError, match="train-00003-of-00005.tfrecord does not read"):
+        verify.verify(str(tmp_path))
     shard.write_bytes(shard.read_bytes()[:-30])  # now truncated as well
-    with pytest.raises(convert.ConvertError, match="train-00003-of-00005.tfrecord does not read"):
-        convert_verify.verify(str(tmp_path))
-    info = json.loads((tmp_path / convert.INFO_FILE).read_text())
+    with pytest.raises(ConvertError, match="train-00003-of-00005.tfrecord does not read"):
+        verify.verify(str(tmp_path))
+    info = json.loads((tmp_path / schema.INFO_FILE).read_text())
     info["splits"]["train"]["shards"][3]["num_examples"] = 7
     shard.unlink()
-    convert.write_shard(str(tmp_path), shard.name, _items(2), convert.EncodeOptions())
-    (tmp_path / convert.done_marker(shard.name)).unlink()
-    (tmp_path / convert.INFO_FILE).write_text(json.dumps(info))
-    with pytest.raises(convert.ConvertError, match="holds 2 records, dataset_info.json says 7"):
-        convert_verify.verify(str(tmp_path))
+    worker.write_shard(str(tmp_path), shard.name, _items(2), EncodeOptions())
+    (tmp_path / worker.done_marker(shard.name)).unlink()
+    (tmp_path / schema.INFO_FILE).write_text(json.dumps(info))
+    with pytest.raises(ConvertError, match="holds 2 records, dataset_info.json says 7"):
+        verify.verify(str(tmp_path))

@@ -10,11 +10,15 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfgpu import convert, convert_cli, input_pipeline, records
+from tfgpu import schema
+from tfgpu.convert import cli, worker
+from tfgpu.convert.items import BadImage
+from tfgpu.data import records
+from tfgpu.data import spec as data_spec
 
 
 def _run_cli(*args) -> int:
-    return convert_cli.main(["to_tfrecord", "--noprogress", *args])
+    return cli.main(["to_tfrecord", "--noprogress", *args])
 
 
 def _records(files) -> dict:
@@ -40,7 +44,7 @@ def test_hdf5_lossless_round_trip_is_exact(tmp_path):
     out = tmp_path / "out"
     args = ["--hdf5_images=x", "--hdf5_labels=y", "--lossless", "--num_workers=2", "--verify"]
     assert _run_cli(f"--input={path}", f"--output_dir={out}", "--num_shards=2", *args) == 0
-    spec = input_pipeline.load_data_spec(str(out))
+    spec = data_spec.load_data_spec(str(out))
     assert (spec.num_classes, spec.num_train, spec.num_eval) == (
         3,
         64,
@@ -51,7 +55,7 @@ def test_hdf5_lossless_round_trip_is_exact(tmp_path):
     for name, (label, image) in rows.items():
         i = int(name[name.index("[") + 1 : -1])  # "/x[12]"
         assert label == labels[i] and np.array_equal(image, images[i])
-    info = json.loads((out / convert.INFO_FILE).read_text())
+    info = json.loads((out / schema.INFO_FILE).read_text())
     assert info["class_names"] == ["ant", "bee", "cat"]
 
 
@@ -63,7 +67,7 @@ def test_hdf5_train_and_validation_groups_grayscale(tmp_path):
             f.create_dataset(f"{split}/labels", data=np.arange(n) % 2)
     out = tmp_path / "out"
     assert _run_cli(f"--input={path}", f"--output_dir={out}", "--num_workers=0") == 0
-    info = json.loads((out / convert.INFO_FILE).read_text())
+    info = json.loads((out / schema.INFO_FILE).read_text())
     assert info["num_examples"] == {"train": 10, "validation": 4}
     assert info["class_names"] == ["0", "1"]
 
@@ -145,11 +149,11 @@ def test_tfds_dataset_from_a_local_data_dir(tmp_path):
         "--lossless",
     ]
     assert _run_cli(*flags, f"--output_dir={out}", "--num_workers=2", "--verify") == 0
-    info = json.loads((out / convert.INFO_FILE).read_text())
+    info = json.loads((out / schema.INFO_FILE).read_text())
     assert info["class_names"] == ["zero", "one", "two"]
     assert info["num_examples"] == {"train": 12, "validation": 5}  # test serves as validation
     assert [s["num_examples"] for s in info["splits"]["train"]["shards"]] == [4, 4, 4]
-    spec = input_pipeline.load_data_spec(str(out))
+    spec = data_spec.load_data_spec(str(out))
     rows = _records(spec.train_files)
     assert rows.keys() == train.keys()
     for name, (label, image) in rows.items():
@@ -158,9 +162,9 @@ def test_tfds_dataset_from_a_local_data_dir(tmp_path):
 
 
 def test_png_bytes_from_any_source_are_checked_like_files():
-    assert convert.encode_image(_png(np.zeros((3, 3, 3), np.uint8)))[1] == "JPEG"
-    with pytest.raises(convert.BadImage):
-        convert.encode_image(_png(np.zeros((3, 3, 3), np.uint8))[:20])
+    assert worker.encode_image(_png(np.zeros((3, 3, 3), np.uint8)))[1] == "JPEG"
+    with pytest.raises(BadImage):
+        worker.encode_image(_png(np.zeros((3, 3, 3), np.uint8))[:20])
 
 
 def _png(array) -> bytes:

@@ -14,7 +14,8 @@ import pytest
 from conftest import cli_flags
 import tensorflow as tf
 
-from tfgpu import distribute, launch
+from tfgpu import launch
+from tfgpu.distribute import DistributeError, backends, env
 
 EXIT_WORKER_LOST = 5
 LOST_LINE = "tfgpu: error: lost contact with another worker ("
@@ -53,21 +54,21 @@ def clean_env(monkeypatch):
 
 
 def test_auto_is_default_on_one_cpu_process(clean_env):
-    assert distribute.resolve_strategy("auto") == "default"
+    assert env.resolve_strategy("auto", num_gpus=0) == "default"
     clean_env.setenv("TF_CONFIG", _tf_config(1))
-    assert distribute.resolve_strategy("auto") == "default"
+    assert env.resolve_strategy("auto", num_gpus=0) == "default"
 
 
 def test_auto_is_multi_worker_when_tf_config_names_several_workers(clean_env):
     clean_env.setenv("TF_CONFIG", _tf_config(2, index=1))
-    assert distribute.resolve_strategy("auto") == "multi_worker_mirrored"
+    assert env.resolve_strategy("auto", num_gpus=0) == "multi_worker_mirrored"
 
 
 def test_auto_is_horovod_under_horovodrun(clean_env):
     clean_env.setenv("TF_CONFIG", _tf_config(2))
     clean_env.setenv("HOROVOD_RANK", "0")
-    assert distribute.resolve_strategy("auto") == "horovod"
-    assert distribute.resolve_strategy("mirrored") == "mirrored"  # an explicit choice wins
+    assert env.resolve_strategy("auto", num_gpus=0) == "horovod"
+    assert env.resolve_strategy("mirrored", num_gpus=0) == "mirrored"  # an explicit choice wins
 
 
 @pytest.mark.parametrize(
@@ -82,16 +83,16 @@ def test_auto_is_horovod_under_horovodrun(clean_env):
 )
 def test_read_tf_config_rejects_malformed(clean_env, raw, why):
     clean_env.setenv("TF_CONFIG", raw)
-    with pytest.raises(distribute.DistributeError, match=why) as err:
-        distribute.read_tf_config()
+    with pytest.raises(DistributeError, match=why) as err:
+        env.read_tf_config()
     assert "\n" not in str(err.value)
 
 
 def test_multi_worker_without_tf_config_is_a_clear_error(clean_env):
-    with pytest.raises(distribute.DistributeError, match="tfgpu.launch"):
-        distribute.build_backend("multi_worker_mirrored")
-    with pytest.raises(distribute.DistributeError, match="horovodrun"):
-        distribute.build_backend("horovod")
+    with pytest.raises(DistributeError, match="tfgpu.launch"):
+        backends.build_backend("multi_worker_mirrored")
+    with pytest.raises(DistributeError, match="horovodrun"):
+        backends.build_backend("horovod")
 
 
 def test_launch_tf_configs_one_cluster_distinct_ports():
@@ -118,11 +119,11 @@ class _FakeConfig:
 
 def test_horovod_rank_sees_only_its_local_gpu():
     fake = _FakeConfig(["gpu0", "gpu1", "gpu2"])
-    distribute.pin_to_local_gpu(1, fake)
+    backends.pin_to_local_gpu(1, fake)
     assert fake.visible == ("gpu1", "GPU")
-    distribute.pin_to_local_gpu(0, _FakeConfig([]))  # CPU only: nothing to pin
-    with pytest.raises(distribute.DistributeError, match="one rank per GPU"):
-        distribute.pin_to_local_gpu(3, fake)
+    backends.pin_to_local_gpu(0, _FakeConfig([]))  # CPU only: nothing to pin
+    with pytest.raises(DistributeError, match="one rank per GPU"):
+        backends.pin_to_local_gpu(3, fake)
 
 
 def test_lost_worker_message_only_for_lost_peers(clean_env):
@@ -134,15 +135,15 @@ def test_lost_worker_message_only_for_lost_peers(clean_env):
         "/job:worker/replica:0/task:1\nThe tasks have crashed.",
     )
     shutdown = tf.errors.UnknownError(None, None, "Horovod has been shut down. This was ...")
-    assert distribute.lost_worker_message(heartbeat) is None  # one process: something else
+    assert backends.lost_worker_message(heartbeat) is None  # one process: something else
     clean_env.setenv("TF_CONFIG", _tf_config(2))
-    message = distribute.lost_worker_message(heartbeat)
+    message = backends.lost_worker_message(heartbeat)
     assert "no heartbeat from /job:worker/replica:0/task:1" in message
     assert "run again to resume" in message and "\n" not in message
-    assert distribute.lost_worker_message(tf.errors.DeadlineExceededError(None, None, "x"))
-    assert distribute.lost_worker_message(tf.errors.InvalidArgumentError(None, None, "x")) is None
+    assert backends.lost_worker_message(tf.errors.DeadlineExceededError(None, None, "x"))
+    assert backends.lost_worker_message(tf.errors.InvalidArgumentError(None, None, "x")) is None
     clean_env.setenv("HOROVOD_RANK", "0")
-    assert "Horovod shut down" in distribute.lost_worker_message(shutdown)
+    assert "Horovod shut down" in backends.lost_worker_message(shutdown)
 
 
 # --- a worker killed -9 -----------------------------------------------------------------

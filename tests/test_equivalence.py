@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
 
 from tfgpu import train
-from tfgpu.config import Config, validate
+from tfgpu.config import config_from, validate
 
 STEPS = 6
 FLAGS = dict(TINY_RUN, train_steps=STEPS)
@@ -25,7 +25,7 @@ def _assert_same(a, b):
 
 
 def _in_process(data_dir, model_dir, **kw):
-    config = validate(Config(data_dir=data_dir, model_dir=str(model_dir), **dict(FLAGS, **kw)))
+    config = validate(config_from(data_dir=data_dir, model_dir=str(model_dir), **dict(FLAGS, **kw)))
     return train.run(config), final_weights(model_dir)
 
 

@@ -14,7 +14,8 @@ from conftest import cli_flags, final_weights
 import tensorflow as tf
 
 from tfgpu import train
-from tfgpu.config import Config, validate
+from tfgpu.config import config_from, validate
+from tfgpu.faults import CheckpointError
 from tfgpu.step import NonFiniteLoss
 
 RUN = dict(
@@ -71,7 +72,7 @@ def uninterrupted(small_dataset, tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("uninterrupted")
     train.run(
         validate(
-            Config(data_dir=small_dataset, model_dir=str(model_dir), strategy="default", **RUN)
+            config_from(data_dir=small_dataset, model_dir=str(model_dir), strategy="default", **RUN)
         )
     )
     return final_weights(model_dir)
@@ -115,7 +116,7 @@ def test_non_finite_float32_loss_stops_naming_the_step_and_keeps_the_last_checkp
     small_dataset, tmp_path
 ):
     config = validate(
-        Config(
+        config_from(
             data_dir=small_dataset,
             model_dir=str(tmp_path),
             strategy="default",
@@ -129,7 +130,7 @@ def test_non_finite_float32_loss_stops_naming_the_step_and_keeps_the_last_checkp
 
 def test_skip_non_finite_counts_skipped_updates(small_dataset, tmp_path):
     config = validate(
-        Config(
+        config_from(
             data_dir=small_dataset,
             model_dir=str(tmp_path),
             strategy="default",
@@ -200,7 +201,7 @@ def test_label_out_of_range_is_one_clear_line(small_dataset, tmp_path):
 
 
 def test_dataset_info_that_disagrees_with_the_shards_is_named(small_dataset, tmp_path):
-    from tfgpu.data_sources import DataError, load_data_spec
+    from tfgpu.data.spec import DataError, load_data_spec
 
     data = _copy_dataset(small_dataset, tmp_path / "data")
     info_path = os.path.join(data, "dataset_info.json")
@@ -212,10 +213,10 @@ def test_dataset_info_that_disagrees_with_the_shards_is_named(small_dataset, tmp
 
 
 def test_empty_train_split_is_an_error(tmp_path):
-    from tfgpu import convert
-    from tfgpu.data_sources import DataError, load_data_spec
+    from tfgpu.convert import plan
+    from tfgpu.data.spec import DataError, load_data_spec
 
-    convert.write_dataset(
+    plan.write_dataset(
         {"train": [], "validation": []}, ["a"], str(tmp_path), "t", {"train": 1, "validation": 1}
     )
     with pytest.raises(DataError, match="the train split holds no examples"):
@@ -236,14 +237,14 @@ def test_a_failed_checkpoint_write_is_loud_and_the_final_one_is_an_error(
 
     monkeypatch.setattr(tf.train.CheckpointManager, "save", disk_full)
     config = validate(
-        Config(
+        config_from(
             data_dir=small_dataset,
             model_dir=str(tmp_path),
             strategy="default",
             **dict(RUN, train_steps=20, checkpoint_every_steps=8),
         )
     )
-    with pytest.raises(train.CheckpointError, match="No space left on device"):
+    with pytest.raises(CheckpointError, match="No space left on device"):
         train.run(config)
     assert "checkpoint at step 8 failed" in capsys.readouterr().err
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("-16")

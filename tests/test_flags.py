@@ -6,7 +6,8 @@ import pathlib
 import pytest
 from absl import flags
 
-from tfgpu import demo
+from tfgpu.config import SETTINGS
+from tfgpu.data import demo
 from tfgpu.config import validate
 from tfgpu.flags import config_from_flags, define_flags
 
@@ -24,12 +25,13 @@ def _parse(*argv):
 def test_demo_recipe_file_equals_the_built_in_demo_recipe():
     values = _parse(f"--flagfile={ROOT / 'flags/demo_digits.flags'}")
     config = config_from_flags(values)
-    assert {k: getattr(config, k) for k in demo.DEMO_RECIPE} == demo.DEMO_RECIPE
+    assert {k: SETTINGS[k].get(config) for k in demo.DEMO_RECIPE} == demo.DEMO_RECIPE
 
 
 def test_demo_defaults_fill_only_the_flags_not_given():
     config = config_from_flags(_parse("--train_steps=7"), demo.DEMO_RECIPE)
-    assert config.train_steps == 7 and config.model == "tiny_cnn" and config.image_size == 32
+    assert config.train.train_steps == 7 and config.model.name == "tiny_cnn"
+    assert config.data.image_size == 32
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])
@@ -37,7 +39,7 @@ def test_every_recipe_parses_into_a_valid_config_and_says_how_to_run(recipe):
     config = validate(config_from_flags(_parse(f"--flagfile={recipe}")))
     header = recipe.read_text().split("\n--", 1)[0]
     assert "python -m tfgpu.main" in header or "horovodrun" in header, recipe.name
-    assert config.model
+    assert config.model.name
 
 
 def test_every_config_field_is_a_flag_with_help():

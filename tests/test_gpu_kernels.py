@@ -12,8 +12,11 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import kernels
 
-from tfgpu import distribute, image_ops, models, preprocess
-from tfgpu.step import DynamicLossScale, TrainStep
+from tfgpu import models, train
+from tfgpu.config import config_from
+from tfgpu.data import host_ops
+from tfgpu.distribute import backends
+from tfgpu.step import DynamicLossScale
 
 _KERNELS: dict = {}
 
@@ -72,14 +75,14 @@ def _batch(resize_on: str, image_size: int = 32) -> dict:
     batch["weight"] = tf.ones([4])
     if resize_on == "device":
         crops = [rng.integers(0, 256, (h, w, 3), np.uint8) for h, w in [(40, 50), (7, 3)] * 2]
-        batch["pixels"] = tf.concat([image_ops.pack_pixels(tf.constant(c)) for c in crops], 0)
+        batch["pixels"] = tf.concat([host_ops.pack_pixels(tf.constant(c)) for c in crops], 0)
         batch["sizes"] = tf.constant([c.shape[:2] for c in crops], tf.int32)
     else:
         batch["image"] = tf.constant(rng.integers(0, 256, (4, image_size, image_size, 3), np.uint8))
     draws = [
-        image_ops.draw_mixing(tf.constant([1, i], tf.int64), image_size, 0.4, 1.0) for i in range(4)
+        host_ops.draw_mixing(tf.constant([1, i], tf.int64), image_size, 0.4, 1.0) for i in range(4)
     ]
-    batch.update({k: tf.stack([d[k] for d in draws]) for k in draws[0]})  # MixUp and CutMix
+    batch["mix"] = {k: tf.stack([d[k] for d in draws]) for k in draws[0]}  # MixUp and CutMix
     return batch
 
 
@@ -94,13 +97,16 @@ def _batch(resize_on: str, image_size: int = 32) -> dict:
 def test_every_op_of_the_train_step_has_a_gpu_kernel(model_name, dtype, accumulation, resize_on):
     keras.mixed_precision.set_global_policy(dtype)
     model = models.build_model(model_name, 4, 32)
-    step = TrainStep(
-        model,
-        keras.optimizers.SGD(0.1, momentum=0.9),
-        distribute.build_backend("default"),
+    config = config_from(
+        image_size=32,
+        resize_on=resize_on,
+        mixup_alpha=0.4,
+        cutmix_alpha=1.0,
         global_batch_size=4,
         grad_accum_steps=accumulation,
-        loss_scale=DynamicLossScale() if dtype == "mixed_float16" else None,
-        preprocess_fn=preprocess.make_batch_fn(4, image_size=32),
     )
+    loss_scale = DynamicLossScale() if dtype == "mixed_float16" else None
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    backend = backends.build_backend("default")
+    step = train.build_step(config, model, optimizer, backend, 4, loss_scale)
     assert ops_without_gpu_kernel(tf.function(step.update), _batch(resize_on)) == set()

@@ -1,21 +1,23 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY_RUN, final_weights, make_image_arrays
+from conftest import TINY_RUN, eval_ds, final_weights, make_image_arrays, train_ds
 
-from tfgpu import input_pipeline as ip
-from tfgpu import preprocess, records
+from tfgpu.config import DataConfig
+from tfgpu.data import device_ops, host_ops, pipeline, records
+from tfgpu.data import spec as data_spec
 from tfgpu.distribute import InputShard
 
-CFG = ip.PipelineConfig(image_size=32, seed=3, deterministic=True, shuffle_buffer=16)
+CFG = DataConfig(image_size=32, shuffle_buffer=16)
+ORDER = dict(seed=3, deterministic=True)  # the run-wide settings the pipeline takes
 
 
 def _spec(data_dir):
-    return ip.load_data_spec(data_dir)
+    return data_spec.load_data_spec(data_dir)
 
 
 def test_train_batches_are_uint8_of_the_right_shape(small_dataset):
-    ds = ip.make_train_dataset(_spec(small_dataset), CFG, InputShard(1, 0), 8, 8)
+    ds = train_ds(_spec(small_dataset), CFG, InputShard(1, 0), 8, 8, **ORDER)
     batch = next(iter(ds))
     assert batch["image"].shape == (8, 32, 32, 3) and batch["image"].dtype == tf.uint8
     assert batch["label"].shape == (8,) and batch["label"].dtype == tf.int32
@@ -26,18 +28,18 @@ def test_train_batches_are_uint8_of_the_right_shape(small_dataset):
 def test_deterministic_stream_is_repeatable_and_resumable(small_dataset):
     spec = _spec(small_dataset)
     take = lambda ds, n: [b["image"].numpy() for b in ds.take(n)]  # noqa: E731
-    a = take(ip.make_train_dataset(spec, CFG, InputShard(1, 0), 8, 8), 30)
-    b = take(ip.make_train_dataset(spec, CFG, InputShard(1, 0), 8, 8), 30)
-    resumed = take(ip.make_train_dataset(spec, CFG, InputShard(1, 0), 8, 8, start_index=17 * 8), 13)
+    a = take(train_ds(spec, CFG, InputShard(1, 0), 8, 8, **ORDER), 30)
+    b = take(train_ds(spec, CFG, InputShard(1, 0), 8, 8, **ORDER), 30)
+    resumed = take(train_ds(spec, CFG, InputShard(1, 0), 8, 8, **ORDER, start_index=17 * 8), 13)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert all(np.array_equal(x, y) for x, y in zip(a[17:], resumed))
 
 
 def test_two_pipelines_split_each_global_batch_without_overlap(small_dataset):
     spec = _spec(small_dataset)
-    whole = next(iter(ip.make_train_dataset(spec, CFG, InputShard(1, 0), 8, 8)))["image"].numpy()
+    whole = next(iter(train_ds(spec, CFG, InputShard(1, 0), 8, 8, **ORDER)))["image"].numpy()
     halves = [
-        next(iter(ip.make_train_dataset(spec, CFG, InputShard(2, i), 4, 8)))["image"].numpy()
+        next(iter(train_ds(spec, CFG, InputShard(2, i), 4, 8, **ORDER)))["image"].numpy()
         for i in range(2)
     ]
     np.testing.assert_array_equal(np.concatenate(halves), whole)
@@ -47,34 +49,38 @@ def test_eval_sees_every_example_once_padded_to_full_batches(small_dataset):
     spec = _spec(small_dataset)
     labels, weights = [], []
     for i in range(2):
-        for batch in ip.make_eval_dataset(spec, CFG, InputShard(2, i), 5, 10):
+        for batch in eval_ds(spec, CFG, InputShard(2, i), 5, 10):
             assert batch["image"].shape == (5, 32, 32, 3)
             labels += list(batch["label"].numpy())
             weights += list(batch["weight"].numpy())
     assert sum(weights) == spec.num_eval == 24
-    assert len(weights) == ip.eval_steps(24, 10) * 10
+    assert len(weights) == pipeline.eval_steps(24, 10) * 10
 
 
 def test_crop_windows_lie_inside_the_image_eager_and_in_tf_data():
     shape = tf.constant([40, 60, 3])
-    seed = ip.example_seed(1, tf.constant(0), tf.constant(5))
-    eager = ip.random_crop_window(shape, seed, 0.3).numpy()
+    seed = host_ops.example_seed(1, tf.constant(0), tf.constant(5))
+    eager = host_ops.random_crop_window(shape, seed, 0.3).numpy()
     graph = next(
-        iter(tf.data.Dataset.from_tensors(shape).map(lambda s: ip.random_crop_window(s, seed, 0.3)))
+        iter(
+            tf.data.Dataset.from_tensors(shape).map(
+                lambda s: host_ops.random_crop_window(s, seed, 0.3)
+            )
+        )
     )
     np.testing.assert_array_equal(eager, graph.numpy())
     y, x, h, w = eager
     assert 0 <= y and 0 <= x and y + h <= 40 and x + w <= 60 and h * w >= 0.3 * 40 * 60 * 0.99
-    center = ip.center_crop_window(shape, 0.5).numpy()
+    center = host_ops.center_crop_window(shape, 0.5).numpy()
     np.testing.assert_array_equal(center, [10, 20, 20, 20])
 
 
 def test_flip_eager_and_in_tf_data():
     images = tf.reshape(tf.range(2 * 2 * 3 * 1, dtype=tf.int32), [2, 2, 3, 1])
     flip = tf.constant([True, False])
-    eager = preprocess.apply_flip(images, flip).numpy()
+    eager = device_ops.apply_flip(images, flip).numpy()
     graph = next(
-        iter(tf.data.Dataset.from_tensors((images, flip)).map(preprocess.apply_flip))
+        iter(tf.data.Dataset.from_tensors((images, flip)).map(device_ops.apply_flip))
     ).numpy()
     np.testing.assert_array_equal(eager, graph)
     np.testing.assert_array_equal(eager[0], images.numpy()[0, :, ::-1])
@@ -84,10 +90,10 @@ def test_flip_eager_and_in_tf_data():
 # --- worker shards, bad data, other sources --------------------------------------------------
 
 
-def _epoch_images(spec, cfg, shard, batch, global_batch):
+def _epoch_images(spec, cfg, shard, batch, global_batch, deterministic):
     """One epoch of a pipeline's images, as bytes (crops cover the whole image, no flips)."""
     steps = spec.num_train // global_batch
-    ds = ip.make_train_dataset(spec, cfg, shard, batch, global_batch)
+    ds = train_ds(spec, cfg, shard, batch, global_batch, seed=3, deterministic=deterministic)
     return [img.tobytes() for b in ds.take(steps) for img in b["image"].numpy()]
 
 
@@ -95,8 +101,8 @@ def test_two_workers_never_see_an_example_twice_in_an_epoch(small_dataset):
     spec = _spec(small_dataset)
     whole = dict(crop_min_area=1.0, random_flip=False)
     for deterministic in (True, False):  # by position / by file
-        cfg = ip.PipelineConfig(image_size=40, seed=3, deterministic=deterministic, **whole)
-        a, b = (_epoch_images(spec, cfg, InputShard(2, i), 4, 8) for i in range(2))
+        cfg = DataConfig(image_size=40, **whole)
+        a, b = (_epoch_images(spec, cfg, InputShard(2, i), 4, 8, deterministic) for i in range(2))
         assert len(a) == len(b) == 48
         assert len(set(a) | set(b)) == 96 and not set(a) & set(b)
 
@@ -116,12 +122,12 @@ def test_broken_image_gets_weight_zero_and_the_stream_goes_on(tmp_path):
     good = _jpegs(8)
     payloads = good[:3] + [good[3][:-200], b"not an image"] + good[5:]
     _write_records(str(tmp_path / "train-00000-of-00001"), payloads)
-    spec = ip.load_data_spec(str(tmp_path), num_classes=4)
-    batch = next(iter(ip.make_train_dataset(spec, CFG, InputShard(1, 0), 8, 8)))
+    spec = data_spec.load_data_spec(str(tmp_path), num_classes=4)
+    batch = next(iter(train_ds(spec, CFG, InputShard(1, 0), 8, 8, **ORDER)))
     assert sorted(batch["weight"].numpy()) == [0, 0, 1, 1, 1, 1, 1, 1]
     broken = batch["weight"].numpy() == 0
     assert not batch["image"].numpy()[broken].any()
-    _, targets = preprocess.make_batch_fn(4)(batch)
+    _, targets = device_ops.make_batch_fn("uint8", 4, CFG)(batch)
     assert not targets.numpy()[broken].any()  # zero targets: no loss, no gradient
 
 
@@ -130,21 +136,21 @@ def test_truncated_shard_is_an_error_naming_it_or_skipped_under_the_flag(tmp_pat
     _write_records(path, _jpegs(4))
     data = open(path, "rb").read()
     open(path, "wb").write(data[:-100])
-    with pytest.raises(ip.DataError, match="train-00000-of-00001 is truncated"):
-        ip.load_data_spec(str(tmp_path), num_classes=4)
-    spec = ip.load_data_spec(str(tmp_path), num_classes=4, skip_truncated=True)
-    cfg = ip.PipelineConfig(image_size=32, skip_truncated=True, shuffle_buffer=1)
-    batch = next(iter(ip.make_train_dataset(spec, cfg, InputShard(1, 0), 3, 3)))
+    with pytest.raises(data_spec.DataError, match="train-00000-of-00001 is truncated"):
+        data_spec.load_data_spec(str(tmp_path), num_classes=4)
+    spec = data_spec.load_data_spec(str(tmp_path), num_classes=4, skip_truncated=True)
+    cfg = DataConfig(image_size=32, skip_truncated_shards=True, shuffle_buffer=1)
+    batch = next(iter(train_ds(spec, cfg, InputShard(1, 0), 3, 3)))
     assert batch["image"].shape == (3, 32, 32, 3)
 
 
 def test_official_imagenet_records_labels_from_one(tmp_path):
     _write_records(str(tmp_path / "train-00000-of-00001"), _jpegs(8), label_start=1)
-    with pytest.raises(ip.DataError, match="--num_classes"):
-        ip.load_data_spec(str(tmp_path))
-    spec = ip.load_data_spec(str(tmp_path), num_classes=4, label_offset=1)
+    with pytest.raises(data_spec.DataError, match="--num_classes"):
+        data_spec.load_data_spec(str(tmp_path))
+    spec = data_spec.load_data_spec(str(tmp_path), num_classes=4, label_offset=1)
     assert spec.num_train == 8
-    labels = next(iter(ip.make_train_dataset(spec, CFG, InputShard(1, 0), 8, 8)))["label"]
+    labels = next(iter(train_ds(spec, CFG, InputShard(1, 0), 8, 8, **ORDER)))["label"]
     assert sorted(labels.numpy()) == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
@@ -174,11 +180,11 @@ def test_tfds_dataset_read_from_its_files(tmp_path):
                 yield i, {"image": images[i], "label": int(labels[i])}
 
     TinyShapes(data_dir=str(tmp_path)).download_and_prepare()
-    spec = ip.load_tfds_spec("tiny_shapes", str(tmp_path))
+    spec = data_spec.load_tfds_spec("tiny_shapes", str(tmp_path))
     assert (spec.num_classes, spec.num_train, spec.num_eval) == (4, 12, 4)
-    batch = next(iter(ip.make_train_dataset(spec, CFG, InputShard(1, 0), 4, 4)))
+    batch = next(iter(train_ds(spec, CFG, InputShard(1, 0), 4, 4, **ORDER)))
     assert batch["image"].shape == (4, 32, 32, 3) and batch["weight"].numpy().all()
-    evaluation = list(ip.make_eval_dataset(spec, CFG, InputShard(1, 0), 4, 4))
+    evaluation = list(eval_ds(spec, CFG, InputShard(1, 0), 4, 4))
     assert sum(float(b["weight"].numpy().sum()) for b in evaluation) == 4
 
 
@@ -186,12 +192,12 @@ def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_
     """Un-resized crops (variable-length per-replica tensors) go through tf.distribute, and
     under --deterministic 2 mirrored replicas end where one device does."""
     from tfgpu import train
-    from tfgpu.config import Config, validate
+    from tfgpu.config import config_from, validate
 
     def run(strategy):
         settings = dict(TINY_RUN, crop_min_area=0.3, mixup_alpha=0.4, resize_on="device")
         model_dir = tmp_path / strategy
-        config = Config(
+        config = config_from(
             strategy=strategy, data_dir=small_dataset, model_dir=str(model_dir), **settings
         )
         summary = train.run(validate(config))
@@ -208,13 +214,11 @@ def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_
 def test_dct_scaled_decode_hands_over_large_crops_at_a_smaller_scale(small_dataset):
     """Same crop windows (same seed); with --dct_scaled_decode those >= 2x the output on both
     sides arrive decoded at 1/2 or 1/4 scale, never below the output size."""
-    spec = ip.load_data_spec(small_dataset)
+    spec = data_spec.load_data_spec(small_dataset)
     sizes = {}
     for dct in (False, True):
-        cfg = ip.PipelineConfig(
-            image_size=8, seed=1, crop_min_area=0.3, resize_on="device", dct_scaled_decode=dct
-        )
-        sizes[dct] = next(iter(ip.make_train_dataset(spec, cfg, InputShard(1, 0), 8, 8)))["sizes"]
+        cfg = DataConfig(image_size=8, crop_min_area=0.3, resize_on="device", dct_scaled_decode=dct)
+        sizes[dct] = next(iter(train_ds(spec, cfg, InputShard(1, 0), 8, 8, seed=1)))["sizes"]
     full, scaled = sizes[False].numpy(), sizes[True].numpy()
     ratio = np.where(full.min(1) >= 32, 4, np.where(full.min(1) >= 16, 2, 1))
     assert (ratio > 1).any()

@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfgpu import models
+from tfgpu import models, nets
 from tfgpu.config import ConfigError
 
 EXPECTED_NAMES = (
@@ -35,9 +35,9 @@ def test_registry_has_exactly_the_contract_names():
 
 def test_every_applications_entry_names_a_keras_application():
     # Cheap stand-in for building all 18 keras.applications models (~100 s on 2 cores).
-    for name, builder in models.MODELS.items():
-        if getattr(builder, "func", None) is models._from_applications:
-            assert callable(getattr(keras.applications, builder.args[0])), name
+    for name, (family, kwargs) in models.MODELS.items():
+        if family == "application":
+            assert callable(getattr(keras.applications, kwargs["app_name"])), name
 
 
 @pytest.mark.parametrize(
@@ -92,8 +92,8 @@ def _normalizer(model):
 @pytest.mark.parametrize("name", ["resnet18", "densenet121", "efficientnet_b0"])
 def test_models_normalize_0_255_pixels_with_imagenet_mean_and_std(small_models, name):
     normalize = _normalizer(small_models(name))
-    mean = np.array(models.IMAGENET_MEAN, np.float32)
-    std = np.sqrt(np.array(models.IMAGENET_VAR, np.float32))
+    mean = np.array(nets.IMAGENET_MEAN, np.float32)
+    std = np.sqrt(np.array(nets.IMAGENET_VAR, np.float32))
     image = np.broadcast_to(mean, (1, 32, 32, 3))
     np.testing.assert_allclose(normalize(image), 0.0, atol=1e-5)
     np.testing.assert_allclose(normalize(image + std), 1.0, atol=1e-5)

@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import distribute, image_ops, models, preprocess, train
+from tfgpu import compat, models, train
+from tfgpu.config import config_from, resolve
+from tfgpu.data import host_ops
+from tfgpu.distribute import backends
 from tfgpu.step import DynamicLossScale, TrainStep
 
 
@@ -24,11 +27,12 @@ def _batch(n=8, size=32, seed=0):
         "image": tf.constant(rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)),
         "label": tf.constant(rng.integers(0, 4, n), tf.int32),
         "flip": tf.zeros([n], tf.bool),
+        "weight": tf.ones([n]),
     }
 
 
 def _backend():
-    return distribute.build_backend("default")
+    return backends.build_backend("default")
 
 
 def _step(model, loss_scale=None, lr=0.05):
@@ -55,8 +59,8 @@ def test_bfloat16_train_step_runs_and_updates_weights(policy):
     model = models.build_model("resnet18", 4, 32, small_input=True)
     step = _step(model)
     before = _weights(model)
-    metrics = tf.function(step.update)(_batch())
-    assert np.isfinite(float(metrics["loss"])) and bool(metrics["finite"])
+    metrics, finite = tf.function(step.update)(_batch())
+    assert np.isfinite(float(metrics["loss"])) and bool(finite)
     assert any(not np.array_equal(a, b) for a, b in zip(before, _weights(model)))
 
 
@@ -70,13 +74,13 @@ def test_float16_overflow_is_skipped_the_scale_halved_and_later_steps_apply(poli
     # the float16 activations' gradients become inf, as with a too-high scale on a GPU.
     loss_scale.scale.assign(1e30)
     before = _weights(model)
-    metrics = update(_batch())
-    assert not bool(metrics["finite"])
+    _, finite = update(_batch())
+    assert not bool(finite)
     assert all(np.array_equal(a, b) for a, b in zip(before, _weights(model)))  # skipped
     assert float(loss_scale.scale) == pytest.approx(5e29) and int(loss_scale.good_steps) == 0
     loss_scale.scale.assign(2.0**10)
-    metrics = update(_batch())
-    assert bool(metrics["finite"]) and np.isfinite(float(metrics["loss"]))
+    metrics, finite = update(_batch())
+    assert bool(finite) and np.isfinite(float(metrics["loss"]))
     assert any(not np.array_equal(a, b) for a, b in zip(before, _weights(model)))  # applied
     assert float(loss_scale.scale) == 2.0**10 and int(loss_scale.good_steps) == 1
 
@@ -112,13 +116,19 @@ def _twin_models(name):
 @pytest.mark.parametrize("name", ["tiny_cnn", "small_bn_net"])
 def test_xla_train_step_matches_the_plain_one(name):
     # Op determinism is process-wide and an earlier test may have left it on; XLA refuses it.
-    train.set_op_determinism(False)
+    compat.set_op_determinism(False)
     plain_model, xla_model = _twin_models(name)
-    plain, xla = _step(plain_model), _step(xla_model)
-    xla.replica_step = train.jit_compiled(xla.replica_step, 32)
+    plain = _step(plain_model)
+    xla = TrainStep(
+        xla_model,
+        keras.optimizers.SGD(0.05, momentum=0.9),
+        _backend(),
+        global_batch_size=8,
+        jit_compile=True,
+    )
     batch = _batch(seed=1)
-    m_plain = tf.function(plain.update)(batch)
-    m_xla = tf.function(xla.update)(batch)
+    m_plain, _ = tf.function(plain.update)(batch)
+    m_xla, _ = tf.function(xla.update)(batch)
     np.testing.assert_allclose(float(m_xla["loss"]), float(m_plain["loss"]), rtol=1e-4)
     for a, b in zip(_weights(plain_model), _weights(xla_model)):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
@@ -127,29 +137,37 @@ def test_xla_train_step_matches_the_plain_one(name):
 def test_xla_step_takes_un_resized_crops_and_matches_the_plain_one():
     """--resize_on=device with --jit_compile: the variable-length crops are resized before
     XLA, which sees fixed shapes; the update equals the plain step's."""
-    train.set_op_determinism(False)
+    compat.set_op_determinism(False)
     plain_model, xla_model = _twin_models("tiny_cnn")
-    fn = preprocess.make_batch_fn(4, image_size=32)
-    plain = TrainStep(plain_model, keras.optimizers.SGD(0.05), _backend(), 8, preprocess_fn=fn)
-    xla = TrainStep(xla_model, keras.optimizers.SGD(0.05), _backend(), 8, preprocess_fn=fn)
-    xla.replica_step = train.jit_compiled(xla.replica_step, 32)
+    settings = dict(image_size=32, resize_on="device", global_batch_size=8, weight_decay=0.0)
+
+    def step(model, jit_compile):
+        config = config_from(**settings, jit_compile=jit_compile)
+        return train.build_step(config, model, keras.optimizers.SGD(0.05), _backend(), 4)
+
+    plain, xla = step(plain_model, False), step(xla_model, True)
     rng = np.random.default_rng(4)
     update = tf.function(xla.update)
     for shapes in ([(40, 30), (20, 50)] * 4, [(33, 33), (64, 16)] * 4):  # two lengths
         crops = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in shapes]
         batch = dict(_batch(seed=2), sizes=tf.constant(shapes, tf.int32))
-        batch["pixels"] = tf.concat([image_ops.pack_pixels(tf.constant(c)) for c in crops], 0)
+        batch["pixels"] = tf.concat([host_ops.pack_pixels(tf.constant(c)) for c in crops], 0)
         del batch["image"]
-        m_plain, m_xla = tf.function(plain.update)(batch), update(batch)
+        (m_plain, _), (m_xla, _) = tf.function(plain.update)(batch), update(batch)
         np.testing.assert_allclose(float(m_xla["loss"]), float(m_plain["loss"]), rtol=1e-4)
     for a, b in zip(_weights(plain_model), _weights(xla_model)):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
 
 
+def _resize_on(resize_on, has_gpu, preprocess_on="device"):
+    config = config_from(resize_on=resize_on, preprocess_on=preprocess_on)
+    return resolve(config, has_gpu).data.resize_on
+
+
 def test_resize_on_auto_is_device_only_with_a_gpu():
-    assert train.resolve_resize_on("auto", has_gpu=True) == "device"
-    assert train.resolve_resize_on("auto", has_gpu=False) == "host"
-    assert train.resolve_resize_on("device", has_gpu=False) == "device"
-    assert train.resolve_resize_on("host", has_gpu=True) == "host"
+    assert _resize_on("auto", has_gpu=True) == "device"
+    assert _resize_on("auto", has_gpu=False) == "host"
+    assert _resize_on("device", has_gpu=False) == "device"
+    assert _resize_on("host", has_gpu=True) == "host"
     # With the float work in tf.data the resize would run there too, on the CPU.
-    assert train.resolve_resize_on("auto", has_gpu=True, preprocess_on="host") == "host"
+    assert _resize_on("auto", has_gpu=True, preprocess_on="host") == "host"

@@ -1,15 +1,19 @@
 """Device-side ops: same result eagerly and in tf.data; MixUp/CutMix independent of the split."""
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
-from tfgpu import image_ops, preprocess
-from tfgpu import input_pipeline as ip
+from conftest import train_ds
+
+from tfgpu.config import DataConfig
+from tfgpu.data import device_ops, host_ops
+from tfgpu.data import spec as data_spec
 from tfgpu.distribute import InputShard
 
-MIX = ip.PipelineConfig(
-    image_size=32, seed=5, deterministic=True, shuffle_buffer=16, mixup_alpha=0.4, cutmix_alpha=1.0
-)
+MIX = DataConfig(image_size=32, shuffle_buffer=16, mixup_alpha=0.4, cutmix_alpha=1.0)
+ORDER = dict(seed=5, deterministic=True)
 
 
 def _eager_and_graph(fn, *args):
@@ -24,30 +28,30 @@ def _assert_same(a, b):
 
 
 def test_host_ops_eager_equal_tf_data():
-    seed = image_ops.example_seed(2, tf.constant(1), tf.constant(7))
-    _assert_same(*_eager_and_graph(lambda s: image_ops.draw_mixing(s, 32, 0.4, 1.0), seed))
-    _assert_same(*_eager_and_graph(image_ops.draw_flip, seed))
+    seed = host_ops.example_seed(2, tf.constant(1), tf.constant(7))
+    _assert_same(*_eager_and_graph(lambda s: host_ops.draw_mixing(s, 32, 0.4, 1.0), seed))
+    _assert_same(*_eager_and_graph(host_ops.draw_flip, seed))
     image = tf.cast(tf.reshape(tf.range(30 * 50 * 3) % 251, [30, 50, 3]), tf.uint8)
-    eager, graph = _eager_and_graph(lambda x: image_ops.resize_uint8(x, 16), image)
+    eager, graph = _eager_and_graph(lambda x: host_ops.resize_uint8(x, 16), image)
     _assert_same(eager, graph)
     assert eager.shape == (16, 16, 3) and eager.dtype == tf.uint8
     reference = tf.cast(tf.round(tf.image.resize(image, [16, 16])), tf.uint8)
     assert np.abs(eager.numpy().astype(int) - reference.numpy()).max() <= 1
     encoded = tf.io.encode_jpeg(image)
-    _assert_same(*_eager_and_graph(image_ops.looks_whole, encoded))
-    assert not image_ops.looks_whole(tf.strings.substr(encoded, 0, 100))
-    assert image_ops.looks_whole(encoded + b"\x00" * 9)  # padding after EOI is common
+    _assert_same(*_eager_and_graph(host_ops.looks_whole, encoded))
+    assert not host_ops.looks_whole(tf.strings.substr(encoded, 0, 100))
+    assert host_ops.looks_whole(encoded + b"\x00" * 9)  # padding after EOI is common
     png = tf.io.encode_png(image)
-    assert image_ops.looks_whole(png)
-    assert not image_ops.looks_whole(tf.strings.substr(png, 0, 60))
+    assert host_ops.looks_whole(png)
+    assert not host_ops.looks_whole(tf.strings.substr(png, 0, 60))
     # A block of records at once (as the train pipeline checks them) = one at a time.
     block = tf.stack(
         [encoded, tf.strings.substr(encoded, 0, 100), encoded + b"\x00" * 9, png]
         + [tf.strings.substr(png, 0, 60), b"", b"\xff\xd9", b"GIF8"]
     )
-    eager, graph = _eager_and_graph(image_ops.looks_whole, block)
+    eager, graph = _eager_and_graph(host_ops.looks_whole, block)
     _assert_same(eager, graph)
-    assert eager.numpy().tolist() == [bool(image_ops.looks_whole(e)) for e in block]
+    assert eager.numpy().tolist() == [bool(host_ops.looks_whole(e)) for e in block]
     assert eager.numpy().tolist() == [True, False, True, True, False, False, False, True]
 
 
@@ -64,7 +68,7 @@ def test_large_jpeg_windows_decode_at_a_dct_scale_like_an_antialiased_resize():
         ([0, 0, 1000, 1200], 120, (125, 150)),  # >= 8x: 1/8
     ]
     for window, min_side, shape in cases:
-        fn = lambda e, w=window, m=min_side: image_ops.decode_crop(e, lambda _: tf.constant(w), m)
+        fn = lambda e, w=window, m=min_side: host_ops.decode_crop(e, lambda _: tf.constant(w), m)
         eager, graph = _eager_and_graph(fn, encoded)
         _assert_same(eager, graph)
         assert eager.shape == shape + (3,)
@@ -77,8 +81,8 @@ def test_large_jpeg_windows_decode_at_a_dct_scale_like_an_antialiased_resize():
 
 def test_mixing_draws_are_consistent():
     for position in range(20):
-        seed = image_ops.example_seed(0, tf.constant(0), tf.constant(position))
-        d = {k: v.numpy() for k, v in image_ops.draw_mixing(seed, 32, 0.4, 1.0).items()}
+        seed = host_ops.example_seed(0, tf.constant(0), tf.constant(position))
+        d = {k: v.numpy() for k, v in host_ops.draw_mixing(seed, 32, 0.4, 1.0).items()}
         assert 0 <= d["mix_lam"] <= 1
         if d["use_cut"]:
             y0, x0, y1, x1 = d["cut_box"]
@@ -86,13 +90,13 @@ def test_mixing_draws_are_consistent():
 
 
 def _batch(spec, shard, batch, global_batch):
-    return next(iter(ip.make_train_dataset(spec, MIX, shard, batch, global_batch)))
+    return next(iter(train_ds(spec, MIX, shard, batch, global_batch, **ORDER)))
 
 
 def test_batch_fn_eager_equal_tf_data_and_shapes(small_dataset):
-    spec = ip.load_data_spec(small_dataset)
+    spec = data_spec.load_data_spec(small_dataset)
     batch = _batch(spec, InputShard(1, 0), 8, 8)
-    fn = preprocess.make_batch_fn(4)
+    fn = device_ops.make_batch_fn("uint8", 4, MIX)
     eager, graph = fn(batch), next(iter(tf.data.Dataset.from_tensors(batch).map(fn)))
     _assert_same(eager, graph)
     images, targets = eager
@@ -103,8 +107,8 @@ def test_batch_fn_eager_equal_tf_data_and_shapes(small_dataset):
 
 def test_mixing_does_not_depend_on_the_split(small_dataset):
     """Two pipelines x half batches give, after the device fn, the whole batch's result."""
-    spec = ip.load_data_spec(small_dataset)
-    fn = preprocess.make_batch_fn(4)
+    spec = data_spec.load_data_spec(small_dataset)
+    fn = device_ops.make_batch_fn("uint8", 4, MIX)
     whole = fn(_batch(spec, InputShard(1, 0), 8, 8))
     halves = [fn(_batch(spec, InputShard(2, i), 4, 8)) for i in range(2)]
     for k in range(2):
@@ -114,19 +118,19 @@ def test_mixing_does_not_depend_on_the_split(small_dataset):
 
 
 def test_preprocess_on_host_equals_device(small_dataset):
-    spec = ip.load_data_spec(small_dataset)
-    device = preprocess.device_fn(4, MIX)(_batch(spec, InputShard(1, 0), 8, 8))
-    host_cfg = ip.PipelineConfig(**{**MIX.__dict__, "preprocess_on": "host"})
-    host_batch = next(iter(ip.make_train_dataset(spec, host_cfg, InputShard(1, 0), 8, 8)))
-    _assert_same(device, preprocess.device_fn(4, host_cfg)(host_batch))
+    spec = data_spec.load_data_spec(small_dataset)
+    device = device_ops.make_batch_fn("uint8", 4, MIX)(_batch(spec, InputShard(1, 0), 8, 8))
+    host_cfg = dataclasses.replace(MIX, preprocess_on="host")
+    host_batch = next(iter(train_ds(spec, host_cfg, InputShard(1, 0), 8, 8, **ORDER)))
+    _assert_same(device, device_ops.make_batch_fn("float", 4, host_cfg)(host_batch))
 
 
 def test_pair_swap_and_flip():
     x = tf.reshape(tf.range(4 * 2), [4, 2])
-    np.testing.assert_array_equal(preprocess.pair_swap(x).numpy(), [[2, 3], [0, 1], [6, 7], [4, 5]])
+    np.testing.assert_array_equal(device_ops.pair_swap(x).numpy(), [[2, 3], [0, 1], [6, 7], [4, 5]])
     images = tf.reshape(tf.range(2 * 2 * 3 * 1, dtype=tf.int32), [2, 2, 3, 1])
     flip = tf.constant([True, False])
-    eager, graph = _eager_and_graph(preprocess.apply_flip, images, flip)
+    eager, graph = _eager_and_graph(device_ops.apply_flip, images, flip)
     _assert_same(eager, graph)
     np.testing.assert_array_equal(eager[0], images.numpy()[0, :, ::-1])
 
@@ -138,16 +142,16 @@ def _crops(shapes, seed=0):
 
 def _flat(crops):
     """Crops packed one after the other, as a --resize_on=device batch carries them."""
-    words = tf.concat([image_ops.pack_pixels(tf.constant(c)) for c in crops], 0)
+    words = tf.concat([host_ops.pack_pixels(tf.constant(c)) for c in crops], 0)
     return words, tf.constant([c.shape[:2] for c in crops], tf.int32)
 
 
 def test_pack_pixels_round_trips_eagerly_and_in_tf_data():
     for crop in _crops([(1, 1), (3, 5), (8, 1), (7, 9)]):
-        eager, graph = _eager_and_graph(image_ops.pack_pixels, tf.constant(crop))
+        eager, graph = _eager_and_graph(host_ops.pack_pixels, tf.constant(crop))
         _assert_same(eager, graph)
         assert eager.dtype == tf.int64 and eager.shape[0] % 3 == 0
-        rgb = preprocess.unpack_rgb(eager).numpy()
+        rgb = device_ops.unpack_rgb(eager).numpy()
         n = crop.shape[0] * crop.shape[1]
         np.testing.assert_array_equal(rgb[:n], crop.reshape(-1, 3))
         assert len(rgb) == -(-n // 8) * 8 and not rgb[n:].any()
@@ -156,50 +160,51 @@ def test_pack_pixels_round_trips_eagerly_and_in_tf_data():
 def test_resize_flat_equals_tf_image_resize_eagerly_and_in_tf_data():
     crops = _crops([(30, 50), (7, 3), (1, 1), (100, 64), (16, 16), (17, 250)])
     pixels, sizes = _flat(crops)
-    eager, graph = _eager_and_graph(lambda p, s: preprocess.resize_flat(p, s, 16), pixels, sizes)
+    eager, graph = _eager_and_graph(lambda p, s: device_ops.resize_flat(p, s, 16), pixels, sizes)
     _assert_same(eager, graph)
     assert eager.shape == (len(crops), 16, 16, 3) and eager.dtype == tf.float32
     for image, crop in zip(eager.numpy(), crops):
         np.testing.assert_allclose(image, tf.image.resize(crop, [16, 16]).numpy(), atol=1e-3)
-        host = image_ops.resize_uint8(tf.constant(crop), 16).numpy()  # rounded to uint8
+        host = host_ops.resize_uint8(tf.constant(crop), 16).numpy()  # rounded to uint8
         assert np.abs(image - host).max() <= 0.5 + 1e-3
 
 
 def test_resize_flat_does_not_depend_on_the_batch():
     crops = _crops([(30, 50), (9, 40), (64, 12), (5, 5)], seed=1)
-    whole = preprocess.resize_flat(*_flat(crops), 8).numpy()
-    halves = [preprocess.resize_flat(*_flat(crops[i : i + 2]), 8).numpy() for i in (0, 2)]
+    whole = device_ops.resize_flat(*_flat(crops), 8).numpy()
+    halves = [device_ops.resize_flat(*_flat(crops[i : i + 2]), 8).numpy() for i in (0, 2)]
     np.testing.assert_array_equal(np.concatenate(halves), whole)
 
 
-DEVICE_RESIZE = ip.PipelineConfig(**{**MIX.__dict__, "resize_on": "device"})
+DEVICE_RESIZE = dataclasses.replace(MIX, resize_on="device")
 
 
 def test_resize_on_device_batches_and_equals_host_resize(small_dataset):
-    spec = ip.load_data_spec(small_dataset)
-    ds = ip.make_train_dataset(spec, DEVICE_RESIZE, InputShard(1, 0), 8, 8)
+    spec = data_spec.load_data_spec(small_dataset)
+    ds = train_ds(spec, DEVICE_RESIZE, InputShard(1, 0), 8, 8, **ORDER)
     batch = next(iter(ds))
     assert "image" not in batch and batch["pixels"].dtype == tf.int64
     assert batch["pixels"].shape.rank == 1 and batch["sizes"].shape == (8, 2)
     # No padding beyond each crop's last 8-pixel group: 3 words per group.
     groups = (tf.reduce_prod(batch["sizes"], 1) + 7) // 8
     assert batch["pixels"].shape[0] == 3 * int(tf.reduce_sum(groups))
-    images, targets = preprocess.device_fn(4, DEVICE_RESIZE)(batch)
+    images, targets = device_ops.make_batch_fn("packed", 4, DEVICE_RESIZE)(batch)
     assert images.shape == (8, 32, 32, 3) and images.dtype == tf.float32
-    host_images, host_targets = preprocess.device_fn(4, MIX)(_batch(spec, InputShard(1, 0), 8, 8))
+    host_batch = _batch(spec, InputShard(1, 0), 8, 8)
+    host_images, host_targets = device_ops.make_batch_fn("uint8", 4, MIX)(host_batch)
     # Same crops, flips and mixing; the host rounds its resize to uint8 (MixUp blends two).
     assert np.abs(images.numpy() - host_images.numpy()).max() <= 1.0 + 1e-3
     _assert_same(targets, host_targets)
     # Inside tf.data (--preprocess_on=host with the resize on "device") gives the same.
-    both_host = ip.PipelineConfig(**{**DEVICE_RESIZE.__dict__, "preprocess_on": "host"})
-    host_batch = next(iter(ip.make_train_dataset(spec, both_host, InputShard(1, 0), 8, 8)))
+    both_host = dataclasses.replace(DEVICE_RESIZE, preprocess_on="host")
+    host_batch = next(iter(train_ds(spec, both_host, InputShard(1, 0), 8, 8, **ORDER)))
     np.testing.assert_allclose(host_batch["image"].numpy(), images.numpy(), atol=1e-4)
 
 
 def test_resize_on_device_does_not_depend_on_the_split(small_dataset):
-    spec = ip.load_data_spec(small_dataset)
-    fn = preprocess.device_fn(4, DEVICE_RESIZE)
-    make = lambda shard, b: next(iter(ip.make_train_dataset(spec, DEVICE_RESIZE, shard, b, 8)))
+    spec = data_spec.load_data_spec(small_dataset)
+    fn = device_ops.make_batch_fn("packed", 4, DEVICE_RESIZE)
+    make = lambda shard, b: next(iter(train_ds(spec, DEVICE_RESIZE, shard, b, 8, **ORDER)))
     whole = fn(make(InputShard(1, 0), 8))
     halves = [fn(make(InputShard(2, i), 4)) for i in range(2)]
     for k in range(2):

@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-from tfgpu import records
+from tfgpu.data import records
 
 
 def _jpeg(array) -> bytes:

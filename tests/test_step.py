@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import distribute, models, optim
+from tfgpu import models, optim, schedules
+from tfgpu.distribute import backends
 from tfgpu.step import TrainStep
 
 GLOBAL_BATCH, UPDATES = 16, 3
@@ -19,17 +20,20 @@ def _batches():
         "image": rng.integers(0, 256, (n, 16, 16, 3)).astype(np.uint8),
         "label": (np.arange(n) % 5).astype(np.int32),
         "flip": rng.random(n) < 0.5,
+        "weight": np.ones(n, np.float32),
     }
 
 
 def _train(strategy: str, optimizer: str, accum: int, weight_decay: float):
     """Trains tiny_cnn for UPDATES updates; returns (weights, step, traced update fn)."""
-    backend = distribute.build_backend(strategy)
+    backend = backends.build_backend(strategy)
     keras.utils.set_random_seed(7)
     with backend.scope():
         model = models.build_model("tiny_cnn", num_classes=5, image_size=16)
         opt = optim.build_optimizer(optimizer, 0.01, momentum=0.9, weight_decay=weight_decay)
-        step = TrainStep(model, opt, backend, GLOBAL_BATCH, grad_accum_steps=accum)
+        step = TrainStep(
+            model, opt, backend, global_batch_size=GLOBAL_BATCH, grad_accum_steps=accum
+        )
     per_replica = GLOBAL_BATCH // backend.num_replicas
     data = backend.distribute_dataset(
         lambda shard: tf.data.Dataset.from_tensor_slices(_batches()).batch(per_replica)
@@ -58,8 +62,11 @@ def test_two_replicas_equal_one():
     one, _, _ = _train("default", "adam", 2, 0.0)
     two, backend, _ = _train("mirrored", "adam", 2, 0.0)
     assert backend.num_replicas == 2
+    # Adam divides by sqrt(v) + 1e-7: a gradient that is pure rounding noise (|g| ~ 1e-9,
+    # summed in another order by 2 replicas) moves its weight by up to lr * |g| / (|g| + 1e-7),
+    # so rounding shows up magnified. Seen on an AVX-512 CPU: 1.02e-5 on 1 weight of 9,216.
     for a, b in zip(one, two):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(a, b, atol=3e-5, rtol=0)
 
 
 def test_weight_decay_skips_batchnorm_and_bias():
@@ -72,11 +79,11 @@ def test_weight_decay_skips_batchnorm_and_bias():
 
 
 def test_schedule_warms_up_then_decays_to_zero():
-    schedule = optim.WarmupDecay(0.4, total_steps=100, warmup_steps=10, decay="cosine")
+    schedule = schedules.WarmupDecay(0.4, total_steps=100, warmup_steps=10, decay="cosine")
     rates = [float(schedule(s)) for s in (0, 9, 10, 55, 100)]
     assert rates[0] == pytest.approx(0.04) and rates[1] == pytest.approx(0.4)
     assert rates[2] == pytest.approx(0.4) and rates[3] == pytest.approx(0.2, abs=1e-6)
     assert rates[4] == pytest.approx(0.0, abs=1e-7)
-    step = optim.WarmupDecay(1.0, total_steps=100, decay="step")
+    step = schedules.WarmupDecay(1.0, total_steps=100, decay="step")
     assert [round(float(step(s)), 6) for s in (0, 30, 60, 95)] == [1.0, 0.1, 0.01, 0.001]
     assert optim.scaled_learning_rate(0.1, 1024, True) == pytest.approx(0.4)

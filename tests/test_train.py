@@ -4,7 +4,7 @@ import os
 import numpy as np
 
 from tfgpu import train
-from tfgpu.config import Config, validate
+from tfgpu.config import config_from, validate
 
 CONTRACT_FILES = [
     "config.json",
@@ -41,7 +41,7 @@ def _config(data_dir, model_dir, **kw):
         deterministic=True,  # the same data order and draws every run: no flaky "loss falls"
     )
     base.update(kw)
-    return validate(Config(**base))
+    return validate(config_from(**base))
 
 
 def test_short_run_writes_every_contract_file_and_learns(small_dataset, tmp_path):

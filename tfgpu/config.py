@@ -1,15 +1,20 @@
-"""One frozen, validated Config per run. ``main.py`` makes it from flags; tests make it directly.
+"""One frozen, validated Config per run: the one home of every setting.
 
-The field defaults here are the flags' defaults (``flags.py`` reads them from this class).
+Each setting is a field of one section (``data``, ``model``, ``optim``, ``train``, ``dist``) or
+of the run itself, declared with its default, its help and its choices; ``flags.py`` makes
+one flat absl flag of each (the field's name, or the ``flag`` it declares), so
+``--global_batch_size`` is ``config.train.global_batch_size``. The input pipeline takes
+``config.data`` as it is: no copy, no renaming.
+
+No TensorFlow here (nor in the modules whose choices it reads): ``--help`` and a bad flag
+must not wait for TensorFlow's start-up.
 """
 
-import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from tfgpu import distribute, models, optim
-
-DTYPES = ("float32", "mixed_float16", "mixed_bfloat16")
+from tfgpu import data, distribute, models, optim
+from tfgpu.settings import collect, replace_settings, setting
 
 
 class ConfigError(ValueError):
@@ -17,138 +22,344 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class DataConfig:
+    """Where the images come from and how the input pipeline treats them."""
+
+    data_dir: str = setting(
+        "",
+        "Directory written by tools/to_tfrecord.py; empty = the built-in demo dataset "
+        "(and the demo recipe for every flag not set).",
+    )
+    tfds_name: str = setting(
+        "",
+        "Train on a prepared tensorflow-datasets dataset (e.g. imagenet2012) instead of "
+        "--data_dir.",
+    )
+    tfds_data_dir: str = setting(
+        "", "tensorflow-datasets data_dir of --tfds_name (empty: tfds' default)."
+    )
+    synthetic_data: bool = setting(
+        False, "Train on generated batches of the right shape: times the model, no I/O."
+    )
+    num_classes: int = setting(
+        0, "Number of classes, for records without a dataset_info.json (0 = from it)."
+    )
+    label_offset: int = setting(
+        -1,
+        "Subtracted from stored labels (1 for TF's official ImageNet records; -1 = from "
+        "dataset_info.json, else 0).",
+    )
+    image_size: int = setting(224, "Training and evaluation image side, in pixels.")
+    random_flip: bool = setting(True, "Random left-right flips in training.")
+    crop_min_area: float = setting(0.08, "Smallest area fraction of a random-resized crop.")
+    dct_scaled_decode: bool = setting(
+        False,
+        "Decode JPEG crop windows 2, 4 or 8 times --image_size on both sides at that DCT scale: "
+        "15-20% less host CPU and smaller crops on large photos (1600x1200); costs ~3% on "
+        "ImageNet-sized images, where it seldom applies.",
+    )
+    eval_crop_fraction: float = setting(
+        0.875, "Evaluation center crop, as a fraction of the shorter side."
+    )
+    shuffle_buffer: int = setting(10_000, "Examples in the training shuffle buffer.")
+    cycle_length: int = setting(8, "Files read in parallel by the interleave.")
+    block_length: int = setting(1, "Consecutive records the interleave takes from each file.")
+    data_threads: int = setting(0, "Private tf.data thread pool size (0: the shared pool).")
+    ram_budget_mb: int = setting(
+        0, "RAM tf.data's autotuner may use for buffers, in MB (0: its default)."
+    )
+    cache_eval: bool = setting(True, "Cache the decoded evaluation split in memory.")
+    eval_snapshot_dir: str = setting(
+        "",
+        "Write the decoded evaluation crops here once (tf.data snapshot); later runs read "
+        "them instead of decoding (empty: off).",
+    )
+    skip_truncated_shards: bool = setting(
+        False,
+        "Read a truncated shard up to the break, with a warning, instead of stopping with an "
+        "error naming it.",
+    )
+    preprocess_on: str = setting(
+        "device",
+        "device: flip, cast, RandAugment, MixUp/CutMix run inside the step on the accelerator "
+        "(uint8 crosses over); host: they run in tf.data.",
+        choices=data.PREPROCESS_ON,
+    )
+    resize_on: str = setting(
+        "auto",
+        "Where training crops are resized. host: in tf.data; device: they cross un-resized "
+        "(packed one after the other, with their sizes) and a gather-based bilinear resizes "
+        "them inside the step, before XLA; auto: device with a GPU and --preprocess_on=device, "
+        "else host.",
+        choices=data.RESIZE_ON,
+    )
+    mixup_alpha: float = setting(
+        0.0, "MixUp Beta(alpha, alpha) (0: off); pairs (2k, 2k+1) of each batch."
+    )
+    cutmix_alpha: float = setting(
+        0.0,
+        "CutMix Beta(alpha, alpha) (0: off); with --mixup_alpha each example picks one of the "
+        "two at random.",
+    )
+    randaugment_ops: int = setting(
+        0,
+        "RandAugment operations per image (0: off); keras.layers.RandAugment, not "
+        "split-invariant under --deterministic.",
+    )
+    randaugment_magnitude: float = setting(0.5, "RandAugment factor in [0, 1].")
+
+    @property
+    def mixing(self) -> bool:
+        """True when MixUp or CutMix is on (batches then carry ``mix`` draws)."""
+        return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which network, in which precision."""
+
+    name: str = setting(
+        "resnet50",
+        "Registry name: resnet18..resnet152, densenet121/169/201, efficientnet_b0..b7, "
+        "efficientnetv2_b0..b3/s/m/l, tiny_cnn.",
+        choices=sorted(models.MODELS),
+        flag="model",
+    )
+    small_input: bool = setting(
+        False,
+        "Small-input stem for 32x32-scale data: ResNets 3x3/1 conv, no max-pool; DenseNets "
+        "and EfficientNets keep their stem layers at stride 1.",
+    )
+    init_weights: str = setting(
+        "",
+        "A local .weights.h5 (same model) or .keras file (its logits layer may differ: "
+        "fine-tuning) to start from; no downloads. A checkpoint in --model_dir wins.",
+    )
+    dtype: str = setting(
+        "float32",
+        "float32, mixed_float16 (dynamic loss scaling) or mixed_bfloat16.",
+        choices=models.DTYPES,
+    )
+    jit_compile: bool = setting(False, "Compile the train step with XLA.")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The optimizer, its learning-rate schedule and what is done to the gradients."""
+
+    name: str = setting(
+        "sgd", "sgd, nesterov, adam, adamw or lamb.", choices=optim.OPTIMIZERS, flag="optimizer"
+    )
+    learning_rate: float = setting(0.1, "Base learning rate (peak, after warmup).")
+    scale_lr_with_batch: bool = setting(
+        False, "Multiply --learning_rate by global_batch_size / 256."
+    )
+    momentum: float = setting(0.9, "Momentum of sgd and nesterov.")
+    weight_decay: float = setting(
+        5e-5, "Decoupled weight decay; BatchNorm and bias variables are not decayed."
+    )
+    lr_schedule: str = setting(
+        "cosine",
+        "After warmup: constant, cosine, linear or step (x0.1 at 30/60/90%).",
+        choices=optim.SCHEDULES,
+    )
+    warmup_steps: int = setting(0, "Linear learning-rate warmup, in optimizer updates.")
+    label_smoothing: float = setting(0.0, "Label smoothing of the cross-entropy.")
+    clip_norm: float = setting(0.0, "Clip the all-reduced gradients to this global norm (0: off).")
+    ema_decay: float = setting(
+        0.0, "Keep an exponential moving average of the weights with this decay (0: off)."
+    )
+    skip_non_finite: bool = setting(
+        False,
+        "Skip an update whose loss or gradients are not finite, and count it, instead of "
+        "stopping (mixed_float16 always skips and lowers the loss scale).",
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How big an update is, how long training runs, and when to log, evaluate and save."""
+
+    global_batch_size: int = setting(
+        256, "Examples per optimizer update, over all replicas and micro-batches."
+    )
+    grad_accum_steps: int = setting(
+        1,
+        "Micro-batches per update; per-replica micro-batch = global / (replicas x "
+        "grad_accum_steps).",
+    )
+    train_steps: int = setting(0, "Length of training in optimizer updates (0: use --epochs).")
+    epochs: float = setting(
+        0.0, "Length of training in passes over the train split (0: use --train_steps)."
+    )
+    steps_per_loop: int = setting(10, "Updates per tf.function call (fewer Python round trips).")
+    eval_batch_size: int = setting(0, "Global evaluation batch (0: the training global batch).")
+    log_every_steps: int = setting(100, "Print and log train metrics every N updates.")
+    eval_every_steps: int = setting(0, "Evaluate every N updates (0: only at the end).")
+    eval_every_epochs: float = setting(
+        0.0, "Evaluate every N passes over the train split (0: only at the end)."
+    )
+    checkpoint_every_steps: int = setting(
+        1000, "Write a checkpoint every N updates (and always at the end)."
+    )
+    keep_checkpoints: int = setting(3, "Checkpoints kept (the newest).")
+    export: bool = setting(
+        True, "At the end, export the model as .keras and as a SavedModel taking uint8 images."
+    )
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    """How training is spread over devices, processes and machines."""
+
+    strategy: str = setting(
+        "auto",
+        "How to spread training: auto (horovod under horovodrun, multi_worker_mirrored when "
+        "TF_CONFIG names several workers, mirrored with >1 GPU, else default), default, "
+        "one_device, mirrored, multi_worker_mirrored, horovod.",
+        choices=distribute.STRATEGIES,
+    )
+    logical_cpu_devices: int = setting(
+        0, "Split the CPU into N devices, so mirrored has N replicas on a laptop."
+    )
+    all_reduce_alg: str = setting(
+        "auto",
+        "mirrored: auto, nccl, hierarchical_copy or reduce_to_one.",
+        choices=distribute.ALL_REDUCE_ALGS,
+    )
+    communication: str = setting(
+        "auto",
+        "multi_worker_mirrored collectives: auto, ring or nccl.",
+        choices=distribute.COMMUNICATIONS,
+    )
+    collective_timeout_s: float = setting(
+        600.0, "A collective that waits longer (a dead worker) fails the run."
+    )
+    hvd_compression: str = setting(
+        "none",
+        "horovod: none or fp16 compression of the gradient all-reduce.",
+        choices=distribute.HVD_COMPRESSIONS,
+    )
+
+
+SECTIONS = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "dist": DistConfig,
+}
+
+
+@dataclass(frozen=True)
 class Config:
-    # What and where.
-    strategy: str = "auto"
-    model: str = "resnet50"
-    data_dir: str = ""
-    model_dir: str = ""
-    num_classes: int = 0
-    label_offset: int = -1
-    synthetic_data: bool = False
-    image_size: int = 224
-    small_input: bool = False
-    init_weights: str = ""
-    # How long and how big.
-    global_batch_size: int = 256
-    grad_accum_steps: int = 1
-    train_steps: int = 0
-    epochs: float = 0.0
-    steps_per_loop: int = 10
-    # Optimization.
-    optimizer: str = "sgd"
-    learning_rate: float = 0.1
-    scale_lr_with_batch: bool = False
-    momentum: float = 0.9
-    weight_decay: float = 5e-5
-    lr_schedule: str = "cosine"
-    warmup_steps: int = 0
-    label_smoothing: float = 0.0
-    clip_norm: float = 0.0
-    ema_decay: float = 0.0
-    skip_non_finite: bool = False
-    # Numerics and speed.
-    dtype: str = "float32"
-    jit_compile: bool = False
-    seed: int = 0
-    deterministic: bool = False
-    # Input pipeline.
-    random_flip: bool = True
-    crop_min_area: float = 0.08
-    dct_scaled_decode: bool = False
-    eval_crop_fraction: float = 0.875
-    eval_batch_size: int = 0
-    shuffle_buffer: int = 10_000
-    cycle_length: int = 8
-    data_threads: int = 0
-    cache_eval: bool = True
-    block_length: int = 1
-    ram_budget_mb: int = 0
-    eval_snapshot_dir: str = ""
-    skip_truncated_shards: bool = False
-    preprocess_on: str = "device"
-    resize_on: str = "auto"
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
-    randaugment_ops: int = 0
-    randaugment_magnitude: float = 0.5
-    tfds_name: str = ""
-    tfds_data_dir: str = ""
-    # Distribution.
-    logical_cpu_devices: int = 0
-    all_reduce_alg: str = "auto"
-    communication: str = "auto"
-    collective_timeout_s: float = 600.0
-    hvd_compression: str = "none"
-    # Bookkeeping.
-    log_every_steps: int = 100
-    eval_every_steps: int = 0
-    eval_every_epochs: float = 0.0
-    checkpoint_every_steps: int = 1000
-    keep_checkpoints: int = 3
-    export: bool = True
+    """The whole run: three run-wide settings and one section per concern."""
 
-    def replace(self, **changes) -> "Config":
-        return dataclasses.replace(self, **changes)
+    model_dir: str = setting(
+        "",
+        "Where the run writes everything; resumes from the newest checkpoint there. Default: "
+        "a new folder under runs/.",
+    )
+    seed: int = setting(0, "Seed of initialization, shuffling and augmentation.")
+    deterministic: bool = setting(
+        False, "Same flags + same seed = same weights: deterministic ops and data order."
+    )
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def flat(self) -> dict:
+        """{flag name: value} of every setting (what config.json holds)."""
+        return {s.flag: s.get(self) for s in SETTINGS.values()}
+
+    def with_settings(self, **values) -> "Config":
+        """A copy with settings changed, named by their flags: ``with_settings(train_steps=7)``."""
+        unknown = [name for name in values if name not in SETTINGS]
+        if unknown:
+            raise ConfigError(f"--{unknown[0]} is not a tfgpu flag")
+        return replace_settings(self, [(SETTINGS[k], v) for k, v in values.items()])
 
 
-def _choice(name: str, value: str, choices) -> None:
-    if value not in choices:
-        raise ConfigError(f"--{name}={value!r} is unknown; choose from {', '.join(choices)}")
+SETTINGS = collect(Config, SECTIONS)  # flag name -> Setting, in declaration order
 
 
-def _positive(config: Config, *names: str) -> None:
-    for name in names:
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"--{name}={getattr(config, name)} must be positive")
+def config_from(**values) -> Config:
+    """A Config from flat settings named by their flags (what tests and tools write)."""
+    return Config().with_settings(**values)
 
 
 def validate(config: Config) -> Config:
     """Checks every setting that can be checked before TensorFlow starts; returns ``config``."""
-    _choice("strategy", config.strategy, distribute.STRATEGIES)
-    _choice("model", config.model, sorted(models.MODELS))
-    _choice("optimizer", config.optimizer, optim.OPTIMIZERS)
-    _choice("lr_schedule", config.lr_schedule, optim.SCHEDULES)
-    _choice("dtype", config.dtype, DTYPES)
-    _choice("all_reduce_alg", config.all_reduce_alg, distribute.ALL_REDUCE_ALGS)
-    _choice("communication", config.communication, distribute.COMMUNICATIONS)
-    _choice("hvd_compression", config.hvd_compression, ("none", "fp16"))
-    _choice("preprocess_on", config.preprocess_on, ("device", "host"))
-    _choice("resize_on", config.resize_on, ("auto", "host", "device"))
-    _positive(config, "global_batch_size", "grad_accum_steps", "image_size", "steps_per_loop")
-    _positive(config, "log_every_steps", "checkpoint_every_steps", "keep_checkpoints")
-    if config.global_batch_size % config.grad_accum_steps:
-        raise ConfigError(
-            f"--global_batch_size={config.global_batch_size} does not divide by "
-            f"--grad_accum_steps={config.grad_accum_steps}"
-        )
-    if config.train_steps < 0 or config.epochs < 0:
-        raise ConfigError("--train_steps and --epochs must not be negative")
-    if config.deterministic and config.jit_compile:
+    for s in SETTINGS.values():
+        value = s.get(config)
+        if s.choices and value not in s.choices:
+            raise ConfigError(
+                f"--{s.flag}={value!r} is unknown; choose from {', '.join(s.choices)}"
+            )
+    _check_data(config.data)
+    _check_train(config.train)
+    if config.deterministic and config.model.jit_compile:
         raise ConfigError(
             "--deterministic and --jit_compile do not go together: XLA has no deterministic "
             "kernel for some gradients (MaxPool's), and TensorFlow refuses them"
         )
-    if config.eval_every_steps and config.eval_every_epochs:
-        raise ConfigError("set --eval_every_steps or --eval_every_epochs, not both")
-    if config.train_steps and config.epochs:
-        raise ConfigError("set --train_steps or --epochs, not both")
-    if not 0 < config.crop_min_area <= 1 or not 0 < config.eval_crop_fraction <= 1:
-        raise ConfigError("--crop_min_area and --eval_crop_fraction must be in (0, 1]")
-    if config.data_dir and not os.path.isdir(os.path.expanduser(config.data_dir)):
-        raise ConfigError(f"--data_dir={config.data_dir} is not a directory")
     return config
 
 
-def per_replica_batch(config: Config, num_replicas: int) -> int:
-    """Examples per replica per update (all micro-batches); errors if the batch does not split."""
-    parts = num_replicas * config.grad_accum_steps
-    if config.global_batch_size % parts:
+def _positive(section, *names: str) -> None:
+    for name in names:
+        if getattr(section, name) <= 0:
+            raise ConfigError(f"--{name}={getattr(section, name)} must be positive")
+
+
+def _check_data(d: DataConfig) -> None:
+    _positive(d, "image_size")
+    if not 0 < d.crop_min_area <= 1 or not 0 < d.eval_crop_fraction <= 1:
+        raise ConfigError("--crop_min_area and --eval_crop_fraction must be in (0, 1]")
+    if d.data_dir and not os.path.isdir(os.path.expanduser(d.data_dir)):
+        raise ConfigError(f"--data_dir={d.data_dir} is not a directory")
+
+
+def _check_train(t: TrainConfig) -> None:
+    _positive(t, "global_batch_size", "grad_accum_steps", "steps_per_loop")
+    _positive(t, "log_every_steps", "checkpoint_every_steps", "keep_checkpoints")
+    if t.global_batch_size % t.grad_accum_steps:
         raise ConfigError(
-            f"--global_batch_size={config.global_batch_size} does not divide by "
-            f"{num_replicas} replicas x --grad_accum_steps={config.grad_accum_steps} = {parts}"
+            f"--global_batch_size={t.global_batch_size} does not divide by "
+            f"--grad_accum_steps={t.grad_accum_steps}"
         )
-    return config.global_batch_size // num_replicas
+    if t.train_steps < 0 or t.epochs < 0:
+        raise ConfigError("--train_steps and --epochs must not be negative")
+    if t.eval_every_steps and t.eval_every_epochs:
+        raise ConfigError("set --eval_every_steps or --eval_every_epochs, not both")
+    if t.train_steps and t.epochs:
+        raise ConfigError("set --train_steps or --epochs, not both")
+
+
+def per_replica_batch(train: TrainConfig, num_replicas: int) -> int:
+    """Examples per replica per update (all micro-batches); errors if the batch does not split."""
+    parts = num_replicas * train.grad_accum_steps
+    if train.global_batch_size % parts:
+        raise ConfigError(
+            f"--global_batch_size={train.global_batch_size} does not divide by "
+            f"{num_replicas} replicas x --grad_accum_steps={train.grad_accum_steps} = {parts}"
+        )
+    return train.global_batch_size // num_replicas
+
+
+def resolve(config: Config, has_gpu: bool) -> Config:
+    """The settings that depend on the machine, decided once (config.json shows the outcome).
+
+    ``--resize_on=auto``: on the device when it is a GPU that does the float work. Else the
+    resize would run on CPU cores, where the step's gather-based resize costs ~10x the host's
+    ResizeBilinear (measured: 2.7 vs 0.25 ms of CPU per image, bench/README.md). Synthetic
+    batches are uint8 like real ones: their float work is always on the device.
+    """
+    d = config.data
+    preprocess_on = "device" if d.synthetic_data else d.preprocess_on
+    resize_on = d.resize_on
+    if resize_on == "auto":
+        resize_on = "device" if has_gpu and preprocess_on == "device" else "host"
+    return config.with_settings(preprocess_on=preprocess_on, resize_on=resize_on)

@@ -8,20 +8,55 @@ import datetime
 import json
 import os
 import sys
+import time
 
 import keras
 import tensorflow as tf
 
-
-def _atomic_json(path: str, obj) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)
+from tfgpu.files import write_json
 
 
-def default_model_dir() -> str:
-    """A new folder under runs/, named by the time."""
-    return os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+class Window:
+    """Sums of one logging window's train metrics (``schema.StepMetrics`` and "steps"), and the
+    run's throughput over every window but the first (which includes tracing and warm-up)."""
+
+    def __init__(self):
+        self._reset()
+        self._timed_images, self._timed_seconds, self._windows = 0, 0.0, 0
+
+    def _reset(self) -> None:
+        self._sums: dict = {}
+        self._updates, self._start = 0, time.time()
+
+    def add(self, totals: dict, updates: int) -> None:
+        for key, value in totals.items():
+            self._sums[key] = self._sums.get(key, 0.0) + value
+        self._updates += updates
+
+    def close(self, step: int, learning_rate: float, global_batch: int) -> dict:
+        """The window's metrics.jsonl record; starts the next window."""
+        seconds = time.time() - self._start
+        images = self._updates * global_batch
+        if self._windows:
+            self._timed_images += images
+            self._timed_seconds += seconds
+        self._windows += 1
+        s = self._sums
+        record = {
+            "step": step,
+            "split": "train",
+            "loss": s.get("loss", 0.0) / max(s.get("steps", 0.0), 1.0),
+            "accuracy": s.get("correct", 0.0) / max(s.get("count", 0.0), 1.0),
+            "learning_rate": learning_rate,
+            "images_per_sec": images / max(seconds, 1e-9),
+            "skipped_records": int(s.get("skipped", 0.0)),
+        }
+        self._reset()
+        return record
+
+    def images_per_sec(self) -> float | None:
+        """Images per second over the timed windows (None before the second window)."""
+        return self._timed_images / self._timed_seconds if self._timed_seconds else None
 
 
 class RunWriter:
@@ -41,11 +76,10 @@ class RunWriter:
             print(line, flush=True)
 
     def write_config(self, config, backend) -> None:
+        """config.json: every resolved setting, by flag name, and the strategy as resolved."""
         if self.is_chief:
-            resolved = dict(
-                config.to_dict(), strategy=backend.name, num_replicas=backend.num_replicas
-            )
-            _atomic_json(os.path.join(self.model_dir, "config.json"), resolved)
+            resolved = dict(config.flat(), strategy=backend.name, num_replicas=backend.num_replicas)
+            write_json(os.path.join(self.model_dir, "config.json"), resolved)
 
     def _append(self, record: dict, split: str) -> None:
         with open(os.path.join(self.model_dir, "metrics.jsonl"), "a", encoding="utf-8") as f:
@@ -56,10 +90,10 @@ class RunWriter:
                     tf.summary.scalar(key, value)
         self._tb[split].flush()
 
-    def log_train(self, record: dict, line: str) -> None:
+    def log_train(self, record: dict, total_steps: int, global_batch: int) -> None:
         if self.is_chief:
             self._append(record, "train")
-            print(line, flush=True)
+            print(format_progress(record, total_steps, global_batch), flush=True)
 
     def log_eval(self, step: int, result: dict) -> None:
         if self.is_chief and result:
@@ -72,7 +106,7 @@ class RunWriter:
 
     def write_summary(self, summary: dict) -> None:
         if self.is_chief:
-            _atomic_json(os.path.join(self.model_dir, "summary.json"), summary)
+            write_json(os.path.join(self.model_dir, "summary.json"), summary)
             print("summary: " + json.dumps(summary), file=sys.stdout, flush=True)
 
 

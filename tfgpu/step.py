@@ -8,29 +8,15 @@ outside the replicas (cross-replica context), which is also where an update with
 gradients is skipped under float16 loss scaling.
 """
 
-import keras
 import tensorflow as tf
 
-from tfgpu import preprocess
+from tfgpu import compat
+from tfgpu.data import device_ops
+from tfgpu.schema import StepMetrics
 
 
 class NonFiniteLoss(FloatingPointError):
     """Raised by the loop when a float32/bfloat16 step produced a non-finite loss."""
-
-
-class _OwnAllReduceMixin:
-    """Keras' TF optimizer all-reduces gradients itself inside a replica context; tfgpu's step
-    has already done that, once, so the second reduction is turned off."""
-
-    def _all_reduce_sum_gradients(self, grads_and_vars):
-        return list(grads_and_vars)
-
-
-def without_implicit_all_reduce(optimizer: keras.optimizers.Optimizer):
-    """Returns ``optimizer`` re-classed so that ``apply`` does not all-reduce again."""
-    cls = type(optimizer)
-    optimizer.__class__ = type(cls.__name__, (_OwnAllReduceMixin, cls), {})
-    return optimizer
 
 
 class DynamicLossScale:
@@ -64,33 +50,47 @@ def clip_by_global_norm(grads, clip_norm: float):
 
 
 class TrainStep:
-    """Builds the per-update function run by the loop; holds no data, only the recipe."""
+    """Builds the per-update function run by the loop; holds no data, only the recipe.
+
+    ``prepare(batch) -> (float images, int or soft targets)`` turns a batch into the model's
+    input (``device_ops.make_batch_fn``); ``unpack(batch)``, when given, runs before it and
+    outside XLA (packed crops -> fixed-size images: XLA would compile again for every new
+    length). With ``jit_compile``, XLA compiles the part with the FLOPs (preparation, forward,
+    backward, accumulation); the all-reduce and the update stay in the graph.
+    """
 
     def __init__(
         self,
-        model: keras.Model,
-        optimizer: keras.optimizers.Optimizer,
+        model,
+        optimizer,
         backend,
+        *,
         global_batch_size: int,
         grad_accum_steps: int = 1,
         label_smoothing: float = 0.0,
         clip_norm: float = 0.0,
         loss_scale: DynamicLossScale | None = None,
-        preprocess_fn=preprocess.train_batch,
         skip_non_finite: bool = False,
+        prepare=device_ops.train_batch,
+        unpack=None,
+        jit_compile: bool = False,
     ):
         self.model = model
-        self.optimizer = without_implicit_all_reduce(optimizer)
+        self.optimizer = compat.without_implicit_all_reduce(optimizer)
         self.backend = backend
         self.global_batch_size = global_batch_size
         self.grad_accum_steps = grad_accum_steps
         self.label_smoothing = label_smoothing
         self.clip_norm = clip_norm
         self.loss_scale = loss_scale
-        self.preprocess_fn = preprocess_fn
+        self.prepare = prepare
+        self.unpack = unpack
         # Float16 overflows are expected (that is what the loss scale probes); elsewhere a
         # non-finite update is skipped only when asked, else the loop stops at it.
         self.skips_non_finite = skip_non_finite or loss_scale is not None
+        self._gradients = (
+            tf.function(self._gradients, jit_compile=True) if jit_compile else self._gradients
+        )
         with backend.scope():
             # Built here: variables cannot be created inside the cond that may skip an update.
             self.optimizer.build(model.trainable_variables)
@@ -121,12 +121,10 @@ class TrainStep:
         )
         return [tf.cast(g, tf.float32) for g in grads], loss, correct
 
-    def replica_step(self, batch: dict):
-        """Runs on each replica: accumulate k micro-batches, then all-reduce once.
-
-        Returns (all-reduced gradients, per-replica metrics {loss, correct, count}).
-        """
-        images, labels = self.preprocess_fn(batch)
+    def _gradients(self, batch: dict):
+        """This replica's share of the update: k micro-batches -> (summed float32 gradients,
+        summed loss, correct count, examples)."""
+        images, labels = self.prepare(batch)
         k = self.grad_accum_steps
         micro = tf.shape(labels)[0] // k
         grads = [
@@ -142,25 +140,31 @@ class TrainStep:
             grads = [a + b for a, b in zip(grads, g)]
             loss_sum += loss
             correct_sum += correct
+        return grads, loss_sum, correct_sum, tf.cast(tf.shape(labels)[0], tf.float32)
+
+    def replica_step(self, batch: dict):
+        """Runs on each replica: accumulate k micro-batches, then all-reduce once.
+
+        Returns (all-reduced gradients, whether they are all finite, this replica's
+        ``StepMetrics``).
+        """
+        if self.unpack is not None:
+            batch = self.unpack(batch)
+        grads, loss, correct, count = self._gradients(batch)
         # The only gradient synchronization of the update: after the last micro-batch.
         grads = self.backend.all_reduce_sum(grads)
         if self.loss_scale:
             grads = [g / self.loss_scale.scale for g in grads]
         finite = all_finite(grads)
         grads = clip_by_global_norm(grads, self.clip_norm)
-        metrics = {
-            "loss": loss_sum,
-            "correct": correct_sum,
-            "count": tf.cast(tf.shape(labels)[0], tf.float32),
-            # Examples whose image was broken (weight 0: zero targets, no gradient).
-            "skipped": tf.reduce_sum(1.0 - batch["weight"])
-            if "weight" in batch
-            else tf.constant(0.0),
-        }
+        # Examples whose image was broken (weight 0: zero targets, no gradient).
+        skipped = tf.reduce_sum(1.0 - batch["weight"])
+        metrics = StepMetrics(loss=loss, correct=correct, count=count, skipped=skipped)
         return grads, finite, metrics
 
-    def update(self, batch) -> dict:
-        """One optimizer update from one distributed global batch; returns global-summed metrics."""
+    def update(self, batch) -> tuple:
+        """One optimizer update from one distributed global batch; returns (``StepMetrics``
+        summed over replicas, whether the update was finite)."""
         grads, finite, metrics = self.backend.run(self.replica_step, args=(batch,))
         # Identical on every replica (computed after the all-reduce): skip or apply together.
         finite = self.backend.local_values(finite)[0]
@@ -172,9 +176,7 @@ class TrainStep:
                 self.loss_scale.update(finite)
         else:
             self._apply(grads)
-        metrics = self.backend.reduce_sum(metrics)
-        metrics["finite"] = finite
-        return metrics
+        return self.backend.reduce_sum(metrics), finite
 
     def _apply(self, grads):
         self.backend.run(self.optimizer.apply, args=(grads, self.model.trainable_variables))

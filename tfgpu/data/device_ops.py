@@ -1,12 +1,12 @@
-"""The float work of preprocessing: pure tensor -> tensor functions run inside the train step.
+"""The float work on a batch: pure tensor -> tensor functions, run inside the train step on
+the accelerator (``--preprocess_on=device``, the default) or as a tf.data map (``host``).
 
 Batches arrive as uint8 (a quarter of float32's host-to-device traffic) with the random
-choices already drawn on the host (``image_ops.py``: flip, MixUp/CutMix draws), so what an
-example becomes depends only on (seed, epoch, position); here they are applied on the
-accelerator. Normalization belongs to the model (its first layer), so exported models take
-plain pixels. With ``--preprocess_on=host`` the same functions run in tf.data instead. With
-``--resize_on=device`` the training crops arrive un-resized (packed pixels + sizes) and the
-bilinear resize runs here too, first (``resize_flat``).
+choices already drawn on the host (``host_ops.py``: flip, MixUp/CutMix draws), so what an
+example becomes depends only on (seed, epoch, position); here they are applied.
+Normalization belongs to the model (its first layer), so exported models take plain pixels.
+With ``--resize_on=device`` the training crops arrive un-resized (the "packed" layout of
+``schema.PackedTrainBatch``) and the bilinear resize runs here too, first (``resize_flat``).
 
 MixUp/CutMix partners: example ``2k`` mixes with ``2k+1`` of the same batch (and vice versa).
 Global batches are split across workers, replicas and micro-batches at even positions (the
@@ -17,7 +17,7 @@ micro-batches, so pairs never depend on the split.
 import keras
 import tensorflow as tf
 
-from tfgpu import image_ops
+from tfgpu.data import host_ops
 
 
 def apply_flip(images: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
@@ -31,7 +31,7 @@ def to_float(images: tf.Tensor) -> tf.Tensor:
 
 
 def unpack_rgb(words: tf.Tensor) -> tf.Tensor:
-    """int64 words (``image_ops.pack_pixels``) -> uint8 [P, 3], one RGB pixel per row."""
+    """int64 words (``host_ops.pack_pixels``) -> uint8 [P, 3], one RGB pixel per row."""
     return tf.reshape(tf.bitcast(words, tf.uint8), [-1, 3])
 
 
@@ -39,14 +39,14 @@ def resize_flat(words: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tenso
     """``--resize_on=device``: a batch of un-resized crops -> float32 [N, S, S, 3] in [0, 255].
 
     ``words`` int64 [total] are the crops' (h, w, 3) pixels packed one after the other
-    (``image_ops.pack_pixels``: each padded to whole 8-pixel groups); ``sizes`` [N, 2] their
+    (``host_ops.pack_pixels``: each padded to whole 8-pixel groups); ``sizes`` [N, 2] their
     (h, w). Bilinear with half-pixel centers, the arithmetic of TensorFlow's ResizeBilinear
     kernel (``tf.image.resize``) in float32, as 4 gathers of whole RGB pixels; each output
     pixel reads only its own crop, so the result never depends on the batch.
     """
     sizes = tf.cast(sizes, tf.int64)
     height, width = sizes[:, 0], sizes[:, 1]
-    group = image_ops.WORD_PIXELS
+    group = host_ops.WORD_PIXELS
     starts = tf.cumsum((height * width + group - 1) // group * group, exclusive=True)
     out = tf.range(image_size, dtype=tf.float32)[None] + 0.5
 
@@ -78,23 +78,16 @@ def resize_flat(words: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tenso
     return lerp(upper_row, lower_row, y_frac[:, :, None, None])
 
 
-def resize_in_batch(batch: dict, image_size: int) -> dict:
-    """A batch with un-resized crops (``pixels``, ``sizes``) -> the same batch with float32
-    ``image`` [N, S, S, 3] instead (``resize_flat``); any other batch unchanged."""
-    if "pixels" not in batch:
-        return batch
+def resized(batch: dict, image_size: int) -> dict:
+    """A "packed" batch (``schema.PackedTrainBatch``) -> the same batch with float32
+    ``image`` [N, S, S, 3] in place of ``pixels`` and ``sizes`` (``resize_flat``)."""
     rest = {k: v for k, v in batch.items() if k not in ("pixels", "sizes")}
     return {**rest, "image": resize_flat(batch["pixels"], batch["sizes"], image_size)}
 
 
-def batch_images(batch: dict, image_size: int) -> tf.Tensor:
-    """The batch's images at ``image_size``: as they came (uint8, or float once resized), or
-    resized here (float)."""
-    return resize_in_batch(batch, image_size)["image"]
-
-
 def train_batch(batch: dict) -> tuple[tf.Tensor, tf.Tensor]:
-    """A host batch {image uint8, label, flip} -> (float images, int labels)."""
+    """A "uint8" batch {image, label, flip} -> (float images, int labels): the step's
+    default preparation when no other is given (no mixing, no broken images)."""
     return apply_flip(to_float(batch["image"]), batch["flip"]), batch["label"]
 
 
@@ -140,64 +133,48 @@ def check_mixing_batch(per_replica_batch: int) -> None:
         )
 
 
-def make_batch_fn(
-    num_classes: int,
-    randaugment_ops: int = 0,
-    randaugment_magnitude: float = 0.5,
-    image_size: int | None = None,
-):
-    """``fn(batch) -> (float images [N,H,W,3], soft targets [N,K])`` for a host batch
-    {image uint8 | pixels + sizes (``resize_flat`` to ``image_size``), label, flip, weight
-    [, mix_lam, cut_box, use_cut]}.
+def make_batch_fn(layout: str, num_classes: int, data):
+    """``fn(batch) -> (float images [N,S,S,3], soft targets [N,K])`` for batches of
+    ``layout`` ("uint8", "packed" or "float", see ``schema``), as ``data`` (a
+    config.DataConfig) says: flip, RandAugment, MixUp/CutMix.
 
-    RandAugment (``randaugment_ops`` > 0) uses ``keras.layers.RandAugment``, whose random
+    RandAugment (``--randaugment_ops``) uses ``keras.layers.RandAugment``, whose random
     choices come from Keras' own generator per batch: it does NOT honour the determinism
     contract (the result depends on how the global batch is split) and is off by default.
     """
+    if layout == "float":
+        return lambda batch: (batch["image"], batch["target"])  # done in tf.data already
     rand_augment = None
-    if randaugment_ops:
+    if data.randaugment_ops:
         rand_augment = keras.layers.RandAugment(
-            value_range=(0, 255), num_ops=randaugment_ops, factor=randaugment_magnitude
+            value_range=(0, 255), num_ops=data.randaugment_ops, factor=data.randaugment_magnitude
         )
 
     def fn(batch):
-        # Cast first: float has a GPU kernel for every op here, uint8 not always, and TensorFlow
-        # would quietly run such an op on the CPU (tests/test_gpu_kernels.py).
-        images = apply_flip(to_float(batch_images(batch, image_size)), batch["flip"])
+        if layout == "packed":
+            images = resize_flat(batch["pixels"], batch["sizes"], data.image_size)
+        else:
+            # Cast first: float has a GPU kernel for every op here, uint8 not always, and
+            # TensorFlow would quietly run such an op on the CPU (tests/test_gpu_kernels.py).
+            images = to_float(batch["image"])
+        images = apply_flip(images, batch["flip"])
         if rand_augment is not None:
             images = tf.cast(rand_augment(images, training=True), tf.float32)
-        weight = batch.get("weight", tf.ones(tf.shape(batch["label"]), tf.float32))
-        targets = soft_targets(batch["label"], weight, num_classes)
-        if "mix_lam" in batch:
-            images, targets = mix_batch(
-                images, targets, batch["mix_lam"], batch["cut_box"], batch["use_cut"]
-            )
+        targets = soft_targets(batch["label"], batch["weight"], num_classes)
+        if data.mixing:
+            images, targets = mix_batch(images, targets, **batch["mix"])
         return images, targets
 
     return fn
 
 
-def host_batch_fn(num_classes: int, cfg):
-    """For ``--preprocess_on=host``: the batch fn as a tf.data map, batch -> {image float32,
-    target, weight}; the step then takes them as they are (``from_host``)."""
-    fn = make_batch_fn(num_classes, cfg.randaugment_ops, cfg.randaugment_magnitude, cfg.image_size)
+def host_batch_fn(layout: str, num_classes: int, data):
+    """For ``--preprocess_on=host``: ``make_batch_fn`` as a tf.data map from a batch of
+    ``layout`` ("uint8" or "packed") to a "float" one {image, target, weight}."""
+    fn = make_batch_fn(layout, num_classes, data)
 
     def host(batch):
         images, targets = fn(batch)
         return {"image": images, "target": targets, "weight": batch["weight"]}
 
     return host
-
-
-def from_host(batch: dict) -> tuple[tf.Tensor, tf.Tensor]:
-    """The device side of ``--preprocess_on=host``: nothing left to do."""
-    return batch["image"], batch["target"]
-
-
-def device_fn(num_classes: int, cfg):
-    """The ``preprocess_fn`` for TrainStep, given the run's PipelineConfig ``cfg``."""
-    if cfg.preprocess_on == "host":
-        return from_host
-    return make_batch_fn(
-        num_classes, cfg.randaugment_ops, cfg.randaugment_magnitude, cfg.image_size
-    )

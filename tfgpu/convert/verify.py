@@ -4,16 +4,21 @@ import os
 
 import numpy as np
 
-from tfgpu.convert import INFO_FILE, ConvertError, read_json
+from tfgpu.convert.items import ConvertError
+from tfgpu.files import read_json
+from tfgpu.schema import INFO_FILE
 
 
 def verify(output_dir: str) -> dict:
-    """Re-reads a finished dataset: every record must parse with ``tfgpu.records``, decode,
+    """Re-reads a finished dataset: every record must parse with ``tfgpu.data.records``, decode,
     and carry a label below ``num_classes``, and each shard must hold the count its info
     entry says. Returns ``{split: records read}``; raises ConvertError naming the fault."""
     import tensorflow as tf
 
-    info = read_json(os.path.join(output_dir, INFO_FILE))
+    try:
+        info = read_json(os.path.join(output_dir, INFO_FILE))
+    except ValueError:
+        info = {}
     if not info.get("splits"):
         raise ConvertError(f"--output_dir={output_dir} has no readable {INFO_FILE}")
     shards = [s for split in info["splits"].values() for s in split["shards"]]
@@ -36,7 +41,7 @@ def _read_all(files: list) -> tuple:
     """Per-file record counts and the label range, reading all files in parallel."""
     import tensorflow as tf
 
-    from tfgpu import records
+    from tfgpu.data import records
 
     def check(index, serialized):
         example = records.parse_example(serialized)

@@ -12,7 +12,9 @@ import tempfile
 import numpy as np
 from PIL import Image
 
-from tfgpu import convert
+from tfgpu.convert import plan
+from tfgpu.convert.items import items_from_arrays, split_items
+from tfgpu.schema import INFO_FILE
 
 DEMO_VERSION = "digits-v1"
 DEMO_IMAGE_SIZE = 32
@@ -65,16 +67,16 @@ def build_demo_dataset(directory: str | None = None, seed: int = 0) -> str:
     together (workers, ranks) never read a half-written dataset.
     """
     directory = directory or os.path.join(cache_dir(), "datasets", DEMO_VERSION)
-    if os.path.exists(os.path.join(directory, convert.INFO_FILE)):
+    if os.path.exists(os.path.join(directory, INFO_FILE)):
         return directory
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=".demo-", dir=parent)
     try:
         images, labels = _digit_images()
-        items = convert.items_from_arrays(images, labels, prefix="sklearn-digits")
-        train, validation = convert.split_items(items, validation_fraction=0.2, seed=seed)
-        convert.write_dataset(
+        items = items_from_arrays(images, labels, prefix="sklearn-digits")
+        train, validation = split_items(items, validation_fraction=0.2, seed=seed)
+        plan.write_dataset(
             {"train": train, "validation": validation},
             class_names=[str(d) for d in range(10)],
             output_dir=scratch,

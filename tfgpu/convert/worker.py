@@ -3,56 +3,25 @@
 Nothing here imports TensorFlow. Workers are started fresh (``forkserver``), and importing
 TensorFlow would cost each of them seconds and hundreds of MB; so a record is serialized
 here by hand, in exactly the wire format of ``tf.train.Example`` and TFRecord files
-(tests/test_convert.py checks it against ``tfgpu.records`` byte for byte). The feature names
-are those of ``tfgpu/records.py``.
+(tests/test_convert.py checks it against ``tfgpu.data.records`` byte for byte). The feature names
+are those of ``tfgpu/schema.py``.
 """
 
 import io
 import os
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import google_crc32c
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-SCHEMA_VERSION = (
-    1  # tfgpu.records.SCHEMA_VERSION, which imports TensorFlow (a test keeps them equal)
-)
+from tfgpu.convert.items import ArrayRow, BadImage, EncodeOptions
+from tfgpu.files import open_new, write_json
+from tfgpu.schema import FEATURES
+
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _H5_CHUNK = 64  # rows read from HDF5 at once: one read per chunk, memory stays small
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-class BadImage(ValueError):
-    """An input that cannot become a record; the message is the reason recorded."""
-
-
-@dataclass(frozen=True)
-class ArrayRow:
-    """Row ``index`` of the HDF5 dataset ``key`` in file ``path``, read by the worker."""
-
-    path: str
-    key: str
-    index: int
-
-
-@dataclass(frozen=True)
-class Item:
-    """One labelled image: encoded bytes, an HxWxC/HxW uint8 array, a file path or an
-    ``ArrayRow``; ``filename`` is what the record and the skipped list call it."""
-
-    source: bytes | np.ndarray | str | ArrayRow
-    label: int
-    filename: str
-
-
-@dataclass(frozen=True)
-class EncodeOptions:
-    jpeg_quality: int = 95
-    lossless: bool = False
-    max_side: int = 0
 
 
 # --- images ---------------------------------------------------------------------------------
@@ -200,17 +169,21 @@ def _int64_feature(value: int) -> bytes:
 def serialize_example(
     encoded: bytes, label: int, height: int, width: int, image_format: str, filename: str
 ) -> bytes:
-    """``tfgpu.records.encode_example`` without TensorFlow: the same bytes as its Example
+    """``tfgpu.data.records.encode_example`` without TensorFlow: the same bytes as its Example
     serialized deterministically (map keys sorted, as here)."""
-    features = [
-        ("image/class/label", _int64_feature(int(label))),
-        ("image/encoded", _bytes_feature(encoded)),
-        ("image/filename", _bytes_feature(filename.encode("utf-8", "surrogateescape"))),
-        ("image/format", _bytes_feature(image_format.upper().encode())),
-        ("image/height", _int64_feature(int(height))),
-        ("image/width", _int64_feature(int(width))),
-    ]
-    entries = b"".join(_field(1, _field(1, k.encode()) + _field(2, v)) for k, v in features)
+    values = {
+        "image/class/label": int(label),
+        "image/encoded": encoded,
+        "image/filename": filename.encode("utf-8", "surrogateescape"),
+        "image/format": image_format.upper().encode(),
+        "image/height": int(height),
+        "image/width": int(width),
+    }
+    encode = {"bytes": _bytes_feature, "int64": _int64_feature}
+    entries = b"".join(
+        _field(1, _field(1, name.encode()) + _field(2, encode[FEATURES[name][0]](values[name])))
+        for name in sorted(values)
+    )
     return _field(1, entries)  # Example.features(1) -> Features.feature(1) map entries
 
 
@@ -225,20 +198,6 @@ def write_record(file, record: bytes) -> None:
     file.write(length + _masked_crc(length))
     file.write(record)
     file.write(_masked_crc(record))
-
-
-def open_new(path: str):
-    """Opens ``path`` for writing as a new regular file, never through a symlink.
-
-    Whatever sits at ``path`` (a stale temp file, or a symlink planted there) is unlinked
-    first, and O_EXCL|O_NOFOLLOW make sure the file created is the one opened.
-    """
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
-    return os.fdopen(fd, "wb")
 
 
 # --- shards ---------------------------------------------------------------------------------
@@ -269,15 +228,6 @@ def display_name(name: str) -> str:
 def done_marker(name: str) -> str:
     """The hidden file that records a finished shard's counts until the dataset is done."""
     return f".{name}.json"
-
-
-def write_json(path: str, obj) -> None:
-    """Writes JSON to ``path`` atomically (temp file, then rename)."""
-    import json
-
-    with open_new(path + ".tmp") as f:
-        f.write(json.dumps(obj, indent=1, ensure_ascii=False).encode("utf-8"))
-    os.replace(path + ".tmp", path)
 
 
 def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions) -> dict:

@@ -1,10 +1,10 @@
-"""Where training data comes from: converted TFRecords, TF's official ImageNet records, or a
-tensorflow-datasets dataset read from its own files. Each becomes a ``DataSpec``: shard lists,
-counts, and ``parse(serialized) -> {"encoded": string, "label": int32}``, so the one pipeline of
-``input_pipeline.py`` (file shuffle, interleave, sharding) serves them all.
+"""Where training data comes from: converted TFRecords, TF's official ImageNet records, a
+tensorflow-datasets dataset read from its own files, or nothing (synthetic batches). Each
+becomes a ``DataSpec``: shard lists, counts, and ``parse(serialized) -> {"encoded": string,
+"label": int32}``, so the one pipeline of ``pipeline.py`` (file shuffle, interleave, sharding)
+serves them all. ``load_spec(config.data)`` picks the source.
 """
 
-import json
 import logging
 import os
 import struct
@@ -13,8 +13,9 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from tfgpu import records
-from tfgpu.convert import INFO_FILE
+from tfgpu.data import records
+from tfgpu.files import read_json
+from tfgpu.schema import INFO_FILE, tfds_keys
 
 
 # Marks the runtime errors of bad records, so tfgpu.main can print them as one line.
@@ -77,14 +78,10 @@ def _split_files(data_dir: str, info: dict, split: str) -> tuple:
 
 
 def _read_info(data_dir: str) -> dict:
-    info_path = os.path.join(data_dir, INFO_FILE)
-    if not os.path.exists(info_path):
-        return {}
     try:
-        with open(info_path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as err:
-        raise DataError(f"{info_path} is not valid JSON: {err}") from None
+        return read_json(os.path.join(data_dir, INFO_FILE))
+    except ValueError as err:
+        raise DataError(str(err)) from None
 
 
 def load_data_spec(
@@ -214,7 +211,10 @@ def load_tfds_spec(name: str, data_dir: str = "", num_classes: int = 0) -> DataS
     if not tf.io.gfile.exists(builder.data_dir):
         raise DataError(f"--tfds_name={name} is not prepared under {builder.data_dir}")
     info = builder.info
-    image_key, label_key = info.supervised_keys or ("image", "label")
+    try:
+        image_key, label_key = tfds_keys(info)
+    except ValueError as err:
+        raise DataError(f"--tfds_name={name}: {err}") from None
     splits = info.splits
     eval_split = next((s for s in ("validation", "test") if s in splits), None)
     features = info.features
@@ -236,3 +236,23 @@ def load_tfds_spec(name: str, data_dir: str = "", num_classes: int = 0) -> DataS
         num_eval=splits[eval_split].num_examples if eval_split else 0,
         parser=parse,
     )
+
+
+SYNTHETIC_TRAIN_EXAMPLES = 1_281_167  # ImageNet's: epochs of synthetic data mean something
+
+
+def load_spec(data) -> DataSpec:
+    """The DataSpec ``data`` (a config.DataConfig) names: synthetic, --tfds_name, --data_dir,
+    or else the built-in demo dataset (built once, cached)."""
+    if data.synthetic_data:
+        classes = data.num_classes or 1000
+        return DataSpec("", classes, 0, (), (), SYNTHETIC_TRAIN_EXAMPLES, 0)
+    if data.tfds_name:
+        return load_tfds_spec(data.tfds_name, data.tfds_data_dir, data.num_classes)
+    if data.data_dir:
+        data_dir = os.path.expanduser(data.data_dir)
+    else:
+        from tfgpu.data import demo
+
+        data_dir = demo.build_demo_dataset()
+    return load_data_spec(data_dir, data.num_classes, data.label_offset, data.skip_truncated_shards)

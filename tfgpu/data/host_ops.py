@@ -152,7 +152,7 @@ WORD_PIXELS = 8
 
 def pack_pixels(image: tf.Tensor) -> tf.Tensor:
     """uint8 [h, w, 3] -> int64 [3 * ceil(h * w / 8)]: the pixels, zero-padded to a multiple
-    of 24 bytes and bitcast (undone on the device, ``preprocess.unpack_rgb``).
+    of 24 bytes and bitcast (undone on the device, ``device_ops.unpack_rgb``).
 
     int64 because batching concatenates element by element: 8x fewer elements than uint8
     (measured: 0.5 -> 0.15 ms of host CPU per image, bench/README.md).
@@ -165,7 +165,7 @@ def pack_pixels(image: tf.Tensor) -> tf.Tensor:
 def decode_window_packed(encoded, valid, crop_window_fn, min_side: int = 0):
     """For ``--resize_on=device``: (the crop window's pixels un-resized, packed by
     ``pack_pixels``, size [2] int32 (h, w)) of one encoded image; one black pixel unless
-    ``valid`` (``looks_whole``). The device resizes the batch (``preprocess.resize_flat``).
+    ``valid`` (``looks_whole``). The device resizes the batch (``device_ops.resize_flat``).
     ``min_side``: see ``decode_crop``.
     """
     image = tf.cond(

@@ -1,21 +1,16 @@
-"""The TFRecord schema, shared by the converter (writer) and the input pipeline (reader).
-
-The feature names are those of TensorFlow's own ImageNet converters
-(``models/research/slim/datasets/build_imagenet_data.py``), so records made by those tools
-can be read too; their labels start at 1, which ``parse_example``'s ``label_offset`` undoes.
+"""One TFRecord example <-> {encoded, label}, with TensorFlow. The schema itself (feature
+names, defaults) is ``tfgpu/schema.py``, shared with the converter, whose workers serialize
+records without TensorFlow (``convert/worker.py``; a test keeps the two byte-identical).
 """
 
 import tensorflow as tf
 
-SCHEMA_VERSION = 1
+from tfgpu.schema import FEATURES
 
-_FEATURES = {
-    "image/encoded": tf.io.FixedLenFeature([], tf.string),
-    "image/class/label": tf.io.FixedLenFeature([], tf.int64),
-    "image/format": tf.io.FixedLenFeature([], tf.string, default_value="JPEG"),
-    "image/height": tf.io.FixedLenFeature([], tf.int64, default_value=0),
-    "image/width": tf.io.FixedLenFeature([], tf.int64, default_value=0),
-    "image/filename": tf.io.FixedLenFeature([], tf.string, default_value=""),
+_DTYPES = {"bytes": tf.string, "int64": tf.int64}
+_PARSE = {
+    name: tf.io.FixedLenFeature([], _DTYPES[kind], default_value=default)
+    for name, (kind, default) in FEATURES.items()
 }
 
 
@@ -52,8 +47,8 @@ def parse_example(serialized: tf.Tensor, label_offset: int = 0) -> dict:
     """
     serialized = tf.convert_to_tensor(serialized)
     if serialized.shape.rank == 0:
-        parsed = tf.io.parse_single_example(serialized, _FEATURES)
+        parsed = tf.io.parse_single_example(serialized, _PARSE)
     else:  # one vectorized op for the lot: much cheaper per record than one op each
-        parsed = tf.io.parse_example(serialized, _FEATURES)
+        parsed = tf.io.parse_example(serialized, _PARSE)
     label = tf.cast(parsed["image/class/label"] - label_offset, tf.int32)
     return {"encoded": parsed["image/encoded"], "label": label}

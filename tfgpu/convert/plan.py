@@ -1,14 +1,14 @@
-"""Turns labelled images into sharded TFRecords plus a ``dataset_info.json``.
+"""Plans and runs a conversion: labelled images -> sharded TFRecords plus ``dataset_info.json``.
 
 The library half of ``tools/to_tfrecord.py``; the built-in demo dataset is made with it too.
-A source (``tfgpu/sources.py``) gives ``Item``s per split. ``write_dataset`` deals them into
-shards with a seeded shuffle, so the same inputs and seed always give the same shards; a
-pool of workers (``tfgpu/convert_worker.py``) each writes whole shards, under temporary names
-renamed when complete. ``dataset_info.json`` is written last: a directory that has one is
-whole, and one that has not is an interrupted run that the same call finishes.
+An input (``tfgpu/convert/inputs/``) gives ``Item``s per split. ``write_dataset`` deals them
+into shards with a seeded shuffle, so the same inputs and seed always give the same shards; a
+pool of workers (``worker.py``) each writes whole shards, under temporary names renamed when
+complete. ``dataset_info.json`` is written last: a directory that has one is whole, and one
+that has not is an interrupted run that the same call finishes.
 
-TensorFlow is not imported here (``convert_verify`` re-reads with it): workers start fresh
-and must stay light.
+TensorFlow is not imported here (``verify.py`` re-reads with it): workers start fresh and
+must stay light.
 """
 
 import hashlib
@@ -18,46 +18,17 @@ import os
 import queue
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-import numpy as np
+from tfgpu.convert.items import ConvertError, EncodeOptions, Item, LazySplit
+from tfgpu.convert.worker import display_name, done_marker, init_worker, write_shard
+from tfgpu.files import read_json, write_json
+from tfgpu.schema import INFO_FILE, SCHEMA_VERSION
 
-from tfgpu.convert_worker import (  # noqa: F401 - re-exported: the public API lives here
-    SCHEMA_VERSION,
-    ArrayRow,
-    BadImage,
-    EncodeOptions,
-    Item,
-    display_name,
-    done_marker,
-    encode_image,
-    init_worker,
-    open_new,
-    write_json,
-    write_shard,
-)
-
-INFO_FILE = "dataset_info.json"
 PLAN_FILE = ".to_tfrecord-plan.json"
 # Everything a conversion may leave in --output_dir; --overwrite removes these and only these.
 _OWN_FILE = re.compile(r"^\.?[\w.]+-\d{5}-of-\d{5}\.tfrecord(\.tmp|\.json|\.json\.tmp)?$")
-
-
-class ConvertError(Exception):
-    """A conversion that cannot go on; the message is one line for the user."""
-
-
-@dataclass(frozen=True)
-class LazySplit:
-    """A split read in order, range by range (tensorflow-datasets): ``load(start, end)``
-    returns the Items of that range. Its shards are consecutive ranges, shuffled inside."""
-
-    num_examples: int
-    load: object  # callable (start, end) -> list[Item], called in the parent process
-
-    def __len__(self) -> int:
-        return self.num_examples
 
 
 @dataclass(frozen=True)
@@ -98,27 +69,6 @@ def _job_items(job: _Job) -> list[Item]:
     items = list(lazy.load(start, end))
     random.Random(seed).shuffle(items)
     return items
-
-
-def split_items(items: Sequence[Item], validation_fraction: float, seed: int):
-    """Splits items into (train, validation) with a seeded shuffle, per class (stratified)."""
-    rng = random.Random(seed)
-    train, validation = [], []
-    by_class: dict[int, list[Item]] = {}
-    for item in items:
-        by_class.setdefault(item.label, []).append(item)
-    for label in sorted(by_class):
-        group = by_class[label]
-        rng.shuffle(group)
-        n_val = round(len(group) * validation_fraction)
-        validation += group[:n_val]
-        train += group[n_val:]
-    return train, validation
-
-
-def items_from_arrays(images: np.ndarray, labels: Iterable[int], prefix: str) -> list[Item]:
-    """Wraps an image array (N, H, W[, C]) and labels as Items named ``prefix/000123``."""
-    return [Item(images[i], int(label), f"{prefix}/{i:06d}") for i, label in enumerate(labels)]
 
 
 def choose_num_shards(
@@ -168,7 +118,7 @@ def prepare_output(output_dir: str, fingerprint: str, overwrite: bool) -> None:
                 f"--output_dir={output_dir} already holds a finished dataset ({INFO_FILE}); "
                 "pass --overwrite to replace it"
             )
-        if read_json(os.path.join(output_dir, PLAN_FILE)).get("fingerprint") != fingerprint:
+        if _own_json(os.path.join(output_dir, PLAN_FILE)).get("fingerprint") != fingerprint:
             raise ConvertError(
                 f"--output_dir={output_dir} holds shards of another conversion (other inputs "
                 "or flags); pass --overwrite to replace them"
@@ -179,13 +129,12 @@ def prepare_output(output_dir: str, fingerprint: str, overwrite: bool) -> None:
     write_json(os.path.join(output_dir, PLAN_FILE), {"fingerprint": fingerprint})
 
 
-def read_json(path: str) -> dict:
-    """The JSON object in ``path``, or {} if it is missing or not a JSON object."""
+def _own_json(path: str) -> dict:
+    """A file this converter wrote (plan, done marker), or {} when it is missing or damaged:
+    what it stood for is then done again."""
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-        return value if isinstance(value, dict) else {}
-    except (OSError, ValueError):
+        return read_json(path)
+    except ValueError:
         return {}
 
 
@@ -193,7 +142,7 @@ def _finished(output_dir: str, name: str) -> dict:
     """The done marker of a shard a previous run completed, or {}."""
     if not os.path.isfile(os.path.join(output_dir, name)):
         return {}
-    result = read_json(os.path.join(output_dir, done_marker(name)))
+    result = _own_json(os.path.join(output_dir, done_marker(name)))
     return result if result.get("file") == name else {}
 
 
@@ -222,7 +171,7 @@ def _run_pool(jobs, output_dir, options, num_workers, bar) -> dict:
     # forkserver: workers start from a fresh, small process (no TensorFlow, no threads),
     # whatever the parent has loaded.
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tfgpu.convert_worker"])
+    ctx.set_forkserver_preload(["tfgpu.convert.worker"])
     counter = ctx.Value("q", 0)
     done: queue.Queue = queue.Queue()
     results, todo, in_flight = {}, iter(jobs), 0

@@ -1,35 +1,17 @@
-"""How training is spread: the only module that knows strategies, TF_CONFIG, ranks and Horovod.
-
-Every backend offers the same few verbs, so ``step.py`` and ``train.py`` never branch on the
-strategy: ``scope``, ``num_replicas``, ``is_chief``, ``distribute_dataset``, ``run``,
-``all_reduce_sum`` (inside a step), ``reduce_sum`` (outside), ``broadcast_initial_state`` and
-``checkpoint_dir``.
+"""One backend per strategy, all with the same few verbs, so ``step.py`` and ``train.py``
+never branch on the strategy: ``scope``, ``num_replicas``, ``is_chief``, ``distribute_dataset``,
+``run``, ``all_reduce_sum`` (inside a step), ``reduce_sum`` (outside), ``any_worker``,
+``broadcast_initial_state`` and ``checkpoint_dir``.
 """
 
 import contextlib
-import json
-import os
 import re
 import tempfile
-from dataclasses import dataclass
 
 import tensorflow as tf
 
-STRATEGIES = (
-    "auto",
-    "default",
-    "one_device",
-    "mirrored",
-    "multi_worker_mirrored",
-    "horovod",
-)
-ALL_REDUCE_ALGS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
-COMMUNICATIONS = ("auto", "ring", "nccl")
-
-
-class DistributeError(ValueError):
-    """A strategy that cannot be set up in this environment; the message is one line."""
-
+from tfgpu.distribute import DistributeError, InputShard
+from tfgpu.distribute.env import multi_process, read_tf_config, resolve_strategy, under_horovodrun
 
 # What a worker sees when another one died (kill -9, lost node) or froze (no heartbeat, or a
 # collective past --collective_timeout_s). Measured with TF 2.21 and Horovod 0.28.1 on Gloo:
@@ -49,7 +31,7 @@ def lost_worker_message(err: BaseException) -> str | None:
     """One line for an error that means another worker died or stopped answering, or None when
     ``err`` is something else (or this is not a multi-worker run, where the same error types
     mean other things, e.g. an unreachable file system)."""
-    if not isinstance(err, tf.errors.OpError) or not _multi_process():
+    if not isinstance(err, tf.errors.OpError) or not multi_process():
         return None
     text = err.message or ""
     for pattern, reason in _LOST_REASONS:
@@ -67,62 +49,6 @@ def _lost(reason: str) -> str:
     return (
         f"lost contact with another worker ({reason}); run again to resume from the last checkpoint"
     )
-
-
-def _multi_process() -> bool:
-    try:
-        return under_horovodrun() or len(read_tf_config().get("cluster", {}).get("worker", [])) > 1
-    except DistributeError:
-        return False
-
-
-@dataclass(frozen=True)
-class InputShard:
-    """Which slice of the data one input pipeline reads: pipeline ``index`` of ``count``."""
-
-    count: int
-    index: int
-
-
-def under_horovodrun() -> bool:
-    """True when this process was started by horovodrun (or mpirun with Horovod's variables)."""
-    return any(k in os.environ for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
-
-
-def read_tf_config() -> dict:
-    """Returns TF_CONFIG parsed, ``{}`` when unset; a malformed one is a DistributeError."""
-    raw = os.environ.get("TF_CONFIG", "")
-    if not raw.strip():
-        return {}
-    try:
-        config = json.loads(raw)
-        workers = config["cluster"]["worker"]
-        task = config["task"]
-        if not isinstance(workers, list) or not workers:
-            raise ValueError("cluster.worker must be a non-empty list")
-        if task["type"] not in ("worker", "chief", "evaluator"):
-            raise ValueError(f"task.type {task['type']!r} is not worker or chief")
-        if not 0 <= int(task["index"]) < len(config["cluster"].get(task["type"], [])):
-            raise ValueError(f"task.index {task['index']} is out of range")
-    except (ValueError, KeyError, TypeError) as err:
-        raise DistributeError(
-            f"TF_CONFIG is malformed ({err}); expected "
-            '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": N}}'
-        ) from None
-    return config
-
-
-def resolve_strategy(name: str) -> str:
-    """Resolves ``auto`` from the environment; other names are returned as they are."""
-    if name != "auto":
-        return name
-    if under_horovodrun():
-        return "horovod"
-    if len(read_tf_config().get("cluster", {}).get("worker", [])) > 1:
-        return "multi_worker_mirrored"
-    if len(tf.config.list_physical_devices("GPU")) > 1:
-        return "mirrored"
-    return "default"
 
 
 def configure_devices(logical_cpu_devices: int, gpu_memory_growth: bool = True) -> None:
@@ -179,6 +105,15 @@ def _counter() -> tf.Variable:
     )
 
 
+def _num_workers(strategy: tf.distribute.Strategy) -> int:
+    """Worker processes of ``strategy`` (chief included): 1 unless it spans machines."""
+    resolver = strategy.cluster_resolver
+    if resolver is None:
+        return 1
+    jobs = resolver.cluster_spec().as_dict()
+    return max(1, len(jobs.get("worker", [])) + len(jobs.get("chief", [])))
+
+
 class StrategyBackend:
     """default, one_device, mirrored and multi_worker_mirrored: a tf.distribute.Strategy."""
 
@@ -187,7 +122,7 @@ class StrategyBackend:
         self.strategy = strategy
         resolver = getattr(strategy.cluster_resolver, "task_id", None)
         self.worker_index = int(resolver or 0)
-        self.num_workers = strategy.extended._num_workers if name == "multi_worker_mirrored" else 1
+        self.num_workers = _num_workers(strategy)
         self.is_chief = strategy.extended.should_checkpoint if name != "default" else True
         with strategy.scope():
             self.all_reduce_calls = _counter()
@@ -346,35 +281,63 @@ def _multi_worker(communication: str, timeout_s: float) -> tf.distribute.Strateg
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
+def _horovod(hvd_compression: str, **_):
+    if not under_horovodrun():
+        raise DistributeError(
+            "--strategy=horovod must run under horovodrun, e.g. "
+            "`horovodrun -np 2 -H localhost:2 python -m tfgpu.main --strategy=horovod`"
+        )
+    try:
+        return HorovodBackend(hvd_compression)
+    except ImportError:
+        raise DistributeError(
+            "--strategy=horovod needs Horovod: run `bash tools/install_horovod.sh`"
+        ) from None
+
+
+def _one_device() -> tf.distribute.Strategy:
+    device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
+    return tf.distribute.OneDeviceStrategy(device)
+
+
+# Resolved strategy name -> fn(**options) -> backend.
+_BACKENDS = {
+    "default": lambda **_: StrategyBackend("default", tf.distribute.get_strategy()),
+    "one_device": lambda **_: StrategyBackend("one_device", _one_device()),
+    "mirrored": lambda all_reduce_alg, **_: StrategyBackend("mirrored", _mirrored(all_reduce_alg)),
+    "multi_worker_mirrored": lambda communication, collective_timeout_s, **_: StrategyBackend(
+        "multi_worker_mirrored", _multi_worker(communication, collective_timeout_s)
+    ),
+    "horovod": _horovod,
+}
+
+
 def build_backend(
     strategy: str,
+    *,
     all_reduce_alg: str = "auto",
     communication: str = "auto",
     collective_timeout_s: float = 0.0,
     hvd_compression: str = "none",
 ):
-    """Returns the backend for a resolved strategy name (see ``resolve_strategy``)."""
-    if strategy == "horovod":
-        if not under_horovodrun():
-            raise DistributeError(
-                "--strategy=horovod must run under horovodrun, e.g. "
-                "`horovodrun -np 2 -H localhost:2 python -m tfgpu.main --strategy=horovod`"
-            )
-        try:
-            return HorovodBackend(hvd_compression)
-        except ImportError:
-            raise DistributeError(
-                "--strategy=horovod needs Horovod: run `bash tools/install_horovod.sh`"
-            ) from None
-    if strategy == "default":
-        return StrategyBackend(strategy, tf.distribute.get_strategy())
-    if strategy == "one_device":
-        device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
-        return StrategyBackend(strategy, tf.distribute.OneDeviceStrategy(device))
-    if strategy == "mirrored":
-        return StrategyBackend(strategy, _mirrored(all_reduce_alg))
-    if strategy == "multi_worker_mirrored":
-        return StrategyBackend(strategy, _multi_worker(communication, collective_timeout_s))
-    raise DistributeError(
-        f"--strategy={strategy!r} is unknown; choose from {', '.join(STRATEGIES)}"
+    """Returns the backend for a resolved strategy name (``env.resolve_strategy``)."""
+    return _BACKENDS[strategy](
+        all_reduce_alg=all_reduce_alg,
+        communication=communication,
+        collective_timeout_s=collective_timeout_s,
+        hvd_compression=hvd_compression,
+    )
+
+
+def setup(dist) -> "StrategyBackend | HorovodBackend":
+    """The backend ``dist`` (a config.DistConfig) asks for: splits the CPU into logical
+    devices first (before TensorFlow's runtime starts), then resolves ``auto``."""
+    configure_devices(dist.logical_cpu_devices)
+    name = resolve_strategy(dist.strategy, len(tf.config.list_physical_devices("GPU")))
+    return build_backend(
+        name,
+        all_reduce_alg=dist.all_reduce_alg,
+        communication=dist.communication,
+        collective_timeout_s=dist.collective_timeout_s,
+        hvd_compression=dist.hvd_compression,
     )

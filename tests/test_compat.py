@@ -1,0 +1,48 @@
+"""Every private Keras/TensorFlow name tfgpu touches (tfgpu/compat.py) still exists, and the
+wrappers around them still do what tfgpu relies on."""
+
+import importlib
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpu import compat
+
+
+@pytest.mark.parametrize("module, path", compat.PRIVATE_NAMES)
+def test_every_private_name_still_exists(module, path):
+    owner = importlib.import_module(module)
+    for part in path.split("."):
+        if isinstance(owner, type) and part not in dir(owner):
+            # Instance attributes (set in __init__) are checked on a built optimizer below.
+            assert part in _instance_attributes(), f"{module}.{path} is gone"
+            return
+        owner = getattr(owner, part)
+
+
+def _instance_attributes() -> set:
+    optimizer = keras.optimizers.SGD(0.1, use_ema=True)
+    optimizer.build([keras.Variable(np.zeros(3, np.float32))])
+    return set(vars(optimizer))
+
+
+def test_the_implicit_all_reduce_is_turned_off_once():
+    optimizer = compat.without_implicit_all_reduce(keras.optimizers.SGD(0.1))
+    again = compat.without_implicit_all_reduce(optimizer)
+    grads_and_vars = [(tf.ones(2), tf.Variable(tf.zeros(2)))]
+    assert again._all_reduce_sum_gradients(grads_and_vars) == grads_and_vars
+    assert type(again).__mro__.count(compat._OwnAllReduceMixin) == 1
+
+
+def test_ema_weights_swap_in_and_back():
+    var = keras.Variable(np.array([1.0, 2.0], np.float32))
+    optimizer = keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.5)
+    optimizer.build([var])
+    for _ in range(3):  # var moves, its average lags behind
+        optimizer.apply([tf.constant([1.0, 1.0])], [var])
+    trained = var.numpy().copy()
+    with compat.ema_weights(optimizer):
+        assert not np.allclose(var.numpy(), trained)
+    np.testing.assert_array_equal(var.numpy(), trained)

@@ -1,0 +1,86 @@
+"""What may be imported before TensorFlow starts: ``--help``, a bad flag and the converter
+never wait for TensorFlow (checked in fresh interpreters, through ``sys.modules``)."""
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("tensorflow", "keras", "tensorflow_datasets", "horovod")
+
+
+def _modules_after(code: str) -> set:
+    """The heavy modules a fresh interpreter holds after running ``code``."""
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return set(out.stdout.split())
+
+
+def _main(*argv: str):
+    """Runs ``tfgpu.main`` with ``argv`` in a fresh interpreter; (exit code, stderr, heavy)."""
+    code = (
+        "import sys\n"
+        "from absl import app\n"
+        "import tfgpu.main as m\n"
+        f"sys.argv = ['tfgpu', *{list(argv)!r}]\n"
+        "try:\n"
+        "    app.run(m.main)\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        "print('exit', code, file=sys.stderr)\n"
+        f"print('heavy', *[m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    lines = out.stderr.splitlines()
+    code_line = next(line for line in reversed(lines) if line.startswith("exit "))
+    heavy = next(line for line in reversed(lines) if line.startswith("heavy")).split()[1:]
+    return int(code_line.split()[1] or 0), out.stderr + out.stdout, set(heavy)
+
+
+@pytest.mark.parametrize(
+    "flag, shown", [("--help", "USAGE"), ("--helpfull", "--global_batch_size")]
+)
+def test_help_returns_without_tensorflow(flag, shown):
+    code, output, heavy = _main(flag)
+    assert code == 1 and shown in output  # absl exits 1 after printing help
+    assert heavy == set()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model=resnet5"], "--model='resnet5' is unknown"),
+        (["--optimizer=adamm"], "--optimizer='adamm' is unknown"),
+        (["--global_batch_size=10", "--grad_accum_steps=3"], "does not divide"),
+        (["--global_batch_size=abc"], "global_batch_size"),
+        (["--no_such_flag"], "no_such_flag"),
+    ],
+)
+def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
+    code, output, heavy = _main(*argv)
+    assert code != 0 and message in output, output[-2000:]
+    assert heavy == set()
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "tfgpu.config",
+        "tfgpu.flags",
+        "tfgpu.schema",
+        "tfgpu.models",
+        "tfgpu.optim",
+        "tfgpu.distribute",
+        "tfgpu.distribute.env",
+        "tfgpu.launch",
+        "tfgpu.convert.cli",
+        "tfgpu.convert.plan",
+        "tfgpu.convert.worker",
+        "tfgpu.convert.inputs.folders",
+        "tfgpu.convert.inputs.hdf5",
+        "tfgpu.convert.inputs.tfds_input",
+    ],
+)
+def test_light_modules_import_no_tensorflow(module):
+    assert _modules_after(f"import {module}") == set()

@@ -1,0 +1,207 @@
+"""``tools/to_tfrecord.py`` / ``tfgpu-to-tfrecord``: convert a dataset into sharded TFRecords.
+
+  python tools/to_tfrecord.py --input=~/imagenet --output_dir=/data/imagenet-tfr
+  python tools/to_tfrecord.py --input=digits.h5 --hdf5_images=x --hdf5_labels=y --output_dir=out
+  python tools/to_tfrecord.py --tfds_name=cifar10 --tfds_data_dir=~/tfds --output_dir=out
+
+Run again after an interruption with the same flags: finished shards are kept. Exit status:
+0 done, 2 bad input or flags (one line on stderr), 130 interrupted.
+"""
+
+import os
+import sys
+import time
+
+from absl import flags
+
+from tfgpu.convert import plan, verify
+from tfgpu.convert.inputs import folders, hdf5, tfds_input
+from tfgpu.convert.items import ConvertError, Source
+from tfgpu.schema import INFO_FILE
+
+# Own FlagValues: the converter's flags must not clash with tfgpu.main's in one process.
+FLAGS = flags.FlagValues()
+_FLAGS = [
+    (
+        flags.DEFINE_string,
+        "input",
+        "",
+        "A folder ROOT/<class>/<image> or ROOT/train|validation/<class>/..., or an HDF5 file.",
+    ),
+    (
+        flags.DEFINE_string,
+        "tfds_name",
+        "",
+        "A tensorflow-datasets name (instead of --input), e.g. cifar10.",
+    ),
+    (
+        flags.DEFINE_string,
+        "tfds_data_dir",
+        "",
+        "Where that dataset is already prepared; nothing is downloaded.",
+    ),
+    (flags.DEFINE_string, "hdf5_images", "images", "HDF5 dataset of uint8 images (N, H, W[, C])."),
+    (flags.DEFINE_string, "hdf5_labels", "labels", "HDF5 dataset of integer labels (N,)."),
+    (
+        flags.DEFINE_string,
+        "output_dir",
+        "",
+        "Where the shards and dataset_info.json go (created if missing).",
+    ),
+    (
+        flags.DEFINE_float,
+        "validation_fraction",
+        0.1,
+        "Share of each class held out when the input has no validation split.",
+    ),
+    (
+        flags.DEFINE_integer,
+        "seed",
+        0,
+        "Seed of the validation split and of the shuffle across shards.",
+    ),
+    (
+        flags.DEFINE_integer,
+        "num_shards",
+        0,
+        "Train shards (other splits in proportion); 0 = by --shard_size_mb.",
+    ),
+    (flags.DEFINE_float, "shard_size_mb", 128, "Target shard size when --num_shards=0."),
+    (
+        flags.DEFINE_integer,
+        "num_workers",
+        os.cpu_count() or 1,
+        "Worker processes (whole shards each); 0 = in this process.",
+    ),
+    (
+        flags.DEFINE_integer,
+        "jpeg_quality",
+        95,
+        "Quality of images that are re-encoded (non-JPEG, non-RGB, resized).",
+    ),
+    (
+        flags.DEFINE_bool,
+        "lossless",
+        False,
+        "Re-encode as PNG instead of JPEG (original JPEGs still pass through).",
+    ),
+    (
+        flags.DEFINE_integer,
+        "max_side",
+        0,
+        "Shrink images whose longer side exceeds this (0 = keep sizes).",
+    ),
+    (
+        flags.DEFINE_bool,
+        "overwrite",
+        False,
+        "Replace a finished or different conversion in --output_dir.",
+    ),
+    (
+        flags.DEFINE_bool,
+        "verify",
+        False,
+        "Re-read the output: counts match and every image decodes.",
+    ),
+    (flags.DEFINE_bool, "progress", True, "Show a progress bar with images/s and ETA."),
+]
+for define, name, default, help_text in _FLAGS:
+    define(name, default, help_text, flag_values=FLAGS)
+
+
+def _check_flags(f) -> None:
+    """Raises ConvertError for the first flag that is wrong."""
+    if bool(f.input) == bool(f.tfds_name):
+        raise ConvertError("give exactly one of --input and --tfds_name")
+    if not f.output_dir:
+        raise ConvertError("--output_dir is required")
+    checks = [
+        ("validation_fraction", 0 <= f.validation_fraction < 1, "in [0, 1)"),
+        ("num_shards", f.num_shards >= 0, ">= 0"),
+        ("shard_size_mb", f.shard_size_mb > 0, "> 0"),
+        ("num_workers", f.num_workers >= 0, ">= 0"),
+        ("jpeg_quality", 1 <= f.jpeg_quality <= 100, "in 1..100"),
+        ("max_side", f.max_side >= 0, ">= 0"),
+    ]
+    for name, ok, expected in checks:
+        if not ok:
+            raise ConvertError(f"--{name}={getattr(f, name)}: expected {expected}")
+    if f.input:
+        inside = os.path.realpath(f.output_dir) + os.sep
+        if inside.startswith(os.path.realpath(f.input) + os.sep):
+            raise ConvertError(f"--output_dir={f.output_dir} is inside --input={f.input}")
+
+
+def open_source(f) -> Source:
+    """The Source the flags name."""
+    if f.tfds_name:
+        return tfds_input.tfds_source(f.tfds_name, f.tfds_data_dir, f.validation_fraction)
+    path = os.path.expanduser(f.input)
+    if os.path.isdir(path):
+        return folders.folder_source(path, f.validation_fraction, f.seed)
+    if not os.path.exists(path):
+        raise ConvertError(f"--input={f.input} does not exist")
+    import h5py
+
+    if not h5py.is_hdf5(path):
+        raise ConvertError(
+            f"--input={f.input} is a file but not HDF5 (expected a folder or an HDF5 file)"
+        )
+    return hdf5.hdf5_source(path, f.hdf5_images, f.hdf5_labels, f.validation_fraction, f.seed)
+
+
+def convert_from_flags(f) -> dict:
+    """Runs the conversion the flags describe; returns dataset_info."""
+    _check_flags(f)
+    source = open_source(f)
+    sizes = {s: len(items) for s, items in source.splits.items()}
+    num_shards = plan.choose_num_shards(sizes, source.split_bytes, f.num_shards, f.shard_size_mb)
+    return plan.write_dataset(
+        source.splits,
+        class_names=source.class_names,
+        output_dir=os.path.expanduser(f.output_dir),
+        source=source.description,
+        num_shards=num_shards,
+        seed=f.seed,
+        num_workers=f.num_workers,
+        overwrite=f.overwrite,
+        progress=f.progress,
+        skipped=source.skipped,
+        jpeg_quality=f.jpeg_quality,
+        lossless=f.lossless,
+        max_side=f.max_side,
+    )
+
+
+def main(argv: list) -> int:
+    """Parses ``argv`` (program name first), converts, prints a summary; returns the exit code."""
+    if "--help" in argv or "-h" in argv:
+        print(__doc__ + "\n" + FLAGS.get_help(include_special_flags=False))
+        return 0
+    try:
+        FLAGS.unparse_flags()  # main may run more than once in a process (tests)
+        FLAGS(argv)
+        start = time.perf_counter()
+        info = convert_from_flags(FLAGS)
+        seconds = time.perf_counter() - start
+        if FLAGS.verify:
+            verify.verify(os.path.expanduser(FLAGS.output_dir))
+    except (flags.Error, ConvertError) as err:
+        print(f"to_tfrecord: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("to_tfrecord: interrupted; run the same command again to finish", file=sys.stderr)
+        return 130
+    counts = ", ".join(f"{n} {s}" for s, n in info["num_examples"].items())
+    shards = sum(len(v["shards"]) for v in info["splits"].values())
+    print(
+        f"to_tfrecord: wrote {counts} images in {shards} shards to {FLAGS.output_dir} in "
+        f"{seconds:.1f} s; skipped {info['num_skipped']} inputs (reasons in {INFO_FILE})"
+        + ("; verified: every record decodes" if FLAGS.verify else "")
+    )
+    return 0
+
+
+def run() -> None:
+    """Console-script entry point (``tfgpu-to-tfrecord``)."""
+    sys.exit(main(sys.argv))

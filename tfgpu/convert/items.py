@@ -1,0 +1,89 @@
+"""The converter's vocabulary: what an input source lists and a worker writes.
+
+An input (``tfgpu/convert/inputs/``) lists ``Item``s per split, or a ``LazySplit`` read range
+by range; ``plan.py`` deals them into shards; ``worker.py`` encodes them. No TensorFlow.
+"""
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class ConvertError(Exception):
+    """A conversion that cannot go on; the message is one line for the user."""
+
+
+class BadImage(ValueError):
+    """An input that cannot become a record; the message is the reason recorded."""
+
+
+@dataclass(frozen=True)
+class ArrayRow:
+    """Row ``index`` of the HDF5 dataset ``key`` in file ``path``, read by the worker."""
+
+    path: str
+    key: str
+    index: int
+
+
+@dataclass(frozen=True)
+class Item:
+    """One labelled image: encoded bytes, an HxWxC/HxW uint8 array, a file path or an
+    ``ArrayRow``; ``filename`` is what the record and the skipped list call it."""
+
+    source: bytes | np.ndarray | str | ArrayRow
+    label: int
+    filename: str
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    jpeg_quality: int = 95
+    lossless: bool = False
+    max_side: int = 0
+
+
+@dataclass(frozen=True)
+class LazySplit:
+    """A split read in order, range by range (tensorflow-datasets, LMDB): ``load(start, end)``
+    returns the Items of that range. Its shards are consecutive ranges, shuffled inside."""
+
+    num_examples: int
+    load: object  # callable (start, end) -> list[Item], called in the parent process
+
+    def __len__(self) -> int:
+        return self.num_examples
+
+
+@dataclass
+class Source:
+    """A listed dataset: what ``plan.write_dataset`` needs, plus size estimates."""
+
+    description: str
+    class_names: list
+    splits: dict  # split name -> list[Item] or LazySplit
+    split_bytes: dict  # split name -> estimated bytes, for --shard_size_mb
+    skipped: list = field(default_factory=list)  # {"file", "reason"} found while listing
+
+
+def split_items(items: Sequence[Item], validation_fraction: float, seed: int):
+    """Splits items into (train, validation) with a seeded shuffle, per class (stratified)."""
+    rng = random.Random(seed)
+    train, validation = [], []
+    by_class: dict[int, list[Item]] = {}
+    for item in items:
+        by_class.setdefault(item.label, []).append(item)
+    for label in sorted(by_class):
+        group = by_class[label]
+        rng.shuffle(group)
+        n_val = round(len(group) * validation_fraction)
+        validation += group[:n_val]
+        train += group[n_val:]
+    return train, validation
+
+
+def items_from_arrays(images: np.ndarray, labels: Iterable[int], prefix: str) -> list[Item]:
+    """Wraps an image array (N, H, W[, C]) and labels as Items named ``prefix/000123``."""
+    return [Item(images[i], int(label), f"{prefix}/{i:06d}") for i, label in enumerate(labels)]

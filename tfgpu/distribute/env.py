@@ -1,0 +1,63 @@
+"""What the environment says about the cluster: TF_CONFIG and horovodrun's variables.
+
+No TensorFlow here: ``tfgpu.launch`` and the error paths use it too.
+"""
+
+import json
+import os
+
+from tfgpu.distribute import DistributeError
+
+
+def under_horovodrun() -> bool:
+    """True when this process was started by horovodrun (or mpirun with Horovod's variables)."""
+    return any(k in os.environ for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
+
+
+def read_tf_config() -> dict:
+    """Returns TF_CONFIG parsed, ``{}`` when unset; a malformed one is a DistributeError."""
+    raw = os.environ.get("TF_CONFIG", "")
+    if not raw.strip():
+        return {}
+    try:
+        config = json.loads(raw)
+        workers = config["cluster"]["worker"]
+        task = config["task"]
+        if not isinstance(workers, list) or not workers:
+            raise ValueError("cluster.worker must be a non-empty list")
+        if task["type"] not in ("worker", "chief", "evaluator"):
+            raise ValueError(f"task.type {task['type']!r} is not worker or chief")
+        if not 0 <= int(task["index"]) < len(config["cluster"].get(task["type"], [])):
+            raise ValueError(f"task.index {task['index']} is out of range")
+    except (ValueError, KeyError, TypeError) as err:
+        raise DistributeError(
+            f"TF_CONFIG is malformed ({err}); expected "
+            '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": N}}'
+        ) from None
+    return config
+
+
+def tf_config_workers() -> int:
+    """Workers TF_CONFIG names (0 without one)."""
+    return len(read_tf_config().get("cluster", {}).get("worker", []))
+
+
+def multi_process() -> bool:
+    """True in a run of several processes (horovodrun, or TF_CONFIG with several workers);
+    False when the environment says nothing usable."""
+    try:
+        return under_horovodrun() or tf_config_workers() > 1
+    except DistributeError:
+        return False
+
+
+def resolve_strategy(name: str, num_gpus: int) -> str:
+    """Resolves ``auto`` from the environment (``num_gpus``: physical GPUs of this machine);
+    other names are returned as they are."""
+    if name != "auto":
+        return name
+    if under_horovodrun():
+        return "horovod"
+    if tf_config_workers() > 1:
+        return "multi_worker_mirrored"
+    return "mirrored" if num_gpus > 1 else "default"
