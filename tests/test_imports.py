@@ -80,6 +80,7 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
         "tfgpu.convert.inputs.folders",
         "tfgpu.convert.inputs.hdf5",
         "tfgpu.convert.inputs.tfds_input",
+        "tfgpu.convert.inputs.lmdb_input",
     ],
 )
 def test_light_modules_import_no_tensorflow(module):

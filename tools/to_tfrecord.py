@@ -1,4 +1,4 @@
-"""Convert image folders, HDF5 files or tensorflow-datasets into tfgpu's sharded TFRecords.
+"""Convert image folders, HDF5 files, LMDB databases or tensorflow-datasets into sharded TFRecords.
 
   python tools/to_tfrecord.py --input=~/imagenet --output_dir=/data/imagenet-tfr [--verify]
 

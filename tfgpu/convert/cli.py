@@ -3,19 +3,21 @@
   python tools/to_tfrecord.py --input=~/imagenet --output_dir=/data/imagenet-tfr
   python tools/to_tfrecord.py --input=digits.h5 --hdf5_images=x --hdf5_labels=y --output_dir=out
   python tools/to_tfrecord.py --tfds_name=cifar10 --tfds_data_dir=~/tfds --output_dir=out
+  python tools/to_tfrecord.py --input=train_lmdb --output_dir=out  # Caffe Datum records
 
 Run again after an interruption with the same flags: finished shards are kept. Exit status:
 0 done, 2 bad input or flags (one line on stderr), 130 interrupted.
 """
 
 import os
+import re
 import sys
 import time
 
 from absl import flags
 
 from tfgpu.convert import plan, verify
-from tfgpu.convert.inputs import folders, hdf5, tfds_input
+from tfgpu.convert.inputs import folders, hdf5, lmdb_input, tfds_input
 from tfgpu.convert.items import ConvertError, Source
 from tfgpu.schema import INFO_FILE
 
@@ -26,7 +28,8 @@ _FLAGS = [
         flags.DEFINE_string,
         "input",
         "",
-        "A folder ROOT/<class>/<image> or ROOT/train|validation/<class>/..., or an HDF5 file.",
+        "A folder ROOT/<class>/<image> or ROOT/train|validation/<class>/..., an HDF5 file, or "
+        "an LMDB database (its folder, holding data.mdb, or the data.mdb file).",
     ),
     (
         flags.DEFINE_string,
@@ -42,6 +45,35 @@ _FLAGS = [
     ),
     (flags.DEFINE_string, "hdf5_images", "images", "HDF5 dataset of uint8 images (N, H, W[, C])."),
     (flags.DEFINE_string, "hdf5_labels", "labels", "HDF5 dataset of integer labels (N,)."),
+    (
+        flags.DEFINE_string,
+        "lmdb_layout",
+        "auto",
+        "LMDB values: datum (Caffe Datum records: raw or encoded pixels and a label), encoded "
+        "(image bytes), or auto (told from the first values). Pickled values are refused. "
+        "Labels: --lmdb_labels_file, else --lmdb_label_regex, else a key '<key>.label' beside "
+        "each image holding its class index or name (ASCII/UTF-8), else the Datum's label.",
+    ),
+    (
+        flags.DEFINE_string,
+        "lmdb_label_regex",
+        "",
+        "LMDB: a regular expression with one group, searched in each key, that captures the "
+        r"label (class name or index), e.g. '^(\w+)/' or '_(\d+)$'.",
+    ),
+    (
+        flags.DEFINE_string,
+        "lmdb_labels_file",
+        "",
+        "LMDB: a file of 'key,label' (or 'key label') lines, or a JSON object {key: label}.",
+    ),
+    (
+        flags.DEFINE_string,
+        "lmdb_channel_order",
+        "bgr",
+        "LMDB: channel order of raw 3-channel Datum pixels: bgr (what Caffe's convert_imageset "
+        "and OpenCV write) or rgb.",
+    ),
     (
         flags.DEFINE_string,
         "output_dir",
@@ -122,6 +154,8 @@ def _check_flags(f) -> None:
         ("num_workers", f.num_workers >= 0, ">= 0"),
         ("jpeg_quality", 1 <= f.jpeg_quality <= 100, "in 1..100"),
         ("max_side", f.max_side >= 0, ">= 0"),
+        ("lmdb_layout", f.lmdb_layout in lmdb_input.LAYOUTS, "auto, datum or encoded"),
+        ("lmdb_channel_order", f.lmdb_channel_order in lmdb_input.CHANNEL_ORDERS, "bgr or rgb"),
     ]
     for name, ok, expected in checks:
         if not ok:
@@ -130,6 +164,30 @@ def _check_flags(f) -> None:
         inside = os.path.realpath(f.output_dir) + os.sep
         if inside.startswith(os.path.realpath(f.input) + os.sep):
             raise ConvertError(f"--output_dir={f.output_dir} is inside --input={f.input}")
+    _check_lmdb_flags(f)
+
+
+def _check_lmdb_flags(f) -> None:
+    """The --lmdb_* flags: for an LMDB --input only; one label source; a one-group regex."""
+    given = [n for n in ("lmdb_label_regex", "lmdb_labels_file") if getattr(f, n)]
+    if len(given) > 1:
+        raise ConvertError("give at most one of --lmdb_label_regex and --lmdb_labels_file")
+    changed = given + [
+        n for n, v in (("lmdb_layout", "auto"), ("lmdb_channel_order", "bgr")) if getattr(f, n) != v
+    ]
+    path = os.path.expanduser(f.input)
+    if changed and (not f.input or os.path.exists(path) and not lmdb_input.is_lmdb(path)):
+        raise ConvertError(f"--{changed[0]} applies to an LMDB --input only")
+    if f.lmdb_label_regex:
+        try:
+            groups = re.compile(f.lmdb_label_regex).groups
+        except re.error as err:
+            raise ConvertError(f"--lmdb_label_regex={f.lmdb_label_regex!r}: {err}") from None
+        if groups != 1:
+            raise ConvertError(
+                f"--lmdb_label_regex={f.lmdb_label_regex!r} has {groups} groups, expected one "
+                r"(the label), e.g. '^(\w+)/'"
+            )
 
 
 def open_source(f) -> Source:
@@ -137,6 +195,16 @@ def open_source(f) -> Source:
     if f.tfds_name:
         return tfds_input.tfds_source(f.tfds_name, f.tfds_data_dir, f.validation_fraction)
     path = os.path.expanduser(f.input)
+    if lmdb_input.is_lmdb(path):
+        return lmdb_input.lmdb_source(
+            path,
+            f.lmdb_layout,
+            f.lmdb_label_regex,
+            f.lmdb_labels_file,
+            f.lmdb_channel_order,
+            f.validation_fraction,
+            f.seed,
+        )
     if os.path.isdir(path):
         return folders.folder_source(path, f.validation_fraction, f.seed)
     if not os.path.exists(path):
@@ -145,7 +213,8 @@ def open_source(f) -> Source:
 
     if not h5py.is_hdf5(path):
         raise ConvertError(
-            f"--input={f.input} is a file but not HDF5 (expected a folder or an HDF5 file)"
+            f"--input={f.input} is a file but not HDF5 or LMDB (expected a folder, an HDF5 file "
+            "or an LMDB database)"
         )
     return hdf5.hdf5_source(path, f.hdf5_images, f.hdf5_labels, f.validation_fraction, f.seed)
 
