@@ -19,7 +19,7 @@ from PIL import Image
 
 from tfgpu import schema
 from tfgpu.convert import cli
-from tfgpu.convert.inputs import lmdb_input
+from tfgpu.convert.inputs import caffe_datum, lmdb_input
 from tfgpu.data import records
 from tfgpu.data import spec as data_spec
 
@@ -248,15 +248,15 @@ def test_lmdb_is_told_by_its_folder_or_its_file(tmp_path):
 
 def test_datum_parser_reads_what_protobuf_writes():
     value = Datum(channels=3, height=2, width=1, data=b"abcdef", label=-7).SerializeToString()
-    datum = lmdb_input.parse_datum(value)
+    datum = caffe_datum.parse_datum(value)
     assert (datum["channels"], datum["height"], datum["width"], datum["label"]) == (3, 2, 1, -7)
     assert bytes(datum["data"]) == b"abcdef" and not datum["encoded"] and not datum["float_data"]
-    assert lmdb_input.value_kind(value) == "datum-raw"
+    assert caffe_datum.value_kind(value) == "datum-raw"
     floats = Datum(channels=1, height=1, width=3, float_data=[0.5, 1, 2], label=2)
-    assert lmdb_input.parse_datum(floats.SerializeToString())["float_data"]
-    assert lmdb_input.value_kind(Datum(data=b"\xff\xd8\xff", encoded=True).SerializeToString()) == (
-        "datum-encoded"
-    )
+    assert caffe_datum.parse_datum(floats.SerializeToString())["float_data"]
+    assert caffe_datum.value_kind(
+        Datum(data=b"\xff\xd8\xff", encoded=True).SerializeToString()
+    ) == ("datum-encoded")
     kinds = {
         _encoded(_pixels(2, 2, 3), "PNG"): "image",
         _encoded(_pixels(2, 2, 3), "BMP"): "image",
@@ -266,7 +266,7 @@ def test_datum_parser_reads_what_protobuf_writes():
         value[:-3]: "unknown",  # truncated
         b"": "unknown",
     }
-    assert {v: lmdb_input.value_kind(v) for v in kinds} == kinds
+    assert {v: caffe_datum.value_kind(v) for v in kinds} == kinds
 
 
 # --- bad values, bad databases, refusals ----------------------------------------------------

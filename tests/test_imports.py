@@ -81,6 +81,7 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
         "tfgpu.convert.inputs.hdf5",
         "tfgpu.convert.inputs.tfds_input",
         "tfgpu.convert.inputs.lmdb_input",
+        "tfgpu.convert.inputs.caffe_datum",
     ],
 )
 def test_light_modules_import_no_tensorflow(module):
