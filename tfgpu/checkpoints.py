@@ -4,7 +4,8 @@ They hold the model, the optimizer (with its EMA), the step, the loss scale and 
 the input position follows from the step (every random choice is a function of seed, epoch
 and position), so a resumed ``--deterministic`` run ends with the weights of an uninterrupted
 one. Only the chief writes to ``--model_dir/checkpoints``; the others take part in each save
-(reading sync-on-read variables is collective) into a scratch directory.
+(reading sync-on-read variables is collective) into a scratch directory. So only the chief
+restores, and every other worker takes its values: node-local disks need no shared copy.
 """
 
 import os
@@ -21,19 +22,45 @@ class Checkpoints:
     def __init__(self, tracked: dict, backend, model_dir: str, keep: int):
         self.directory = os.path.join(model_dir, "checkpoints")
         self.checkpoint = tf.train.Checkpoint(**tracked)
+        self._backend = backend
         self._step = tracked["step"]
+        self._variables = _variables(tracked.values())
         self._manager = tf.train.CheckpointManager(
             self.checkpoint, backend.checkpoint_dir(self.directory), keep
         )
 
     def restore(self, log) -> int:
-        """Restores the newest checkpoint of --model_dir, if any; returns the step reached.
-        ``log(line)`` says what was restored."""
-        latest = tf.train.latest_checkpoint(self.directory)
-        if latest:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
-            log(f"resumed from {latest} at step {int(self._step.numpy())}")
+        """The chief restores the newest checkpoint of its --model_dir that reads back,
+        passing over damaged ones with a warning naming each; then every worker takes the
+        chief's values. Returns the step reached; ``log(line)`` says what was restored.
+        Raises CheckpointError, on every worker, when the chief has checkpoints but none
+        reads back."""
+        failure = self._restore_newest(log) if self._backend.is_chief else ""
+        failure = self._backend.all_gather_bytes(failure.encode())[0].decode()
+        if failure:
+            raise CheckpointError(failure)
+        self._backend.broadcast_from_chief(self._variables)
         return int(self._step.numpy())
+
+    def _restore_newest(self, log) -> str:
+        """Restores the newest readable checkpoint, if any; returns "" or why none could be."""
+        state = tf.train.get_checkpoint_state(self.directory)
+        paths = list(reversed(state.all_model_checkpoint_paths)) if state else []
+        for path in paths:
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+            except _DAMAGED as err:
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+                _warn(f"checkpoint {path} does not read back ({reason}); trying an older one")
+                continue
+            log(f"resumed from {path} at step {int(self._step.numpy())}")
+            return ""
+        if paths:
+            return (
+                f"no checkpoint in {self.directory} reads back (the newest, {paths[0]}, is "
+                "damaged); move them away to start over"
+            )
+        return ""
 
     def save(self, final: bool = False) -> None:
         """Writes a checkpoint. A failed write (disk full, ...) is reported loudly; training
@@ -44,8 +71,23 @@ class Checkpoints:
             message = f"checkpoint at step {int(self._step.numpy())} failed: {err}"
             if final:
                 raise CheckpointError(message) from None
-            print(
-                f"tfgpu: WARNING: {message}; the previous checkpoint is kept",
-                file=sys.stderr,
-                flush=True,
-            )
+            _warn(f"{message}; the previous checkpoint is kept")
+
+
+# What a truncated or corrupted checkpoint raises while it is read (a truncated .data file:
+# IndexError "Read less bytes than requested"; a broken index: DataLossError, an OpError).
+_DAMAGED = (tf.errors.OpError, IndexError, ValueError, OSError, AssertionError)
+
+
+def _warn(message: str) -> None:
+    print(f"tfgpu: WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def _variables(trackables) -> list:
+    """The tf.Variables behind ``trackables`` (Keras models and optimizers, variables), in
+    a fixed order, as a broadcast needs them (Keras 3 variables unwrapped)."""
+    out = []
+    for t in trackables:
+        for v in [t] if isinstance(t, tf.Variable) else t.variables:
+            out.append(v if isinstance(v, tf.Variable) else v.value)
+    return out

@@ -29,6 +29,7 @@ class DataConfig:
         "",
         "Directory written by tools/to_tfrecord.py; empty = the built-in demo dataset "
         "(and the demo recipe for every flag not set).",
+        per_node=True,
     )
     tfds_name: str = setting(
         "",
@@ -36,7 +37,7 @@ class DataConfig:
         "--data_dir.",
     )
     tfds_data_dir: str = setting(
-        "", "tensorflow-datasets data_dir of --tfds_name (empty: tfds' default)."
+        "", "tensorflow-datasets data_dir of --tfds_name (empty: tfds' default).", per_node=True
     )
     synthetic_data: bool = setting(
         False, "Train on generated batches of the right shape: times the model, no I/O."
@@ -64,15 +65,18 @@ class DataConfig:
     shuffle_buffer: int = setting(10_000, "Examples in the training shuffle buffer.")
     cycle_length: int = setting(8, "Files read in parallel by the interleave.")
     block_length: int = setting(1, "Consecutive records the interleave takes from each file.")
-    data_threads: int = setting(0, "Private tf.data thread pool size (0: the shared pool).")
+    data_threads: int = setting(
+        0, "Private tf.data thread pool size (0: the shared pool).", per_node=True
+    )
     ram_budget_mb: int = setting(
-        0, "RAM tf.data's autotuner may use for buffers, in MB (0: its default)."
+        0, "RAM tf.data's autotuner may use for buffers, in MB (0: its default).", per_node=True
     )
     cache_eval: bool = setting(True, "Cache the decoded evaluation split in memory.")
     eval_snapshot_dir: str = setting(
         "",
         "Write the decoded evaluation crops here once (tf.data snapshot); later runs read "
         "them instead of decoding (empty: off).",
+        per_node=True,
     )
     skip_truncated_shards: bool = setting(
         False,
@@ -259,6 +263,7 @@ class Config:
         "",
         "Where the run writes everything; resumes from the newest checkpoint there. Default: "
         "a new folder under runs/.",
+        per_node=True,
     )
     seed: int = setting(0, "Seed of initialization, shuffling and augmentation.")
     deterministic: bool = setting(
@@ -269,6 +274,10 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+
+    def shared(self) -> dict:
+        """{flag name: value} of the settings every worker of one run must agree on."""
+        return {s.flag: s.get(self) for s in SETTINGS.values() if not s.per_node}
 
     def flat(self) -> dict:
         """{flag name: value} of every setting (what config.json holds)."""

@@ -7,10 +7,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 
-def setting(default, help: str, *, choices=(), flag: str = ""):  # noqa: A002 - absl's word
+def setting(default, help: str, *, choices=(), flag: str = "", per_node: bool = False):  # noqa: A002
     """A Config field: its default, its ``--help`` text, the values it may take (checked once,
-    by ``validate``) and its flag name when that is not the field's name."""
-    meta = {"help": help, "choices": tuple(choices), "flag": flag}
+    by ``validate``), its flag name when that is not the field's name, and whether it may
+    differ between the machines of one run (paths, thread counts: ``per_node``)."""
+    meta = {"help": help, "choices": tuple(choices), "flag": flag, "per_node": per_node}
     return field(default=default, metadata=meta)
 
 
@@ -24,6 +25,7 @@ class Setting:
     default: object
     help: str
     choices: tuple
+    per_node: bool
 
     def get(self, config):
         owner = getattr(config, self.section) if self.section else config
@@ -40,8 +42,9 @@ def collect(config_class, sections: dict) -> dict:
             if "help" not in f.metadata:
                 continue  # a section itself
             flag = f.metadata["flag"] or f.name
+            meta = f.metadata
             out[flag] = Setting(
-                flag, section, f.name, f.default, f.metadata["help"], f.metadata["choices"]
+                flag, section, f.name, f.default, meta["help"], meta["choices"], meta["per_node"]
             )
     return out
 

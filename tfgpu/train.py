@@ -19,7 +19,7 @@ from tfgpu import compat, models, optim
 from tfgpu.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, per_replica_batch, resolve
 from tfgpu.data import device_ops, pipeline, spec as data_spec
-from tfgpu.distribute import backends
+from tfgpu.distribute import backends, consensus
 from tfgpu.faults import Preempted, PreemptionGuard
 from tfgpu.results import RunWriter, Window, export_model
 from tfgpu.schema import EVAL_SUMS, STEP_METRICS
@@ -78,7 +78,8 @@ class Run:
 
 def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
     """Plans the run, then builds model, optimizer, train step, counters and checkpoints
-    under the backend's scope, equal on every worker (Horovod broadcasts rank 0's)."""
+    under the backend's scope (``Checkpoints.restore`` then gives every worker the chief's
+    values)."""
     plan = make_plan(config, spec.num_train, backend.num_replicas)
     keras.mixed_precision.set_global_policy(config.model.dtype)
     with backend.scope():
@@ -94,7 +95,6 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
         skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
     if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
         models.load_initial_weights(model, config.model.init_weights)
-    backend.broadcast_initial_state(model.variables + step.optimizer.variables)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
     if loss_scale:
@@ -304,7 +304,7 @@ def run(config: Config) -> dict:
     writer = RunWriter(config.model_dir, backend.is_chief)
     writer.write_config(config, backend)
     started = time.time()
-    r = build(config, backend, data_spec.load_spec(config.data))
+    r = build(config, backend, _agreed_spec(config, backend))
     writer.info(_start_line(r))
     evaluate = Evaluator(r)
     batches = train_batches(r, start_step=r.checkpoints.restore(writer.info))
@@ -323,6 +323,22 @@ def run(config: Config) -> dict:
     worker = f"{backend.worker_index}/{backend.num_workers}"
     print(f"worker {worker} weights_sha256 {summary['weights_sha256']}", flush=True)
     return summary
+
+
+def _agreed_spec(config: Config, backend) -> data_spec.DataSpec:
+    """This worker's data spec, once every worker has one and all agree on it, on the
+    settings and on the tfgpu version (``consensus.agree``). A worker that cannot read its
+    data still takes part, so that every worker stops with the same line, naming it."""
+    spec, error = None, ""
+    try:
+        spec = data_spec.load_spec(config.data)
+    except data_spec.DataError as err:
+        if backend.num_workers == 1:
+            raise
+        error = str(err)
+    summary = spec.summary() if spec else None
+    consensus.agree(backend, consensus.fingerprint(config.shared(), summary, error))
+    return spec
 
 
 def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> dict:

@@ -40,6 +40,18 @@ class DataSpec:
     # one serialized record -> {"encoded", "label"}; None = tfgpu/TF-ImageNet schema.
     parser: Optional[Callable] = None
 
+    def summary(self) -> dict:
+        """What workers of one run must agree on: classes, counts and shard names (not the
+        directory, which may differ between machines)."""
+        return {
+            "num_classes": self.num_classes,
+            "label_offset": self.label_offset,
+            "num_train": self.num_train,
+            "num_eval": self.num_eval,
+            "train_shards": [os.path.basename(f) for f in self.train_files],
+            "eval_shards": [os.path.basename(f) for f in self.eval_files],
+        }
+
     def parse(self, serialized: tf.Tensor) -> dict:
         """A record (scalar) or a vector of them -> {"encoded", "label"} of that shape; a label
         outside [0, num_classes) fails the run (it means a wrong --num_classes or

@@ -1,13 +1,14 @@
 """One backend per strategy, all with the same few verbs, so ``step.py`` and ``train.py``
 never branch on the strategy: ``scope``, ``num_replicas``, ``is_chief``, ``distribute_dataset``,
 ``run``, ``all_reduce_sum`` (inside a step), ``reduce_sum`` (outside), ``any_worker``,
-``broadcast_initial_state`` and ``checkpoint_dir``.
+``all_gather_bytes``, ``broadcast_from_chief`` and ``checkpoint_dir``.
 """
 
 import contextlib
 import re
 import tempfile
 
+import numpy as np
 import tensorflow as tf
 
 from tfgpu.distribute import DistributeError, InputShard
@@ -168,9 +169,47 @@ class StrategyBackend:
         value = self.strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
         return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)) > 0
 
-    def broadcast_initial_state(self, variables):
-        # Mirrored variables are created identical on every replica and worker.
-        del variables
+    def all_gather_bytes(self, blob: bytes) -> list[bytes]:
+        """Every worker's ``blob``, in worker order (a collective: every worker must call)."""
+        if self.num_workers == 1:
+            return [blob]
+        local = self.strategy.num_replicas_in_sync // self.num_workers
+        gather = lambda rows: self._all_gather_int32(rows)[::local]  # noqa: E731
+        return _gathered_bytes(blob, gather)
+
+    def _all_gather_int32(self, rows: np.ndarray) -> np.ndarray:
+        """[1, L] int32 on each worker -> [replicas, L] (each worker's row once per replica)."""
+        value = tf.constant(rows, tf.int32)
+
+        @tf.function
+        def gather():
+            ctx = tf.distribute.get_replica_context()
+            return ctx.all_gather(value, axis=0)
+
+        return self.local_values(self.strategy.run(gather))[0].numpy()
+
+    def broadcast_from_chief(self, variables) -> None:
+        """Gives every replica of every worker the chief's values of ``variables`` (its
+        restored checkpoint: the others may have none). A sum-all-reduce in which only the
+        chief's first replica contributes; float64 carries every dtype's values exactly."""
+        if self.num_workers == 1:
+            return
+        variables = list(variables)
+
+        @tf.function
+        def broadcast():
+            def replica():
+                ctx = tf.distribute.get_replica_context()
+                source = tf.equal(ctx.replica_id_in_sync_group, 0)
+                values = [tf.cast(v.read_value(), tf.float64) for v in variables]
+                values = [tf.where(source, x, tf.zeros_like(x)) for x in values]
+                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+
+            summed = self.strategy.run(replica)
+            for var, value in zip(variables, summed):
+                var.assign(tf.cast(self.local_values(value)[0], var.dtype))
+
+        broadcast()
 
     def checkpoint_dir(self, directory: str) -> str:
         """Where this worker saves: the real directory for the chief, a scratch one otherwise.
@@ -235,15 +274,30 @@ class HorovodBackend:
         total = self.hvd.allreduce(tf.constant(1.0 if flag else 0.0), op=self.hvd.Sum)
         return float(total) > 0
 
-    def broadcast_initial_state(self, variables):
-        """Copies rank 0's values into every rank's variables (Keras 3 variables unwrapped)."""
-        tf_vars = [getattr(v, "value", v) for v in variables]
-        self.hvd.broadcast_variables(tf_vars, root_rank=0)
+    def all_gather_bytes(self, blob: bytes) -> list[bytes]:
+        """Every rank's ``blob``, in rank order (a collective: every rank must call)."""
+        if self.num_workers == 1:
+            return [blob]
+        return _gathered_bytes(blob, lambda rows: self.hvd.allgather(tf.constant(rows)).numpy())
+
+    def broadcast_from_chief(self, variables) -> None:
+        """Copies rank 0's values into every rank's ``variables`` (tf.Variables)."""
+        if self.num_workers > 1:
+            self.hvd.broadcast_variables(list(variables), root_rank=0)
 
     def checkpoint_dir(self, directory: str) -> str:
         if self.is_chief:
             return directory
         return tempfile.mkdtemp(prefix=f"tfgpu-rank{self.worker_index}-")
+
+
+def _gathered_bytes(blob: bytes, gather) -> list[bytes]:
+    """All workers' ``blob`` through ``gather([1, L] int32 rows) -> [workers, L]``: the lengths
+    first, so that every worker pads to the same L (collectives need equal shapes)."""
+    lengths = gather(np.array([[len(blob)]], np.int32))[:, 0]
+    rows = np.zeros([1, max(int(lengths.max()), 1)], np.int32)  # a 0-length collective crashes
+    rows[0, : len(blob)] = np.frombuffer(blob, np.uint8)
+    return [bytes(row[:n].astype(np.uint8)) for row, n in zip(gather(rows), lengths)]
 
 
 def _mirrored(all_reduce_alg: str) -> tf.distribute.Strategy:

@@ -1,0 +1,138 @@
+"""Clusters as they are: node-local --model_dir (only the chief's holds checkpoints), workers
+that disagree, a worker that lacks its data. Every worker is a real process with its own
+--model_dir; the chief's checkpoint reaches the others by broadcast."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import TINY_RUN, cli_flags, final_weights
+
+from tfgpu import launch, train
+from tfgpu.config import config_from, validate
+
+RUN = dict(TINY_RUN, train_steps=6, checkpoint_every_steps=3)
+TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(small_dataset, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("reference")
+    config = config_from(data_dir=small_dataset, model_dir=str(model_dir), strategy="default")
+    train.run(validate(config.with_settings(**RUN)))
+    return final_weights(model_dir)
+
+
+def _env():
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def _mwms(flags_per_worker: list) -> list:
+    """Runs one tfgpu.main per worker (TF_CONFIG filled in); returns their CompletedProcess."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tfgpu.main", "--strategy=multi_worker_mirrored", *flags],
+            env=dict(_env(), TF_CONFIG=tf_config),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for flags, tf_config in zip(flags_per_worker, launch.tf_configs(len(flags_per_worker)))
+    ]
+    out = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+def _horovod(horovodrun_tfgpu, flags: list, model_dir_pattern: str):
+    """Two Horovod ranks, each with its own --model_dir (``pattern`` with {rank})."""
+    python, rest = horovodrun_tfgpu[:-3], horovodrun_tfgpu[-3:]
+    assert rest[1:] == ["-m", "tfgpu.main"]
+    model_dir = model_dir_pattern.replace("{rank}", "$HOROVOD_RANK")
+    script = f'exec "{rest[0]}" -m tfgpu.main --strategy=horovod --model_dir="{model_dir}" "$@"'
+    cmd = [*python, "sh", "-c", script, "sh", *flags]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def _assert_same(weights, reference):
+    assert len(weights) == len(reference) > 0
+    for a, b in zip(weights, reference):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_node_local_model_dirs_resume_from_the_chief_mwms(small_dataset, uninterrupted, tmp_path):
+    dirs = [tmp_path / "node0", tmp_path / "node1"]
+    flags = lambda steps: [  # noqa: E731
+        cli_flags(dict(RUN, train_steps=steps), data_dir=small_dataset, model_dir=d) for d in dirs
+    ]
+    for out in _mwms(flags(3)):
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert os.listdir(dirs[0] / "checkpoints") and not (dirs[1] / "checkpoints").exists()
+    second = _mwms(flags(6))
+    for out in second:
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed from" in second[0].stdout and "at step 3" in second[0].stdout
+    _assert_same(final_weights(dirs[0]), uninterrupted)
+    hashes = {
+        h for out in second for h in re.findall(r"worker \d+/2 weights_sha256 (\w+)", out.stdout)
+    }
+    assert len(hashes) == 1  # the non-chief ended identical, with no files of its own
+
+
+def test_node_local_model_dirs_resume_from_the_chief_horovod(
+    small_dataset, uninterrupted, tmp_path, horovodrun_tfgpu
+):
+    pattern = str(tmp_path / "rank{rank}")
+    for steps in (3, 6):
+        flags = cli_flags(dict(RUN, train_steps=steps), data_dir=small_dataset)
+        out = _horovod(horovodrun_tfgpu, flags, pattern)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "resumed from" in out.stdout and "at step 3" in out.stdout
+    assert not (tmp_path / "rank1" / "checkpoints").exists()
+    _assert_same(final_weights(tmp_path / "rank0"), uninterrupted)
+
+
+def _error_lines(out) -> list:
+    return [line for line in out.stderr.splitlines() if line.startswith("tfgpu: error:")]
+
+
+def test_workers_that_disagree_stop_naming_the_field_and_the_workers(small_dataset, tmp_path):
+    runs = _mwms(
+        [
+            cli_flags(
+                dict(RUN, learning_rate=lr), data_dir=small_dataset, model_dir=tmp_path / f"w{i}"
+            )
+            for i, lr in enumerate((0.01, 0.02))
+        ]
+    )
+    for out in runs:
+        assert out.returncode == 2, out.stderr[-3000:]
+        (line,) = _error_lines(out)
+        assert "the workers disagree on --learning_rate: 0.01 on worker 0 (" in line, line
+        assert "0.02 on worker 1 (localhost:" in line and "Traceback" not in out.stderr
+    assert not (tmp_path / "w0" / "checkpoints").exists()  # nothing trained
+
+
+def test_a_worker_without_its_data_is_named_by_every_worker(small_dataset, tmp_path):
+    empty = tmp_path / "not-copied-to-this-node"
+    empty.mkdir()
+    runs = _mwms(
+        [
+            cli_flags(RUN, data_dir=small_dataset, model_dir=tmp_path / "w0"),
+            cli_flags(RUN, data_dir=empty, model_dir=tmp_path / "w1"),
+        ]
+    )
+    for out in runs:
+        assert out.returncode == 2, out.stderr[-3000:]
+        (line,) = _error_lines(out)
+        assert "worker 1 (localhost:" in line and "holds no train-* shards" in line, line

@@ -1,0 +1,74 @@
+"""Workers agree before they train: the same settings, tfgpu version and data, or they all
+stop with one line naming the first difference and who holds it.
+
+No TensorFlow here: the comparison is plain data; ``backend.all_gather_bytes`` moves it.
+"""
+
+import json
+import os
+import socket
+
+from tfgpu import __version__
+from tfgpu.distribute import DistributeError, env
+
+
+def this_worker() -> str:
+    """How the others can name this worker: its TF_CONFIG address, else host and pid."""
+    try:
+        tf_config = env.read_tf_config()
+    except DistributeError:
+        tf_config = {}
+    if tf_config:
+        task = tf_config["task"]
+        return tf_config["cluster"][task["type"]][int(task["index"])]
+    return f"{socket.gethostname()}, pid {os.getpid()}"
+
+
+def fingerprint(settings: dict, data: dict | None, error: str = "") -> dict:
+    """What must be equal on every worker: ``settings`` (flag -> value, per-node ones left
+    out), the tfgpu version and ``data`` (the data spec's shard names and counts); plus this
+    worker's address and, when it could not get this far, its ``error``."""
+    return {
+        "where": this_worker(),
+        "error": error,
+        "tfgpu": __version__,
+        "settings": settings,
+        "data": data,
+    }
+
+
+def agree(backend, mine: dict) -> None:
+    """Gathers every worker's ``fingerprint`` and raises DistributeError (on every worker)
+    naming the first worker that failed, or the first field that differs and who holds which
+    value. A collective: every worker must call it, also one that failed."""
+    gathered = [json.loads(b) for b in backend.all_gather_bytes(json.dumps(mine).encode())]
+    message = disagreement(gathered)
+    if message:
+        raise DistributeError(message)
+
+
+def disagreement(fingerprints: list) -> str:
+    """One line about the first worker with an error or the first differing field; ""."""
+    for i, f in enumerate(fingerprints):
+        if f["error"]:
+            return f"worker {i} ({f['where']}): {f['error']}"
+    first = fingerprints[0]
+    checks = [("the tfgpu version", lambda f: f["tfgpu"])]
+    checks += [(f"--{k}", lambda f, k=k: f["settings"].get(k)) for k in first["settings"]]
+    checks += [
+        (f"the data's {k}", lambda f, k=k: (f["data"] or {}).get(k)) for k in first["data"] or {}
+    ]
+    for label, get in checks:
+        values = [get(f) for f in fingerprints]
+        if any(v != values[0] for v in values):
+            holders = ", ".join(
+                f"{_show(v)} on worker {i} ({fingerprints[i]['where']})"
+                for i, v in enumerate(values)
+            )
+            return f"the workers disagree on {label}: {holders}"
+    return ""
+
+
+def _show(value) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
