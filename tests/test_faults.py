@@ -248,3 +248,35 @@ def test_a_failed_checkpoint_write_is_loud_and_the_final_one_is_an_error(
         train.run(config)
     assert "checkpoint at step 8 failed" in capsys.readouterr().err
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("-16")
+
+
+def _truncate_data_files(checkpoint_prefix: str) -> None:
+    for name in os.listdir(os.path.dirname(checkpoint_prefix)):
+        path = os.path.join(os.path.dirname(checkpoint_prefix), name)
+        if name.startswith(os.path.basename(checkpoint_prefix) + ".data"):
+            with open(path, "r+b") as f:
+                f.truncate(max(os.path.getsize(path) // 2, 1))
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(small_dataset, tmp_path):
+    settings = dict(RUN, train_steps=12, checkpoint_every_steps=6)
+    reference = tmp_path / "reference"
+    assert _start(_flags(small_dataset, reference, **settings)).wait(timeout=180) == 0
+    model_dir = tmp_path / "run"
+    assert _start(_flags(small_dataset, model_dir, **settings)).wait(timeout=180) == 0
+    _truncate_data_files(str(model_dir / "checkpoints" / "ckpt-12"))
+    proc = _start(_flags(small_dataset, model_dir, **dict(settings, train_steps=12)))
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    warning = [line for line in err.splitlines() if "does not read back" in line]
+    assert len(warning) == 1 and "ckpt-12" in warning[0] and "trying an older one" in warning[0]
+    assert "resumed from" in out and "ckpt-6 at step 6" in out
+    for a, b in zip(final_weights(model_dir), final_weights(reference)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    for step in (6, 12):
+        _truncate_data_files(str(model_dir / "checkpoints" / f"ckpt-{step}"))
+    proc = _start(_flags(small_dataset, model_dir, **settings))
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 4, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("tfgpu: error:")]
+    assert len(lines) == 1 and "no checkpoint in" in lines[0] and "Traceback" not in err
