@@ -136,3 +136,56 @@ def test_a_worker_without_its_data_is_named_by_every_worker(small_dataset, tmp_p
         assert out.returncode == 2, out.stderr[-3000:]
         (line,) = _error_lines(out)
         assert "worker 1 (localhost:" in line and "holds no train-* shards" in line, line
+
+
+# --- restarts on another number of workers --------------------------------------------------
+# --micro_batch_size=8 keeps the global batch of 16 whatever the count: 2 workers take one
+# micro-batch each, one process takes two. Every part of a run uses the same flags.
+RESIZED = dict(RUN, micro_batch_size=8)
+
+
+def _default(data_dir, model_dir, steps):
+    flags = cli_flags(dict(RESIZED, train_steps=steps), data_dir=data_dir, model_dir=model_dir)
+    cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=default", *flags]
+    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def _two_workers(data_dir, model_dir, steps):
+    dirs = [model_dir, f"{model_dir}-worker1"]
+    flags = [
+        cli_flags(dict(RESIZED, train_steps=steps), data_dir=data_dir, model_dir=d) for d in dirs
+    ]
+    runs = _mwms(flags)
+    for out in runs:
+        assert out.returncode == 0, out.stderr[-3000:]
+    return runs[0]
+
+
+def test_two_workers_then_one_process_ends_bit_identical(small_dataset, tmp_path):
+    _two_workers(small_dataset, tmp_path / "uninterrupted", 6)
+    _two_workers(small_dataset, tmp_path / "resized", 3)
+    out = _default(small_dataset, tmp_path / "resized", 6)
+    assert "at step 3" in out.stdout and "2 micro-batch(es) of 8" in out.stdout
+    for a, b in zip(final_weights(tmp_path / "resized"), final_weights(tmp_path / "uninterrupted")):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_one_process_then_two_workers(small_dataset, uninterrupted, tmp_path):
+    _default(small_dataset, tmp_path / "run", 3)
+    out = _two_workers(small_dataset, tmp_path / "run", 6)
+    assert "at step 3" in out.stdout and "1 micro-batch(es) of 8" in out.stdout
+    _assert_same(final_weights(tmp_path / "run"), uninterrupted)
+
+
+def test_horovod_then_multi_worker_mirrored(
+    small_dataset, uninterrupted, tmp_path, horovodrun_tfgpu
+):
+    flags = cli_flags(dict(RESIZED, train_steps=3), data_dir=small_dataset)
+    out = _horovod(horovodrun_tfgpu, flags, str(tmp_path / "run") + "{rank}")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    os.rename(tmp_path / "run0", tmp_path / "run")  # the chief's directory goes on
+    out = _two_workers(small_dataset, tmp_path / "run", 6)
+    assert "at step 3" in out.stdout
+    _assert_same(final_weights(tmp_path / "run"), uninterrupted)

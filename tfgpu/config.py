@@ -192,6 +192,12 @@ class TrainConfig:
         "Micro-batches per update; per-replica micro-batch = global / (replicas x "
         "grad_accum_steps).",
     )
+    micro_batch_size: int = setting(
+        0,
+        "Per-replica micro-batch that fits in memory (0: off); --grad_accum_steps then follows "
+        "from the global batch and the number of replicas, so one command runs on any number "
+        "of workers.",
+    )
     train_steps: int = setting(0, "Length of training in optimizer updates (0: use --epochs).")
     epochs: float = setting(
         0.0, "Length of training in passes over the train split (0: use --train_steps)."
@@ -339,6 +345,10 @@ def _check_train(t: TrainConfig) -> None:
             f"--global_batch_size={t.global_batch_size} does not divide by "
             f"--grad_accum_steps={t.grad_accum_steps}"
         )
+    if t.micro_batch_size < 0:
+        raise ConfigError(f"--micro_batch_size={t.micro_batch_size} must not be negative")
+    if t.micro_batch_size and t.grad_accum_steps != 1:
+        raise ConfigError("set --grad_accum_steps or --micro_batch_size, not both")
     if t.train_steps < 0 or t.epochs < 0:
         raise ConfigError("--train_steps and --epochs must not be negative")
     if t.eval_every_steps and t.eval_every_epochs:
@@ -347,15 +357,29 @@ def _check_train(t: TrainConfig) -> None:
         raise ConfigError("set --train_steps or --epochs, not both")
 
 
-def per_replica_batch(train: TrainConfig, num_replicas: int) -> int:
-    """Examples per replica per update (all micro-batches); errors if the batch does not split."""
-    parts = num_replicas * train.grad_accum_steps
-    if train.global_batch_size % parts:
+def split_batch(train: TrainConfig, num_replicas: int) -> tuple[int, int]:
+    """(examples per replica per update, micro-batches per update) of ``num_replicas``:
+    --grad_accum_steps, or with --micro_batch_size=M as many as make M per micro-batch, so
+    that one command keeps its global batch on any number of workers. A batch that does not
+    split is a ConfigError naming the numbers."""
+    g, m = train.global_batch_size, train.micro_batch_size
+    if g % num_replicas:
+        raise ConfigError(f"--global_batch_size={g} does not divide by {num_replicas} replicas")
+    replica_batch = g // num_replicas
+    if m:
+        if replica_batch % m:
+            raise ConfigError(
+                f"--global_batch_size={g} over {num_replicas} replicas is {replica_batch} per "
+                f"replica, which does not divide into micro-batches of --micro_batch_size={m}"
+            )
+        return replica_batch, replica_batch // m
+    k = train.grad_accum_steps
+    if g % (num_replicas * k):
         raise ConfigError(
-            f"--global_batch_size={train.global_batch_size} does not divide by "
-            f"{num_replicas} replicas x --grad_accum_steps={train.grad_accum_steps} = {parts}"
+            f"--global_batch_size={g} does not divide by "
+            f"{num_replicas} replicas x --grad_accum_steps={k} = {num_replicas * k}"
         )
-    return train.global_batch_size // num_replicas
+    return replica_batch, k
 
 
 def resolve(config: Config, has_gpu: bool) -> Config:

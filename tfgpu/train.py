@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tfgpu import compat, models, optim
 from tfgpu.checkpoints import Checkpoints
-from tfgpu.config import Config, ConfigError, per_replica_batch, resolve
+from tfgpu.config import Config, ConfigError, resolve, split_batch
 from tfgpu.data import device_ops, pipeline, spec as data_spec
 from tfgpu.distribute import backends, consensus
 from tfgpu.faults import Preempted, PreemptionGuard
@@ -33,6 +33,7 @@ class Plan:
     total_steps: int  # optimizer updates
     eval_every: int  # updates between evaluations (0: only at the end)
     replica_batch: int  # examples per replica per update (all micro-batches)
+    grad_accum_steps: int  # micro-batches per update
     eval_global_batch: int
 
 
@@ -43,6 +44,7 @@ def make_plan(config: Config, num_train: int, num_replicas: int) -> Plan:
         total = t.train_steps
     else:
         total = max(1, int((t.epochs or 1.0) * num_train // t.global_batch_size))
+    replica_batch, accum = split_batch(t, num_replicas)
     eval_global = t.eval_batch_size or t.global_batch_size
     if eval_global % num_replicas:
         raise ConfigError(
@@ -51,7 +53,8 @@ def make_plan(config: Config, num_train: int, num_replicas: int) -> Plan:
     return Plan(
         total_steps=total,
         eval_every=t.eval_every_steps or round(t.eval_every_epochs * steps_per_epoch),
-        replica_batch=per_replica_batch(t, num_replicas),
+        replica_batch=replica_batch,
+        grad_accum_steps=accum,
         eval_global_batch=eval_global,
     )
 
@@ -115,7 +118,7 @@ def build_step(config: Config, model, optimizer, backend, num_classes: int, loss
         optimizer,
         backend,
         global_batch_size=config.train.global_batch_size,
-        grad_accum_steps=config.train.grad_accum_steps,
+        grad_accum_steps=split_batch(config.train, backend.num_replicas)[1],
         label_smoothing=config.optim.label_smoothing,
         clip_norm=config.optim.clip_norm,
         loss_scale=loss_scale,
@@ -286,10 +289,10 @@ def weights_fingerprint(model: keras.Model) -> str:
 
 def _start_line(run: Run) -> str:
     config, t, plan = run.config, run.config.train, run.plan
-    micro = plan.replica_batch // t.grad_accum_steps
+    micro = plan.replica_batch // plan.grad_accum_steps
     return (
         f"{run.backend.name}: {run.backend.num_replicas} replica(s), {plan.total_steps} updates "
-        f"of {t.global_batch_size} ({t.grad_accum_steps} micro-batch(es) of {micro} per "
+        f"of {t.global_batch_size} ({plan.grad_accum_steps} micro-batch(es) of {micro} per "
         f"replica), model {config.model.name}, data {run.spec.data_dir or 'synthetic'}, crops "
         f"resized on the {config.data.resize_on}"
     )
@@ -347,7 +350,7 @@ def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> 
         "strategy": r.backend.name,
         "num_replicas": r.backend.num_replicas,
         "global_batch_size": r.config.train.global_batch_size,
-        "grad_accum_steps": r.config.train.grad_accum_steps,
+        "grad_accum_steps": r.plan.grad_accum_steps,
         "steps": int(r.global_step.numpy()),
         "final_eval": {k: final_eval.get(k) for k in ("top1", "top5", "loss")},
         "train_images_per_sec": throughput["images_per_sec"],
