@@ -46,3 +46,11 @@ def test_ema_weights_swap_in_and_back():
     with compat.ema_weights(optimizer):
         assert not np.allclose(var.numpy(), trained)
     np.testing.assert_array_equal(var.numpy(), trained)
+
+
+def test_coordination_service_config_has_the_fields_we_set():
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+
+    fields = set(coordination_config_pb2.CoordinationServiceConfig.DESCRIPTOR.fields_by_name)
+    wanted = {"cluster_register_timeout_in_ms", "cluster_register_with_barrier"}
+    assert wanted | {"heartbeat_timeout_in_ms", "coordinated_job_list"} <= fields

@@ -4,18 +4,16 @@ mid-training: the survivor stops with one clear line in bounded time, and a reru
 import json
 import os
 import re
-import subprocess
 import sys
-import threading
 import time
 
-import psutil
 import pytest
 from conftest import cli_flags
+from procs import Output, kill_tree, popen, rank_process
 import tensorflow as tf
 
 from tfgpu import launch
-from tfgpu.distribute import DistributeError, backends, env
+from tfgpu.distribute import DistributeError, backends, env, failures
 
 EXIT_WORKER_LOST = 5
 LOST_LINE = "tfgpu: error: lost contact with another worker ("
@@ -135,15 +133,15 @@ def test_lost_worker_message_only_for_lost_peers(clean_env):
         "/job:worker/replica:0/task:1\nThe tasks have crashed.",
     )
     shutdown = tf.errors.UnknownError(None, None, "Horovod has been shut down. This was ...")
-    assert backends.lost_worker_message(heartbeat) is None  # one process: something else
+    assert failures.lost_worker_message(heartbeat) is None  # one process: something else
     clean_env.setenv("TF_CONFIG", _tf_config(2))
-    message = backends.lost_worker_message(heartbeat)
-    assert "no heartbeat from /job:worker/replica:0/task:1" in message
+    message = failures.lost_worker_message(heartbeat)
+    assert "worker 1 (localhost:2001) stopped sending heartbeats" in message
     assert "run again to resume" in message and "\n" not in message
-    assert backends.lost_worker_message(tf.errors.DeadlineExceededError(None, None, "x"))
-    assert backends.lost_worker_message(tf.errors.InvalidArgumentError(None, None, "x")) is None
+    assert failures.lost_worker_message(tf.errors.DeadlineExceededError(None, None, "x"))
+    assert failures.lost_worker_message(tf.errors.InvalidArgumentError(None, None, "x")) is None
     clean_env.setenv("HOROVOD_RANK", "0")
-    assert "Horovod shut down" in backends.lost_worker_message(shutdown)
+    assert "Horovod shut down" in failures.lost_worker_message(shutdown)
 
 
 # --- a worker killed -9 -----------------------------------------------------------------
@@ -153,56 +151,12 @@ def _flags(data_dir, model_dir, strategy):
     return cli_flags(RUN, data_dir=data_dir, model_dir=model_dir, strategy=strategy)
 
 
-class Output:
-    """Collects a process's merged output on a thread, so pipes never fill up."""
-
-    def __init__(self, proc):
-        self.proc, self.lines = proc, []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for_step(self, step: int, timeout: float = 150) -> None:
-        """Waits until the chief has logged ``step`` (a checkpoint at step 4 is then on disk)."""
-        deadline = time.time() + timeout
-        while not re.search(rf"step\s+{step}/", self.text):
-            assert self.proc.poll() is None, self.text[-3000:]
-            assert time.time() < deadline, "no progress: " + self.text[-3000:]
-            time.sleep(0.1)
-
-
-def _popen(cmd, env=None):
-    env = dict(env or os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """Kills a process and everything it started (launcher workers, horovodrun ranks)."""
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        family = []
-    for p in [*family, proc]:
-        try:
-            p.kill()
-        except (psutil.Error, OSError):
-            pass
-
-
 def _resumes_and_finishes(cmd, timeout: float = 240):
-    proc = _popen(cmd)
+    proc = popen(cmd)
     try:
         text, _ = proc.communicate(timeout=timeout)
     finally:
-        _kill_tree(proc)
+        kill_tree(proc)
     assert proc.returncode == 0, text[-3000:]
     assert re.search(r"resumed from \S+ckpt-\d+ at step [1-9]\d*", text), text[-3000:]
     assert re.search(rf"step\s+{RUN['train_steps']}/{RUN['train_steps']}\s", text), text[-3000:]
@@ -211,7 +165,7 @@ def _resumes_and_finishes(cmd, timeout: float = 240):
 def test_multi_worker_survivor_stops_with_clear_error_then_resumes(small_dataset, tmp_path):
     flags = _flags(small_dataset, tmp_path, "multi_worker_mirrored")
     cmd = [sys.executable, "-m", "tfgpu.main", *flags]
-    procs = [_popen(cmd, dict(os.environ, TF_CONFIG=c)) for c in launch.tf_configs(2)]
+    procs = [popen(cmd, dict(os.environ, TF_CONFIG=c)) for c in launch.tf_configs(2)]
     chief, other = Output(procs[0]), Output(procs[1])
     try:
         chief.wait_for_step(6)
@@ -221,24 +175,11 @@ def test_multi_worker_survivor_stops_with_clear_error_then_resumes(small_dataset
         assert time.time() - killed < STOP_BOUND_S
     finally:
         for p in procs:
-            _kill_tree(p)
+            kill_tree(p)
     time.sleep(0.5)  # let the reader thread drain the pipe
     assert procs[0].returncode == EXIT_WORKER_LOST, chief.text[-3000:] + other.text[-500:]
     assert LOST_LINE in chief.text and "Traceback" not in chief.text, chief.text[-3000:]
     _resumes_and_finishes([sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", *flags])
-
-
-def _rank_process(horovodrun: subprocess.Popen, rank: int) -> psutil.Process:
-    """The python process of ``rank`` among horovodrun's descendants (read from its env)."""
-    for child in psutil.Process(horovodrun.pid).children(recursive=True):
-        try:
-            if "tfgpu.main" in " ".join(child.cmdline()) and child.environ().get(
-                "HOROVOD_RANK"
-            ) == str(rank):
-                return child
-        except psutil.Error:
-            continue
-    raise AssertionError(f"no process of rank {rank}")
 
 
 def test_horovod_survivor_stops_with_clear_error_then_resumes(
@@ -246,16 +187,16 @@ def test_horovod_survivor_stops_with_clear_error_then_resumes(
 ):
     cmd = list(horovodrun_tfgpu)
     cmd += _flags(small_dataset, tmp_path, "horovod")
-    proc = _popen(cmd)
+    proc = popen(cmd)
     output = Output(proc)
     try:
         output.wait_for_step(6)
-        _rank_process(proc, 1).kill()
+        rank_process(proc, 1).kill()
         killed = time.time()
         proc.wait(timeout=STOP_BOUND_S)
         assert time.time() - killed < STOP_BOUND_S
     finally:
-        _kill_tree(proc)
+        kill_tree(proc)
     time.sleep(0.5)
     assert proc.returncode != 0
     # Which the survivor notices first is a race: Horovod's shutdown or gloo's broken socket.

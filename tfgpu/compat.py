@@ -14,6 +14,10 @@ PRIVATE_NAMES = (
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer._trainable_variables"),
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer._model_variables_moving_average"),
     ("tensorflow.python.framework.config", "disable_op_determinism"),
+    ("tensorflow.python.eager.context", "Context.configure_coordination_service"),
+    ("tensorflow.python.distribute.multi_worker_util", "coordination_leader"),
+    ("tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2", "CoordinatedJob"),
+    ("horovod.runner.common.util.safe_shell_exec", "GRACEFUL_TERMINATION_TIME_S"),
 )
 
 
@@ -64,3 +68,45 @@ def set_op_determinism(enabled: bool) -> None:
         tf.config.experimental.enable_op_determinism()
     else:
         tf_config.disable_op_determinism()
+
+
+def configure_coordination_service(
+    cluster_spec, register_timeout_s: float, heartbeat_timeout_s: float
+) -> None:
+    """Sets up TensorFlow's coordination service for MultiWorkerMirroredStrategy before it
+    does (it keeps a configuration it finds): a worker that never joins fails the others
+    after ``register_timeout_s`` (TensorFlow's own default is an hour), and one that stops
+    sending heartbeats is declared dead after ``heartbeat_timeout_s``.
+
+    The register timeout binds the leader (worker 0) only together with
+    ``cluster_register_with_barrier``, a field the Python call does not expose: it is set on
+    the configuration the call leaves behind.
+    """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    if ctx.coordination_service is not None:
+        return
+    jobs = [
+        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+        for job in ("chief", "worker")
+        if job in cluster_spec.jobs
+    ]
+    ctx.configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs,
+        cluster_register_timeout_in_ms=int(register_timeout_s * 1000),
+        heartbeat_timeout_in_ms=int(heartbeat_timeout_s * 1000),
+    )
+    ctx.coordination_service.cluster_register_with_barrier = True
+
+
+def set_horovod_termination_grace(seconds: float) -> None:
+    """How long horovodrun lets the other ranks stop after one failed (its default: 5 s, then
+    SIGKILL); a module constant of Horovod's process runner."""
+    import horovod.runner.common.util.safe_shell_exec as safe_shell_exec
+
+    safe_shell_exec.GRACEFUL_TERMINATION_TIME_S = seconds

@@ -245,6 +245,27 @@ class DistConfig:
     collective_timeout_s: float = setting(
         600.0, "A collective that waits longer (a dead worker) fails the run."
     )
+    startup_timeout_s: float = setting(
+        60.0,
+        "multi_worker_mirrored: how long the workers wait for one another at start-up before "
+        "they stop, naming the worker that never joined.",
+    )
+    heartbeat_timeout_s: float = setting(
+        10.0,
+        "multi_worker_mirrored: a worker whose process stops sending TensorFlow's heartbeats "
+        "this long (killed, frozen, its machine gone) is declared lost.",
+    )
+    stall_timeout_s: float = setting(
+        60.0,
+        "Every strategy with several processes: when no update completes for this long (a "
+        "worker alive but stuck, e.g. on a hung file system), every process stops, naming the "
+        "stuck worker and the step (0: off).",
+    )
+    stop_grace_s: float = setting(
+        20.0,
+        "After SIGTERM/SIGINT, how long a run may take to reach the next loop boundary and save "
+        "a checkpoint; past it (blocked waiting for another worker) it stops without saving.",
+    )
     hvd_compression: str = setting(
         "none",
         "horovod: none or fp16 compression of the gradient all-reduce.",

@@ -1,28 +1,170 @@
-"""How a run stops early: pre-emption signals, and the errors ``tfgpu.main`` turns into exit
-codes (see the README's table of faults)."""
+"""How a run stops early: signals, and the errors ``tfgpu.main`` turns into exit codes (see
+the README's table of faults).
 
+SIGTERM and SIGINT (``scancel``, Kubernetes, ``timeout``, Ctrl-C) are never ignored:
+
+- while training, a signal asks for a checkpoint at the next loop boundary, then exit 75;
+- blocked longer than --stop_grace_s (waiting inside a collective for a worker that froze),
+  or at start-up (nothing to save yet), the process stops at once with one line, exit 128+N;
+- a second signal stops it at once.
+
+A Python signal handler cannot do this: it only runs between bytecodes of the main thread,
+which sits inside TensorFlow for as long as a collective waits; and MultiWorkerMirrored
+installs its own SIGTERM handler, which swallows the signal. So ``install`` blocks both
+signals in every thread (the mask is inherited by the threads TensorFlow starts later) and
+a watcher thread takes them. While TensorFlow holds the interpreter lock (strategy creation
+waiting for its peers), even that thread cannot run: a small guardian process, forked
+before TensorFlow is imported, sees the signal still pending after a second and ends the run.
+Processes started from here inherit the blocked mask: ``unblocked`` gives them the default.
+"""
+
+import mmap
+import os
 import signal
+import threading
+import time
+
+SIGNALS = {signal.SIGTERM, signal.SIGINT}
+_POLL_S = 0.2
+_GUARDIAN_S = 1.5  # a signal pending this long: the interpreter is held, the watcher cannot run
 
 
 class CheckpointError(RuntimeError):
-    """The final checkpoint could not be written."""
+    """The final checkpoint could not be written, or none of those there reads back."""
 
 
 class Preempted(Exception):
     """The run was asked to stop (SIGTERM/SIGINT) and saved a checkpoint; run it again."""
 
 
-class PreemptionGuard:
-    """Turns SIGTERM and SIGINT into a flag the loop polls, so a pre-empted job saves a
-    checkpoint at the next loop boundary instead of dying mid-step."""
+class _State:
+    """What the watcher knows of the run: its phase, step and pending stop request."""
 
     def __init__(self):
-        self.signal_name = ""
+        self.phase, self.step = "start-up", 0
+        self.signal_name, self.requested_at = "", 0.0
+        self.stop_grace_s = 20.0
+        self.board = mmap.mmap(-1, 256)  # shared with the forked guardian
+
+    def publish(self) -> None:
+        text = f"{self.phase} at step {self.step}".encode()[:255]
+        self.board[:] = text.ljust(256, b"\0")
+
+
+_STATE = _State()
+_INSTALLED = []
+
+
+def install(stop_grace_s: float) -> None:
+    """Takes SIGTERM and SIGINT away from every thread but the watcher (see the module
+    docstring); call before TensorFlow is imported."""
+    if _INSTALLED:
+        return
+    _STATE.stop_grace_s = stop_grace_s
+    _STATE.publish()
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    _start_guardian(os.getpid())
+    threading.Thread(target=_watch, daemon=True, name="tfgpu-signals").start()
+    _INSTALLED.append(True)
+
+
+def set_phase(phase: str, step: int | None = None) -> None:
+    """Tells the watcher (and the guardian) where the run is: "start-up", "train", ..."""
+    _STATE.phase = phase
+    _STATE.step = _STATE.step if step is None else step
+    _STATE.publish()
+
+
+def acknowledge() -> None:
+    """The loop took the stop request and is saving: no grace deadline from here on."""
+    _STATE.requested_at = float("inf")
+
+
+def unblocked() -> None:
+    """``preexec_fn`` for a child process: the default signal handling again."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _stop_now(signal_name: str, why: str, signum: int) -> None:
+    line = f"tfgpu: stopped by {signal_name} {why}; the last checkpoint is kept\n"
+    os.write(2, line.encode())
+    os._exit(128 + signum)
+
+
+def _watch() -> None:
+    """Takes pending signals and decides, every _POLL_S (see the module docstring)."""
+    while True:
+        time.sleep(_POLL_S)
+        pending = signal.sigpending() & SIGNALS  # holds the GIL; takes nothing away
+        state = _STATE
+        if state.signal_name and time.monotonic() - state.requested_at > state.stop_grace_s:
+            _stop_now(
+                state.signal_name,
+                f"at step {state.step}: blocked for more than --stop_grace_s="
+                f"{state.stop_grace_s:g} s ({state.phase}; waiting for another worker?)",
+                signal.Signals[state.signal_name],
+            )
+        if not pending:
+            continue
+        signum = min(pending)
+        signal.sigtimedwait({signum}, 0)
+        name = signal.Signals(signum).name
+        if state.phase == "start-up":
+            _stop_now(name, "at start-up, before training", signum)
+        if state.signal_name:
+            _stop_now(name, f"(a second signal) at step {state.step}", signum)
+        state.signal_name, state.requested_at = name, time.monotonic()
+
+
+def _start_guardian(pid: int) -> None:
+    """Forks the process that ends ``pid`` when a signal stays pending (see the docstring)."""
+    if os.fork():
+        return
+    try:
+        _guard(pid)
+    finally:
+        os._exit(0)
+
+
+def _guard(pid: int) -> None:
+    since: dict = {}
+    while os.getppid() == pid:
+        time.sleep(_POLL_S)
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii") as f:
+                status = f.read()
+        except OSError:
+            return
+        pending = int(status.split("ShdPnd:")[1].split()[0], 16)
+        now = time.monotonic()
+        for signum in SIGNALS:
+            if not pending >> (signum - 1) & 1:
+                since.pop(signum, None)
+            elif now - since.setdefault(signum, now) > _GUARDIAN_S:
+                where = _STATE.board[:].rstrip(b"\0").decode(errors="replace")
+                line = (
+                    f"tfgpu: stopped by {signal.Signals(signum).name} during {where}, while "
+                    "TensorFlow waited (for another worker?) and held the interpreter; the last "
+                    "checkpoint is kept\n"
+                )
+                os.write(2, line.encode())
+                os.kill(pid, signal.SIGKILL)
+                return
+
+
+class PreemptionGuard:
+    """What the loop polls to stop at a boundary: the watcher's request when ``install`` ran
+    (``tfgpu.main``), else Python signal handlers of its own (a run inside another program,
+    e.g. a test)."""
+
+    def __init__(self):
         self._previous = {}
+        self._own = ""
 
     def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
+        if not _INSTALLED:
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc):
@@ -31,9 +173,13 @@ class PreemptionGuard:
 
     def _handle(self, signum, frame):
         del frame
-        if self.signal_name:  # a second signal: the user really wants out
+        if self._own:  # a second signal: the user really wants out
             raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
+        self._own = signal.Signals(signum).name
+
+    @property
+    def signal_name(self) -> str:
+        return _STATE.signal_name or self._own
 
     def should_stop(self, backend) -> bool:
         """True when this process, or any other worker, was signalled (workers agree, so
@@ -41,5 +187,6 @@ class PreemptionGuard:
         stop = bool(self.signal_name)
         if backend.num_workers > 1:
             stop = backend.any_worker(stop)
-            self.signal_name = self.signal_name or ("a signal to another worker" if stop else "")
+            if stop and not self.signal_name:
+                self._own = "a signal to another worker"
         return stop

@@ -13,6 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chat
 
 from absl import app, flags, logging
 
+from tfgpu import faults
 from tfgpu.config import ConfigError, validate
 from tfgpu.data.demo import DEMO_RECIPE
 from tfgpu.flags import config_from_flags, define_flags
@@ -61,6 +62,7 @@ def main(argv):
         _check_writable(config.model_dir)
     except ConfigError as err:
         return _fail(err)
+    faults.install(config.dist.stop_grace_s)  # before TensorFlow starts its threads
     return _train(config)
 
 
@@ -78,7 +80,8 @@ def _train(config) -> int:
     from tfgpu import train
     from tfgpu.data.spec import LABEL_ERROR, DataError
     from tfgpu.distribute import DistributeError
-    from tfgpu.distribute.backends import lost_worker_message
+    from tfgpu.distribute.failures import lost_worker_message
+    from tfgpu.distribute.heartbeats import silent_peers
     from tfgpu.faults import CheckpointError, Preempted
     from tfgpu.step import NonFiniteLoss
 
@@ -99,7 +102,7 @@ def _train(config) -> int:
         print(f"tfgpu: {err}; run the same command again to resume", file=sys.stderr)
         return EXIT_PREEMPTED
     except tf.errors.OpError as err:
-        message = lost_worker_message(err)
+        message = lost_worker_message(err, silent_peers())
         if message is None:  # not a lost peer: keep TensorFlow's full error
             raise
         return _fail(message, EXIT_WORKER_LOST)

@@ -123,7 +123,7 @@ class TrainStep:
 
     def _gradients(self, batch: dict):
         """This replica's share of the update: k micro-batches -> (summed float32 gradients,
-        summed loss, correct count, examples)."""
+        summed loss, correct count)."""
         images, labels = self.prepare(batch)
         k = self.grad_accum_steps
         micro = tf.shape(labels)[0] // k
@@ -140,17 +140,17 @@ class TrainStep:
             grads = [a + b for a, b in zip(grads, g)]
             loss_sum += loss
             correct_sum += correct
-        return grads, loss_sum, correct_sum, tf.cast(tf.shape(labels)[0], tf.float32)
+        return grads, loss_sum, correct_sum
 
     def replica_step(self, batch: dict):
         """Runs on each replica: accumulate k micro-batches, then all-reduce once.
 
-        Returns (all-reduced gradients, whether they are all finite, this replica's
-        ``StepMetrics``).
+        Returns (all-reduced gradients, whether they are all finite, this replica's sums of
+        loss, correct and skipped).
         """
         if self.unpack is not None:
             batch = self.unpack(batch)
-        grads, loss, correct, count = self._gradients(batch)
+        grads, loss, correct = self._gradients(batch)
         # The only gradient synchronization of the update: after the last micro-batch.
         grads = self.backend.all_reduce_sum(grads)
         if self.loss_scale:
@@ -159,8 +159,7 @@ class TrainStep:
         grads = clip_by_global_norm(grads, self.clip_norm)
         # Examples whose image was broken (weight 0: zero targets, no gradient).
         skipped = tf.reduce_sum(1.0 - batch["weight"])
-        metrics = StepMetrics(loss=loss, correct=correct, count=count, skipped=skipped)
-        return grads, finite, metrics
+        return grads, finite, {"loss": loss, "correct": correct, "skipped": skipped}
 
     def update(self, batch) -> tuple:
         """One optimizer update from one distributed global batch; returns (``StepMetrics``
@@ -176,7 +175,11 @@ class TrainStep:
                 self.loss_scale.update(finite)
         else:
             self._apply(grads)
-        return self.backend.reduce_sum(metrics), finite
+        # The count is known, not summed: Horovod's collectives are not marked stateful, and
+        # TensorFlow's graph optimizer would run one on a constant input while compiling the
+        # function (each rank then waits there for the others, outside of any step).
+        count = tf.constant(float(self.global_batch_size))
+        return StepMetrics(**self.backend.reduce_sum(metrics), count=count), finite
 
     def _apply(self, grads):
         self.backend.run(self.optimizer.apply, args=(grads, self.model.trainable_variables))

@@ -19,7 +19,8 @@ from tfgpu import compat, models, optim
 from tfgpu.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, resolve, split_batch
 from tfgpu.data import device_ops, pipeline, spec as data_spec
-from tfgpu.distribute import backends, consensus
+from tfgpu import faults
+from tfgpu.distribute import backends, consensus, env, heartbeats
 from tfgpu.faults import Preempted, PreemptionGuard
 from tfgpu.results import RunWriter, Window, export_model
 from tfgpu.schema import EVAL_SUMS, STEP_METRICS
@@ -142,7 +143,10 @@ def make_train_loop(step: TrainStep, global_step: tf.Variable, skipped_updates: 
         first_bad = tf.constant(-1, tf.int64)
         for _ in tf.range(num_steps):
             metrics, finite = step.update(next(iterator))
-            global_step.assign_add(1)
+            # After the update (other variables would not order it): the heartbeat board
+            # reads the counter as "updates completed".
+            with tf.control_dependencies(tf.nest.flatten(metrics)):
+                global_step.assign_add(1)
             ok = tf.logical_and(finite, tf.math.is_finite(metrics["loss"]))
             metrics = dict(metrics, steps=tf.constant(1.0))
             totals = {k: totals[k] + tf.where(ok, metrics[k], 0.0) for k in keys}
@@ -259,6 +263,7 @@ def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None) -> dict:
     window, skipped_records = Window(), 0
     while step < plan.total_steps:
         n = _next_stop(config, plan, step) - step
+        _phase("train", step)
         totals, first_bad = loop(batches, tf.constant(n))
         if int(first_bad) >= 0 and not run.step.skips_non_finite:
             raise NonFiniteLoss(f"non-finite loss or gradients at step {int(first_bad)}")
@@ -270,10 +275,13 @@ def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None) -> dict:
             record = window.close(step, lr, t.global_batch_size)
             writer.log_train(record, plan.total_steps, t.global_batch_size)
         if plan.eval_every and step % plan.eval_every == 0 and step < plan.total_steps:
+            _phase("evaluation", step)
             writer.log_eval(step, evaluate())
         if step % t.checkpoint_every_steps == 0 and step < plan.total_steps:
+            _phase("checkpoint save", step)
             run.checkpoints.save()
         if guard is not None and guard.should_stop(run.backend):
+            faults.acknowledge()
             run.checkpoints.save()
             raise Preempted(f"stopped by {guard.signal_name} at step {step}; checkpoint written")
     return {"images_per_sec": window.images_per_sec(), "skipped_records": skipped_records}
@@ -285,6 +293,12 @@ def weights_fingerprint(model: keras.Model) -> str:
     for weight in model.weights:
         digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(weight)).tobytes())
     return digest.hexdigest()[:16]
+
+
+def _phase(name: str, step: int) -> None:
+    """Where the run is, for the signal watcher and the heartbeat board."""
+    faults.set_phase(name, step)
+    heartbeats.set_phase(name)
 
 
 def _start_line(run: Run) -> str:
@@ -301,18 +315,24 @@ def _start_line(run: Run) -> str:
 def run(config: Config) -> dict:
     """Trains, evaluates and exports as ``config`` says; returns the summary (also written)."""
     backend = backends.setup(config.dist)
+    multi = backend.num_workers > 1
     config = resolve(config, has_gpu=bool(tf.config.list_logical_devices("GPU")))
     keras.utils.set_random_seed(config.seed)
     compat.set_op_determinism(config.deterministic)
     writer = RunWriter(config.model_dir, backend.is_chief)
     writer.write_config(config, backend)
     started = time.time()
-    r = build(config, backend, _agreed_spec(config, backend))
+    sock, heartbeat = heartbeats.open_socket(env.advertised_host()) if multi else (None, "")
+    spec, fingerprints = _agreed_spec(config, backend, heartbeat)
+    r = build(config, backend, spec)
+    if multi:
+        _heartbeats(r, sock, fingerprints)
     writer.info(_start_line(r))
     evaluate = Evaluator(r)
     batches = train_batches(r, start_step=r.checkpoints.restore(writer.info))
     with PreemptionGuard() as guard:
         throughput = fit(r, batches, evaluate, writer, guard)
+    _phase("final save, evaluation and export", int(r.global_step.numpy()))
     r.checkpoints.save(final=True)
     final_eval = evaluate()
     writer.log_eval(r.plan.total_steps, final_eval)
@@ -328,10 +348,11 @@ def run(config: Config) -> dict:
     return summary
 
 
-def _agreed_spec(config: Config, backend) -> data_spec.DataSpec:
-    """This worker's data spec, once every worker has one and all agree on it, on the
-    settings and on the tfgpu version (``consensus.agree``). A worker that cannot read its
-    data still takes part, so that every worker stops with the same line, naming it."""
+def _agreed_spec(config: Config, backend, heartbeat: str) -> tuple:
+    """(this worker's data spec, every worker's fingerprint), once every worker has a spec
+    and all agree on it, on the settings and on the tfgpu version (``consensus.agree``). A
+    worker that cannot read its data still takes part, so that every worker stops with the
+    same line, naming it. ``heartbeat``: where this worker's heartbeats are heard."""
     spec, error = None, ""
     try:
         spec = data_spec.load_spec(config.data)
@@ -340,8 +361,23 @@ def _agreed_spec(config: Config, backend) -> data_spec.DataSpec:
             raise
         error = str(err)
     summary = spec.summary() if spec else None
-    consensus.agree(backend, consensus.fingerprint(config.shared(), summary, error))
-    return spec
+    mine = consensus.fingerprint(config.shared(), summary, error)
+    return spec, consensus.agree(backend, dict(mine, heartbeat=heartbeat))
+
+
+def _heartbeats(r: Run, sock, fingerprints: list) -> None:
+    """Starts the heartbeat board of a run of several processes (``heartbeats.Board``)."""
+    kind = "rank" if r.backend.name == "horovod" else "worker"
+    names = [f"{kind} {i} ({f['where']})" for i, f in enumerate(fingerprints)]
+    counters = r.backend.all_reduce_calls, r.global_step
+    heartbeats.Board(
+        sock,
+        r.backend.worker_index,
+        [f["heartbeat"] for f in fingerprints],
+        names,
+        lambda: {"reduced": int(counters[0].numpy()), "step": int(counters[1].numpy())},
+        r.config.dist.stall_timeout_s,
+    )
 
 
 def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> dict:

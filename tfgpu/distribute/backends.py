@@ -5,51 +5,14 @@ never branch on the strategy: ``scope``, ``num_replicas``, ``is_chief``, ``distr
 """
 
 import contextlib
-import re
 import tempfile
 
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.distribute import DistributeError, InputShard
-from tfgpu.distribute.env import multi_process, read_tf_config, resolve_strategy, under_horovodrun
-
-# What a worker sees when another one died (kill -9, lost node) or froze (no heartbeat, or a
-# collective past --collective_timeout_s). Measured with TF 2.21 and Horovod 0.28.1 on Gloo:
-# MWMS raises UnavailableError within ~2 s on a reset connection and within ~10 s when the
-# coordination service misses the peer's heartbeats; Horovod raises UnknownError("Horovod has
-# been shut down ...") as soon as Gloo sees the connection drop.
-_LOST_REASONS = (
-    (r"unhealthy \(stopped sending heartbeats\):\s*(\S+)", "no heartbeat from {}"),
-    (r"remote target (\S+) while calling", "{} stopped answering"),
-    (r"Connection reset by peer", "connection reset by peer"),
-    (r"Connection refused", "connection refused"),
-    (r"Horovod has been shut down", "Horovod shut down after a rank failed"),
-)
-
-
-def lost_worker_message(err: BaseException) -> str | None:
-    """One line for an error that means another worker died or stopped answering, or None when
-    ``err`` is something else (or this is not a multi-worker run, where the same error types
-    mean other things, e.g. an unreachable file system)."""
-    if not isinstance(err, tf.errors.OpError) or not multi_process():
-        return None
-    text = err.message or ""
-    for pattern, reason in _LOST_REASONS:
-        match = re.search(pattern, text)
-        if match:
-            return _lost(reason.format(*match.groups()))
-    if isinstance(err, tf.errors.DeadlineExceededError):
-        return _lost("a collective waited longer than --collective_timeout_s")
-    if isinstance(err, tf.errors.UnavailableError) or "Collective ops is aborted" in text:
-        return _lost(text.strip().splitlines()[-1][:200] if text.strip() else type(err).__name__)
-    return None
-
-
-def _lost(reason: str) -> str:
-    return (
-        f"lost contact with another worker ({reason}); run again to resume from the last checkpoint"
-    )
+from tfgpu import compat
+from tfgpu.distribute import DistributeError, InputShard, env
+from tfgpu.distribute.env import resolve_strategy, under_horovodrun
 
 
 def configure_devices(logical_cpu_devices: int, gpu_memory_growth: bool = True) -> None:
@@ -150,9 +113,11 @@ class StrategyBackend:
 
     def all_reduce_sum(self, values):
         """Sums a list of tensors over all replicas, in one batched collective; inside ``run``."""
-        self.all_reduce_calls.assign_add(1)
-        ctx = tf.distribute.get_replica_context()
-        return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+        # Counted before the collective starts: the heartbeat board reads the counter to
+        # tell who reached the all-reduce the others wait in.
+        with tf.control_dependencies([self.all_reduce_calls.assign_add(1)]):
+            ctx = tf.distribute.get_replica_context()
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
 
     def reduce_sum(self, per_replica):
         """Sums a (nest of) per-replica value(s) over replicas; called outside ``run``."""
@@ -216,9 +181,7 @@ class StrategyBackend:
 
         Every worker must take part in a save (reading sync-on-read variables is collective).
         """
-        if self.is_chief:
-            return directory
-        return tempfile.mkdtemp(prefix=f"tfgpu-worker{self.worker_index}-")
+        return directory if self.is_chief else _scratch_dir(f"tfgpu-worker{self.worker_index}-")
 
 
 class HorovodBackend:
@@ -260,9 +223,10 @@ class HorovodBackend:
         return fn(*args)
 
     def all_reduce_sum(self, values):
-        self.all_reduce_calls.assign_add(1)
         kwargs = {"compression": self._compression} if self._compression else {}
-        return self.hvd.grouped_allreduce(list(values), op=self.hvd.Sum, **kwargs)
+        with tf.control_dependencies([self.all_reduce_calls.assign_add(1)]):  # see above
+            values = [tf.identity(v) for v in values]
+            return self.hvd.grouped_allreduce(values, op=self.hvd.Sum, **kwargs)
 
     def reduce_sum(self, value):
         return tf.nest.map_structure(lambda v: self.hvd.allreduce(v, op=self.hvd.Sum), value)
@@ -286,9 +250,16 @@ class HorovodBackend:
             self.hvd.broadcast_variables(list(variables), root_rank=0)
 
     def checkpoint_dir(self, directory: str) -> str:
-        if self.is_chief:
-            return directory
-        return tempfile.mkdtemp(prefix=f"tfgpu-rank{self.worker_index}-")
+        return directory if self.is_chief else _scratch_dir(f"tfgpu-rank{self.worker_index}-")
+
+
+_SCRATCH: list = []  # removed when the process exits normally
+
+
+def _scratch_dir(prefix: str) -> str:
+    """A temporary directory for a non-chief worker's throw-away checkpoint saves."""
+    _SCRATCH.append(tempfile.TemporaryDirectory(prefix=prefix))
+    return _SCRATCH[-1].name
 
 
 def _gathered_bytes(blob: bytes, gather) -> list[bytes]:
@@ -315,27 +286,40 @@ def _mirrored(all_reduce_alg: str) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=ops())
 
 
-def _multi_worker(communication: str, timeout_s: float) -> tf.distribute.Strategy:
-    if not read_tf_config():
+def _multi_worker(dist) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy over the cluster TF_CONFIG or Slurm names, with bounded
+    waits: a worker that never joins (--startup_timeout_s), one that stops sending heartbeats
+    (--heartbeat_timeout_s) and a collective that waits too long (--collective_timeout_s)."""
+    config = env.cluster()
+    if not config:
         raise DistributeError(
-            "--strategy=multi_worker_mirrored needs TF_CONFIG naming the workers "
+            "--strategy=multi_worker_mirrored needs TF_CONFIG naming the workers, or srun "
             "(or start the workers with `python -m tfgpu.launch --num_workers=N -- ...`)"
         )
+    task = config["task"]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(config["cluster"]),
+        task_type=task["type"],
+        task_id=int(task["index"]),
+        rpc_layer="grpc",
+    )
+    compat.configure_coordination_service(
+        resolver.cluster_spec(), dist.startup_timeout_s, dist.heartbeat_timeout_s
+    )
     impl = {
         "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
         "ring": tf.distribute.experimental.CommunicationImplementation.RING,
         "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-    }[communication]
-    # A dead peer is noticed sooner (reset connection, or ~10 s of missed coordination-service
-    # heartbeats); the timeout bounds what those miss, e.g. a peer stuck inside a collective.
-    # Not bounded (TF 2.21): a worker that never starts; the others wait for it at start-up.
+    }[dist.communication]
     options = tf.distribute.experimental.CommunicationOptions(
-        implementation=impl, timeout_seconds=timeout_s or None
+        implementation=impl, timeout_seconds=dist.collective_timeout_s or None
     )
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver, communication_options=options
+    )
 
 
-def _horovod(hvd_compression: str, **_):
+def _horovod(hvd_compression: str):
     if not under_horovodrun():
         raise DistributeError(
             "--strategy=horovod must run under horovodrun, e.g. "
@@ -354,33 +338,26 @@ def _one_device() -> tf.distribute.Strategy:
     return tf.distribute.OneDeviceStrategy(device)
 
 
-# Resolved strategy name -> fn(**options) -> backend.
+# Resolved strategy name -> fn(dist: config.DistConfig) -> backend.
 _BACKENDS = {
-    "default": lambda **_: StrategyBackend("default", tf.distribute.get_strategy()),
-    "one_device": lambda **_: StrategyBackend("one_device", _one_device()),
-    "mirrored": lambda all_reduce_alg, **_: StrategyBackend("mirrored", _mirrored(all_reduce_alg)),
-    "multi_worker_mirrored": lambda communication, collective_timeout_s, **_: StrategyBackend(
-        "multi_worker_mirrored", _multi_worker(communication, collective_timeout_s)
+    "default": lambda dist: StrategyBackend("default", tf.distribute.get_strategy()),
+    "one_device": lambda dist: StrategyBackend("one_device", _one_device()),
+    "mirrored": lambda dist: StrategyBackend("mirrored", _mirrored(dist.all_reduce_alg)),
+    "multi_worker_mirrored": lambda dist: StrategyBackend(
+        "multi_worker_mirrored", _multi_worker(dist)
     ),
-    "horovod": _horovod,
+    "horovod": lambda dist: _horovod(dist.hvd_compression),
 }
 
 
-def build_backend(
-    strategy: str,
-    *,
-    all_reduce_alg: str = "auto",
-    communication: str = "auto",
-    collective_timeout_s: float = 0.0,
-    hvd_compression: str = "none",
-):
-    """Returns the backend for a resolved strategy name (``env.resolve_strategy``)."""
-    return _BACKENDS[strategy](
-        all_reduce_alg=all_reduce_alg,
-        communication=communication,
-        collective_timeout_s=collective_timeout_s,
-        hvd_compression=hvd_compression,
-    )
+def build_backend(strategy: str, dist=None):
+    """Returns the backend for a resolved strategy name (``env.resolve_strategy``) with the
+    options of ``dist`` (a config.DistConfig; its defaults when None)."""
+    if dist is None:
+        from tfgpu.config import DistConfig
+
+        dist = DistConfig()
+    return _BACKENDS[strategy](dist)
 
 
 def setup(dist) -> "StrategyBackend | HorovodBackend":
@@ -388,10 +365,4 @@ def setup(dist) -> "StrategyBackend | HorovodBackend":
     devices first (before TensorFlow's runtime starts), then resolves ``auto``."""
     configure_devices(dist.logical_cpu_devices)
     name = resolve_strategy(dist.strategy, len(tf.config.list_physical_devices("GPU")))
-    return build_backend(
-        name,
-        all_reduce_alg=dist.all_reduce_alg,
-        communication=dist.communication,
-        collective_timeout_s=dist.collective_timeout_s,
-        hvd_compression=dist.hvd_compression,
-    )
+    return build_backend(name, dist)

@@ -13,14 +13,14 @@ from tfgpu.distribute import DistributeError, env
 
 
 def this_worker() -> str:
-    """How the others can name this worker: its TF_CONFIG address, else host and pid."""
+    """How the others can name this worker: its cluster address, else host and pid."""
     try:
-        tf_config = env.read_tf_config()
+        config = env.cluster()
     except DistributeError:
-        tf_config = {}
-    if tf_config:
-        task = tf_config["task"]
-        return tf_config["cluster"][task["type"]][int(task["index"])]
+        config = {}
+    if config:
+        task = config["task"]
+        return config["cluster"][task["type"]][int(task["index"])]
     return f"{socket.gethostname()}, pid {os.getpid()}"
 
 
@@ -37,14 +37,16 @@ def fingerprint(settings: dict, data: dict | None, error: str = "") -> dict:
     }
 
 
-def agree(backend, mine: dict) -> None:
-    """Gathers every worker's ``fingerprint`` and raises DistributeError (on every worker)
-    naming the first worker that failed, or the first field that differs and who holds which
-    value. A collective: every worker must call it, also one that failed."""
+def agree(backend, mine: dict) -> list:
+    """Gathers every worker's ``fingerprint`` and returns them, or raises DistributeError
+    (on every worker) naming the first worker that failed, or the first field that differs
+    and who holds which value. A collective: every worker must call it, also one that
+    failed."""
     gathered = [json.loads(b) for b in backend.all_gather_bytes(json.dumps(mine).encode())]
     message = disagreement(gathered)
     if message:
         raise DistributeError(message)
+    return gathered
 
 
 def disagreement(fingerprints: list) -> str:

@@ -1,12 +1,13 @@
-"""What the environment says about the cluster: TF_CONFIG and horovodrun's variables.
+"""What the environment says about the cluster: TF_CONFIG, horovodrun's variables, Slurm's.
 
 No TensorFlow here: ``tfgpu.launch`` and the error paths use it too.
 """
 
 import json
 import os
+import socket
 
-from tfgpu.distribute import DistributeError
+from tfgpu.distribute import DistributeError, slurm
 
 
 def under_horovodrun() -> bool:
@@ -37,13 +38,31 @@ def read_tf_config() -> dict:
     return config
 
 
+def cluster() -> dict:
+    """The multi-worker cluster as a TF_CONFIG dict: TF_CONFIG itself, else the Slurm job step
+    this task belongs to (``srun --ntasks=N``), else {}."""
+    config = read_tf_config()
+    if not config and slurm.in_slurm_step():
+        config = slurm.tf_config()
+    return config
+
+
 def tf_config_workers() -> int:
-    """Workers TF_CONFIG names (0 without one)."""
-    return len(read_tf_config().get("cluster", {}).get("worker", []))
+    """Workers the cluster names (0 without one)."""
+    return len(cluster().get("cluster", {}).get("worker", []))
+
+
+def worker_address(task: int) -> str:
+    """``host:port`` of worker ``task`` of the cluster, or "" when unknown."""
+    try:
+        workers = cluster().get("cluster", {}).get("worker", [])
+    except DistributeError:
+        return ""
+    return workers[task] if 0 <= task < len(workers) else ""
 
 
 def multi_process() -> bool:
-    """True in a run of several processes (horovodrun, or TF_CONFIG with several workers);
+    """True in a run of several processes (horovodrun, or a cluster of several workers);
     False when the environment says nothing usable."""
     try:
         return under_horovodrun() or tf_config_workers() > 1
@@ -61,3 +80,23 @@ def resolve_strategy(name: str, num_gpus: int) -> str:
     if tf_config_workers() > 1:
         return "multi_worker_mirrored"
     return "mirrored" if num_gpus > 1 else "default"
+
+
+def advertised_host() -> str:
+    """This process's address as the other workers reach it: its cluster address's host, or
+    (under horovodrun) the address of the route to horovodrun's rendezvous server."""
+    config = cluster()
+    if config:
+        task = config["task"]
+        return config["cluster"][task["type"]][int(task["index"])].rsplit(":", 1)[0]
+    target = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "")
+    if target:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            probe.connect((target, 9))  # no packet is sent
+            return probe.getsockname()[0]
+        except OSError:
+            pass
+        finally:
+            probe.close()
+    return socket.gethostbyname(socket.gethostname())

@@ -1,0 +1,67 @@
+"""Real processes in tests: start them, read their output as it comes, find Horovod's ranks,
+and kill whole process trees however a test ends."""
+
+import os
+import re
+import subprocess
+import threading
+import time
+
+import psutil
+
+
+class Output:
+    """Collects a process's merged output on a thread, so pipes never fill up."""
+
+    def __init__(self, proc):
+        self.proc, self.lines = proc, []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_step(self, step: int, timeout: float = 150) -> None:
+        """Waits until the chief has logged ``step`` (a checkpoint at step 4 is then on disk)."""
+        deadline = time.time() + timeout
+        while not re.search(rf"step\s+{step}/", self.text):
+            assert self.proc.poll() is None, self.text[-3000:]
+            assert time.time() < deadline, "no progress: " + self.text[-3000:]
+            time.sleep(0.1)
+
+
+def popen(cmd, env=None):
+    env = dict(env or os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """Kills a process and everything it started (launcher workers, horovodrun ranks)."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        family = []
+    for p in [*family, proc]:
+        try:
+            p.kill()
+        except (psutil.Error, OSError):
+            pass
+
+
+def rank_process(horovodrun: subprocess.Popen, rank: int) -> psutil.Process:
+    """The python process of ``rank`` among horovodrun's descendants (read from its env)."""
+    for child in psutil.Process(horovodrun.pid).children(recursive=True):
+        try:
+            if "tfgpu.main" in " ".join(child.cmdline()) and child.environ().get(
+                "HOROVOD_RANK"
+            ) == str(rank):
+                return child
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no process of rank {rank}")

@@ -1,0 +1,252 @@
+"""Hangs end in bounded time, with the culprit named, on default flags: a worker frozen
+(SIGSTOP), one alive but stuck on a hung file system (a train shard that is a pipe nobody
+writes), one that never starts, and signals that arrive while the run waits for a peer.
+
+Each scenario is real processes; they mostly wait, so the module starts them all at once
+(a few at a time) and each test checks its own outcome.
+"""
+
+import concurrent.futures
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+
+import pytest
+from conftest import cli_flags
+from procs import Output, kill_tree, popen, rank_process
+
+from tfgpu import launch
+
+BOUND_S = 120  # the issue's bound: every other process gone within this, default flags
+RUN = dict(
+    model="tiny_cnn",
+    image_size=32,
+    global_batch_size=16,
+    train_steps=100_000,
+    optimizer="sgd",
+    learning_rate=0.01,
+    lr_schedule="constant",
+    steps_per_loop=2,
+    log_every_steps=2,
+    checkpoint_every_steps=10**6,
+    export=False,
+)
+HOROVOD = [sys.executable, "-m", "tfgpu.distribute.hvdrun", "--gloo", "-np", "2"]
+HOROVOD += ["-H", "localhost:2", "sh", "-c"]
+
+
+def _mwms(flags_per_worker, workers=2):
+    """Starts worker i of a ``workers`` cluster with ``flags_per_worker[i]`` (fewer: the rest
+    never start); returns (processes, outputs)."""
+    configs = launch.tf_configs(workers)
+    cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=multi_worker_mirrored"]
+    procs = [
+        popen([*cmd, *flags], dict(os.environ, TF_CONFIG=c))
+        for flags, c in zip(flags_per_worker, configs)
+    ]
+    return procs, [Output(p) for p in procs]
+
+
+def _horovod(flags, data_dirs: str):
+    """Two ranks, rank r reading ``data_dirs`` with {rank} replaced (node-local data)."""
+    data = data_dirs.replace("{rank}", "$HOROVOD_RANK")
+    script = f'exec "{sys.executable}" -m tfgpu.main --strategy=horovod --data_dir="{data}" "$@"'
+    proc = popen([*HOROVOD, script, "sh", *flags])
+    return proc, Output(proc)
+
+
+def _hung_copy(dataset: str, where) -> str:
+    """A copy of ``dataset`` whose second train shard is a pipe nobody writes: a read blocks
+    for ever, as on a hung network file system."""
+    shutil.copytree(dataset, where)
+    shard = os.path.join(where, "train-00001-of-00004.tfrecord")
+    os.unlink(shard)
+    os.mkfifo(shard)
+    return str(where)
+
+
+def _ended(proc, started: float, output: Output) -> dict:
+    """Waits (bounded) for ``proc``; its exit code, seconds since ``started`` and output."""
+    try:
+        proc.wait(timeout=BOUND_S + 60)
+    except Exception:  # noqa: BLE001 - reported below as a timeout
+        pass
+    seconds = time.time() - started
+    time.sleep(0.5)  # the reader thread drains the pipe
+    return {"code": proc.poll(), "seconds": seconds, "text": output.text}
+
+
+def _wait_for_training(output: Output) -> None:
+    """Until the chief says it starts training (its start-up line)."""
+    deadline = time.time() + BOUND_S
+    while "crops resized" not in output.text and time.time() < deadline:
+        time.sleep(0.2)
+
+
+def _frozen_worker(data, tmp):
+    procs, outs = _mwms([cli_flags(RUN, data_dir=data, model_dir=tmp / f"w{i}") for i in (0, 1)])
+    try:
+        outs[0].wait_for_step(6)
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        return _ended(procs[0], time.time(), outs[0])
+    finally:
+        for p in procs:
+            kill_tree(p)
+
+
+def _frozen_rank(data, tmp):
+    proc, out = _horovod(cli_flags(RUN, model_dir=tmp), data)
+    try:
+        out.wait_for_step(6)
+        os.kill(rank_process(proc, 1).pid, signal.SIGSTOP)
+        return _ended(proc, time.time(), out)
+    finally:
+        kill_tree(proc)
+
+
+def _stuck_worker(data, tmp):
+    hung = _hung_copy(data, tmp / "hung")
+    flags = [
+        cli_flags(RUN, data_dir=d, model_dir=tmp / f"w{i}") for i, d in enumerate((data, hung))
+    ]
+    procs, outs = _mwms(flags)
+    try:
+        _wait_for_training(outs[0])
+        started = time.time()
+        return [_ended(p, started, o) for p, o in zip(procs, outs)]
+    finally:
+        for p in procs:
+            kill_tree(p)
+
+
+def _stuck_rank(data, tmp):
+    os.symlink(data, tmp / "data0")
+    _hung_copy(data, tmp / "data1")
+    proc, out = _horovod(cli_flags(RUN, model_dir=tmp / "run"), str(tmp / "data{rank}"))
+    try:
+        _wait_for_training(out)
+        return _ended(proc, time.time(), out)
+    finally:
+        kill_tree(proc)
+
+
+def _missing_worker(data, tmp):
+    procs, outs = _mwms([cli_flags(RUN, data_dir=data, model_dir=tmp)])
+    try:
+        return _ended(procs[0], time.time(), outs[0])
+    finally:
+        kill_tree(procs[0])
+
+
+def _sigterm_at_startup(data, tmp):
+    procs, outs = _mwms([cli_flags(RUN, data_dir=data, model_dir=tmp)])
+    try:
+        time.sleep(15)  # inside the strategy's start-up, waiting for worker 1
+        assert procs[0].poll() is None, outs[0].text[-2000:]
+        os.kill(procs[0].pid, signal.SIGTERM)
+        return _ended(procs[0], time.time(), outs[0])
+    finally:
+        kill_tree(procs[0])
+
+
+def _sigterm_while_blocked(data, tmp):
+    hung = _hung_copy(data, tmp / "hung")
+    flags = [
+        cli_flags(RUN, data_dir=d, model_dir=tmp / f"w{i}") for i, d in enumerate((data, hung))
+    ]
+    procs, outs = _mwms(flags)
+    try:
+        _wait_for_training(outs[0])
+        time.sleep(5)  # worker 0 now waits in the first all-reduce for worker 1
+        os.kill(procs[0].pid, signal.SIGTERM)
+        return _ended(procs[0], time.time(), outs[0])
+    finally:
+        for p in procs:
+            kill_tree(p)
+
+
+SCENARIOS = {
+    f.__name__[1:]: f
+    for f in (
+        _stuck_worker,
+        _stuck_rank,
+        _missing_worker,
+        _frozen_worker,
+        _frozen_rank,
+        _sigterm_at_startup,
+        _sigterm_while_blocked,
+    )
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes(small_dataset, tmp_path_factory):
+    """Every scenario's outcome, run three at a time (they mostly wait)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=3)
+    futures = {
+        name: pool.submit(run, small_dataset, tmp_path_factory.mktemp(name))
+        for name, run in SCENARIOS.items()
+    }
+    yield futures
+    pool.shutdown(wait=True)
+
+
+def _last_error(text: str) -> str:
+    lines = [line for line in text.splitlines() if "tfgpu: " in line]
+    assert lines, text[-3000:]
+    return lines[-1]
+
+
+def _check(outcome: dict, *expected: str, code=5) -> str:
+    assert outcome["code"] == code, outcome["text"][-3000:]
+    assert outcome["seconds"] < BOUND_S, outcome["seconds"]
+    assert "Traceback" not in outcome["text"], outcome["text"][-3000:]
+    line = _last_error(outcome["text"])
+    for text in expected:
+        assert re.search(text, line), line
+    return line
+
+
+def test_a_frozen_worker_is_named_mwms(outcomes):
+    _check(outcomes["frozen_worker"].result(), r"worker 1 \(localhost:\d+\)", r"update \d+")
+
+
+def test_a_frozen_rank_is_named_horovod(outcomes):
+    outcome = outcomes["frozen_rank"].result()
+    rank0 = "\n".join(line for line in outcome["text"].splitlines() if line.startswith("[0]"))
+    _check(dict(outcome, text=rank0), r"rank 1 \(", r"update \d+")
+    assert "tfgpu-horovodrun: rank 0 failed first (exit code 5)" in outcome["text"]
+
+
+def test_a_worker_stuck_on_a_hung_file_system_is_named_mwms(outcomes):
+    chief, stuck = outcomes["stuck_worker"].result()
+    _check(chief, r"stalled at update 1", r"worker 1 \(localhost:\d+\) alive but not at")
+    # The stuck worker itself leaves too, once the others have gone.
+    assert stuck["seconds"] < BOUND_S + 30, stuck
+    assert "every other worker went silent (worker 0" in _last_error(stuck["text"])
+
+
+def test_a_rank_stuck_on_a_hung_file_system_is_named_horovod(outcomes):
+    outcome = outcomes["stuck_rank"].result()
+    rank0 = "\n".join(line for line in outcome["text"].splitlines() if line.startswith("[0]"))
+    _check(dict(outcome, text=rank0), r"stalled at update 1", r"rank 1 \(.*\) alive but not at")
+
+
+def test_a_worker_that_never_starts_is_named_by_address(outcomes):
+    _check(outcomes["missing_worker"].result(), r"worker 1 \(localhost:\d+\) never joined")
+
+
+def test_sigterm_while_waiting_for_a_peer_at_start_up_ends_the_run_promptly(outcomes):
+    outcome = outcomes["sigterm_at_startup"].result()
+    assert outcome["seconds"] < 5, outcome
+    assert outcome["code"] in (-signal.SIGKILL, 128 + signal.SIGTERM), outcome["text"][-2000:]
+    assert "tfgpu: stopped by SIGTERM" in outcome["text"] and "Traceback" not in outcome["text"]
+
+
+def test_sigterm_while_blocked_in_a_collective_ends_the_run_after_the_grace(outcomes):
+    outcome = outcomes["sigterm_while_blocked"].result()
+    line = _check(outcome, r"stopped by SIGTERM at step 0", r"--stop_grace_s=20", code=143)
+    assert outcome["seconds"] < 20 + 5, (outcome["seconds"], line)
