@@ -1,0 +1,126 @@
+"""More than one host, for real: two network namespaces (tests/multihost.py), each with its own
+address, hostname and node-local --model_dir. multi_worker_mirrored workers talk over the
+addresses in TF_CONFIG; horovodrun starts rank 1 over ssh, with its environment forwarded and
+the network interface picked from those both hosts share. Both end with the weights of a
+single-process run (to 1e-5), as in tests/test_equivalence.py."""
+
+import json
+import os
+import re
+import shutil
+import sys
+
+import numpy as np
+import pytest
+from conftest import TINY_RUN, cli_flags, final_weights
+from multihost import SSH_PORT, Sshd, TwoHosts, Unavailable, sshd_missing
+
+from tfgpu import train
+from tfgpu.config import config_from, validate
+
+STEPS = 6
+FLAGS = dict(TINY_RUN, train_steps=STEPS)
+TIMEOUT_S = 150  # ~10-30 s when the machine is quiet
+TF_PORT = 23456  # free: each host's namespace starts with no sockets
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    try:
+        two = TwoHosts()
+    except Unavailable as err:
+        pytest.skip(f"cannot create two hosts as network namespaces: {err}")
+    try:
+        yield two
+    finally:
+        two.close()
+
+
+@pytest.fixture(scope="module")
+def reference(small_dataset, tmp_path_factory):
+    model_dir = str(tmp_path_factory.mktemp("reference"))
+    config = config_from(data_dir=small_dataset, model_dir=model_dir, strategy="default", **FLAGS)
+    train.run(validate(config))
+    return final_weights(model_dir)
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env.pop("TF_CONFIG", None)
+    return dict(env, TF_CPP_MIN_LOG_LEVEL="3", **extra)
+
+
+def _fingerprints(outputs: str) -> dict:
+    return dict(re.findall(r"worker (\d+)/2 weights_sha256 (\w+)", outputs))
+
+
+def _check_trained(chief_dir, other_dir, output: str, reference) -> None:
+    """Both workers ended identical, equal to the reference; only the chief's node-local
+    --model_dir holds results, with one gradient all-reduce per update across the hosts."""
+    found = _fingerprints(output)
+    assert sorted(found) == ["0", "1"], output[-3000:]
+    assert len(set(found.values())) == 1, f"the hosts ended with different weights: {found}"
+    weights = final_weights(chief_dir)
+    assert len(weights) == len(reference) > 0
+    for x, y in zip(weights, reference):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+    with open(os.path.join(chief_dir, "summary.json"), encoding="utf-8") as f:
+        assert json.load(f)["gradient_all_reduces"] == STEPS
+    left = set(os.listdir(other_dir)) if os.path.isdir(other_dir) else set()
+    assert left <= {"config.json"}, f"the non-chief wrote {sorted(left)} to its --model_dir"
+
+
+def test_multi_worker_across_two_hosts(hosts, reference, small_dataset, tmp_path):
+    cluster = {"worker": [f"{h.address}:{TF_PORT}" for h in hosts.hosts]}
+    procs, logs = [], []
+    for index, host in enumerate(hosts.hosts):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        model_dir = str(tmp_path / host.name)
+        flags = cli_flags(
+            FLAGS, data_dir=small_dataset, model_dir=model_dir, strategy="multi_worker_mirrored"
+        )
+        logs.append(str(tmp_path / f"{host.name}.log"))
+        argv = [sys.executable, "-m", "tfgpu.main", *flags]
+        procs.append(hosts.start(host, argv, logs[-1], env=_env(TF_CONFIG=tf_config)))
+    outputs = hosts.wait(procs, logs, TIMEOUT_S)
+    _check_trained(tmp_path / hosts.a.name, tmp_path / hosts.b.name, "\n".join(outputs), reference)
+
+
+@pytest.fixture(scope="module")
+def sshd(hosts, tmp_path_factory):
+    reason = sshd_missing()
+    if reason:
+        pytest.skip(reason)
+    return Sshd(hosts, hosts.b, str(tmp_path_factory.mktemp("ssh")))
+
+
+# Each rank says where it runs, what horovodrun forwarded, then trains with a node-local
+# --model_dir (<dir>/<hostname>).
+_RANK = (
+    'echo "rank $HOROVOD_RANK on $(hostname) via ${SSH_CONNECTION:-no ssh} iface '
+    '$HOROVOD_GLOO_IFACE env $TFGPU_TEST_MARK"; exec "$@" --model_dir="$0/$(hostname)"'
+)
+
+
+def test_horovodrun_across_two_hosts_over_ssh(hosts, sshd, reference, small_dataset, tmp_path):
+    a, b = hosts.hosts
+    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable))
+    assert horovodrun, "horovodrun not found: run `make test` (it builds Horovod)"
+    flags = cli_flags(FLAGS, data_dir=small_dataset, strategy="horovod")
+    # Run from hostA: hostA's ranks start locally, hostB's over ssh. No --network-interface:
+    # horovodrun finds the interfaces both hosts route (eth0 here) through its task services.
+    cmd = [horovodrun, "--gloo", "-np", "2", "-H", f"{a.name}:1,{b.name}:1", "-p", str(SSH_PORT)]
+    cmd += ["-i", sshd.key, "--disable-cache", "--start-timeout", "60"]
+    cmd += ["sh", "-c", _RANK, str(tmp_path), sys.executable, "-m", "tfgpu.main", *flags]
+    log = str(tmp_path / "horovodrun.log")
+    mark = f"forwarded-{os.getpid()}"  # in the environment of horovodrun, not of sshd
+    env = _env(PATH=f"{sshd.bin_dir}:{os.environ['PATH']}", TFGPU_TEST_MARK=mark)
+    (output,) = hosts.wait([hosts.start(a, cmd, log, env=env)], [log], TIMEOUT_S)
+
+    ranks = dict(re.findall(r"rank (\d) on (\S+ via .+)", output))
+    assert ranks.get("0") == f"{a.name} via no ssh iface eth0 env {mark}", output[-3000:]
+    ssh = rf"{a.address} \d+ {b.address} {SSH_PORT}"  # $SSH_CONNECTION: from a, to b's sshd
+    assert re.fullmatch(rf"{b.name} via {ssh} iface eth0 env {mark}", ranks["1"]), ranks
+    # horovodrun's ssh check, the task service that tested the interfaces, rank 1.
+    assert sshd.sessions_from(a.address) == 3, open(sshd.log).read()
+    _check_trained(tmp_path / a.name, tmp_path / b.name, output, reference)
