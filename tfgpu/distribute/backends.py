@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import compat
-from tfgpu.distribute import DistributeError, InputShard, env
+from tfgpu.distribute import DistributeError, InputShard, env, slurm
 from tfgpu.distribute.env import resolve_strategy, under_horovodrun
 
 
@@ -59,6 +59,16 @@ def pin_to_local_gpu(local_rank: int, config=tf.config) -> None:
         raise DistributeError(
             "Horovod could not pin its GPU: TensorFlow had already started"
         ) from None
+
+
+def pin_to_slurm_gpus(config=tf.config) -> None:
+    """Under srun, makes this task see its share of the GPUs Slurm made visible
+    (``slurm.local_gpus``: all of them with --gpus-per-task, else its local task's equal
+    share of the node's); before TensorFlow's runtime starts, like ``pin_to_local_gpu``."""
+    gpus = config.list_physical_devices("GPU")
+    mine = [gpus[i] for i in slurm.local_gpus(len(gpus))]
+    if len(mine) < len(gpus):
+        config.set_visible_devices(mine, "GPU")
 
 
 def _counter() -> tf.Variable:
@@ -361,8 +371,11 @@ def build_backend(strategy: str, dist=None):
 
 
 def setup(dist) -> "StrategyBackend | HorovodBackend":
-    """The backend ``dist`` (a config.DistConfig) asks for: splits the CPU into logical
-    devices first (before TensorFlow's runtime starts), then resolves ``auto``."""
-    configure_devices(dist.logical_cpu_devices)
+    """The backend ``dist`` (a config.DistConfig) asks for: resolves ``auto``, gives a Slurm
+    task its GPUs and splits the CPU into logical devices (before TensorFlow's runtime
+    starts), then builds it."""
     name = resolve_strategy(dist.strategy, len(tf.config.list_physical_devices("GPU")))
+    if name == "multi_worker_mirrored" and slurm.in_slurm_step():
+        pin_to_slurm_gpus()
+    configure_devices(dist.logical_cpu_devices)
     return build_backend(name, dist)
