@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 
+import psutil
 import pytest
 from conftest import cli_flags
 from procs import Output, kill_tree, popen, rank_process
@@ -160,12 +161,30 @@ def _sigterm_while_blocked(data, tmp):
     procs, outs = _mwms(flags)
     try:
         _wait_for_training(outs[0])
-        time.sleep(5)  # worker 0 now waits in the first all-reduce for worker 1
+        time.sleep(15)  # worker 0 now waits in the first all-reduce for worker 1
         os.kill(procs[0].pid, signal.SIGTERM)
         return _ended(procs[0], time.time(), outs[0])
     finally:
         for p in procs:
             kill_tree(p)
+
+
+def _launched_worker_killed(data, tmp):
+    cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
+    cmd += ["--strategy=multi_worker_mirrored", *cli_flags(RUN, data_dir=data, model_dir=tmp)]
+    proc = popen(cmd)
+    out = Output(proc)
+    try:
+        out.wait_for_step(4)
+        (worker,) = [
+            c
+            for c in psutil.Process(proc.pid).children()
+            if '"index": 1' in c.environ().get("TF_CONFIG", "")
+        ]
+        worker.kill()
+        return _ended(proc, time.time(), out)
+    finally:
+        kill_tree(proc)
 
 
 SCENARIOS = {
@@ -178,6 +197,7 @@ SCENARIOS = {
         _frozen_rank,
         _sigterm_at_startup,
         _sigterm_while_blocked,
+        _launched_worker_killed,
     )
 }
 
@@ -250,3 +270,12 @@ def test_sigterm_while_blocked_in_a_collective_ends_the_run_after_the_grace(outc
     outcome = outcomes["sigterm_while_blocked"].result()
     line = _check(outcome, r"stopped by SIGTERM at step 0", r"--stop_grace_s=20", code=143)
     assert outcome["seconds"] < 20 + 5, (outcome["seconds"], line)
+
+
+def test_the_launcher_says_which_worker_failed_first_and_how(outcomes):
+    outcome = outcomes["launched_worker_killed"].result()
+    assert outcome["code"] == 128 + signal.SIGKILL, outcome["text"][-3000:]
+    assert (
+        "tfgpu.launch: worker 1 failed first (killed by SIGKILL); stopping the others"
+        in (outcome["text"])
+    ), outcome["text"][-3000:]

@@ -4,13 +4,15 @@ machine, each with its TF_CONFIG filled in (what torchrun is to PyTorch).
 Each worker's output is prefixed with ``[worker i]``. When one worker fails, the others are
 stopped after ``--grace_s`` seconds (their collectives would time out anyway), and the launcher
 exits with the first failing worker's code (128 + N for a worker killed by signal N;
-``python -m tfgpu.main`` exits with 5 when it lost contact with another worker). For several
+``python -m tfgpu.main`` exits with 5 when it lost contact with another worker), after one line
+saying which worker failed first and how. For several
 machines, set TF_CONFIG on each node yourself (README) and run
 ``python -m tfgpu.main --strategy=multi_worker_mirrored``.
 """
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -46,9 +48,14 @@ def tf_configs(num_workers: int, host: str = "localhost") -> list[str]:
     ]
 
 
-def _pump(stream, prefix: str) -> None:
+LAST_LINES: dict = {}  # worker -> its last "tfgpu: ..." line, to say how it failed
+
+
+def _pump(stream, worker: int) -> None:
     for line in iter(stream.readline, ""):
-        sys.stdout.write(f"{prefix} {line}")
+        if line.startswith("tfgpu:"):
+            LAST_LINES[worker] = line.strip()
+        sys.stdout.write(f"[worker {worker}] {line}")
         sys.stdout.flush()
 
 
@@ -61,19 +68,22 @@ def start_workers(argv: list[str], num_workers: int, host: str = "localhost"):
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        threading.Thread(target=_pump, args=(proc.stdout, f"[worker {i}]"), daemon=True).start()
+        threading.Thread(target=_pump, args=(proc.stdout, i), daemon=True).start()
         procs.append(proc)
     return procs
 
 
 def wait_all(procs, grace_s: float) -> int:
-    """Waits for every worker; after a failure, stops the rest. Returns the exit code."""
+    """Waits for every worker; after a failure, says which worker failed first and how, and
+    stops the rest. Returns the exit code."""
     failed_code, deadline = 0, None
     while any(p.poll() is None for p in procs):
-        for p in procs:
+        for i, p in enumerate(procs):
             code = p.poll()
             if code not in (None, 0) and not failed_code:
                 failed_code, deadline = code, time.time() + grace_s
+                time.sleep(0.3)  # its last lines are still on their way through the pipe
+                print(f"tfgpu.launch: {failure(i, code)}; stopping the others", flush=True)
         if deadline and time.time() > deadline:
             # SIGTERM first (a training worker saves and leaves); SIGKILL 10 s later, because
             # a worker still waiting for its peers at start-up does not act on SIGTERM.
@@ -81,6 +91,16 @@ def wait_all(procs, grace_s: float) -> int:
         time.sleep(0.2)
     codes = [p.returncode for p in procs]
     return shell_code(failed_code or next((c for c in codes if c), 0))
+
+
+def failure(worker: int, returncode: int) -> str:
+    """``worker 1 failed first (exit code 5: tfgpu: error: ...)`` or ``(killed by SIGKILL)``."""
+    if returncode < 0:
+        how = f"killed by {signal.Signals(-returncode).name}"
+    else:
+        how = f"exit code {returncode}"
+    last = LAST_LINES.get(worker)
+    return f"worker {worker} failed first ({how}{': ' + last if last else ''})"
 
 
 def stop_all(procs, kill: bool = False) -> None:
@@ -97,6 +117,8 @@ def shell_code(returncode: int) -> int:
 
 def main(argv):
     procs = start_workers(argv[1:], FLAGS.num_workers, FLAGS.host)
+    # SIGTERM (scancel, Kubernetes) reaches the workers, which save and leave.
+    signal.signal(signal.SIGTERM, lambda *_: stop_all(procs))
     try:
         return wait_all(procs, FLAGS.grace_s)
     except KeyboardInterrupt:
