@@ -189,3 +189,35 @@ def test_horovod_then_multi_worker_mirrored(
     out = _two_workers(small_dataset, tmp_path / "run", 6)
     assert "at step 3" in out.stdout
     _assert_same(final_weights(tmp_path / "run"), uninterrupted)
+
+
+def test_fewer_shards_than_workers_and_fewer_eval_examples_than_replicas(tmp_path):
+    """1 train shard for 2 workers, 3 evaluation examples for 4 replicas (2 workers x 2
+    devices): no deadlock, every worker runs every step, each example is evaluated once."""
+    from conftest import make_image_arrays
+
+    from tfgpu.convert import plan
+    from tfgpu.convert.items import items_from_arrays
+
+    images, labels = make_image_arrays(35)
+    items = items_from_arrays(images, labels, prefix="few")
+    data = str(tmp_path / "data")
+    plan.write_dataset(
+        {"train": items[:32], "validation": items[32:]},
+        ["a", "b", "c", "d"],
+        data,
+        "tests",
+        {"train": 1, "validation": 1},
+    )
+    run = dict(RUN, global_batch_size=8, eval_every_steps=3)
+    runs = _mwms([cli_flags(run, data_dir=data, model_dir=tmp_path / f"w{i}") for i in (0, 1)])
+    for out in runs:
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert "2 replica(s), 6 updates" in runs[0].stdout
+    assert runs[0].stdout.count("(3 examples)") == 2  # at step 3 and at the end
+    # 4 replicas in one process (MWMS gives a CPU worker one replica).
+    flags = cli_flags(dict(run, logical_cpu_devices=4), data_dir=data, model_dir=tmp_path / "m")
+    cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=mirrored", *flags]
+    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "4 replica(s)" in out.stdout and out.stdout.count("(3 examples)") == 2
