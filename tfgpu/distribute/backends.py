@@ -130,10 +130,23 @@ class StrategyBackend:
             return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
 
     def reduce_sum(self, per_replica):
-        """Sums a (nest of) per-replica value(s) over replicas; called outside ``run``."""
-        return tf.nest.map_structure(
-            lambda v: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), per_replica
-        )
+        """Sums a (nest of) per-replica value(s) over replicas; called outside ``run``.
+
+        On one worker every replica is local: their values are added with ``add_n``, as
+        Keras' fit does. Across workers, scalars of one dtype (the step's and evaluation's
+        metrics) travel stacked, in ONE collective instead of one each.
+        """
+        flat = tf.nest.flatten(per_replica)
+        first = [self.local_values(v)[0] for v in flat]
+        if self.num_workers == 1:
+            summed = [tf.add_n(self.local_values(v)) for v in flat]
+        elif all(v.shape.rank == 0 and v.dtype == first[0].dtype for v in first):
+            stacked = self.strategy.run(lambda *values: tf.stack(values), args=tuple(flat))
+            total = self.strategy.reduce(tf.distribute.ReduceOp.SUM, stacked, axis=None)
+            summed = tf.unstack(total, len(flat))
+        else:
+            summed = [self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in flat]
+        return tf.nest.pack_sequence_as(per_replica, summed)
 
     def local_values(self, per_replica):
         """The values of this worker's replicas, as a list."""
@@ -239,7 +252,9 @@ class HorovodBackend:
             return self.hvd.grouped_allreduce(values, op=self.hvd.Sum, **kwargs)
 
     def reduce_sum(self, value):
-        return tf.nest.map_structure(lambda v: self.hvd.allreduce(v, op=self.hvd.Sum), value)
+        """Sums a nest of tensors over the ranks, in one grouped collective."""
+        flat = tf.nest.flatten(value)
+        return tf.nest.pack_sequence_as(value, self.hvd.grouped_allreduce(flat, op=self.hvd.Sum))
 
     def local_values(self, value):
         return [value]
