@@ -173,7 +173,8 @@ def part_two(rounds: int, steps: int) -> None:
                 seconds.append(_run_cpu_seconds(cmd + flags, env))
             per_image[name].append((seconds[1] - seconds[0]) / (steps * BATCH))
     print(
-        f"\n(2) CPU-seconds per image, all processes ({rounds} rounds, {steps} vs {2 * steps} updates)"
+        f"\n(2) CPU-seconds per image, all processes ({rounds} rounds, {steps} vs "
+        f"{2 * steps} updates)"
     )
     print("| configuration | CPU ms per image | vs 1 process (ideal 1.0) |")
     print("|---|---:|---:|")
