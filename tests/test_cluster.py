@@ -2,6 +2,7 @@
 that disagree, a worker that lacks its data. Every worker is a real process with its own
 --model_dir; the chief's checkpoint reaches the others by broadcast."""
 
+import json
 import os
 import re
 import subprocess
@@ -221,3 +222,39 @@ def test_fewer_shards_than_workers_and_fewer_eval_examples_than_replicas(tmp_pat
     out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "4 replica(s)" in out.stdout and out.stdout.count("(3 examples)") == 2
+
+
+def test_the_chief_logs_the_slowest_worker_per_window(small_dataset, tmp_path):
+    """A straggler made for real: worker 1 shares its CPU core with three busy loops."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPU cores to slow one worker down and not the other")
+    busy = ["taskset", "-c", "1", sys.executable, "-c", "while True: pass"]
+    hogs = [subprocess.Popen(busy) for _ in range(3)]  # a third of the core is left to it
+    try:
+        run = dict(RUN, train_steps=30, log_every_steps=5, steps_per_loop=5, in_memory="off")
+        run["deterministic"] = False  # TensorFlow refuses the clock it needs under determinism
+        cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=multi_worker_mirrored"]
+        procs = [
+            subprocess.Popen(
+                ["taskset", "-c", str(i), *cmd]
+                + cli_flags(run, data_dir=small_dataset, model_dir=tmp_path / f"w{i}"),
+                env=dict(_env(), TF_CONFIG=tf_config),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i, tf_config in enumerate(launch.tf_configs(2))
+        ]
+        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for hog in hogs:
+            hog.kill()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    records = [json.loads(line) for line in open(tmp_path / "w0" / "metrics.jsonl")]
+    windows = [r for r in records if r["split"] == "train"][1:]  # the first includes tracing
+    assert len(windows) == 5 and all("slowest_worker" in r for r in windows)
+    slow = [r for r in windows if r["slowest_worker"] == 1]
+    assert len(slow) >= 4, windows
+    assert all(r["slowest_compute_s"] > r["median_compute_s"] for r in slow), windows
+    assert "slowest worker 1:" in outs[0][0]

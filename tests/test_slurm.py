@@ -114,7 +114,7 @@ def test_srun_with_two_tasks_ends_with_the_weights_of_one_process(small_dataset,
         for i in range(2)
     ]
     outs = [p.communicate(timeout=240) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     assert outs[0][0].startswith("multi_worker_mirrored: 2 replica(s)"), outs[0][0][:300]
     hashes = {h for out, _ in outs for h in re.findall(r"worker \d/2 weights_sha256 (\w+)", out)}

@@ -14,6 +14,7 @@ PRIVATE_NAMES = (
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer._trainable_variables"),
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer._model_variables_moving_average"),
     ("tensorflow.python.framework.config", "disable_op_determinism"),
+    ("tensorflow.python.framework.config", "is_op_determinism_enabled"),
     ("tensorflow.python.eager.context", "Context.configure_coordination_service"),
     ("tensorflow.python.distribute.multi_worker_util", "coordination_leader"),
     ("tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2", "CoordinatedJob"),
@@ -68,6 +69,13 @@ def set_op_determinism(enabled: bool) -> None:
         tf.config.experimental.enable_op_determinism()
     else:
         tf_config.disable_op_determinism()
+
+
+def op_determinism_enabled() -> bool:
+    """Whether ``set_op_determinism(True)`` is in force (TF exports no reader)."""
+    from tensorflow.python.framework import config as tf_config
+
+    return tf_config.is_op_determinism_enabled()
 
 
 def configure_coordination_service(

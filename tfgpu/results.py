@@ -36,6 +36,7 @@ class Window:
     def close(self, step: int, learning_rate: float, global_batch: int) -> dict:
         """The window's metrics.jsonl record; starts the next window."""
         seconds = time.time() - self._start
+        self.last_seconds, self.last_updates = seconds, self._updates
         images = self._updates * global_batch
         if self._windows:
             self._timed_images += images
@@ -115,11 +116,17 @@ def format_progress(record: dict, total_steps: int, global_batch: int) -> str:
     ips = record["images_per_sec"]
     remaining = (total_steps - record["step"]) * global_batch / max(ips, 1e-9)
     width = len(str(total_steps))
-    return (
+    line = (
         f"step {record['step']:>{width}}/{total_steps}  loss {record['loss']:.4f}  "
         f"acc {record['accuracy']:.3f}  lr {record['learning_rate']:.2e}  "
         f"{ips:,.0f} img/s  ETA {datetime.timedelta(seconds=int(remaining))}"
     )
+    if "slowest_worker" in record:
+        line += (
+            f"  slowest worker {record['slowest_worker']}: {record['slowest_compute_s']:.3f} s"
+            f"/update (median {record['median_compute_s']:.3f})"
+        )
+    return line
 
 
 def export_model(model: keras.Model, directory: str, image_size: int) -> None:

@@ -261,6 +261,7 @@ def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None) -> dict:
     loop = make_train_loop(run.step, run.global_step, run.skipped_updates)
     step = int(run.global_step.numpy())
     window, skipped_records = Window(), 0
+    waited = float(run.backend.wait_seconds.numpy())  # seconds in all-reduces, until now
     while step < plan.total_steps:
         n = _next_stop(config, plan, step) - step
         _phase("train", step)
@@ -273,6 +274,9 @@ def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None) -> dict:
         if step % t.log_every_steps == 0 or step == plan.total_steps:
             lr = float(run.optimizer.learning_rate)  # the schedule at the current update
             record = window.close(step, lr, t.global_batch_size)
+            if run.backend.num_workers > 1 and not config.deterministic:
+                record.update(_skew(run, window, waited))
+                waited = float(run.backend.wait_seconds.numpy())
             writer.log_train(record, plan.total_steps, t.global_batch_size)
         if plan.eval_every and step % plan.eval_every == 0 and step < plan.total_steps:
             _phase("evaluation", step)
@@ -293,6 +297,14 @@ def weights_fingerprint(model: keras.Model) -> str:
     for weight in model.weights:
         digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(weight)).tobytes())
     return digest.hexdigest()[:16]
+
+
+def _skew(run: Run, window: Window, waited_before: float) -> dict:
+    """The slowest worker's compute seconds per update in the window just closed, and the
+    median's (``consensus.step_time_skew``)."""
+    waited = float(run.backend.wait_seconds.numpy()) - waited_before
+    compute = (window.last_seconds - waited) / max(window.last_updates, 1)
+    return consensus.step_time_skew(run.backend, compute)
 
 
 def _phase(name: str, step: int) -> None:

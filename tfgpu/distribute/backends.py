@@ -71,12 +71,28 @@ def pin_to_slurm_gpus(config=tf.config) -> None:
         config.set_visible_devices(mine, "GPU")
 
 
-def _counter() -> tf.Variable:
-    """Counts gradient all-reduces as they run (tests check one per update); every replica
-    increments it, the first replica's count is the one kept."""
+def _counter(dtype=tf.int64) -> tf.Variable:
+    """Counts gradient all-reduces as they run (tests check one per update), or seconds;
+    every replica adds to it, the first replica's sum is the one kept."""
     return tf.Variable(
-        0, trainable=False, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+        0, trainable=False, dtype=dtype, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
     )
+
+
+def _timed(backend, reduce, values: list) -> list:
+    """``reduce(values)``; with several workers, the seconds it waited are added to
+    ``backend.wait_seconds`` (compute per update = step time - wait: the straggler is the one
+    that waits least). Not under --deterministic: TensorFlow refuses clocks then."""
+    if backend.num_workers == 1 or compat.op_determinism_enabled():
+        return reduce(values)
+    with tf.control_dependencies(values):
+        start = tf.timestamp()
+    with tf.control_dependencies([start]):
+        reduced = reduce(values)
+    with tf.control_dependencies(reduced):
+        waited = backend.wait_seconds.assign_add(tf.timestamp() - start)
+    with tf.control_dependencies([waited]):
+        return [tf.identity(r) for r in reduced]
 
 
 def _num_workers(strategy: tf.distribute.Strategy) -> int:
@@ -100,6 +116,7 @@ class StrategyBackend:
         self.is_chief = strategy.extended.should_checkpoint if name != "default" else True
         with strategy.scope():
             self.all_reduce_calls = _counter()
+            self.wait_seconds = _counter(tf.float64)
 
     @property
     def num_replicas(self) -> int:
@@ -127,7 +144,7 @@ class StrategyBackend:
         # tell who reached the all-reduce the others wait in.
         with tf.control_dependencies([self.all_reduce_calls.assign_add(1)]):
             ctx = tf.distribute.get_replica_context()
-            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+            return _timed(self, lambda v: ctx.all_reduce(tf.distribute.ReduceOp.SUM, v), values)
 
     def reduce_sum(self, per_replica):
         """Sums a (nest of) per-replica value(s) over replicas; called outside ``run``.
@@ -223,6 +240,7 @@ class HorovodBackend:
         self.strategy = tf.distribute.get_strategy()
         self._compression = hvd.Compression.fp16 if compression == "fp16" else None
         self.all_reduce_calls = _counter()
+        self.wait_seconds = _counter(tf.float64)
 
     @property
     def num_replicas(self) -> int:
@@ -249,7 +267,8 @@ class HorovodBackend:
         kwargs = {"compression": self._compression} if self._compression else {}
         with tf.control_dependencies([self.all_reduce_calls.assign_add(1)]):  # see above
             values = [tf.identity(v) for v in values]
-            return self.hvd.grouped_allreduce(values, op=self.hvd.Sum, **kwargs)
+            reduce = lambda v: self.hvd.grouped_allreduce(v, op=self.hvd.Sum, **kwargs)  # noqa: E731
+            return _timed(self, reduce, values)
 
     def reduce_sum(self, value):
         """Sums a nest of tensors over the ranks, in one grouped collective."""

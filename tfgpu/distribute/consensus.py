@@ -7,6 +7,7 @@ No TensorFlow here: the comparison is plain data; ``backend.all_gather_bytes`` m
 import json
 import os
 import socket
+import statistics
 
 from tfgpu import __version__
 from tfgpu.distribute import DistributeError, env
@@ -74,3 +75,17 @@ def disagreement(fingerprints: list) -> str:
 def _show(value) -> str:
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def step_time_skew(backend, compute_s: float) -> dict:
+    """Every worker's compute seconds per update in the last window (its step time less what
+    it waited in the gradient all-reduce) -> {"slowest_worker", "slowest_compute_s",
+    "median_compute_s"}. A collective: every worker calls it at the same step."""
+    gathered = backend.all_gather_bytes(json.dumps(compute_s).encode())
+    values = [float(json.loads(b)) for b in gathered]
+    slowest = max(range(len(values)), key=values.__getitem__)
+    return {
+        "slowest_worker": slowest,
+        "slowest_compute_s": values[slowest],
+        "median_compute_s": statistics.median(values),
+    }
