@@ -131,6 +131,24 @@ def test_broken_image_gets_weight_zero_and_the_stream_goes_on(tmp_path):
     assert not targets.numpy()[broken].any()  # zero targets: no loss, no gradient
 
 
+def test_broken_records_are_named_once_however_many_epochs(tmp_path, capfd):
+    from tfgpu.data import broken
+
+    good = _jpegs(8)
+    _write_records(str(tmp_path / "train-00000-of-00001"), good[:5] + [good[5][:-200]] + good[6:])
+    spec = data_spec.load_data_spec(str(tmp_path), num_classes=4)
+    broken.forget()
+    batches = list(train_ds(spec, CFG, InputShard(1, 0), 8, 8, **ORDER).take(4))  # 4 epochs
+    assert sum(int((b["weight"].numpy() == 0).sum()) for b in batches) == 4  # once a pass
+    name = str(tmp_path / "train-00000-of-00001")
+    assert broken.found() == [{"file": name, "index": 5, "reason": broken.REASON}]
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "is broken" in line]
+    assert warnings == [
+        f"tfgpu: WARNING: record 5 of {name} is broken ({broken.REASON}): it is trained with "
+        "weight 0, and named here once"
+    ]
+
+
 def test_truncated_shard_is_an_error_naming_it_or_skipped_under_the_flag(tmp_path):
     path = str(tmp_path / "train-00000-of-00001")
     _write_records(path, _jpegs(4))

@@ -11,6 +11,7 @@ must not wait for TensorFlow's start-up.
 """
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from tfgpu import data, distribute, models, optim
@@ -96,6 +97,25 @@ class DataConfig:
         "them inside the step, before XLA; auto: device with a GPU and --preprocess_on=device, "
         "else host.",
         choices=data.RESIZE_ON,
+    )
+    in_memory: str = setting(
+        "auto",
+        "Small datasets: decode the train split once into a uint8 array in host memory and cut "
+        "each batch from it, vectorized (padded random crop of --crop_padding, flip, "
+        "MixUp/CutMix; no random-resized crop). on, off, or auto: on for --image_size <= 64 "
+        "when the decoded split fits --in_memory_mb.",
+        choices=data.IN_MEMORY,
+    )
+    in_memory_mb: int = setting(
+        1024,
+        "RAM budget of --in_memory=auto, in MB: the decoded train split as stored (examples "
+        "x (--image_size + 2 x --crop_padding)^2 x 3 bytes) must fit.",
+    )
+    crop_padding: int = setting(
+        4,
+        "In-memory path: pixels added on each side (by reflection) before the random "
+        "--image_size crop (4 as for CIFAR; 0: no crop). Images stored at another size are "
+        "resized once, at load.",
     )
     mixup_alpha: float = setting(
         0.0, "MixUp Beta(alpha, alpha) (0: off); pairs (2k, 2k+1) of each batch."
@@ -205,6 +225,11 @@ class TrainConfig:
     steps_per_loop: int = setting(10, "Updates per tf.function call (fewer Python round trips).")
     eval_batch_size: int = setting(0, "Global evaluation batch (0: the training global batch).")
     log_every_steps: int = setting(100, "Print and log train metrics every N updates.")
+    log_every_s: float = setting(
+        30.0,
+        "... and after this many seconds without a line, at the next loop boundary (one "
+        "process only: several log together, at the same step).",
+    )
     eval_every_steps: int = setting(0, "Evaluate every N updates (0: only at the end).")
     eval_every_epochs: float = setting(
         0.0, "Evaluate every N passes over the train split (0: only at the end)."
@@ -352,6 +377,12 @@ def _positive(section, *names: str) -> None:
 
 def _check_data(d: DataConfig) -> None:
     _positive(d, "image_size")
+    if not 0 <= d.crop_padding < d.image_size:
+        raise ConfigError(
+            f"--crop_padding={d.crop_padding} must be in [0, --image_size={d.image_size})"
+        )
+    if d.in_memory_mb < 0:
+        raise ConfigError(f"--in_memory_mb={d.in_memory_mb} must not be negative")
     if not 0 < d.crop_min_area <= 1 or not 0 < d.eval_crop_fraction <= 1:
         raise ConfigError("--crop_min_area and --eval_crop_fraction must be in (0, 1]")
     if d.data_dir and not os.path.isdir(os.path.expanduser(d.data_dir)):

@@ -23,6 +23,7 @@ class Window:
     def __init__(self):
         self._reset()
         self._timed_images, self._timed_seconds, self._windows = 0, 0.0, 0
+        self._timed_wait = 0.0
 
     def _reset(self) -> None:
         self._sums: dict = {}
@@ -51,13 +52,29 @@ class Window:
             "learning_rate": learning_rate,
             "images_per_sec": images / max(seconds, 1e-9),
             "skipped_records": int(s.get("skipped", 0.0)),
+            "input_wait_fraction": min(s.get("input_wait_s", 0.0) / max(seconds, 1e-9), 1.0),
         }
+        if self._windows > 1:  # the first window includes tracing: not a fair share
+            self._timed_wait += s.get("input_wait_s", 0.0)
         self._reset()
         return record
+
+    def age(self) -> float:
+        """Seconds since this window opened."""
+        return time.time() - self._start
+
+    @property
+    def timed(self) -> bool:
+        """True once a window past the first (tracing, warm-up) has closed."""
+        return self._windows > 1
 
     def images_per_sec(self) -> float | None:
         """Images per second over the timed windows (None before the second window)."""
         return self._timed_images / self._timed_seconds if self._timed_seconds else None
+
+    def input_wait_fraction(self) -> float | None:
+        """The share of the timed windows' time the loop waited for batches."""
+        return self._timed_wait / self._timed_seconds if self._timed_seconds else None
 
 
 class RunWriter:
@@ -121,6 +138,8 @@ def format_progress(record: dict, total_steps: int, global_batch: int) -> str:
         f"acc {record['accuracy']:.3f}  lr {record['learning_rate']:.2e}  "
         f"{ips:,.0f} img/s  ETA {datetime.timedelta(seconds=int(remaining))}"
     )
+    if record.get("input_wait_fraction", 0.0) >= 0.01:
+        line += f"  input wait {record['input_wait_fraction']:.0%}"
     if "slowest_worker" in record:
         line += (
             f"  slowest worker {record['slowest_worker']}: {record['slowest_compute_s']:.3f} s"
@@ -142,3 +161,17 @@ def export_model(model: keras.Model, directory: str, image_size: int) -> None:
         input_signature=[tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")],
     )
     archive.write_out(os.path.join(directory, "saved_model"), verbose=False)
+
+
+INPUT_BOUND = 0.10  # the share of step time waiting for input that is worth a warning
+
+
+def input_bound_warning(fraction: float, train_ips: float, input_ips: float | None) -> str:
+    """The one warning of a run that waits for its input, with the levers, in order."""
+    alone = f"; the input pipeline alone reads {input_ips:,.0f} img/s" if input_ips else ""
+    return (
+        f"tfgpu: WARNING: the step waited for input {fraction:.0%} of the time (training at "
+        f"{train_ips:,.0f} img/s{alone}). In order: --data_threads (a private tf.data pool), "
+        "--cycle_length (files read at once), --cache_eval, --data_service (decode on other "
+        "machines), smaller images at conversion (tools/to_tfrecord.py --max_side)"
+    )

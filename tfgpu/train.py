@@ -7,6 +7,7 @@ pieces are plain functions: ``make_train_loop`` and ``make_eval_step``.
 """
 
 import hashlib
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -18,11 +19,11 @@ import tensorflow as tf
 from tfgpu import compat, models, optim
 from tfgpu.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, resolve, split_batch
-from tfgpu.data import device_ops, pipeline, spec as data_spec
+from tfgpu.data import broken, device_ops, memory, pipeline, spec as data_spec
 from tfgpu import faults
 from tfgpu.distribute import backends, consensus, env, heartbeats
 from tfgpu.faults import Preempted, PreemptionGuard
-from tfgpu.results import RunWriter, Window, export_model
+from tfgpu.results import INPUT_BOUND, RunWriter, Window, export_model, input_bound_warning
 from tfgpu.schema import EVAL_SUMS, STEP_METRICS
 from tfgpu.step import DynamicLossScale, NonFiniteLoss, TrainStep
 
@@ -132,17 +133,24 @@ def build_step(config: Config, model, optimizer, backend, num_classes: int, loss
 
 def make_train_loop(step: TrainStep, global_step: tf.Variable, skipped_updates: tf.Variable):
     """``loop(iterator, num_steps) -> (totals, first_bad)``: ``num_steps`` updates in one
-    tf.function call. ``totals`` sums the ``StepMetrics`` (and "steps") of the finite updates;
-    ``first_bad`` is the first non-finite step, -1 if none. Without skipping, the loop stops
-    at that step."""
+    tf.function call. ``totals`` sums the ``StepMetrics`` (and "steps") of the finite updates,
+    and "input_wait_s", the seconds spent waiting for batches; ``first_bad`` is the first
+    non-finite step, -1 if none. Without skipping, the loop stops at that step."""
     keys = (*STEP_METRICS, "steps")
+    clock = _clock()
 
     @tf.function
     def loop(iterator, num_steps):
         totals = {k: tf.constant(0.0) for k in keys}
+        waited = tf.constant(0.0, tf.float64)
         first_bad = tf.constant(-1, tf.int64)
         for _ in tf.range(num_steps):
-            metrics, finite = step.update(next(iterator))
+            start = clock()
+            with tf.control_dependencies([start]):
+                batch = next(iterator)
+            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+                waited += clock() - start
+            metrics, finite = step.update(batch)
             # After the update (other variables would not order it): the heartbeat board
             # reads the counter as "updates completed".
             with tf.control_dependencies(tf.nest.flatten(metrics)):
@@ -155,9 +163,17 @@ def make_train_loop(step: TrainStep, global_step: tf.Variable, skipped_updates: 
                 first_bad = global_step.read_value()
             if not step.skips_non_finite and not ok:
                 break
-        return totals, first_bad
+        return dict(totals, input_wait_s=tf.cast(waited, tf.float32)), first_bad
 
     return loop
+
+
+def _clock():
+    """``clock() -> float64 seconds`` inside a tf.function: ``tf.timestamp``, or under op
+    determinism (which refuses it) Python's clock through ``tf.py_function``."""
+    if not compat.op_determinism_enabled():
+        return tf.timestamp
+    return lambda: tf.reshape(tf.py_function(time.perf_counter, [], tf.float64), [])
 
 
 def make_eval_step(model: keras.Model, backend):
@@ -184,7 +200,9 @@ def make_eval_step(model: keras.Model, backend):
 
 
 def train_batches(run: Run, start_step: int):
-    """An iterator of distributed train batches from update ``start_step`` on."""
+    """An iterator of distributed train batches from update ``start_step`` on: cut from the
+    decoded train split in memory when ``memory.load`` gives it (--in_memory), else read and
+    decoded per example."""
     config, spec = run.config, run.spec
     replica_batch = run.plan.replica_batch
     if config.data.synthetic_data:
@@ -260,7 +278,7 @@ def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None) -> dict:
     config, plan, t = run.config, run.plan, run.config.train
     loop = make_train_loop(run.step, run.global_step, run.skipped_updates)
     step = int(run.global_step.numpy())
-    window, skipped_records = Window(), 0
+    window, skipped_records, warned = Window(), 0, False
     waited = float(run.backend.wait_seconds.numpy())  # seconds in all-reduces, until now
     while step < plan.total_steps:
         n = _next_stop(config, plan, step) - step
@@ -271,13 +289,21 @@ def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None) -> dict:
         step = int(run.global_step.numpy())
         window.add({k: float(v) for k, v in totals.items()}, n)
         skipped_records += int(float(totals["skipped"]))  # broken images, weight 0
-        if step % t.log_every_steps == 0 or step == plan.total_steps:
+        by_time = run.backend.num_workers == 1 and window.age() >= t.log_every_s
+        if step % t.log_every_steps == 0 or step == plan.total_steps or by_time:
             lr = float(run.optimizer.learning_rate)  # the schedule at the current update
             record = window.close(step, lr, t.global_batch_size)
             if run.backend.num_workers > 1 and not config.deterministic:
                 record.update(_skew(run, window, waited))
                 waited = float(run.backend.wait_seconds.numpy())
             writer.log_train(record, plan.total_steps, t.global_batch_size)
+            if not warned and record["input_wait_fraction"] > INPUT_BOUND and window.timed:
+                warned = True
+                writer.info(
+                    input_bound_warning(
+                        record["input_wait_fraction"], record["images_per_sec"], None
+                    )
+                )
         if plan.eval_every and step % plan.eval_every == 0 and step < plan.total_steps:
             _phase("evaluation", step)
             writer.log_eval(step, evaluate())
@@ -288,7 +314,11 @@ def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None) -> dict:
             faults.acknowledge()
             run.checkpoints.save()
             raise Preempted(f"stopped by {guard.signal_name} at step {step}; checkpoint written")
-    return {"images_per_sec": window.images_per_sec(), "skipped_records": skipped_records}
+    return {
+        "images_per_sec": window.images_per_sec(),
+        "skipped_records": skipped_records,
+        "input_wait_fraction": window.input_wait_fraction(),
+    }
 
 
 def weights_fingerprint(model: keras.Model) -> str:
@@ -320,7 +350,7 @@ def _start_line(run: Run) -> str:
         f"{run.backend.name}: {run.backend.num_replicas} replica(s), {plan.total_steps} updates "
         f"of {t.global_batch_size} ({plan.grad_accum_steps} micro-batch(es) of {micro} per "
         f"replica), model {config.model.name}, data {run.spec.data_dir or 'synthetic'}, crops "
-        f"resized on the {config.data.resize_on}"
+        f"resized on the {config.data.resize_on}, {memory.decide(run.spec, config.data).reason}"
     )
 
 
@@ -330,6 +360,7 @@ def run(config: Config) -> dict:
     multi = backend.num_workers > 1
     config = resolve(config, has_gpu=bool(tf.config.list_logical_devices("GPU")))
     keras.utils.set_random_seed(config.seed)
+    broken.forget()
     compat.set_op_determinism(config.deterministic)
     writer = RunWriter(config.model_dir, backend.is_chief)
     writer.write_config(config, backend)
@@ -352,6 +383,7 @@ def run(config: Config) -> dict:
         r.model.save_weights(os.path.join(config.model_dir, "final.weights.h5"))
         if config.train.export:
             export_model(r.model, os.path.join(config.model_dir, "export"), config.data.image_size)
+    throughput["broken"] = _broken_records(backend)
     summary = _summary(r, final_eval, throughput, time.time() - started)
     writer.write_summary(summary)
     # Every worker says what it ended with: replicas that disagree are a bug, and visible.
@@ -392,6 +424,14 @@ def _heartbeats(r: Run, sock, fingerprints: list) -> None:
     )
 
 
+def _broken_records(backend) -> list:
+    """Every worker's broken records (``broken.found``), each once (a collective)."""
+    mine = json.dumps(broken.found()).encode()
+    found = [entry for blob in backend.all_gather_bytes(mine) for entry in json.loads(blob)]
+    unique = {(e["file"], e["index"]): e for e in found}
+    return list(unique.values())
+
+
 def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> dict:
     """summary.json: what the run did, in the contract's names."""
     return {
@@ -402,7 +442,10 @@ def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> 
         "steps": int(r.global_step.numpy()),
         "final_eval": {k: final_eval.get(k) for k in ("top1", "top5", "loss")},
         "train_images_per_sec": throughput["images_per_sec"],
+        "input_wait_fraction": throughput["input_wait_fraction"],
         "skipped_records": throughput["skipped_records"],
+        "broken_records": len(throughput["broken"]),
+        "broken_record_list": throughput["broken"][:100],
         "skipped_updates": int(r.skipped_updates.numpy()),
         "gradient_all_reduces": int(r.backend.all_reduce_calls.numpy()),
         "weights_sha256": weights_fingerprint(r.model),

@@ -24,18 +24,21 @@ DEMO_IMAGE_SIZE = 32
 DEMO_RECIPE = {
     "model": "tiny_cnn",
     "image_size": DEMO_IMAGE_SIZE,
-    "global_batch_size": 64,
-    "train_steps": 600,
+    # 350 updates of 32 (7.8 epochs; tiny_cnn stays near chance for its first ~75): seeds 0-5
+    # end at 97.8-98.6% top-1 (300 updates: 96.1-99.2%; 64 a batch: twice the compute).
+    "global_batch_size": 32,
+    "train_steps": 350,
     "optimizer": "adam",
     "learning_rate": 0.002,
     "lr_schedule": "cosine",
-    "warmup_steps": 20,
+    "warmup_steps": 40,
     "weight_decay": 0.0,
     "random_flip": False,  # digits are not mirror-symmetric
-    "crop_min_area": 0.6,
+    "crop_padding": 2,  # the split is decoded in memory (--in_memory=auto): shifts of +-2 px
+    "crop_min_area": 0.6,  # with --in_memory=off
     "eval_crop_fraction": 1.0,
-    "eval_every_steps": 200,
-    "log_every_steps": 50,
+    "eval_every_steps": 100,
+    "log_every_steps": 25,
 }
 
 

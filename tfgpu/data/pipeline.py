@@ -14,7 +14,7 @@ normalization) runs on the accelerator, see ``device_ops.py``.
 
 import tensorflow as tf
 
-from tfgpu.data import device_ops, host_ops
+from tfgpu.data import broken, device_ops, host_ops
 from tfgpu.data.spec import DataSpec
 from tfgpu.distribute import InputShard
 
@@ -52,7 +52,7 @@ def dataset_options(deterministic: bool, data) -> tf.data.Options:
     return options
 
 
-def decode_train_example(example: dict, data, seed: int) -> dict:
+def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
     """One training example {epoch, position, encoded, label, valid} (``_train_records``) ->
     one row of a "uint8" batch {image uint8 [S,S,3], label, flip, weight (0: broken image)}
     or, with ``--resize_on=device``, of a "packed" one {pixels, sizes [2] (h, w), ...}:
@@ -72,7 +72,7 @@ def decode_train_example(example: dict, data, seed: int) -> dict:
     out |= {
         "label": example["label"],
         "flip": tf.logical_and(host_ops.draw_flip(example_seed), data.random_flip),
-        "weight": tf.cast(valid, tf.float32),
+        "weight": broken.weight(valid, example["origin"], report),
     }
     if data.mixing:
         out["mix"] = host_ops.draw_mixing(
@@ -86,10 +86,10 @@ def _dct_min_side(data) -> int:
     return data.image_size if data.dct_scaled_decode else 0
 
 
-def decode_eval_example(serialized, data, spec: DataSpec) -> dict:
-    """One evaluation record -> one row of an ``EvalBatch`` {image uint8 [S,S,3], label,
-    weight (0: broken image)}."""
-    example = spec.parse(serialized)
+def decode_eval_example(record: dict, data, spec: DataSpec, report=None) -> dict:
+    """One evaluation record {record, origin} -> one row of an ``EvalBatch`` {image uint8
+    [S,S,3], label, weight (0: broken image, named by ``report``)}."""
+    example = spec.parse(record["record"])
     valid = host_ops.looks_whole(example["encoded"])
     image = host_ops.decode_window_resized(
         example["encoded"],
@@ -98,22 +98,26 @@ def decode_eval_example(serialized, data, spec: DataSpec) -> dict:
         data.image_size,
         _dct_min_side(data),
     )
-    return {"image": image, "label": example["label"], "weight": tf.cast(valid, tf.float32)}
+    weight = broken.weight(valid, record["origin"], report)
+    return {"image": image, "label": example["label"], "weight": weight}
 
 
 def _records(files, data, deterministic: bool, epoch_seed=None) -> tf.data.Dataset:
-    """Parallel interleave over ``files``, their order shuffled by ``epoch_seed`` when given."""
+    """Parallel interleave over ``files``, their order shuffled by ``epoch_seed`` when given:
+    {record, origin (``broken.origin``: which file, which record)}."""
     names = tf.constant(list(files))
+    order = tf.range(len(files), dtype=tf.int64)
     if epoch_seed is not None:
-        names = tf.random.experimental.stateless_shuffle(names, seed=epoch_seed)
+        order = tf.random.experimental.stateless_shuffle(order, seed=epoch_seed)
 
-    def read(name):
+    def read(index):
         # 1 MB reads: an 8 MB buffer cost +0.02 ms of host CPU per record (cache misses).
-        ds = tf.data.TFRecordDataset(name, buffer_size=1 << 20)
+        ds = tf.data.TFRecordDataset(tf.gather(names, index), buffer_size=1 << 20)
         # load_data_spec has already named truncated shards; here they end at the break.
-        return ds.ignore_errors() if data.skip_truncated_shards else ds
+        ds = ds.ignore_errors() if data.skip_truncated_shards else ds
+        return ds.enumerate().map(lambda i, r: {"record": r, "origin": broken.origin(index, i)})
 
-    return tf.data.Dataset.from_tensor_slices(names).interleave(
+    return tf.data.Dataset.from_tensor_slices(order).interleave(
         read,
         cycle_length=min(data.cycle_length, len(files)),
         block_length=data.block_length,
@@ -134,10 +138,11 @@ def _blocks(ds, size: int, epoch_seed, shuffle: bool, spec: DataSpec) -> tf.data
     """
 
     def parsed(i, block):
-        example = spec.parse(block)
+        example = spec.parse(block["record"])
         example["valid"] = host_ops.looks_whole(example["encoded"])
+        example["origin"] = block["origin"]
         if shuffle:
-            order = tf.range(tf.shape(block)[0])
+            order = tf.range(tf.shape(block["origin"])[0])
             order = tf.random.experimental.stateless_shuffle(order, seed=epoch_seed + [0, i + 1])
             example = {k: tf.gather(v, order) for k, v in example.items()}
         return i, example
@@ -183,9 +188,12 @@ def make_train_dataset(
     seed: int,
     deterministic: bool,
     start_index: int = 0,
+    name_broken: bool = True,
 ) -> tf.data.Dataset:
     """The endless training stream of one input pipeline, batched ``batch_size`` per replica,
-    in the layout ``train_layout(data)`` names.
+    in the layout ``train_layout(data)`` names. Broken records get weight 0 and, with
+    ``name_broken``, a warning naming each once (``broken.py``; not possible where the
+    pipeline runs in another process, e.g. a tf.data service worker).
 
     With ``deterministic`` (or fewer files than pipelines) every pipeline reads the same
     global order and keeps its own contiguous slice of each global batch, so the examples of
@@ -209,8 +217,9 @@ def make_train_dataset(
             lambda i, _: (i % global_batch_size) // per_pipeline == shard.index
         )
         ds = ds.map(lambda _, element: element)
+    report = broken.reporter(files) if name_broken else None
     ds = ds.map(
-        lambda example: decode_train_example(example, data, seed),
+        lambda example: decode_train_example(example, data, seed, report),
         num_parallel_calls=AUTOTUNE,
         deterministic=deterministic,
     )
@@ -271,7 +280,8 @@ def make_eval_dataset(
     ds = _records(spec.eval_files, data, deterministic=True)
     if shard.count > 1:
         ds = ds.shard(shard.count, shard.index)
-    ds = ds.map(lambda rec: decode_eval_example(rec, data, spec), num_parallel_calls=AUTOTUNE)
+    report = broken.reporter(spec.eval_files)
+    ds = ds.map(lambda r: decode_eval_example(r, data, spec, report), num_parallel_calls=AUTOTUNE)
     if data.eval_snapshot_dir:
         ds = ds.snapshot(data.eval_snapshot_dir)
     elif data.cache_eval:

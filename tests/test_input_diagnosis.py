@@ -1,0 +1,69 @@
+"""A run says when it waits for its input: ~0 with synthetic batches; a warning with the
+levers when the input is slow for real (large photos decoded on one thread)."""
+
+import io
+import json
+
+import numpy as np
+from PIL import Image
+
+from tfgpu import train
+from tfgpu.config import config_from, validate
+from tfgpu.convert import plan
+from tfgpu.convert.items import Item
+
+RUN = dict(
+    model="tiny_cnn",
+    image_size=32,
+    global_batch_size=16,
+    train_steps=30,
+    optimizer="sgd",
+    learning_rate=0.01,
+    steps_per_loop=5,
+    log_every_steps=5,
+    checkpoint_every_steps=10**6,
+    export=False,
+    strategy="default",
+)
+
+
+def test_synthetic_batches_leave_no_time_waiting_for_input(tmp_path):
+    config = config_from(**RUN, synthetic_data=True, num_classes=10, model_dir=str(tmp_path))
+    summary = train.run(validate(config))
+    assert summary["input_wait_fraction"] < 0.05, summary
+
+
+def _large_photos(n: int, side: int = 1600) -> list:
+    """``n`` JPEGs of side x side: decoding one costs tens of milliseconds of CPU."""
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        coarse = rng.integers(0, 256, (side // 32, side // 32, 3), dtype=np.uint8)
+        photo = Image.fromarray(coarse).resize((side, side), Image.Resampling.BILINEAR)
+        buf = io.BytesIO()
+        photo.save(buf, format="JPEG", quality=90)
+        out.append(Item(buf.getvalue(), i % 4, f"photo{i}.jpg"))
+    return out
+
+
+def test_a_slow_input_is_diagnosed_with_the_levers(tmp_path, capsys):
+    """Input slowed for real: large photos, decoded on one tf.data thread, for a model that
+    trains on 32x32 crops far faster than one thread decodes them."""
+    data = str(tmp_path / "data")
+    plan.write_dataset({"train": _large_photos(48)}, list("abcd"), data, "tests", {"train": 2})
+    config = config_from(
+        **RUN,
+        data_dir=data,
+        model_dir=str(tmp_path / "run"),
+        in_memory="off",
+        data_threads=1,
+        crop_min_area=1.0,  # the whole photo decoded for each crop
+    )
+    summary = train.run(validate(config))
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if "waited for input" in line]
+    assert len(warnings) == 1, out[-3000:]
+    assert "--data_threads" in warnings[0] and "--data_service" in warnings[0]
+    assert summary["input_wait_fraction"] > 0.2, summary
+    records = [json.loads(r) for r in open(tmp_path / "run" / "metrics.jsonl")]
+    assert max(r.get("input_wait_fraction", 0) for r in records if r["split"] == "train") > 0.2
