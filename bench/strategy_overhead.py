@@ -2,7 +2,7 @@
 
     python bench/strategy_overhead.py [--rounds=7] [--steps=20] [--no_processes]
 
-(1) One process, one device: tfgpu's loop (train.make_train_loop, --steps_per_loop updates a
+(1) One process, one device: tfgpu's loop (loops.make_train_loop, --steps_per_loop updates a
     call) under default, one_device and mirrored, and Keras ``fit`` under the default
     strategy and under MirroredStrategy, all built in this process, same model (tiny_cnn 32x32,
     batch 64, adam, synthetic uint8 batches), timed in alternating rounds (order reversed every
@@ -52,7 +52,7 @@ def tfgpu_contender(strategy: str, steps: int):
     """``run()`` of ``steps`` updates of tfgpu's own loop under ``strategy``."""
     import tensorflow as tf
 
-    from tfgpu import train
+    from tfgpu import build, loops
     from tfgpu.config import config_from
     from tfgpu.data.spec import load_spec
     from tfgpu.distribute import backends
@@ -65,9 +65,9 @@ def tfgpu_contender(strategy: str, steps: int):
         model_dir=tempfile.mkdtemp(prefix="tfgpu-bench-"),
     )
     backend = backends.build_backend(strategy, config.dist)
-    run = train.build(config, backend, load_spec(config.data))
-    loop = train.make_train_loop(run.step, run.global_step, run.skipped_updates)
-    batches = train.train_batches(run, start_step=0)
+    run = build.build(config, backend, load_spec(config.data))
+    loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
+    batches = build.train_batches(run, start_step=0)
     return lambda: float(loop(batches, tf.constant(steps))[0]["loss"])
 
 

@@ -2,7 +2,7 @@
 
     python bench/train_step.py [--model=resnet18] [--image_size=32] [--batch=64] [--rounds=5]
 
-(1) images/s of tfgpu's loop (train.make_train_loop, `--steps_per_loop` updates per call) and of
+(1) images/s of tfgpu's loop (loops.make_train_loop, `--steps_per_loop` updates per call) and of
     `model.fit` with `steps_per_execution` equal, same model, batch, optimizer and data (one
     uint8 batch repeated, cast on the device by both), single device;
 (2) images/s of k=4 micro-batches of b against k=1 at micro-batch b.
@@ -22,7 +22,7 @@ import keras
 import tensorflow as tf
 from absl import app, flags
 
-from tfgpu import models, train
+from tfgpu import build, loops, models
 from tfgpu.config import config_from
 from tfgpu.data import pipeline
 from tfgpu.data.spec import load_spec
@@ -37,7 +37,7 @@ FLAGS = flags.FLAGS
 
 
 def make_trainer(backend, global_batch: int, accum: int):
-    """tfgpu's train loop (``train.make_train_loop``, ``--steps_per_loop`` updates a call) on
+    """tfgpu's train loop (``loops.make_train_loop``, ``--steps_per_loop`` updates a call) on
     synthetic batches; returns ``run(steps)``."""
     config = config_from(
         strategy="default",
@@ -55,9 +55,9 @@ def make_trainer(backend, global_batch: int, accum: int):
         weight_decay=0.0,
         model_dir=tempfile.mkdtemp(),
     )
-    run = train.build(config, backend, load_spec(config.data))
-    loop = train.make_train_loop(run.step, run.global_step, run.skipped_updates)
-    batches = train.train_batches(run, start_step=0)
+    run = build.build(config, backend, load_spec(config.data))
+    loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
+    batches = build.train_batches(run, start_step=0)
 
     def steps(n):
         loop(batches, tf.constant(n))[0]["loss"].numpy()

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import kernels
 
-from tfgpu import models, train
+from tfgpu import build, models
 from tfgpu.config import config_from
 from tfgpu.data import host_ops
 from tfgpu.distribute import backends
@@ -108,5 +108,5 @@ def test_every_op_of_the_train_step_has_a_gpu_kernel(model_name, dtype, accumula
     loss_scale = DynamicLossScale() if dtype == "mixed_float16" else None
     optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
     backend = backends.build_backend("default")
-    step = train.build_step(config, model, optimizer, backend, 4, loss_scale)
+    step = build.build_step(config, model, optimizer, backend, 4, loss_scale)
     assert ops_without_gpu_kernel(tf.function(step.update), _batch(resize_on)) == set()

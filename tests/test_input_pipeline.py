@@ -3,7 +3,7 @@ import pytest
 import tensorflow as tf
 from conftest import TINY_RUN, eval_ds, final_weights, make_image_arrays, train_ds
 
-from tfgpu.config import DataConfig
+from tfgpu.data.config import DataConfig
 from tfgpu.data import device_ops, host_ops, pipeline, records
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import InputShard

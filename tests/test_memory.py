@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from conftest import TINY_RUN, final_weights, make_image_arrays
 
-from tfgpu.config import DataConfig
+from tfgpu.data.config import DataConfig
 from tfgpu.data import device_ops, memory, records
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import InputShard

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import compat, models, train
+from tfgpu import build, compat, models
 from tfgpu.config import config_from, resolve
 from tfgpu.data import host_ops
 from tfgpu.distribute import backends
@@ -143,7 +143,7 @@ def test_xla_step_takes_un_resized_crops_and_matches_the_plain_one():
 
     def step(model, jit_compile):
         config = config_from(**settings, jit_compile=jit_compile)
-        return train.build_step(config, model, keras.optimizers.SGD(0.05), _backend(), 4)
+        return build.build_step(config, model, keras.optimizers.SGD(0.05), _backend(), 4)
 
     plain, xla = step(plain_model, False), step(xla_model, True)
     rng = np.random.default_rng(4)

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from conftest import train_ds
 
-from tfgpu.config import DataConfig
+from tfgpu.data.config import DataConfig
 from tfgpu.data import device_ops, host_ops
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import InputShard

@@ -3,139 +3,20 @@
 Each setting is a field of one section (``data``, ``model``, ``optim``, ``train``, ``dist``) or
 of the run itself, declared with its default, its help and its choices; ``flags.py`` makes
 one flat absl flag of each (the field's name, or the ``flag`` it declares), so
-``--global_batch_size`` is ``config.train.global_batch_size``. The input pipeline takes
-``config.data`` as it is: no copy, no renaming.
+``--global_batch_size`` is ``config.train.global_batch_size``. The packages own their
+sections (``data/config.py``: ``DataConfig``, ``distribute/config.py``: ``DistConfig``); the
+input pipeline takes ``config.data`` as it is: no copy, no renaming.
 
 No TensorFlow here (nor in the modules whose choices it reads): ``--help`` and a bad flag
 must not wait for TensorFlow's start-up.
 """
 
-import os
-import re
 from dataclasses import dataclass, field
 
-from tfgpu import data, distribute, models, optim
-from tfgpu.settings import collect, replace_settings, setting
-
-
-class ConfigError(ValueError):
-    """A setting that cannot work; the message is one line naming the flag and what it expects."""
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where the images come from and how the input pipeline treats them."""
-
-    data_dir: str = setting(
-        "",
-        "Directory written by tools/to_tfrecord.py; empty = the built-in demo dataset "
-        "(and the demo recipe for every flag not set).",
-        per_node=True,
-    )
-    tfds_name: str = setting(
-        "",
-        "Train on a prepared tensorflow-datasets dataset (e.g. imagenet2012) instead of "
-        "--data_dir.",
-    )
-    tfds_data_dir: str = setting(
-        "", "tensorflow-datasets data_dir of --tfds_name (empty: tfds' default).", per_node=True
-    )
-    synthetic_data: bool = setting(
-        False, "Train on generated batches of the right shape: times the model, no I/O."
-    )
-    num_classes: int = setting(
-        0, "Number of classes, for records without a dataset_info.json (0 = from it)."
-    )
-    label_offset: int = setting(
-        -1,
-        "Subtracted from stored labels (1 for TF's official ImageNet records; -1 = from "
-        "dataset_info.json, else 0).",
-    )
-    image_size: int = setting(224, "Training and evaluation image side, in pixels.")
-    random_flip: bool = setting(True, "Random left-right flips in training.")
-    crop_min_area: float = setting(0.08, "Smallest area fraction of a random-resized crop.")
-    dct_scaled_decode: bool = setting(
-        False,
-        "Decode JPEG crop windows 2, 4 or 8 times --image_size on both sides at that DCT scale: "
-        "15-20% less host CPU and smaller crops on large photos (1600x1200); costs ~3% on "
-        "ImageNet-sized images, where it seldom applies.",
-    )
-    eval_crop_fraction: float = setting(
-        0.875, "Evaluation center crop, as a fraction of the shorter side."
-    )
-    shuffle_buffer: int = setting(10_000, "Examples in the training shuffle buffer.")
-    cycle_length: int = setting(8, "Files read in parallel by the interleave.")
-    block_length: int = setting(1, "Consecutive records the interleave takes from each file.")
-    data_threads: int = setting(
-        0, "Private tf.data thread pool size (0: the shared pool).", per_node=True
-    )
-    ram_budget_mb: int = setting(
-        0, "RAM tf.data's autotuner may use for buffers, in MB (0: its default).", per_node=True
-    )
-    cache_eval: bool = setting(True, "Cache the decoded evaluation split in memory.")
-    eval_snapshot_dir: str = setting(
-        "",
-        "Write the decoded evaluation crops here once (tf.data snapshot); later runs read "
-        "them instead of decoding (empty: off).",
-        per_node=True,
-    )
-    skip_truncated_shards: bool = setting(
-        False,
-        "Read a truncated shard up to the break, with a warning, instead of stopping with an "
-        "error naming it.",
-    )
-    preprocess_on: str = setting(
-        "device",
-        "device: flip, cast, RandAugment, MixUp/CutMix run inside the step on the accelerator "
-        "(uint8 crosses over); host: they run in tf.data.",
-        choices=data.PREPROCESS_ON,
-    )
-    resize_on: str = setting(
-        "auto",
-        "Where training crops are resized. host: in tf.data; device: they cross un-resized "
-        "(packed one after the other, with their sizes) and a gather-based bilinear resizes "
-        "them inside the step, before XLA; auto: device with a GPU and --preprocess_on=device, "
-        "else host.",
-        choices=data.RESIZE_ON,
-    )
-    in_memory: str = setting(
-        "auto",
-        "Small datasets: decode the train split once into a uint8 array in host memory and cut "
-        "each batch from it, vectorized (padded random crop of --crop_padding, flip, "
-        "MixUp/CutMix; no random-resized crop). on, off, or auto: on for --image_size <= 64 "
-        "when the decoded split fits --in_memory_mb.",
-        choices=data.IN_MEMORY,
-    )
-    in_memory_mb: int = setting(
-        1024,
-        "RAM budget of --in_memory=auto, in MB: the decoded train split as stored (examples "
-        "x (--image_size + 2 x --crop_padding)^2 x 3 bytes) must fit.",
-    )
-    crop_padding: int = setting(
-        4,
-        "In-memory path: pixels added on each side (by reflection) before the random "
-        "--image_size crop (4 as for CIFAR; 0: no crop). Images stored at another size are "
-        "resized once, at load.",
-    )
-    mixup_alpha: float = setting(
-        0.0, "MixUp Beta(alpha, alpha) (0: off); pairs (2k, 2k+1) of each batch."
-    )
-    cutmix_alpha: float = setting(
-        0.0,
-        "CutMix Beta(alpha, alpha) (0: off); with --mixup_alpha each example picks one of the "
-        "two at random.",
-    )
-    randaugment_ops: int = setting(
-        0,
-        "RandAugment operations per image (0: off); keras.layers.RandAugment, not "
-        "split-invariant under --deterministic.",
-    )
-    randaugment_magnitude: float = setting(0.5, "RandAugment factor in [0, 1].")
-
-    @property
-    def mixing(self) -> bool:
-        """True when MixUp or CutMix is on (batches then carry ``mix`` draws)."""
-        return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+from tfgpu import models, optim
+from tfgpu.data.config import DataConfig, check_data
+from tfgpu.distribute.config import DistConfig
+from tfgpu.settings import ConfigError, collect, positive, replace_settings, setting
 
 
 @dataclass(frozen=True)
@@ -243,61 +124,6 @@ class TrainConfig:
     )
 
 
-@dataclass(frozen=True)
-class DistConfig:
-    """How training is spread over devices, processes and machines."""
-
-    strategy: str = setting(
-        "auto",
-        "How to spread training: auto (horovod under horovodrun, multi_worker_mirrored when "
-        "TF_CONFIG names several workers, mirrored with >1 GPU, else default), default, "
-        "one_device, mirrored, multi_worker_mirrored, horovod.",
-        choices=distribute.STRATEGIES,
-    )
-    logical_cpu_devices: int = setting(
-        0, "Split the CPU into N devices, so mirrored has N replicas on a laptop."
-    )
-    all_reduce_alg: str = setting(
-        "auto",
-        "mirrored: auto, nccl, hierarchical_copy or reduce_to_one.",
-        choices=distribute.ALL_REDUCE_ALGS,
-    )
-    communication: str = setting(
-        "auto",
-        "multi_worker_mirrored collectives: auto, ring or nccl.",
-        choices=distribute.COMMUNICATIONS,
-    )
-    collective_timeout_s: float = setting(
-        600.0, "A collective that waits longer (a dead worker) fails the run."
-    )
-    startup_timeout_s: float = setting(
-        60.0,
-        "multi_worker_mirrored: how long the workers wait for one another at start-up before "
-        "they stop, naming the worker that never joined.",
-    )
-    heartbeat_timeout_s: float = setting(
-        10.0,
-        "multi_worker_mirrored: a worker whose process stops sending TensorFlow's heartbeats "
-        "this long (killed, frozen, its machine gone) is declared lost.",
-    )
-    stall_timeout_s: float = setting(
-        60.0,
-        "Every strategy with several processes: when no update completes for this long (a "
-        "worker alive but stuck, e.g. on a hung file system), every process stops, naming the "
-        "stuck worker and the step (0: off).",
-    )
-    stop_grace_s: float = setting(
-        20.0,
-        "After SIGTERM/SIGINT, how long a run may take to reach the next loop boundary and save "
-        "a checkpoint; past it (blocked waiting for another worker) it stops without saving.",
-    )
-    hvd_compression: str = setting(
-        "none",
-        "horovod: none or fp16 compression of the gradient all-reduce.",
-        choices=distribute.HVD_COMPRESSIONS,
-    )
-
-
 SECTIONS = {
     "data": DataConfig,
     "model": ModelConfig,
@@ -359,7 +185,7 @@ def validate(config: Config) -> Config:
             raise ConfigError(
                 f"--{s.flag}={value!r} is unknown; choose from {', '.join(s.choices)}"
             )
-    _check_data(config.data)
+    check_data(config.data)
     _check_train(config.train)
     if config.deterministic and config.model.jit_compile:
         raise ConfigError(
@@ -369,29 +195,9 @@ def validate(config: Config) -> Config:
     return config
 
 
-def _positive(section, *names: str) -> None:
-    for name in names:
-        if getattr(section, name) <= 0:
-            raise ConfigError(f"--{name}={getattr(section, name)} must be positive")
-
-
-def _check_data(d: DataConfig) -> None:
-    _positive(d, "image_size")
-    if not 0 <= d.crop_padding < d.image_size:
-        raise ConfigError(
-            f"--crop_padding={d.crop_padding} must be in [0, --image_size={d.image_size})"
-        )
-    if d.in_memory_mb < 0:
-        raise ConfigError(f"--in_memory_mb={d.in_memory_mb} must not be negative")
-    if not 0 < d.crop_min_area <= 1 or not 0 < d.eval_crop_fraction <= 1:
-        raise ConfigError("--crop_min_area and --eval_crop_fraction must be in (0, 1]")
-    if d.data_dir and not os.path.isdir(os.path.expanduser(d.data_dir)):
-        raise ConfigError(f"--data_dir={d.data_dir} is not a directory")
-
-
 def _check_train(t: TrainConfig) -> None:
-    _positive(t, "global_batch_size", "grad_accum_steps", "steps_per_loop")
-    _positive(t, "log_every_steps", "checkpoint_every_steps", "keep_checkpoints")
+    positive(t, "global_batch_size", "grad_accum_steps", "steps_per_loop")
+    positive(t, "log_every_steps", "checkpoint_every_steps", "keep_checkpoints")
     if t.global_batch_size % t.grad_accum_steps:
         raise ConfigError(
             f"--global_batch_size={t.global_batch_size} does not divide by "

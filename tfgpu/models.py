@@ -5,6 +5,8 @@ before TensorFlow starts.
 
 import os
 
+from tfgpu.settings import ConfigError
+
 DTYPES = ("float32", "mixed_float16", "mixed_bfloat16")  # Keras mixed-precision policies
 
 
@@ -59,8 +61,6 @@ def load_initial_weights(model, path: str) -> list[str]:
     mismatch, or a missing file, raises ConfigError with a one-line message.
     """
     import keras
-
-    from tfgpu.config import ConfigError  # here: config.py imports this module
 
     flag = f"--init_weights={path}"
     path = os.path.expanduser(path)

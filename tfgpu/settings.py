@@ -7,6 +7,17 @@ import dataclasses
 from dataclasses import dataclass, field
 
 
+class ConfigError(ValueError):
+    """A setting that cannot work; the message is one line naming the flag and what it expects."""
+
+
+def positive(section, *names: str) -> None:
+    """Raises a ConfigError for the first of ``names`` (fields of ``section``) not above 0."""
+    for name in names:
+        if getattr(section, name) <= 0:
+            raise ConfigError(f"--{name}={getattr(section, name)} must be positive")
+
+
 def setting(default, help: str, *, choices=(), flag: str = "", per_node: bool = False):  # noqa: A002
     """A Config field: its default, its ``--help`` text, the values it may take (checked once,
     by ``validate``), its flag name when that is not the field's name, and whether it may

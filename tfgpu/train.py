@@ -1,226 +1,31 @@
-"""The outer loop: build what a run needs, then train, evaluate, checkpoint, log and export.
+"""The outer loop: train, evaluate, checkpoint, log and export.
 
-Read from the bottom: ``run(config)`` builds a backend (``distribute``), the data spec, the
-``Plan`` (how many steps, when to evaluate) and the ``TrainState`` (model, optimizer, step,
-checkpoints), then ``fit`` decides when to log, evaluate, checkpoint and stop. The compiled
-pieces are plain functions: ``make_train_loop`` and ``make_eval_step``.
+Read from the bottom: ``run(config)`` sets up a backend (``distribute``), agrees with the other
+workers on the data, builds the ``Run`` (``build.py``: plan, model, train step, counters,
+checkpoints), then ``fit`` decides when to log, evaluate, checkpoint and stop. What it calls
+compiled is in ``loops.py``: ``make_train_loop`` and ``make_eval_step``.
 """
 
 import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu import compat, models, optim
-from tfgpu.checkpoints import Checkpoints
-from tfgpu.config import Config, ConfigError, resolve, split_batch
-from tfgpu.data import broken, device_ops, memory, pipeline, spec as data_spec
-from tfgpu import faults
+from tfgpu import compat, faults
+from tfgpu.build import Plan, Run, build, train_batches
+from tfgpu.config import Config, resolve
+from tfgpu.data import broken, memory, pipeline
+from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, env, heartbeats
 from tfgpu.faults import Preempted, PreemptionGuard
+from tfgpu.loops import make_eval_step, make_train_loop
 from tfgpu.results import INPUT_BOUND, RunWriter, Window, export_model, input_bound_warning
-from tfgpu.schema import EVAL_SUMS, STEP_METRICS
-from tfgpu.step import DynamicLossScale, NonFiniteLoss, TrainStep
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The numbers a run derives once from its config, its data and its replicas."""
-
-    total_steps: int  # optimizer updates
-    eval_every: int  # updates between evaluations (0: only at the end)
-    replica_batch: int  # examples per replica per update (all micro-batches)
-    grad_accum_steps: int  # micro-batches per update
-    eval_global_batch: int
-
-
-def make_plan(config: Config, num_train: int, num_replicas: int) -> Plan:
-    t = config.train
-    steps_per_epoch = max(1, num_train // t.global_batch_size)
-    if t.train_steps:
-        total = t.train_steps
-    else:
-        total = max(1, int((t.epochs or 1.0) * num_train // t.global_batch_size))
-    replica_batch, accum = split_batch(t, num_replicas)
-    eval_global = t.eval_batch_size or t.global_batch_size
-    if eval_global % num_replicas:
-        raise ConfigError(
-            f"--eval_batch_size={eval_global} does not divide by {num_replicas} replicas"
-        )
-    return Plan(
-        total_steps=total,
-        eval_every=t.eval_every_steps or round(t.eval_every_epochs * steps_per_epoch),
-        replica_batch=replica_batch,
-        grad_accum_steps=accum,
-        eval_global_batch=eval_global,
-    )
-
-
-@dataclass
-class Run:
-    """What one run is made of: its settings and plan, the backend, and what training
-    changes (model, optimizer inside the step, counters) with what saves it."""
-
-    config: Config
-    backend: object  # a distribute.backends backend
-    spec: data_spec.DataSpec
-    plan: Plan
-    model: keras.Model
-    step: TrainStep  # holds the optimizer and the loss scale
-    global_step: tf.Variable
-    skipped_updates: tf.Variable
-    checkpoints: Checkpoints
-
-    @property
-    def optimizer(self):
-        return self.step.optimizer
-
-
-def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
-    """Plans the run, then builds model, optimizer, train step, counters and checkpoints
-    under the backend's scope (``Checkpoints.restore`` then gives every worker the chief's
-    values)."""
-    plan = make_plan(config, spec.num_train, backend.num_replicas)
-    keras.mixed_precision.set_global_policy(config.model.dtype)
-    with backend.scope():
-        model = models.build_model(
-            config.model.name, spec.num_classes, config.data.image_size, config.model.small_input
-        )
-        optimizer = optim.build_for_run(
-            config.optim, config.train.global_batch_size, plan.total_steps
-        )
-        loss_scale = DynamicLossScale() if config.model.dtype == "mixed_float16" else None
-        step = build_step(config, model, optimizer, backend, spec.num_classes, loss_scale)
-        global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
-        skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
-    if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
-        models.load_initial_weights(model, config.model.init_weights)
-    tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
-    tracked["skipped_updates"] = skipped_updates
-    if loss_scale:
-        tracked.update(loss_scale=loss_scale.scale, good_steps=loss_scale.good_steps)
-    checkpoints = Checkpoints(tracked, backend, config.model_dir, config.train.keep_checkpoints)
-    return Run(config, backend, spec, plan, model, step, global_step, skipped_updates, checkpoints)
-
-
-def build_step(config: Config, model, optimizer, backend, num_classes: int, loss_scale=None):
-    """The TrainStep for batches of the layout the train pipeline makes."""
-    layout = pipeline.train_layout(config.data)
-    unpack = None
-    if layout == "packed":  # resized first, outside XLA; then the "uint8" path on floats
-        unpack = lambda batch: device_ops.resized(batch, config.data.image_size)  # noqa: E731
-        layout = "uint8"
-    return TrainStep(
-        model,
-        optimizer,
-        backend,
-        global_batch_size=config.train.global_batch_size,
-        grad_accum_steps=split_batch(config.train, backend.num_replicas)[1],
-        label_smoothing=config.optim.label_smoothing,
-        clip_norm=config.optim.clip_norm,
-        loss_scale=loss_scale,
-        skip_non_finite=config.optim.skip_non_finite,
-        prepare=device_ops.make_batch_fn(layout, num_classes, config.data),
-        unpack=unpack,
-        jit_compile=config.model.jit_compile,
-    )
-
-
-def make_train_loop(step: TrainStep, global_step: tf.Variable, skipped_updates: tf.Variable):
-    """``loop(iterator, num_steps) -> (totals, first_bad)``: ``num_steps`` updates in one
-    tf.function call. ``totals`` sums the ``StepMetrics`` (and "steps") of the finite updates,
-    and "input_wait_s", the seconds spent waiting for batches; ``first_bad`` is the first
-    non-finite step, -1 if none. Without skipping, the loop stops at that step."""
-    keys = (*STEP_METRICS, "steps")
-    clock = _clock()
-
-    @tf.function
-    def loop(iterator, num_steps):
-        totals = {k: tf.constant(0.0) for k in keys}
-        waited = tf.constant(0.0, tf.float64)
-        first_bad = tf.constant(-1, tf.int64)
-        for _ in tf.range(num_steps):
-            start = clock()
-            with tf.control_dependencies([start]):
-                batch = next(iterator)
-            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-                waited += clock() - start
-            metrics, finite = step.update(batch)
-            # After the update (other variables would not order it): the heartbeat board
-            # reads the counter as "updates completed".
-            with tf.control_dependencies(tf.nest.flatten(metrics)):
-                global_step.assign_add(1)
-            ok = tf.logical_and(finite, tf.math.is_finite(metrics["loss"]))
-            metrics = dict(metrics, steps=tf.constant(1.0))
-            totals = {k: totals[k] + tf.where(ok, metrics[k], 0.0) for k in keys}
-            skipped_updates.assign_add(tf.cast(tf.logical_not(ok), tf.int64))
-            if first_bad < 0 and not ok:
-                first_bad = global_step.read_value()
-            if not step.skips_non_finite and not ok:
-                break
-        return dict(totals, input_wait_s=tf.cast(waited, tf.float32)), first_bad
-
-    return loop
-
-
-def _clock():
-    """``clock() -> float64 seconds`` inside a tf.function: ``tf.timestamp``, or under op
-    determinism (which refuses it) Python's clock through ``tf.py_function``."""
-    if not compat.op_determinism_enabled():
-        return tf.timestamp
-    return lambda: tf.reshape(tf.py_function(time.perf_counter, [], tf.float64), [])
-
-
-def make_eval_step(model: keras.Model, backend):
-    """``eval_step(distributed EvalBatch) -> EvalSums`` summed over replicas."""
-
-    def replica(batch):
-        logits = tf.cast(model(tf.cast(batch["image"], tf.float32), training=False), tf.float32)
-        labels, weight = batch["label"], batch["weight"]
-        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
-        top5 = tf.cast(tf.math.in_top_k(labels, logits, min(5, logits.shape[-1])), tf.float32)
-        top1 = tf.cast(tf.equal(tf.argmax(logits, -1, tf.int32), labels), tf.float32)
-        return {
-            "loss": tf.reduce_sum(loss * weight),
-            "top1": tf.reduce_sum(top1 * weight),
-            "top5": tf.reduce_sum(top5 * weight),
-            "count": tf.reduce_sum(weight),
-        }
-
-    @tf.function
-    def eval_step(batch):
-        return backend.reduce_sum(backend.run(replica, args=(batch,)))
-
-    return eval_step
-
-
-def train_batches(run: Run, start_step: int):
-    """An iterator of distributed train batches from update ``start_step`` on: cut from the
-    decoded train split in memory when ``memory.load`` gives it (--in_memory), else read and
-    decoded per example."""
-    config, spec = run.config, run.spec
-    replica_batch = run.plan.replica_batch
-    if config.data.synthetic_data:
-        make = lambda _: pipeline.make_synthetic_dataset(
-            replica_batch, spec.num_classes, config.data
-        )
-    else:
-        make = lambda shard: pipeline.make_train_dataset(
-            spec,
-            config.data,
-            shard,
-            batch_size=replica_batch,
-            global_batch_size=config.train.global_batch_size,
-            seed=config.seed,
-            deterministic=config.deterministic,
-            start_index=start_step * config.train.global_batch_size,
-        )
-    return iter(run.backend.distribute_dataset(make))
+from tfgpu.schema import EVAL_SUMS
+from tfgpu.step import NonFiniteLoss
 
 
 class Evaluator:
@@ -383,7 +188,8 @@ def run(config: Config) -> dict:
         r.model.save_weights(os.path.join(config.model_dir, "final.weights.h5"))
         if config.train.export:
             export_model(r.model, os.path.join(config.model_dir, "export"), config.data.image_size)
-    throughput["broken"] = _broken_records(backend)
+    throughput["broken"] = _broken_records(backend)  # the last collective
+    heartbeats.finish()
     summary = _summary(r, final_eval, throughput, time.time() - started)
     writer.write_summary(summary)
     # Every worker says what it ended with: replicas that disagree are a bug, and visible.

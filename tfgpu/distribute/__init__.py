@@ -1,7 +1,13 @@
-"""How training is spread: the only package that knows strategies, TF_CONFIG, ranks and Horovod.
+"""How training is spread: the only package that knows strategies, TF_CONFIG, Slurm and Horovod.
 
-  env.py        what the environment says (TF_CONFIG, horovodrun's variables); no TensorFlow
-  backends.py   one backend per strategy, all with the same few verbs (see its docstring)
+  config.py      its settings (``config.dist``); no TensorFlow
+  env.py         what the environment says (TF_CONFIG, horovodrun's, Slurm's variables)
+  slurm.py       Slurm's host lists and task layout, read without Slurm's tools
+  backends.py    one backend per strategy, all with the same few verbs (see its docstring)
+  consensus.py   what the workers agree on at start-up, and step-time skew
+  heartbeats.py  the UDP side channel and stall watchdog that name a stuck worker
+  failures.py    a lost worker's error, in one line naming it
+  hvdrun.py      tfgpu-horovodrun: horovodrun with one line instead of its traceback
 
 This file holds the choices ``config.py`` checks before TensorFlow starts, and the names
 shared by the modules above; it imports nothing heavy.

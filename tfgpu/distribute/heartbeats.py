@@ -20,6 +20,7 @@ import time
 
 INTERVAL_S = 1.0
 SILENT_S = 5.0  # a peer not heard from for this long is frozen, dead or unreachable
+DONE = "done"
 
 
 def open_socket(advertised_host: str) -> tuple[socket.socket, str]:
@@ -35,6 +36,13 @@ _CURRENT: list = []  # this process's board, once there is one
 def silent_peers() -> str:
     """What this process's board says about peers gone silent ("" without a board)."""
     return _CURRENT[0].silent() if _CURRENT else ""
+
+
+def finish() -> None:
+    """Ends this process's watchdog: the run is past its last collective, and what follows
+    (the summary, TensorFlow's shutdown, which waits for the other workers) must not be
+    taken for a stall, nor the workers that have already left for lost ones."""
+    set_phase(DONE)
 
 
 def set_phase(phase: str) -> None:
@@ -57,6 +65,7 @@ class Board:
         self.phase = "startup"
         self.heard: dict = {}  # worker -> (monotonic time, its message)
         self._moved = (time.monotonic(), None)  # (when our counter last changed, its value)
+        self._listening_since = time.monotonic()
         _CURRENT[:] = [self]
         for target in (self._send, self._receive, self._watch):
             threading.Thread(target=target, daemon=True, name=f"tfgpu-{target.__name__}").start()
@@ -86,9 +95,14 @@ class Board:
         training: after the first update always; before it (tracing and compiling may take
         long everywhere) only when some worker is silent or behind the others. In any phase,
         when every other worker has gone silent (``_all_gone``)."""
-        while True:
+        while self.phase != DONE:
+            before = time.monotonic()
             time.sleep(INTERVAL_S / 2)
             mine, now = self.progress(), time.monotonic()
+            if now - before > SILENT_S:  # this process stood still (the GIL held, or frozen):
+                self._listening_since = now  # what the peers said meanwhile is still queued
+            if self.phase == DONE:
+                return
             if self.timeout_s and self._all_gone(now):
                 self._leave(f"every other worker went silent ({self.silent()})")
             if mine["reduced"] != self._moved[1] or self.phase != "train":
@@ -103,8 +117,14 @@ class Board:
         stopped (or this machine lost the network), and this one, stuck outside the loop,
         would wait for ever."""
         others = [i for i in range(len(self.peers)) if i != self.index]
-        heard = [self.heard.get(i, (None,))[0] for i in others]
+        heard = [self._last_heard(i) for i in others]
         return all(h is not None and now - h > 3 * SILENT_S for h in heard)
+
+    def _last_heard(self, worker: int) -> float | None:
+        """When ``worker`` was last heard from, or since when this process has been able to
+        listen if that is later (None: never heard)."""
+        when = self.heard.get(worker, (None,))[0]
+        return None if when is None else max(when, self._listening_since)
 
     def _stop(self, mine: dict, idle: float) -> None:
         self._leave(
@@ -126,17 +146,24 @@ class Board:
         if behind:
             return (
                 f"{', '.join(self.names[i] for i in behind)} alive but not at the all-reduce "
-                f"of update {top} the others wait in (its input pipeline, file system or a "
+                f"of update {max(top, 1)} the others wait in (its input pipeline, file system or a "
                 "thread is stuck)"
             )
         return "every worker is waiting (no one is behind)"
 
     def _behind(self) -> tuple[list, int]:
-        """(workers that entered fewer all-reduces than the most advanced, that count)."""
+        """(workers that entered fewer all-reduces than the most advanced, that count). While
+        this one trains, a worker still in start-up (stuck reading its data into memory, say)
+        is behind too, whatever its count."""
         reduced = {i: m["reduced"] for i, (_, m) in self.heard.items()}
         reduced[self.index] = self.progress()["reduced"]
         top = max(reduced.values())
-        return [i for i, r in sorted(reduced.items()) if r < top], top
+        late = {
+            i
+            for i, (_, m) in self.heard.items()
+            if self.phase == "train" and m.get("phase") == "startup"
+        }
+        return [i for i, r in sorted(reduced.items()) if r < top or i in late], top
 
     def silent(self) -> str:
         """ "worker i (...) went silent at update N (nothing for S s)" for peers not heard
@@ -145,7 +172,7 @@ class Board:
         for i in range(len(self.peers)):
             if i == self.index:
                 continue
-            when, message = self.heard.get(i, (None, None))
+            when, message = self._last_heard(i), self.heard.get(i, (None, None))[1]
             if when is None:
                 out.append(f"{self.names[i]} never heard from")
             elif now - when > SILENT_S:

@@ -1,0 +1,412 @@
+"""--data_service: the train pipeline on tf.data service workers, for real on localhost.
+
+What each example becomes is checked in-process (``service.make_train_dataset`` alone, and
+through an in-process dispatcher with two workers); the faults with real processes: a local
+service, a worker killed with SIGKILL mid-run, a dispatcher killed and restarted on its work
+dir, a dispatcher that is not there, and the server's own errors.
+"""
+
+import collections
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+from conftest import cli_flags
+from procs import Output
+
+from tfgpu.config import ConfigError, config_from, validate
+from tfgpu.convert import plan
+from tfgpu.convert.items import items_from_arrays
+from tfgpu.distribute import InputShard
+
+NUM_TRAIN = 96
+
+RUN = dict(
+    model="tiny_cnn",
+    image_size=32,
+    global_batch_size=16,
+    optimizer="adam",
+    learning_rate=0.003,
+    weight_decay=0.0,
+    crop_min_area=0.5,
+    deterministic=True,
+    seed=3,
+    steps_per_loop=5,
+    log_every_steps=10,
+    checkpoint_every_steps=1000,
+    export=False,
+    strategy="default",
+    in_memory="off",
+)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A process in its own session (killed with its group however the test ends), its
+    merged output read as it comes."""
+
+    def __init__(self, args: list):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        self.proc = subprocess.Popen(
+            args,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.out = Output(self.proc)
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while text not in self.out.text:
+            assert self.proc.poll() is None, self.out.text[-3000:]
+            assert time.time() < deadline, f"no {text!r} in {timeout} s: " + self.out.text[-3000:]
+            time.sleep(0.1)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running after {timeout} s: " + self.out.text[-3000:])
+
+    def signal(self, sig) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def procs():
+    """``start(args) -> Proc``; every process started is killed at the end of the test."""
+    started = []
+
+    def start(args):
+        p = Proc(args)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.kill()
+
+
+def service(start, *args: str) -> Proc:
+    """``python -m tfgpu.data_service ARGS``, once it says it serves."""
+    p = start([sys.executable, "-m", "tfgpu.data_service", *args])
+    p.wait_for("serving")
+    return p
+
+
+def trainer(start, data_dir, model_dir, port, **overrides) -> Proc:
+    values = dict(RUN, **overrides)
+    flags = cli_flags(values, data_dir=data_dir, model_dir=model_dir)
+    return start(
+        [sys.executable, "-m", "tfgpu.main", *flags, f"--data_service=grpc://localhost:{port}"]
+    )
+
+
+def logged_step(model_dir) -> int:
+    path = os.path.join(model_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return 0
+    lines = [json.loads(line) for line in open(path) if line.strip().endswith("}")]
+    return max((r["step"] for r in lines if "loss" in r), default=0)
+
+
+def wait_for_step(p: Proc, model_dir, step: int, timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    while logged_step(model_dir) < step:
+        assert p.proc.poll() is None, p.out.text[-3000:]
+        assert time.time() < deadline, "no progress: " + p.out.text[-3000:]
+        time.sleep(0.1)
+
+
+def cpu_seconds(p: Proc) -> float:
+    times = psutil.Process(p.proc.pid).cpu_times()
+    return times.user + times.system
+
+
+def summary(model_dir) -> dict:
+    with open(os.path.join(model_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def id_dataset(tmp_path_factory) -> str:
+    """96 train images in 4 shards whose label is their index (96 + 24 classes): a batch's
+    labels say which examples it holds."""
+    out = str(tmp_path_factory.mktemp("ids"))
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(120, 40, 40, 3), dtype=np.uint8)
+    items = items_from_arrays(images, np.arange(120), prefix="ids")
+    plan.write_dataset(
+        {"train": items[:NUM_TRAIN], "validation": items[NUM_TRAIN:]},
+        class_names=[str(i) for i in range(120)],
+        output_dir=out,
+        source="tests",
+        num_shards={"train": 4, "validation": 1},
+    )
+    return out
+
+
+def _spec_and_data(data_dir):
+    from tfgpu.data.spec import load_spec
+
+    config = config_from(data_dir=data_dir, image_size=32, shuffle_buffer=32, in_memory="off")
+    return load_spec(config.data), config.data
+
+
+def _labels(batches) -> collections.Counter:
+    counts = collections.Counter()
+    for batch in batches:
+        counts.update(int(x) for x in batch["label"].numpy())
+    return counts
+
+
+# ---------------------------------------------------------------- in-process
+
+
+@pytest.mark.parametrize(
+    "count, index, deterministic, batch, global_batch, per_epoch",
+    [
+        (1, 0, False, 8, 8, 12),  # one pipeline
+        (1, 0, True, 10, 10, 9),  # 96 = 9 x 10 + 6: the last 6 of each epoch are dropped
+        (2, 1, False, 8, 16, 6),  # its own files: 2 of 4 shards, 48 records
+        (2, 1, True, 8, 16, 6),  # its half of each global batch
+        (2, 0, True, 10, 20, 5),  # 96 = 4 x 20 + 16: its 10 of the last global batch too
+    ],
+)
+def test_the_service_stream_visits_each_example_at_most_once_per_epoch(
+    id_dataset, count, index, deterministic, batch, global_batch, per_epoch
+):
+    from tfgpu.data import service
+
+    spec, data = _spec_and_data(id_dataset)
+    shard = InputShard(count, index)
+    assert service.epoch_batches(spec, shard, batch, global_batch, deterministic) == per_epoch
+    ds = service.make_train_dataset(
+        spec,
+        data,
+        shard,
+        batch_size=batch,
+        global_batch_size=global_batch,
+        seed=1,
+        deterministic=deterministic,
+    )
+    epochs = 3
+    batches = list(ds.take(epochs * per_epoch))
+    for e in range(epochs):
+        counts = _labels(batches[e * per_epoch : (e + 1) * per_epoch])
+        assert max(counts.values()) == 1  # no example twice in an epoch
+
+
+def test_two_service_workers_share_the_epochs_and_never_repeat_one(id_dataset):
+    """Through an in-process dispatcher and two workers: tfgpu's stream, by epochs, is split
+    between the workers (no batch twice); the pipeline's own endless stream would be produced
+    whole by each worker: every batch twice, identical (why ``service`` wraps it)."""
+    import tensorflow as tf
+
+    from tfgpu.data import pipeline, service
+
+    svc = tf.data.experimental.service
+    dispatcher = svc.DispatchServer()
+    target = dispatcher.target.split("://")[1]
+    config = svc.WorkerConfig(dispatcher_address=target, heartbeat_interval_ms=100)
+    workers = [svc.WorkerServer(config) for _ in range(2)]
+    try:
+        spec, data = _spec_and_data(id_dataset)
+        kw = dict(batch_size=8, global_batch_size=8, seed=1, deterministic=True)
+        streams = {
+            "service": service.make_train_dataset(spec, data, InputShard(1, 0), **kw),
+            "pipeline": pipeline.make_train_dataset(
+                spec, data, InputShard(1, 0), name_broken=False, **kw
+            ),
+        }
+        seen = {}
+        for name, ds in streams.items():
+            ds = ds.apply(svc.distribute(service.PROCESSING_MODE, dispatcher.target, job_name=name))
+            time.sleep(1.0)  # both workers take part from the start
+            batches = list(ds.take(10 * NUM_TRAIN // 8))
+            seen[name] = collections.Counter(
+                (tuple(b["label"].numpy()), b["image"].numpy().tobytes()) for b in batches
+            )
+            assert _labels(batches).total() == 10 * NUM_TRAIN
+        assert max(seen["service"].values()) == 1
+        assert max(seen["pipeline"].values()) == 2
+    finally:
+        for server in [*workers, dispatcher]:
+            server.stop()
+
+
+def test_job_names_follow_the_stream_not_the_run_length(id_dataset):
+    from tfgpu.data import service
+
+    spec, _ = _spec_and_data(id_dataset)
+    base = config_from(data_dir=id_dataset, model_dir="/tmp/run-a", seed=1, train_steps=10)
+
+    def name(config, shard=None):
+        return service.job_name(config, spec, shard or InputShard(1, 0), 8)
+
+    assert name(base) == name(base.with_settings(train_steps=20, learning_rate=0.5))
+    assert name(base) == name(base.with_settings(data_service="grpc://elsewhere:1"))
+    assert name(base) != name(base.with_settings(seed=2))
+    assert name(base) != name(base.with_settings(model_dir="/tmp/run-b"))
+    assert name(base) != name(base.with_settings(crop_min_area=0.5))
+    assert name(base, InputShard(2, 1)).endswith("-shard1of2")
+
+
+def test_an_unreachable_dispatcher_is_a_data_error_within_the_timeout():
+    from tfgpu.data import service
+    from tfgpu.data.spec import DataError
+
+    port = free_port()
+    start = time.monotonic()
+    with pytest.raises(DataError, match=f"localhost:{port}") as err:
+        service.check_reachable(f"grpc://localhost:{port}", 2.0)
+    assert time.monotonic() - start < 3.5
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (dict(data_service="localhost:5050"), "must be grpc://HOST:PORT"),
+        (dict(data_service="grpc://localhost:99999"), "must be grpc://HOST:PORT"),
+        (dict(data_service="grpc://h:1", synthetic_data=True), "--synthetic_data"),
+        (dict(data_service="grpc://h:1", in_memory="on"), "--in_memory=on"),
+        (dict(data_service="grpc://h:1", data_service_compression="zip"), "is unknown"),
+    ],
+)
+def test_data_service_flags_are_checked_before_tensorflow(values, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(config_from(**values))
+    validate(config_from(data_service="grpc://[::1]:5050"))
+
+
+# ---------------------------------------------------------------- real processes
+
+
+def test_training_through_a_local_service_says_what_it_guarantees(procs, small_dataset, tmp_path):
+    port = free_port()
+    local = service(procs, "--role=local", "--num_workers=2", f"--port={port}")
+    assert f"grpc://localhost:{port} with 2 worker(s)" in local.out.text
+    run = trainer(procs, small_dataset, tmp_path / "run", port, train_steps=60)
+    assert run.wait(120) == 0, run.out.text[-3000:]
+    lines = [line for line in run.out.text.splitlines() if line.startswith("data service ")]
+    assert len(lines) == 1, run.out.text[-3000:]
+    assert "2 worker(s)" in lines[0] and "job tfgpu-" in lines[0]
+    assert "at most once per epoch" in lines[0] and "no exact resume" in lines[0]
+    assert "--deterministic keeps" in lines[0]
+    records = [json.loads(r) for r in open(tmp_path / "run" / "metrics.jsonl")]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert summary(tmp_path / "run")["steps"] == 60 and losses[-1] < losses[0], losses
+    start = time.monotonic()
+    local.signal(signal.SIGINT)
+    assert local.wait(15) == 0 and "stopped by SIGINT" in local.out.text
+    assert time.monotonic() - start < 10
+
+
+def test_a_worker_killed_mid_run_does_not_end_training(procs, small_dataset, tmp_path):
+    port = free_port()
+    service(procs, "--role=dispatcher", f"--port={port}")
+    flags = ("--role=worker", f"--dispatcher=localhost:{port}", "--worker_host=localhost")
+    workers = [service(procs, *flags) for _ in range(2)]
+    idle = [cpu_seconds(w) for w in workers]
+    run = trainer(procs, small_dataset, tmp_path / "run", port, train_steps=400)
+    wait_for_step(run, tmp_path / "run", 40)
+    deadline = time.time() + 60  # both workers at work (a worker learns of a job by heartbeat)
+    while min(cpu_seconds(w) - t for w, t in zip(workers, idle)) < 0.5:
+        assert time.time() < deadline and run.proc.poll() is None, run.out.text[-3000:]
+        time.sleep(0.2)
+    workers[1].proc.send_signal(signal.SIGKILL)
+    killed_at = logged_step(tmp_path / "run")
+    assert run.wait(150) == 0, run.out.text[-3000:]
+    assert killed_at < 400 and summary(tmp_path / "run")["steps"] == 400
+    assert workers[0].proc.poll() is None
+
+
+def test_a_dispatcher_restarted_on_its_work_dir_is_survived(procs, small_dataset, tmp_path):
+    port, journal = free_port(), f"--work_dir={tmp_path / 'journal'}"
+    dispatcher = service(procs, "--role=dispatcher", f"--port={port}", journal)
+    assert "fault-tolerant" in dispatcher.out.text
+    flags = ("--role=worker", f"--dispatcher=localhost:{port}", "--worker_host=localhost")
+    for _ in range(2):
+        service(procs, *flags)
+    run = trainer(procs, small_dataset, tmp_path / "run", port, train_steps=300)
+    wait_for_step(run, tmp_path / "run", 40)
+    dispatcher.proc.send_signal(signal.SIGKILL)
+    dispatcher.proc.wait(timeout=10)
+    killed_at = logged_step(tmp_path / "run")
+    time.sleep(2)
+    service(procs, "--role=dispatcher", f"--port={port}", journal)
+    assert run.wait(150) == 0, run.out.text[-3000:]
+    assert killed_at < 300 and summary(tmp_path / "run")["steps"] == 300
+
+
+def test_an_unreachable_dispatcher_is_one_line_naming_it(small_dataset, tmp_path):
+    port = free_port()
+    flags = cli_flags(RUN, data_dir=small_dataset, model_dir=tmp_path / "run")
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfgpu.main", *flags, "--train_steps=5"]
+        + [f"--data_service=grpc://localhost:{port}", "--data_service_timeout_s=3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    took = time.monotonic() - start
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("tfgpu: error:")]
+    assert len(lines) == 1 and f"at localhost:{port} within" in lines[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert took < 3 + 40  # start-up (TensorFlow, the model) + the timeout
+
+
+def test_the_servers_own_errors_are_one_line(tmp_path):
+    busy = socket.socket()
+    busy.bind(("", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    cases = [
+        (["--role=dispatcher", f"--port={port}"], f"port {port} is already in use"),
+        (["--role=local", f"--port={port}"], f"port {port} is already in use"),
+        (["--role=worker"], "needs --dispatcher=HOST:PORT"),
+        (["--role=chef"], "--role='chef': choose from dispatcher, worker, local"),
+        (["--role=dispatcher", f"--port={free_port()}", "--work_dir=/proc/x"], "not writable"),
+        (["--role=dispatcher", "--no_such_flag"], "no_such_flag"),
+    ]
+    try:
+        for args, message in cases:
+            proc = subprocess.run(
+                [sys.executable, "-m", "tfgpu.data_service", *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert proc.returncode == 2, (args, proc.stderr)
+            assert proc.stderr.count("\n") == 1 and message in proc.stderr, (args, proc.stderr)
+            assert proc.stderr.startswith("tfgpu-data-service: error: ")
+    finally:
+        busy.close()

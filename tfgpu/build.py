@@ -1,0 +1,149 @@
+"""What a run is made of, built once: ``build(config, backend, spec) -> Run`` (the plan, the
+model, the optimizer inside the train step, the counters and their checkpoints) and
+``train_batches(run, start_step)``, the distributed train batches from a step on.
+"""
+
+from dataclasses import dataclass
+
+import keras
+import tensorflow as tf
+
+from tfgpu import models, optim
+from tfgpu.checkpoints import Checkpoints
+from tfgpu.config import Config, ConfigError, split_batch
+from tfgpu.data import device_ops, memory, pipeline
+from tfgpu.data import spec as data_spec
+from tfgpu.step import DynamicLossScale, TrainStep
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The numbers a run derives once from its config, its data and its replicas."""
+
+    total_steps: int  # optimizer updates
+    eval_every: int  # updates between evaluations (0: only at the end)
+    replica_batch: int  # examples per replica per update (all micro-batches)
+    grad_accum_steps: int  # micro-batches per update
+    eval_global_batch: int
+
+
+def make_plan(config: Config, num_train: int, num_replicas: int) -> Plan:
+    t = config.train
+    steps_per_epoch = max(1, num_train // t.global_batch_size)
+    if t.train_steps:
+        total = t.train_steps
+    else:
+        total = max(1, int((t.epochs or 1.0) * num_train // t.global_batch_size))
+    replica_batch, accum = split_batch(t, num_replicas)
+    eval_global = t.eval_batch_size or t.global_batch_size
+    if eval_global % num_replicas:
+        raise ConfigError(
+            f"--eval_batch_size={eval_global} does not divide by {num_replicas} replicas"
+        )
+    return Plan(
+        total_steps=total,
+        eval_every=t.eval_every_steps or round(t.eval_every_epochs * steps_per_epoch),
+        replica_batch=replica_batch,
+        grad_accum_steps=accum,
+        eval_global_batch=eval_global,
+    )
+
+
+@dataclass
+class Run:
+    """What one run is made of: its settings and plan, the backend, and what training
+    changes (model, optimizer inside the step, counters) with what saves it."""
+
+    config: Config
+    backend: object  # a distribute.backends backend
+    spec: data_spec.DataSpec
+    plan: Plan
+    model: keras.Model
+    step: TrainStep  # holds the optimizer and the loss scale
+    global_step: tf.Variable
+    skipped_updates: tf.Variable
+    checkpoints: Checkpoints
+
+    @property
+    def optimizer(self):
+        return self.step.optimizer
+
+
+def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
+    """Plans the run, then builds model, optimizer, train step, counters and checkpoints
+    under the backend's scope (``Checkpoints.restore`` then gives every worker the chief's
+    values)."""
+    plan = make_plan(config, spec.num_train, backend.num_replicas)
+    keras.mixed_precision.set_global_policy(config.model.dtype)
+    with backend.scope():
+        model = models.build_model(
+            config.model.name, spec.num_classes, config.data.image_size, config.model.small_input
+        )
+        optimizer = optim.build_for_run(
+            config.optim, config.train.global_batch_size, plan.total_steps
+        )
+        loss_scale = DynamicLossScale() if config.model.dtype == "mixed_float16" else None
+        step = build_step(config, model, optimizer, backend, spec.num_classes, loss_scale)
+        global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
+    if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
+        models.load_initial_weights(model, config.model.init_weights)
+    tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
+    tracked["skipped_updates"] = skipped_updates
+    if loss_scale:
+        tracked.update(loss_scale=loss_scale.scale, good_steps=loss_scale.good_steps)
+    checkpoints = Checkpoints(tracked, backend, config.model_dir, config.train.keep_checkpoints)
+    return Run(config, backend, spec, plan, model, step, global_step, skipped_updates, checkpoints)
+
+
+def build_step(config: Config, model, optimizer, backend, num_classes: int, loss_scale=None):
+    """The TrainStep for batches of the layout the train pipeline makes."""
+    layout = pipeline.train_layout(config.data)
+    unpack = None
+    if layout == "packed":  # resized first, outside XLA; then the "uint8" path on floats
+        unpack = lambda batch: device_ops.resized(batch, config.data.image_size)  # noqa: E731
+        layout = "uint8"
+    return TrainStep(
+        model,
+        optimizer,
+        backend,
+        global_batch_size=config.train.global_batch_size,
+        grad_accum_steps=split_batch(config.train, backend.num_replicas)[1],
+        label_smoothing=config.optim.label_smoothing,
+        clip_norm=config.optim.clip_norm,
+        loss_scale=loss_scale,
+        skip_non_finite=config.optim.skip_non_finite,
+        prepare=device_ops.make_batch_fn(layout, num_classes, config.data),
+        unpack=unpack,
+        jit_compile=config.model.jit_compile,
+    )
+
+
+def train_batches(run: Run, start_step: int):
+    """An iterator of distributed train batches from update ``start_step`` on: cut from the
+    decoded train split in memory when ``memory.load`` gives it (--in_memory), else read and
+    decoded per example."""
+    config, spec = run.config, run.spec
+    replica_batch = run.plan.replica_batch
+    if config.data.synthetic_data:
+        make = lambda _: pipeline.make_synthetic_dataset(
+            replica_batch, spec.num_classes, config.data
+        )
+    elif config.data.data_service:  # the per-example pipeline, on a tf.data service's workers
+        from tfgpu.data import service  # noqa: PLC0415
+
+        make = service.train_maker(run)
+    else:
+        mem = memory.load(spec, config.data)  # None: read per example
+        source, reader = (spec, pipeline) if mem is None else (mem, memory)
+        make = lambda shard: reader.make_train_dataset(
+            source,
+            config.data,
+            shard,
+            batch_size=replica_batch,
+            global_batch_size=config.train.global_batch_size,
+            seed=config.seed,
+            deterministic=config.deterministic,
+            start_index=start_step * config.train.global_batch_size,
+        )
+    return iter(run.backend.distribute_dataset(make))

@@ -1,0 +1,184 @@
+"""The reader's settings (``config.data``): where the images come from and how the input
+pipeline treats them, with the checks that need no TensorFlow. The pipeline takes this
+section as it is: no copy, no renaming.
+"""
+
+import os
+import re
+from dataclasses import dataclass
+
+from tfgpu.data import IN_MEMORY, PREPROCESS_ON, RESIZE_ON
+from tfgpu.settings import ConfigError, positive, setting
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the images come from and how the input pipeline treats them."""
+
+    data_dir: str = setting(
+        "",
+        "Directory written by tools/to_tfrecord.py; empty = the built-in demo dataset "
+        "(and the demo recipe for every flag not set).",
+        per_node=True,
+    )
+    tfds_name: str = setting(
+        "",
+        "Train on a prepared tensorflow-datasets dataset (e.g. imagenet2012) instead of "
+        "--data_dir.",
+    )
+    tfds_data_dir: str = setting(
+        "", "tensorflow-datasets data_dir of --tfds_name (empty: tfds' default).", per_node=True
+    )
+    synthetic_data: bool = setting(
+        False, "Train on generated batches of the right shape: times the model, no I/O."
+    )
+    num_classes: int = setting(
+        0, "Number of classes, for records without a dataset_info.json (0 = from it)."
+    )
+    label_offset: int = setting(
+        -1,
+        "Subtracted from stored labels (1 for TF's official ImageNet records; -1 = from "
+        "dataset_info.json, else 0).",
+    )
+    image_size: int = setting(224, "Training and evaluation image side, in pixels.")
+    random_flip: bool = setting(True, "Random left-right flips in training.")
+    crop_min_area: float = setting(0.08, "Smallest area fraction of a random-resized crop.")
+    dct_scaled_decode: bool = setting(
+        False,
+        "Decode JPEG crop windows 2, 4 or 8 times --image_size on both sides at that DCT scale: "
+        "15-20% less host CPU and smaller crops on large photos (1600x1200); costs ~3% on "
+        "ImageNet-sized images, where it seldom applies.",
+    )
+    eval_crop_fraction: float = setting(
+        0.875, "Evaluation center crop, as a fraction of the shorter side."
+    )
+    shuffle_buffer: int = setting(10_000, "Examples in the training shuffle buffer.")
+    cycle_length: int = setting(8, "Files read in parallel by the interleave.")
+    block_length: int = setting(1, "Consecutive records the interleave takes from each file.")
+    data_threads: int = setting(
+        0, "Private tf.data thread pool size (0: the shared pool).", per_node=True
+    )
+    ram_budget_mb: int = setting(
+        0, "RAM tf.data's autotuner may use for buffers, in MB (0: its default).", per_node=True
+    )
+    cache_eval: bool = setting(True, "Cache the decoded evaluation split in memory.")
+    eval_snapshot_dir: str = setting(
+        "",
+        "Write the decoded evaluation crops here once (tf.data snapshot); later runs read "
+        "them instead of decoding (empty: off).",
+        per_node=True,
+    )
+    skip_truncated_shards: bool = setting(
+        False,
+        "Read a truncated shard up to the break, with a warning, instead of stopping with an "
+        "error naming it.",
+    )
+    preprocess_on: str = setting(
+        "device",
+        "device: flip, cast, RandAugment, MixUp/CutMix run inside the step on the accelerator "
+        "(uint8 crosses over); host: they run in tf.data.",
+        choices=PREPROCESS_ON,
+    )
+    resize_on: str = setting(
+        "auto",
+        "Where training crops are resized. host: in tf.data; device: they cross un-resized "
+        "(packed one after the other, with their sizes) and a gather-based bilinear resizes "
+        "them inside the step, before XLA; auto: device with a GPU and --preprocess_on=device, "
+        "else host.",
+        choices=RESIZE_ON,
+    )
+    in_memory: str = setting(
+        "auto",
+        "Small datasets: decode the train split once into a uint8 array in host memory and cut "
+        "each batch from it, vectorized (padded random crop of --crop_padding, flip, "
+        "MixUp/CutMix; no random-resized crop). on, off, or auto: on for --image_size <= 64 "
+        "when the decoded split fits --in_memory_mb.",
+        choices=IN_MEMORY,
+    )
+    in_memory_mb: int = setting(
+        1024,
+        "RAM budget of --in_memory=auto, in MB: the decoded train split as stored (examples "
+        "x (--image_size + 2 x --crop_padding)^2 x 3 bytes) must fit.",
+    )
+    crop_padding: int = setting(
+        4,
+        "In-memory path: pixels added on each side (by reflection) before the random "
+        "--image_size crop (4 as for CIFAR; 0: no crop). Images stored at another size are "
+        "resized once, at load.",
+    )
+    mixup_alpha: float = setting(
+        0.0, "MixUp Beta(alpha, alpha) (0: off); pairs (2k, 2k+1) of each batch."
+    )
+    cutmix_alpha: float = setting(
+        0.0,
+        "CutMix Beta(alpha, alpha) (0: off); with --mixup_alpha each example picks one of the "
+        "two at random.",
+    )
+    randaugment_ops: int = setting(
+        0,
+        "RandAugment operations per image (0: off); keras.layers.RandAugment, not "
+        "split-invariant under --deterministic.",
+    )
+    randaugment_magnitude: float = setting(0.5, "RandAugment factor in [0, 1].")
+    data_service: str = setting(
+        "",
+        "grpc://HOST:PORT of a tf.data service dispatcher (python -m tfgpu.data_service): its "
+        "workers run the per-example train pipeline, each example at most once per epoch, and "
+        "the step consumes the batches they return (README: Data service). Empty: off.",
+        per_node=True,
+    )
+    data_service_timeout_s: float = setting(
+        30.0,
+        "--data_service: how long start-up waits for the dispatcher before stopping with a "
+        "line naming its address.",
+        per_node=True,
+    )
+    data_service_compression: str = setting(
+        "none",
+        "--data_service: none, or auto (snappy) compression of the batches the workers send: "
+        "none is 2.5-3.5x faster on one machine for uint8 images; auto may win over a slow "
+        "network.",
+        choices=("none", "auto"),
+        per_node=True,
+    )
+
+    @property
+    def mixing(self) -> bool:
+        """True when MixUp or CutMix is on (batches then carry ``mix`` draws)."""
+        return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+
+def check_data(d: DataConfig) -> None:
+    """Raises a ConfigError naming the first --flag of ``d`` that cannot work."""
+    positive(d, "image_size")
+    if not 0 <= d.crop_padding < d.image_size:
+        raise ConfigError(
+            f"--crop_padding={d.crop_padding} must be in [0, --image_size={d.image_size})"
+        )
+    if d.in_memory_mb < 0:
+        raise ConfigError(f"--in_memory_mb={d.in_memory_mb} must not be negative")
+    if not 0 < d.crop_min_area <= 1 or not 0 < d.eval_crop_fraction <= 1:
+        raise ConfigError("--crop_min_area and --eval_crop_fraction must be in (0, 1]")
+    if d.data_dir and not os.path.isdir(os.path.expanduser(d.data_dir)):
+        raise ConfigError(f"--data_dir={d.data_dir} is not a directory")
+    if d.data_service:
+        _check_data_service(d)
+
+
+def _check_data_service(d: DataConfig) -> None:
+    """--data_service: an address grpc://HOST:PORT, and a run that has a per-example pipeline."""
+    match = re.fullmatch(r"grpc://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})", d.data_service)
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise ConfigError(f"--data_service={d.data_service} must be grpc://HOST:PORT")
+    if d.synthetic_data:
+        raise ConfigError(
+            "--data_service and --synthetic_data do not go together: synthetic "
+            "batches have no input pipeline to send to the service"
+        )
+    if d.in_memory == "on":
+        raise ConfigError(
+            "--data_service and --in_memory=on do not go together: the service "
+            "runs the per-example pipeline (with it, --in_memory=auto reads per "
+            "example)"
+        )
+    positive(d, "data_service_timeout_s")

@@ -1,0 +1,284 @@
+"""``python -m tfgpu.data_service`` / ``tfgpu-data-service``: the tf.data service that
+``--data_service=grpc://HOST:PORT`` sends the train pipeline to.
+
+  python -m tfgpu.data_service --role=dispatcher --port=5050 [--work_dir=/shared/ds-journal]
+  python -m tfgpu.data_service --role=worker --dispatcher=HOST:5050 [--worker_port=P]
+  python -m tfgpu.data_service --role=local --num_workers=2 --port=5050
+
+dispatcher: hands out the jobs' splits; with --work_dir it journals its state there
+(fault-tolerant mode), so a restart on the same port and work dir resumes every job; without
+one, a restart loses them (the trainers then stop with TensorFlow's NotFoundError).
+worker: runs the pipelines; needs the trainers' --data_dir at the same path (a shared file
+system); it may die and be restarted at any time. local: a dispatcher and N workers in this
+process, to try it out on one machine.
+
+Each role prints one line once it serves, and stops on SIGTERM or SIGINT. Exit status: 0
+stopped by a signal, 2 a bad flag or a busy port (one line on stderr).
+
+No TensorFlow is imported before the flags are checked.
+"""
+
+import errno
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from absl import flags
+
+PROG = "tfgpu-data-service"
+ROLES = ("dispatcher", "worker", "local")
+STOP_TIMEOUT_S = 5.0  # a worker's stop() can wait for a dead dispatcher: then _exit
+WAIT_NOTICE_S = 5.0
+
+# Own FlagValues: these flags must not clash with tfgpu.main's in one process.
+FLAGS = flags.FlagValues()
+flags.DEFINE_string("role", "", "dispatcher, worker or local.", flag_values=FLAGS)
+flags.DEFINE_integer(
+    "port", 5050, "dispatcher and local: the dispatcher's port.", flag_values=FLAGS
+)
+flags.DEFINE_string(
+    "work_dir",
+    "",
+    "dispatcher and local: journal the dispatcher's state here (fault-tolerant mode: a "
+    "restart on the same port and work dir resumes its jobs). Empty: no journal.",
+    flag_values=FLAGS,
+)
+flags.DEFINE_string(
+    "dispatcher", "", "worker: the dispatcher's HOST:PORT (or grpc://HOST:PORT).", flag_values=FLAGS
+)
+flags.DEFINE_integer("worker_port", 0, "worker: its port (0: any free one).", flag_values=FLAGS)
+flags.DEFINE_string(
+    "worker_host",
+    "",
+    "worker: the name or address trainers reach it at (default: this machine's address on the "
+    "route to the dispatcher).",
+    flag_values=FLAGS,
+)
+flags.DEFINE_integer("num_workers", 2, "local: workers started in this process.", flag_values=FLAGS)
+
+
+class UsageError(ValueError):
+    """A flag or the machine says no; one line."""
+
+
+def port_in_use(port: int) -> bool:
+    """True when something listens on ``port``. gRPC binds with SO_REUSEPORT, so a second
+    server on a busy port would "succeed" and the kernel would split the connections between
+    the two: a plain bind (SO_REUSEADDR only, which ignores TIME_WAIT leftovers) tells."""
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 here
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return True
+        finally:
+            sock.close()
+    return False
+
+
+def route_address(host: str) -> str:
+    """This machine's address on the route to ``host`` (no packet is sent)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((socket.gethostbyname(host), 9))
+        return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+    finally:
+        probe.close()
+
+
+def _check_flags(f) -> None:
+    if f.role not in ROLES:
+        raise UsageError(f"--role={f.role!r}: choose from {', '.join(ROLES)}")
+    if f.role in ("dispatcher", "local"):
+        if not 0 < f.port < 65536:
+            raise UsageError(f"--port={f.port} must be in 1..65535")
+        if port_in_use(f.port):
+            raise UsageError(f"port {f.port} is already in use (another dispatcher?)")
+        if f.work_dir:
+            _check_writable(f.work_dir)
+    if f.role == "worker":
+        if not f.dispatcher.split("://")[-1].rpartition(":")[2].isdigit():
+            raise UsageError(f"--role=worker needs --dispatcher=HOST:PORT (got {f.dispatcher!r})")
+        if f.worker_port and port_in_use(f.worker_port):
+            raise UsageError(f"--worker_port={f.worker_port} is already in use")
+    if f.role == "local" and f.num_workers < 1:
+        raise UsageError(f"--num_workers={f.num_workers} must be at least 1")
+
+
+def _check_writable(work_dir: str) -> None:
+    path = os.path.expanduser(work_dir)
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        raise UsageError(f"--work_dir={work_dir} is not writable: {err.strerror}") from None
+
+
+class _Stop:
+    """SIGTERM/SIGINT -> an event the main thread waits on (it stays in Python, where the
+    handlers run; ``server.join()`` would sit in C++, where SIGINT is never seen)."""
+
+    def __init__(self):
+        self.event, self.name = threading.Event(), ""
+        # A parent that blocked these signals (tfgpu.main does) passes its mask on: undo it.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        del frame
+        self.name = signal.Signals(signum).name
+        self.event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once a signal came; waits in slices so that the handler runs."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.event.is_set():
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self.event.wait(left)
+        return True
+
+
+def _start_dispatcher(port: int, work_dir: str):
+    import tensorflow as tf  # noqa: PLC0415
+
+    config = tf.data.experimental.service.DispatcherConfig(
+        port=port,
+        work_dir=os.path.expanduser(work_dir) if work_dir else None,
+        fault_tolerant_mode=bool(work_dir),
+    )
+    return tf.data.experimental.service.DispatchServer(config)
+
+
+def _start_worker(dispatcher: str, host: str, port: int, stop: _Stop):
+    """A WorkerServer registered with ``dispatcher``, or None when a signal came first. Its
+    constructor retries until the dispatcher answers, without returning to Python: it runs on
+    a thread, and this one waits, says once that it waits, and hears signals."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    config = tf.data.experimental.service.WorkerConfig(
+        dispatcher_address=dispatcher, worker_address=f"{host}:%port%", port=port
+    )
+    box: dict = {}
+
+    def construct():
+        try:
+            box["server"] = tf.data.experimental.service.WorkerServer(config)
+        except Exception as err:  # noqa: BLE001  (reported by the waiting thread)
+            box["error"] = err
+
+    thread = threading.Thread(target=construct, daemon=True, name="tfgpu-worker-start")
+    thread.start()
+    started, noticed = time.monotonic(), False
+    while thread.is_alive():
+        if stop.wait(0.2):
+            return None
+        if not noticed and time.monotonic() - started > WAIT_NOTICE_S:
+            print(f"{PROG}: worker waiting for the dispatcher at {dispatcher}", flush=True)
+            noticed = True
+    if "error" in box:
+        raise UsageError(f"worker: {_first_line(box['error'])}")
+    return box["server"]
+
+
+def _first_line(err: Exception) -> str:
+    text = getattr(err, "message", "") or str(err)
+    return text.strip().splitlines()[0] if text.strip() else type(err).__name__
+
+
+def _stop_all(servers: list, stop: _Stop) -> None:
+    """Stops workers, then the dispatcher; ``_exit``s if that takes over STOP_TIMEOUT_S."""
+    faulthandler.dump_traceback_later(STOP_TIMEOUT_S, exit=True, file=open(os.devnull, "w"))
+    for server in reversed(servers):  # workers were started after the dispatcher
+        server.stop()
+    faulthandler.cancel_dump_traceback_later()
+    print(f"{PROG}: stopped by {stop.name}", flush=True)
+
+
+def serve(f, stop: _Stop) -> int:
+    """Starts what ``--role`` says, prints where it serves, waits for a signal, stops."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    servers = []
+    try:
+        if f.role in ("dispatcher", "local"):
+            servers.append(_start_dispatcher(f.port, f.work_dir))
+        if f.role == "worker":
+            dispatcher = f.dispatcher.split("://")[-1]
+            host = f.worker_host or route_address(dispatcher.rpartition(":")[0])
+            worker = _start_worker(dispatcher, host, f.worker_port, stop)
+            if worker is None:
+                print(f"{PROG}: stopped by {stop.name} while waiting for the dispatcher")
+                sys.stdout.flush()
+                os._exit(0)  # the constructor still blocks on its thread
+            servers.append(worker)
+            line = f"worker serving {host}:{worker._address.rpartition(':')[2]} for {dispatcher}"
+        elif f.role == "local":
+            for _ in range(f.num_workers):
+                worker = _start_worker(f"localhost:{f.port}", "localhost", 0, stop)
+                if worker is None:
+                    os._exit(0)
+                servers.append(worker)
+            workers = ", ".join(w._address for w in servers[1:])
+            line = (
+                f"local service serving grpc://localhost:{f.port} with {f.num_workers} "
+                f"worker(s) ({workers}); train with --data_service=grpc://localhost:{f.port}"
+            )
+        else:
+            journal = (
+                f"fault-tolerant, journal in {f.work_dir}"
+                if f.work_dir
+                else "no --work_dir: a restart loses its jobs"
+            )
+            line = (
+                f"dispatcher serving grpc://{socket.gethostname()}:{f.port} ({journal}); train "
+                f"with --data_service=grpc://{socket.gethostname()}:{f.port}"
+            )
+    except UsageError:
+        raise
+    except Exception as err:  # noqa: BLE001  (TensorFlow's errors at start: one line)
+        raise UsageError(f"{f.role}: {_first_line(err)}") from None
+    print(f"{PROG}: {line}", flush=True)
+    stop.wait()
+    _stop_all(servers, stop)
+    return 0
+
+
+def main(argv: list) -> int:
+    """Parses ``argv`` (program name first), serves until a signal; returns the exit code."""
+    if "--help" in argv or "-h" in argv:
+        print(__doc__ + "\n" + FLAGS.get_help(include_special_flags=False))
+        return 0
+    stop = _Stop()
+    try:
+        FLAGS.unparse_flags()
+        FLAGS(argv)
+        _check_flags(FLAGS)
+        return serve(FLAGS, stop)
+    except (flags.Error, UsageError) as err:
+        print(f"{PROG}: error: {_first_line(err)}", file=sys.stderr)
+        return 2
+
+
+def run() -> None:
+    """Console-script entry point (``tfgpu-data-service``)."""
+    sys.exit(main(sys.argv))
+
+
+if __name__ == "__main__":
+    run()
