@@ -29,7 +29,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 import numpy as np  # noqa: E402
+from calibration import calibration  # noqa: E402
 from PIL import Image  # noqa: E402
 
 NUM_CLASSES = 10
@@ -231,6 +234,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--torch_python", default="", help="a python with torch+torchvision")
     args = parser.parse_args()
+    print("calibration:", calibration(), flush=True)
     tfr, folder = build_data(args.cache_dir, args.num_images)
     sources = tf_sources(tfr, folder, args.batch)
     use_torch = torch_available(args.torch_python)

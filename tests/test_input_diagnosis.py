@@ -31,6 +31,7 @@ def test_synthetic_batches_leave_no_time_waiting_for_input(tmp_path):
     config = config_from(**RUN, synthetic_data=True, num_classes=10, model_dir=str(tmp_path))
     summary = train.run(validate(config))
     assert summary["input_wait_fraction"] < 0.05, summary
+    assert summary["input_images_per_sec"] is None  # nothing to read: no probe
 
 
 def _large_photos(n: int, side: int = 1600) -> list:
@@ -64,6 +65,12 @@ def test_a_slow_input_is_diagnosed_with_the_levers(tmp_path, capsys):
     warnings = [line for line in out.splitlines() if "waited for input" in line]
     assert len(warnings) == 1, out[-3000:]
     assert "--data_threads" in warnings[0] and "--data_service" in warnings[0]
+    assert "the input pipeline alone reads" in warnings[0]
     assert summary["input_wait_fraction"] > 0.2, summary
+    # One thread decoding 1600x1600 photos: far below what tiny_cnn trains at (thousands).
+    assert 0 < summary["input_images_per_sec"] < 1000, summary
+    assert "input alone:" in out and "(input alone " in out
     records = [json.loads(r) for r in open(tmp_path / "run" / "metrics.jsonl")]
-    assert max(r.get("input_wait_fraction", 0) for r in records if r["split"] == "train") > 0.2
+    train_records = [r for r in records if r["split"] == "train"]
+    assert max(r.get("input_wait_fraction", 0) for r in train_records) > 0.2
+    assert all(r["input_images_per_sec"] == summary["input_images_per_sec"] for r in train_records)

@@ -3,6 +3,7 @@ model, the optimizer inside the train step, the counters and their checkpoints) 
 ``train_batches(run, start_step)``, the distributed train batches from a step on.
 """
 
+import time
 from dataclasses import dataclass
 
 import keras
@@ -119,31 +120,57 @@ def build_step(config: Config, model, optimizer, backend, num_classes: int, loss
     )
 
 
-def train_batches(run: Run, start_step: int):
-    """An iterator of distributed train batches from update ``start_step`` on: cut from the
-    decoded train split in memory when ``memory.load`` gives it (--in_memory), else read and
-    decoded per example."""
+def train_maker(run: Run, start_step: int):
+    """``make(InputShard) -> tf.data.Dataset`` of per-replica train batches from update
+    ``start_step`` on: cut from the decoded train split in memory when ``memory.load`` gives
+    it (--in_memory, loaded here, once), else read and decoded per example (or synthetic, or
+    through the tf.data service)."""
     config, spec = run.config, run.spec
     replica_batch = run.plan.replica_batch
     if config.data.synthetic_data:
-        make = lambda _: pipeline.make_synthetic_dataset(
+        return lambda _: pipeline.make_synthetic_dataset(
             replica_batch, spec.num_classes, config.data
         )
-    elif config.data.data_service:  # the per-example pipeline, on a tf.data service's workers
+    if config.data.data_service:  # the per-example pipeline, on a tf.data service's workers
         from tfgpu.data import service  # noqa: PLC0415
 
-        make = service.train_maker(run)
-    else:
-        mem = memory.load(spec, config.data)  # None: read per example
-        source, reader = (spec, pipeline) if mem is None else (mem, memory)
-        make = lambda shard: reader.make_train_dataset(
-            source,
-            config.data,
-            shard,
-            batch_size=replica_batch,
-            global_batch_size=config.train.global_batch_size,
-            seed=config.seed,
-            deterministic=config.deterministic,
-            start_index=start_step * config.train.global_batch_size,
-        )
+        return service.train_maker(run)
+    mem = memory.load(spec, config.data)  # None: read per example
+    source, reader = (spec, pipeline) if mem is None else (mem, memory)
+    return lambda shard: reader.make_train_dataset(
+        source,
+        config.data,
+        shard,
+        batch_size=replica_batch,
+        global_batch_size=config.train.global_batch_size,
+        seed=config.seed,
+        deterministic=config.deterministic,
+        start_index=start_step * config.train.global_batch_size,
+    )
+
+
+def train_batches(run: Run, start_step: int, make=None):
+    """An iterator of distributed train batches from update ``start_step`` on (``make``: a
+    ``train_maker`` already built for it)."""
+    make = make or train_maker(run, start_step)
     return iter(run.backend.distribute_dataset(make))
+
+
+PROBE_MAX_BATCHES = 100  # enough for a rate; small sets in memory finish early
+
+
+def probe_input(run: Run, make, seconds: float) -> float | None:
+    """Images/s of this worker's train input alone: a fresh ``make`` dataset for its shard,
+    read for ``seconds`` after its first batch (what training reads is untouched, so resume
+    stays exact). None when off, synthetic or through the data service (a probe there would
+    be a job of its own)."""
+    data = run.config.data
+    if seconds <= 0 or data.synthetic_data or data.data_service:
+        return None
+    iterator = iter(make(run.backend.input_shard))
+    next(iterator)  # the pipeline's start (files opened, buffers filled) is not its rate
+    batches, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds and batches < PROBE_MAX_BATCHES:
+        next(iterator)
+        batches += 1
+    return batches * run.plan.replica_batch / (time.perf_counter() - start)

@@ -140,6 +140,8 @@ def format_progress(record: dict, total_steps: int, global_batch: int) -> str:
     )
     if record.get("input_wait_fraction", 0.0) >= 0.01:
         line += f"  input wait {record['input_wait_fraction']:.0%}"
+        if record.get("input_images_per_sec"):
+            line += f" (input alone {record['input_images_per_sec']:,.0f} img/s)"
     if "slowest_worker" in record:
         line += (
             f"  slowest worker {record['slowest_worker']}: {record['slowest_compute_s']:.3f} s"

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import compat, faults
-from tfgpu.build import Plan, Run, build, train_batches
+from tfgpu.build import Plan, Run, build, probe_input, train_batches, train_maker
 from tfgpu.config import Config, resolve
 from tfgpu.data import broken, memory, pipeline
 from tfgpu.data import spec as data_spec
@@ -73,12 +73,13 @@ def _next_stop(config: Config, plan: Plan, step: int) -> int:
     return min(stops)
 
 
-def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None) -> dict:
+def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None, input_ips=None) -> dict:
     """Trains from the restored step to the plan's last: when to log, evaluate, checkpoint
-    and stop. Returns {"images_per_sec", "skipped_records"}.
+    and stop. Returns {"images_per_sec", "skipped_records", "input_wait_fraction"}.
 
     ``guard`` (a PreemptionGuard) is polled between loops: when it was signalled, a
-    checkpoint is written and Preempted raised.
+    checkpoint is written and Preempted raised. ``input_ips``: images/s of the input alone
+    (``build.probe_input``), logged with every window.
     """
     config, plan, t = run.config, run.plan, run.config.train
     loop = make_train_loop(run.step, run.global_step, run.skipped_updates)
@@ -96,19 +97,12 @@ def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None) -> dict:
         skipped_records += int(float(totals["skipped"]))  # broken images, weight 0
         by_time = run.backend.num_workers == 1 and window.age() >= t.log_every_s
         if step % t.log_every_steps == 0 or step == plan.total_steps or by_time:
-            lr = float(run.optimizer.learning_rate)  # the schedule at the current update
-            record = window.close(step, lr, t.global_batch_size)
-            if run.backend.num_workers > 1 and not config.deterministic:
-                record.update(_skew(run, window, waited))
-                waited = float(run.backend.wait_seconds.numpy())
+            record, waited = _close_window(run, window, step, waited, input_ips)
             writer.log_train(record, plan.total_steps, t.global_batch_size)
             if not warned and record["input_wait_fraction"] > INPUT_BOUND and window.timed:
                 warned = True
-                writer.info(
-                    input_bound_warning(
-                        record["input_wait_fraction"], record["images_per_sec"], None
-                    )
-                )
+                wait, ips = record["input_wait_fraction"], record["images_per_sec"]
+                writer.info(input_bound_warning(wait, ips, input_ips))
         if plan.eval_every and step % plan.eval_every == 0 and step < plan.total_steps:
             _phase("evaluation", step)
             writer.log_eval(step, evaluate())
@@ -124,6 +118,18 @@ def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None) -> dict:
         "skipped_records": skipped_records,
         "input_wait_fraction": window.input_wait_fraction(),
     }
+
+
+def _close_window(run: Run, window: Window, step: int, waited: float, input_ips) -> tuple:
+    """(the record of the logging window just ended, seconds in all-reduces until now)."""
+    lr = float(run.optimizer.learning_rate)  # the schedule at the current update
+    record = window.close(step, lr, run.config.train.global_batch_size)
+    if input_ips:
+        record["input_images_per_sec"] = input_ips
+    if run.backend.num_workers > 1 and not run.config.deterministic:
+        record.update(_skew(run, window, waited))
+        waited = float(run.backend.wait_seconds.numpy())
+    return record, waited
 
 
 def weights_fingerprint(model: keras.Model) -> str:
@@ -177,9 +183,18 @@ def run(config: Config) -> dict:
         _heartbeats(r, sock, fingerprints)
     writer.info(_start_line(r))
     evaluate = Evaluator(r)
-    batches = train_batches(r, start_step=r.checkpoints.restore(writer.info))
+    start_step = r.checkpoints.restore(writer.info)
+    make = train_maker(r, start_step)
+    input_ips = probe_input(r, make, config.data.input_probe_s)
+    if input_ips:
+        writer.info(
+            f"input alone: {input_ips:,.0f} img/s on this worker (read for "
+            f"--input_probe_s={config.data.input_probe_s:g} s)"
+        )
+    batches = train_batches(r, start_step, make)
     with PreemptionGuard() as guard:
-        throughput = fit(r, batches, evaluate, writer, guard)
+        throughput = fit(r, batches, evaluate, writer, guard, input_ips)
+    throughput["input_images_per_sec"] = input_ips
     _phase("final save, evaluation and export", int(r.global_step.numpy()))
     r.checkpoints.save(final=True)
     final_eval = evaluate()
@@ -249,6 +264,7 @@ def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> 
         "final_eval": {k: final_eval.get(k) for k in ("top1", "top5", "loss")},
         "train_images_per_sec": throughput["images_per_sec"],
         "input_wait_fraction": throughput["input_wait_fraction"],
+        "input_images_per_sec": throughput["input_images_per_sec"],
         "skipped_records": throughput["skipped_records"],
         "broken_records": len(throughput["broken"]),
         "broken_record_list": throughput["broken"][:100],

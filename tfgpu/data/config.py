@@ -95,6 +95,13 @@ class DataConfig:
         "when the decoded split fits --in_memory_mb.",
         choices=IN_MEMORY,
     )
+    input_probe_s: float = setting(
+        1.0,
+        "At start-up, read this worker's train input alone for this long (at most 100 "
+        "batches; a fresh pipeline: training's is untouched) and report its images/s next to "
+        "training's, to tell an input-bound run (0: off).",
+        per_node=True,
+    )
     in_memory_mb: int = setting(
         1024,
         "RAM budget of --in_memory=auto, in MB: the decoded train split as stored (examples "

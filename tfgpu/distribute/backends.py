@@ -1,5 +1,6 @@
 """One backend per strategy, all with the same few verbs, so ``step.py`` and ``train.py``
-never branch on the strategy: ``scope``, ``num_replicas``, ``is_chief``, ``distribute_dataset``,
+never branch on the strategy: ``scope``, ``num_replicas``, ``is_chief``, ``input_shard`` (this
+worker's input pipeline), ``distribute_dataset``,
 ``run``, ``all_reduce_sum`` (inside a step), ``reduce_sum`` (outside), ``any_worker``,
 ``all_gather_bytes``, ``broadcast_from_chief`` and ``checkpoint_dir``.
 """
@@ -113,6 +114,8 @@ class StrategyBackend:
         resolver = getattr(strategy.cluster_resolver, "task_id", None)
         self.worker_index = int(resolver or 0)
         self.num_workers = _num_workers(strategy)
+        # One input pipeline per worker, as distribute_datasets_from_function makes them.
+        self.input_shard = InputShard(self.num_workers, self.worker_index)
         self.is_chief = strategy.extended.should_checkpoint if name != "default" else True
         with strategy.scope():
             self.all_reduce_calls = _counter()
@@ -236,6 +239,7 @@ class HorovodBackend:
         self.name = "horovod"
         self.num_workers = hvd.size()
         self.worker_index = hvd.rank()
+        self.input_shard = InputShard(hvd.size(), hvd.rank())
         self.is_chief = hvd.rank() == 0
         self.strategy = tf.distribute.get_strategy()
         self._compression = hvd.Compression.fp16 if compression == "fp16" else None
@@ -253,7 +257,7 @@ class HorovodBackend:
         """This rank's shard of ``make_dataset``, prefetched to the rank's device (the GPU it
         is pinned to, else the CPU) so the copy overlaps the step, as tf.distribute's
         fetch-to-device does for the other strategies."""
-        dataset = make_dataset(InputShard(self.hvd.size(), self.hvd.rank()))
+        dataset = make_dataset(self.input_shard)
         device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
         options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
         return tf.distribute.OneDeviceStrategy(device).experimental_distribute_dataset(
