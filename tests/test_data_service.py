@@ -333,7 +333,7 @@ def test_a_worker_killed_mid_run_does_not_end_training(procs, small_dataset, tmp
     flags = ("--role=worker", f"--dispatcher=localhost:{port}", "--worker_host=localhost")
     workers = [service(procs, *flags) for _ in range(2)]
     idle = [cpu_seconds(w) for w in workers]
-    run = trainer(procs, small_dataset, tmp_path / "run", port, train_steps=400)
+    run = trainer(procs, small_dataset, tmp_path / "run", port, train_steps=200)
     wait_for_step(run, tmp_path / "run", 40)
     deadline = time.time() + 60  # both workers at work (a worker learns of a job by heartbeat)
     while min(cpu_seconds(w) - t for w, t in zip(workers, idle)) < 0.5:
@@ -342,7 +342,7 @@ def test_a_worker_killed_mid_run_does_not_end_training(procs, small_dataset, tmp
     workers[1].proc.send_signal(signal.SIGKILL)
     killed_at = logged_step(tmp_path / "run")
     assert run.wait(150) == 0, run.out.text[-3000:]
-    assert killed_at < 400 and summary(tmp_path / "run")["steps"] == 400
+    assert killed_at < 200 and summary(tmp_path / "run")["steps"] == 200
     assert workers[0].proc.poll() is None
 
 
@@ -353,7 +353,7 @@ def test_a_dispatcher_restarted_on_its_work_dir_is_survived(procs, small_dataset
     flags = ("--role=worker", f"--dispatcher=localhost:{port}", "--worker_host=localhost")
     for _ in range(2):
         service(procs, *flags)
-    run = trainer(procs, small_dataset, tmp_path / "run", port, train_steps=300)
+    run = trainer(procs, small_dataset, tmp_path / "run", port, train_steps=200)
     wait_for_step(run, tmp_path / "run", 40)
     dispatcher.proc.send_signal(signal.SIGKILL)
     dispatcher.proc.wait(timeout=10)
@@ -361,7 +361,7 @@ def test_a_dispatcher_restarted_on_its_work_dir_is_survived(procs, small_dataset
     time.sleep(2)
     service(procs, "--role=dispatcher", f"--port={port}", journal)
     assert run.wait(150) == 0, run.out.text[-3000:]
-    assert killed_at < 300 and summary(tmp_path / "run")["steps"] == 300
+    assert killed_at < 200 and summary(tmp_path / "run")["steps"] == 200
 
 
 def test_an_unreachable_dispatcher_is_one_line_naming_it(small_dataset, tmp_path):

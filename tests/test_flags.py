@@ -31,7 +31,7 @@ def test_demo_recipe_file_equals_the_built_in_demo_recipe():
 def test_demo_defaults_fill_only_the_flags_not_given():
     config = config_from_flags(_parse("--train_steps=7"), demo.DEMO_RECIPE)
     assert config.train.train_steps == 7 and config.model.name == "tiny_cnn"
-    assert config.data.image_size == 32
+    assert config.data.image_size == 16
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])

@@ -70,13 +70,18 @@ class Source:
 
 def split_items(items: Sequence[Item], validation_fraction: float, seed: int):
     """Splits items into (train, validation) with a seeded shuffle, per class (stratified)."""
-    rng = random.Random(seed)
+    return stratified_split(items, validation_fraction, random.Random(seed), lambda i: i.label)
+
+
+def stratified_split(entries: Sequence, validation_fraction: float, rng: random.Random, label):
+    """(train, validation): each class's entries (``label(entry)``) shuffled by ``rng``, the
+    first ``validation_fraction`` of them to validation; classes in label order."""
     train, validation = [], []
-    by_class: dict[int, list[Item]] = {}
-    for item in items:
-        by_class.setdefault(item.label, []).append(item)
-    for label in sorted(by_class):
-        group = by_class[label]
+    by_class: dict = {}
+    for entry in entries:
+        by_class.setdefault(label(entry), []).append(entry)
+    for key in sorted(by_class):
+        group = by_class[key]
         rng.shuffle(group)
         n_val = round(len(group) * validation_fraction)
         validation += group[:n_val]

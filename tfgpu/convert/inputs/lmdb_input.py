@@ -16,7 +16,7 @@ from functools import partial
 
 
 from tfgpu.convert.inputs.caffe_datum import datum_image, datum_label, is_pickle, value_kind
-from tfgpu.convert.items import BadImage, ConvertError, Item, LazySplit, Source
+from tfgpu.convert.items import BadImage, ConvertError, Item, LazySplit, Source, stratified_split
 
 LABEL_SUFFIX = b".label"  # the key beside an image that holds its label
 _SUFFIX = LABEL_SUFFIX.decode()
@@ -327,16 +327,7 @@ def _split_orders(entries: list, validation_fraction: float, seed: int) -> dict:
     """split -> [(key index, class index)], stratified and seeded as ``items.split_items``;
     then shuffled, since each shard is a consecutive range of its split."""
     rng = random.Random(seed)
-    by_class: dict = {}
-    for entry in entries:
-        by_class.setdefault(entry[1], []).append(entry)
-    train, validation = [], []
-    for label in sorted(by_class):
-        group = by_class[label]
-        rng.shuffle(group)
-        n_val = round(len(group) * validation_fraction)
-        validation += group[:n_val]
-        train += group[n_val:]
+    train, validation = stratified_split(entries, validation_fraction, rng, lambda e: e[1])
     rng.shuffle(train)
     rng.shuffle(validation)
     return {s: order for s, order in (("train", train), ("validation", validation)) if order}
