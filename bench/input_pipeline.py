@@ -87,18 +87,18 @@ def build_data(cache_dir: str, num_images: int) -> tuple[str, str]:
     return tfr, folder
 
 
-def tf_sources(tfr_dir: str, folder: str, batch: int) -> dict:
+def tf_sources(tfr_dir: str, folder: str, batch: int, shuffle_buffer: int = 1024) -> dict:
     """name -> function making a fresh endless tf.data pipeline of (batched) elements."""
     import keras
     import tensorflow as tf
 
-    from tfgpu.config import DataConfig
+    from tfgpu.data.config import DataConfig
     from tfgpu.data import pipeline, records
     from tfgpu.data.spec import load_data_spec
     from tfgpu.distribute import InputShard
 
     spec = load_data_spec(tfr_dir, num_classes=NUM_CLASSES)
-    cfg = DataConfig(image_size=224, shuffle_buffer=1024)
+    cfg = DataConfig(image_size=224, shuffle_buffer=shuffle_buffer)
 
     def decode_only():
         ds = tf.data.TFRecordDataset(
@@ -233,10 +233,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0, help="~ per measurement")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--torch_python", default="", help="a python with torch+torchvision")
+    parser.add_argument("--shuffle_buffer", type=int, default=1024, help="tfgpu's (default 10000)")
     args = parser.parse_args()
     print("calibration:", calibration(), flush=True)
     tfr, folder = build_data(args.cache_dir, args.num_images)
-    sources = tf_sources(tfr, folder, args.batch)
+    sources = tf_sources(tfr, folder, args.batch, args.shuffle_buffer)
     use_torch = torch_available(args.torch_python)
     if not use_torch:
         print("(c) skipped: no --torch_python with torch and torchvision")
