@@ -13,10 +13,10 @@ import pytest
 
 from tfgpu.convert import plan
 from tfgpu.convert.items import items_from_arrays
-from tfgpu.distribute import backends
+from tfgpu.distribute import devices
 
 # Before TensorFlow starts: mirrored tests get 2 replicas; default stays on /cpu:0.
-backends.configure_devices(2)
+devices.configure_devices(2)
 
 
 def make_image_arrays(n: int, size: int = 40, num_classes: int = 4, seed: int = 0):

@@ -13,7 +13,7 @@ from procs import Output, kill_tree, popen, rank_process
 import tensorflow as tf
 
 from tfgpu import launch
-from tfgpu.distribute import DistributeError, backends, env, failures
+from tfgpu.distribute import DistributeError, backends, devices, env, failures
 
 EXIT_WORKER_LOST = 5
 LOST_LINE = "tfgpu: error: lost contact with another worker ("
@@ -117,11 +117,11 @@ class _FakeConfig:
 
 def test_horovod_rank_sees_only_its_local_gpu():
     fake = _FakeConfig(["gpu0", "gpu1", "gpu2"])
-    backends.pin_to_local_gpu(1, fake)
+    devices.pin_to_local_gpu(1, fake)
     assert fake.visible == ("gpu1", "GPU")
-    backends.pin_to_local_gpu(0, _FakeConfig([]))  # CPU only: nothing to pin
+    devices.pin_to_local_gpu(0, _FakeConfig([]))  # CPU only: nothing to pin
     with pytest.raises(DistributeError, match="one rank per GPU"):
-        backends.pin_to_local_gpu(3, fake)
+        devices.pin_to_local_gpu(3, fake)
 
 
 def test_lost_worker_message_only_for_lost_peers(clean_env):

@@ -3,6 +3,7 @@
   config.py      its settings (``config.dist``); no TensorFlow
   env.py         what the environment says (TF_CONFIG, horovodrun's, Slurm's variables)
   slurm.py       Slurm's host lists and task layout, read without Slurm's tools
+  devices.py     what a process sees: logical CPUs, GPU memory growth, a rank's or task's GPUs
   backends.py    one backend per strategy, all with the same few verbs (see its docstring)
   consensus.py   what the workers agree on at start-up, and step-time skew
   heartbeats.py  the UDP side channel and stall watchdog that name a stuck worker

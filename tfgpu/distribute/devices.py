@@ -1,0 +1,62 @@
+"""Which devices a process sees, set before TensorFlow's runtime starts: logical CPU devices,
+GPU memory growth, and the GPU(s) of a Horovod rank or a Slurm task."""
+
+import tensorflow as tf
+
+from tfgpu.distribute import DistributeError, slurm
+
+
+def configure_devices(logical_cpu_devices: int, gpu_memory_growth: bool = True) -> None:
+    """Splits the CPU into logical devices and sets GPU memory growth; call before any op runs.
+
+    Calling it again with the same split is fine (tests set it up once per process).
+    """
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if logical_cpu_devices > 1:
+        current = tf.config.get_logical_device_configuration(cpu) or []
+        if len(current) != logical_cpu_devices:
+            try:
+                tf.config.set_logical_device_configuration(
+                    cpu, [tf.config.LogicalDeviceConfiguration()] * logical_cpu_devices
+                )
+            except RuntimeError:
+                raise DistributeError(
+                    f"--logical_cpu_devices={logical_cpu_devices} came after TensorFlow started "
+                    f"with {max(len(current), 1)} CPU device(s)"
+                ) from None
+    for gpu in tf.config.list_physical_devices("GPU"):
+        # Growth instead of grabbing all memory: several ranks may share a machine.
+        tf.config.experimental.set_memory_growth(gpu, gpu_memory_growth)
+
+
+def pin_to_local_gpu(local_rank: int, config=tf.config) -> None:
+    """Makes GPU ``local_rank`` the only one this process sees (Horovod: one rank per GPU).
+
+    Must run before TensorFlow's runtime starts (train.run calls configure_devices, then
+    build_backend, before any op); a no-op without GPUs. No GPU exists where tfgpu is tested,
+    so only the call order is tested here, with a fake ``config`` (tests/test_distribute.py).
+    """
+    gpus = config.list_physical_devices("GPU")
+    if not gpus:
+        return
+    if local_rank >= len(gpus):
+        raise DistributeError(
+            f"Horovod local rank {local_rank} has no GPU: this host has {len(gpus)}; "
+            "start at most one rank per GPU (horovodrun -H host:<number of GPUs>)"
+        )
+    try:
+        config.set_visible_devices(gpus[local_rank], "GPU")
+    except RuntimeError:
+        raise DistributeError(
+            "Horovod could not pin its GPU: TensorFlow had already started"
+        ) from None
+
+
+def pin_to_slurm_gpus(config=tf.config) -> None:
+    """Under srun, makes this task see its share of the GPUs Slurm made visible
+    (``slurm.local_gpus``: all of them with --gpus-per-task, else its local task's equal
+    share of the node's); before TensorFlow's runtime starts, like ``pin_to_local_gpu``."""
+    gpus = config.list_physical_devices("GPU")
+    mine = [gpus[i] for i in slurm.local_gpus(len(gpus))]
+    if len(mine) < len(gpus):
+        config.set_visible_devices(mine, "GPU")
