@@ -9,6 +9,7 @@ dir, a dispatcher that is not there, and the server's own errors.
 import collections
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -344,6 +345,24 @@ def test_a_worker_killed_mid_run_does_not_end_training(procs, small_dataset, tmp
     assert run.wait(150) == 0, run.out.text[-3000:]
     assert killed_at < 200 and summary(tmp_path / "run")["steps"] == 200
     assert workers[0].proc.poll() is None
+
+
+def test_a_restarted_trainer_rejoins_its_job(procs, small_dataset, tmp_path):
+    """Killed with SIGKILL after a checkpoint, the same command on the same --model_dir names
+    the same job, resumes from the checkpoint and finishes through the service."""
+    port = free_port()
+    service(procs, "--role=local", "--num_workers=1", f"--port={port}")
+    run_dir = tmp_path / "run"
+    length = dict(train_steps=200, checkpoint_every_steps=20)
+    first = trainer(procs, small_dataset, run_dir, port, **length)
+    wait_for_step(first, run_dir, 40)
+    first.kill()
+    second = trainer(procs, small_dataset, run_dir, port, **length)
+    assert second.wait(120) == 0, second.out.text[-3000:]
+    jobs = [re.search(r"job (tfgpu-\S+)\)", p.out.text).group(1) for p in (first, second)]
+    assert jobs[0] == jobs[1]
+    assert re.search(r"resumed from \S+ at step [1-9]", second.out.text), second.out.text[-3000:]
+    assert summary(run_dir)["steps"] == 200
 
 
 def test_a_dispatcher_restarted_on_its_work_dir_is_survived(procs, small_dataset, tmp_path):
