@@ -88,6 +88,30 @@ def final_weights(model_dir) -> list[np.ndarray]:
     return arrays
 
 
+def assert_mirrored_equals_default(data_dir, tmp_path, **settings) -> None:
+    """Trains TINY_RUN with ``settings`` under default and under mirrored (2 logical CPU
+    devices): 6 updates, finite loss, and the two end with the same weights (atol 1e-5)."""
+    from tfgpu import train
+    from tfgpu.config import config_from, validate
+
+    values = dict(TINY_RUN, **settings)
+
+    def run(strategy):
+        model_dir = tmp_path / strategy
+        config = config_from(
+            strategy=strategy, data_dir=data_dir, model_dir=str(model_dir), **values
+        )
+        summary = train.run(validate(config))
+        assert summary["steps"] == 6 and np.isfinite(summary["final_eval"]["loss"])
+        return summary, final_weights(model_dir)
+
+    (default, reference), (mirrored, weights) = run("default"), run("mirrored")
+    assert default["num_replicas"] == 1 and mirrored["num_replicas"] == 2
+    assert len(weights) == len(reference) > 0
+    for a, b in zip(weights, reference):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
 def cli_flags(values: dict, **paths) -> list[str]:
     """Config-style values (and paths such as data_dir=...) as tfgpu.main flags."""
     out = [f"--{key}={value}" for key, value in paths.items()]

@@ -1,7 +1,12 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY_RUN, eval_ds, final_weights, make_image_arrays, train_ds
+from conftest import (
+    assert_mirrored_equals_default,
+    eval_ds,
+    make_image_arrays,
+    train_ds,
+)
 
 from tfgpu.data.config import DataConfig
 from tfgpu.data import device_ops, host_ops, pipeline, records
@@ -209,24 +214,9 @@ def test_tfds_dataset_read_from_its_files(tmp_path):
 def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_dataset, tmp_path):
     """Un-resized crops (variable-length per-replica tensors) go through tf.distribute, and
     under --deterministic 2 mirrored replicas end where one device does."""
-    from tfgpu import train
-    from tfgpu.config import config_from, validate
-
-    def run(strategy):
-        settings = dict(TINY_RUN, crop_min_area=0.3, mixup_alpha=0.4, resize_on="device")
-        model_dir = tmp_path / strategy
-        config = config_from(
-            strategy=strategy, data_dir=small_dataset, model_dir=str(model_dir), **settings
-        )
-        summary = train.run(validate(config))
-        assert summary["steps"] == 6 and np.isfinite(summary["final_eval"]["loss"])
-        return summary, final_weights(model_dir)
-
-    (default, reference), (mirrored, weights) = run("default"), run("mirrored")
-    assert default["num_replicas"] == 1 and mirrored["num_replicas"] == 2
-    assert len(weights) == len(reference) > 0
-    for a, b in zip(weights, reference):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert_mirrored_equals_default(
+        small_dataset, tmp_path, crop_min_area=0.3, mixup_alpha=0.4, resize_on="device"
+    )
 
 
 def test_dct_scaled_decode_hands_over_large_crops_at_a_smaller_scale(small_dataset):

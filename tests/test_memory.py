@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY_RUN, final_weights, make_image_arrays
+from conftest import assert_mirrored_equals_default, make_image_arrays
 
 from tfgpu.data.config import DataConfig
 from tfgpu.data import device_ops, memory, records
@@ -236,21 +236,6 @@ def test_auto_uses_memory_when_the_split_fits_the_budget(small_dataset):
 def test_in_memory_trains_default_and_mirrored_to_the_same_weights(small_dataset, tmp_path):
     """2 mirrored replicas (each its replica batch of every global batch, with mixing) end
     where one device does."""
-    from tfgpu import train
-    from tfgpu.config import config_from, validate
-
-    def run(strategy):
-        settings = dict(TINY_RUN, in_memory="on", mixup_alpha=0.4, cutmix_alpha=1.0)
-        model_dir = tmp_path / strategy
-        config = config_from(
-            strategy=strategy, data_dir=small_dataset, model_dir=str(model_dir), **settings
-        )
-        summary = train.run(validate(config))
-        assert summary["steps"] == 6 and np.isfinite(summary["final_eval"]["loss"])
-        return summary, final_weights(model_dir)
-
-    (default, reference), (mirrored, weights) = run("default"), run("mirrored")
-    assert default["num_replicas"] == 1 and mirrored["num_replicas"] == 2
-    assert len(weights) == len(reference) > 0
-    for a, b in zip(weights, reference):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert_mirrored_equals_default(
+        small_dataset, tmp_path, in_memory="on", mixup_alpha=0.4, cutmix_alpha=1.0
+    )
