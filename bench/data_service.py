@@ -27,7 +27,6 @@ uses, and every batch is serialized, sent over loopback gRPC and copied again.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,13 +39,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import psutil  # noqa: E402
 from calibration import calibration  # noqa: E402
 
+from tfgpu.launch import free_ports  # noqa: E402
+
 WARMUP_BATCHES = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def start_service(port: int) -> subprocess.Popen:
@@ -141,7 +136,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     print(calibration(), flush=True)
-    port = free_port()
+    port = free_ports(1)[0]
     server = start_service(port)
     try:
         rows = []

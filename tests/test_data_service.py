@@ -26,6 +26,7 @@ from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.convert import plan
 from tfgpu.convert.items import items_from_arrays
 from tfgpu.distribute import InputShard
+from tfgpu.launch import free_ports
 
 NUM_TRAIN = 96
 
@@ -49,12 +50,6 @@ RUN = dict(
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 class Proc:
@@ -281,7 +276,7 @@ def test_an_unreachable_dispatcher_is_a_data_error_within_the_timeout():
     from tfgpu.data import service
     from tfgpu.data.spec import DataError
 
-    port = free_port()
+    port = free_ports(1)[0]
     start = time.monotonic()
     with pytest.raises(DataError, match=f"localhost:{port}") as err:
         service.check_reachable(f"grpc://localhost:{port}", 2.0)
@@ -309,7 +304,7 @@ def test_data_service_flags_are_checked_before_tensorflow(values, message):
 
 
 def test_training_through_a_local_service_says_what_it_guarantees(procs, small_dataset, tmp_path):
-    port = free_port()
+    port = free_ports(1)[0]
     local = service(procs, "--role=local", "--num_workers=2", f"--port={port}")
     assert f"grpc://localhost:{port} with 2 worker(s)" in local.out.text
     run = trainer(procs, small_dataset, tmp_path / "run", port, train_steps=60)
@@ -329,7 +324,7 @@ def test_training_through_a_local_service_says_what_it_guarantees(procs, small_d
 
 
 def test_a_worker_killed_mid_run_does_not_end_training(procs, small_dataset, tmp_path):
-    port = free_port()
+    port = free_ports(1)[0]
     service(procs, "--role=dispatcher", f"--port={port}")
     flags = ("--role=worker", f"--dispatcher=localhost:{port}", "--worker_host=localhost")
     workers = [service(procs, *flags) for _ in range(2)]
@@ -350,7 +345,7 @@ def test_a_worker_killed_mid_run_does_not_end_training(procs, small_dataset, tmp
 def test_a_restarted_trainer_rejoins_its_job(procs, small_dataset, tmp_path):
     """Killed with SIGKILL after a checkpoint, the same command on the same --model_dir names
     the same job, resumes from the checkpoint and finishes through the service."""
-    port = free_port()
+    port = free_ports(1)[0]
     service(procs, "--role=local", "--num_workers=1", f"--port={port}")
     run_dir = tmp_path / "run"
     length = dict(train_steps=200, checkpoint_every_steps=20)
@@ -366,7 +361,7 @@ def test_a_restarted_trainer_rejoins_its_job(procs, small_dataset, tmp_path):
 
 
 def test_a_dispatcher_restarted_on_its_work_dir_is_survived(procs, small_dataset, tmp_path):
-    port, journal = free_port(), f"--work_dir={tmp_path / 'journal'}"
+    port, journal = free_ports(1)[0], f"--work_dir={tmp_path / 'journal'}"
     dispatcher = service(procs, "--role=dispatcher", f"--port={port}", journal)
     assert "fault-tolerant" in dispatcher.out.text
     flags = ("--role=worker", f"--dispatcher=localhost:{port}", "--worker_host=localhost")
@@ -384,7 +379,7 @@ def test_a_dispatcher_restarted_on_its_work_dir_is_survived(procs, small_dataset
 
 
 def test_an_unreachable_dispatcher_is_one_line_naming_it(small_dataset, tmp_path):
-    port = free_port()
+    port = free_ports(1)[0]
     flags = cli_flags(RUN, data_dir=small_dataset, model_dir=tmp_path / "run")
     start = time.monotonic()
     proc = subprocess.run(
@@ -413,7 +408,7 @@ def test_the_servers_own_errors_are_one_line(tmp_path):
         (["--role=local", f"--port={port}"], f"port {port} is already in use"),
         (["--role=worker"], "needs --dispatcher=HOST:PORT"),
         (["--role=chef"], "--role='chef': choose from dispatcher, worker, local"),
-        (["--role=dispatcher", f"--port={free_port()}", "--work_dir=/proc/x"], "not writable"),
+        (["--role=dispatcher", f"--port={free_ports(1)[0]}", "--work_dir=/proc/x"], "not writable"),
         (["--role=dispatcher", "--no_such_flag"], "no_such_flag"),
     ]
     try:
