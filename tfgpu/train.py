@@ -2,8 +2,9 @@
 
 Read from the bottom: ``run(config)`` sets up a backend (``distribute``), agrees with the other
 workers on the data, builds the ``Run`` (``build.py``: plan, model, train step, counters,
-checkpoints), then ``fit`` decides when to log, evaluate, checkpoint and stop. What it calls
-compiled is in ``loops.py``: ``make_train_loop`` and ``make_eval_step``.
+checkpoints), then ``fit`` trains until the next step an action is due and hands it to the
+actions (``actions.py``: log, evaluate, checkpoint, preemption). What it calls compiled is in
+``loops.py``: ``make_train_loop`` and ``make_eval_step``.
 """
 
 import hashlib
@@ -15,15 +16,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu import compat, faults
-from tfgpu.build import Plan, Run, build, probe_input, train_batches, train_maker
+from tfgpu import compat
+from tfgpu.actions import LoopState, default_actions, phase
+from tfgpu.build import Run, build, probe_input, train_batches, train_maker
 from tfgpu.config import Config, resolve
 from tfgpu.data import broken, memory, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, env, heartbeats
-from tfgpu.faults import Preempted, PreemptionGuard
+from tfgpu.faults import PreemptionGuard
 from tfgpu.loops import make_eval_step, make_train_loop
-from tfgpu.results import INPUT_BOUND, RunWriter, Window, export_model, input_bound_warning
+from tfgpu.results import RunWriter, export_model
 from tfgpu.schema import EVAL_SUMS
 from tfgpu.step import NonFiniteLoss
 
@@ -63,73 +65,40 @@ class Evaluator:
         return dict(result, num_examples=int(sums["count"]))
 
 
-def _next_stop(config: Config, plan: Plan, step: int) -> int:
-    """The next step at which something other than training happens."""
-    t = config.train
-    stops = [plan.total_steps, step + t.steps_per_loop]
-    for every in (t.log_every_steps, plan.eval_every, t.checkpoint_every_steps):
-        if every:
-            stops.append((step // every + 1) * every)
+def _next_stop(actions, step: int, total_steps: int, steps_per_loop: int) -> int:
+    """The next step at which some action is due by its step count, or the loop call ends."""
+    stops = [total_steps, step + steps_per_loop]
+    stops += [(step // a.every + 1) * a.every for a in actions if a.every]
     return min(stops)
 
 
-def fit(run: Run, batches, evaluate, writer: RunWriter, guard=None, input_ips=None) -> dict:
-    """Trains from the restored step to the plan's last: when to log, evaluate, checkpoint
-    and stop. Returns {"images_per_sec", "skipped_records", "input_wait_fraction"}.
-
-    ``guard`` (a PreemptionGuard) is polled between loops: when it was signalled, a
-    checkpoint is written and Preempted raised. ``input_ips``: images/s of the input alone
-    (``build.probe_input``), logged with every window.
+def fit(run: Run, batches, actions, writer: RunWriter, input_ips=None) -> dict:
+    """Trains from the restored step to the plan's last, handing each loop boundary to the
+    ``actions`` that are due (``actions.default_actions``: log, evaluate, checkpoint,
+    preemption). Returns {"images_per_sec", "skipped_records", "input_wait_fraction"}.
+    ``input_ips``: images/s of the input alone (``build.probe_input``), logged with each window.
     """
-    config, plan, t = run.config, run.plan, run.config.train
     loop = make_train_loop(run.step, run.global_step, run.skipped_updates)
-    step = int(run.global_step.numpy())
-    window, skipped_records, warned = Window(), 0, False
-    waited = float(run.backend.wait_seconds.numpy())  # seconds in all-reduces, until now
-    while step < plan.total_steps:
-        n = _next_stop(config, plan, step) - step
-        _phase("train", step)
+    step, waited = int(run.global_step.numpy()), float(run.backend.wait_seconds.numpy())
+    state = LoopState(run, writer, step, input_ips=input_ips, waited=waited)
+    while not state.last:
+        t = run.config.train
+        n = _next_stop(actions, state.step, run.plan.total_steps, t.steps_per_loop) - state.step
+        phase("train", state.step)
         totals, first_bad = loop(batches, tf.constant(n))
         if int(first_bad) >= 0 and not run.step.skips_non_finite:
             raise NonFiniteLoss(f"non-finite loss or gradients at step {int(first_bad)}")
-        step = int(run.global_step.numpy())
-        window.add({k: float(v) for k, v in totals.items()}, n)
-        skipped_records += int(float(totals["skipped"]))  # broken images, weight 0
-        by_time = run.backend.num_workers == 1 and window.age() >= t.log_every_s
-        if step % t.log_every_steps == 0 or step == plan.total_steps or by_time:
-            record, waited = _close_window(run, window, step, waited, input_ips)
-            writer.log_train(record, plan.total_steps, t.global_batch_size)
-            if not warned and record["input_wait_fraction"] > INPUT_BOUND and window.timed:
-                warned = True
-                wait, ips = record["input_wait_fraction"], record["images_per_sec"]
-                writer.info(input_bound_warning(wait, ips, input_ips))
-        if plan.eval_every and step % plan.eval_every == 0 and step < plan.total_steps:
-            _phase("evaluation", step)
-            writer.log_eval(step, evaluate())
-        if step % t.checkpoint_every_steps == 0 and step < plan.total_steps:
-            _phase("checkpoint save", step)
-            run.checkpoints.save()
-        if guard is not None and guard.should_stop(run.backend):
-            faults.acknowledge()
-            run.checkpoints.save()
-            raise Preempted(f"stopped by {guard.signal_name} at step {step}; checkpoint written")
+        state.step = int(run.global_step.numpy())
+        state.window.add({k: float(v) for k, v in totals.items()}, n)
+        state.skipped_records += int(float(totals["skipped"]))  # broken images, weight 0
+        for action in actions:
+            if action.due(state):
+                action(state)
     return {
-        "images_per_sec": window.images_per_sec(),
-        "skipped_records": skipped_records,
-        "input_wait_fraction": window.input_wait_fraction(),
+        "images_per_sec": state.window.images_per_sec(),
+        "skipped_records": state.skipped_records,
+        "input_wait_fraction": state.window.input_wait_fraction(),
     }
-
-
-def _close_window(run: Run, window: Window, step: int, waited: float, input_ips) -> tuple:
-    """(the record of the logging window just ended, seconds in all-reduces until now)."""
-    lr = float(run.optimizer.learning_rate)  # the schedule at the current update
-    record = window.close(step, lr, run.config.train.global_batch_size)
-    if input_ips:
-        record["input_images_per_sec"] = input_ips
-    if run.backend.num_workers > 1 and not run.config.deterministic:
-        record.update(_skew(run, window, waited))
-        waited = float(run.backend.wait_seconds.numpy())
-    return record, waited
 
 
 def weights_fingerprint(model: keras.Model) -> str:
@@ -138,20 +107,6 @@ def weights_fingerprint(model: keras.Model) -> str:
     for weight in model.weights:
         digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(weight)).tobytes())
     return digest.hexdigest()[:16]
-
-
-def _skew(run: Run, window: Window, waited_before: float) -> dict:
-    """The slowest worker's compute seconds per update in the window just closed, and the
-    median's (``consensus.step_time_skew``)."""
-    waited = float(run.backend.wait_seconds.numpy()) - waited_before
-    compute = (window.last_seconds - waited) / max(window.last_updates, 1)
-    return consensus.step_time_skew(run.backend, compute)
-
-
-def _phase(name: str, step: int) -> None:
-    """Where the run is, for the signal watcher and the heartbeat board."""
-    faults.set_phase(name, step)
-    heartbeats.set_phase(name)
 
 
 def _start_line(run: Run) -> str:
@@ -193,9 +148,9 @@ def run(config: Config) -> dict:
         )
     batches = train_batches(r, start_step, make)
     with PreemptionGuard() as guard:
-        throughput = fit(r, batches, evaluate, writer, guard, input_ips)
+        throughput = fit(r, batches, default_actions(r, evaluate, guard), writer, input_ips)
     throughput["input_images_per_sec"] = input_ips
-    _phase("final save, evaluation and export", int(r.global_step.numpy()))
+    phase("final save, evaluation and export", int(r.global_step.numpy()))
     r.checkpoints.save(final=True)
     final_eval = evaluate()
     writer.log_eval(r.plan.total_steps, final_eval)

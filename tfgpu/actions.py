@@ -1,0 +1,153 @@
+"""What the outer loop does between its compiled calls: each periodic action is one small
+object, and ``train.fit`` only trains until the next step some action is due, then asks each.
+
+An action has ``every`` (updates between calls; 0: none by step, e.g. preemption, which is
+asked after every loop call) and ``__call__(state)``, which returns nothing or raises to end
+the run. ``due(state)`` decides (default: at multiples of ``every``). A new action is one more
+class here and one more line in ``default_actions``.
+
+At a step where several are due they run in the order of ``default_actions``, and it matters:
+
+1. **log** closes the logging window first, so that its images/s and input wait cover training
+   only, not the evaluation or checkpoint that follow;
+2. **evaluate** next, so that whatever is written after it (a checkpoint, and later a best
+   checkpoint or an early stop) can see this step's result;
+3. **checkpoint** after the evaluation: a checkpoint of step S holds everything step S knew;
+4. **preemption** last: when a signal came, the checkpoint it needs is written after
+   everything else this step owed, and the run stops with all of it on disk.
+
+Actions at the last step are left to ``train.run`` (final checkpoint, evaluation, export),
+except the log, which closes the last window.
+"""
+
+from dataclasses import dataclass, field
+
+from tfgpu import faults
+from tfgpu.distribute import consensus, heartbeats
+from tfgpu.faults import Preempted
+from tfgpu.results import INPUT_BOUND, RunWriter, Window, input_bound_warning
+
+
+@dataclass
+class LoopState:
+    """What the loop has done so far, shared by the actions."""
+
+    run: object  # build.Run
+    writer: RunWriter
+    step: int
+    window: Window = field(default_factory=Window)
+    skipped_records: int = 0  # broken images (weight 0) in the updates so far
+    input_ips: float | None = None  # images/s of the input alone (build.probe_input)
+    waited: float = 0.0  # seconds in all-reduces until the last closed window
+
+    @property
+    def last(self) -> bool:
+        return self.step >= self.run.plan.total_steps
+
+
+class Action:
+    """Base: due at multiples of ``every``, never at the last step (``train.run`` owns it)."""
+
+    every = 0
+
+    def due(self, state: LoopState) -> bool:
+        return bool(self.every) and state.step % self.every == 0 and not state.last
+
+    def __call__(self, state: LoopState) -> None:
+        raise NotImplementedError
+
+
+def phase(name: str, step: int) -> None:
+    """Where the run is, for the signal watcher and the heartbeat board."""
+    faults.set_phase(name, step)
+    heartbeats.set_phase(name)
+
+
+class LogWindow(Action):
+    """Closes the logging window: metrics.jsonl, TensorBoard and the progress line, every
+    --log_every_steps, at the last step, and (one process) after --log_every_s without a line;
+    warns once when the step waited for input more than INPUT_BOUND of the time."""
+
+    def __init__(self, every: int, every_s: float):
+        self.every, self.every_s, self._warned = every, every_s, False
+
+    def due(self, state: LoopState) -> bool:
+        by_time = state.run.backend.num_workers == 1 and state.window.age() >= self.every_s
+        return state.step % self.every == 0 or state.last or by_time
+
+    def __call__(self, state: LoopState) -> None:
+        run, t = state.run, state.run.config.train
+        lr = float(run.optimizer.learning_rate)  # the schedule at the current update
+        record = state.window.close(state.step, lr, t.global_batch_size)
+        if state.input_ips:
+            record["input_images_per_sec"] = state.input_ips
+        if run.backend.num_workers > 1 and not run.config.deterministic:
+            record.update(self._skew(state))
+        state.writer.log_train(record, run.plan.total_steps, t.global_batch_size)
+        wait = record["input_wait_fraction"]
+        if not self._warned and wait > INPUT_BOUND and state.window.timed:
+            self._warned = True
+            ips = record["images_per_sec"]
+            state.writer.info(input_bound_warning(wait, ips, state.input_ips))
+
+    @staticmethod
+    def _skew(state: LoopState) -> dict:
+        """The slowest worker's compute seconds per update in the window just closed, and
+        the median's (``consensus.step_time_skew``)."""
+        backend, window = state.run.backend, state.window
+        waited = float(backend.wait_seconds.numpy())
+        compute = (window.last_seconds - (waited - state.waited)) / max(window.last_updates, 1)
+        state.waited = waited
+        return consensus.step_time_skew(backend, compute)
+
+
+class Evaluate(Action):
+    """Evaluates on the validation split every ``every`` updates (--eval_every_*)."""
+
+    def __init__(self, every: int, evaluate):
+        self.every, self._evaluate = every, evaluate
+
+    def __call__(self, state: LoopState) -> None:
+        phase("evaluation", state.step)
+        state.writer.log_eval(state.step, self._evaluate())
+
+
+class SaveCheckpoint(Action):
+    """Writes a checkpoint every --checkpoint_every_steps."""
+
+    def __init__(self, every: int, checkpoints):
+        self.every, self._checkpoints = every, checkpoints
+
+    def __call__(self, state: LoopState) -> None:
+        phase("checkpoint save", state.step)
+        self._checkpoints.save()
+
+
+class StopOnPreemption(Action):
+    """After every loop call: when SIGTERM/SIGINT came (on any worker), saves a checkpoint
+    and raises Preempted."""
+
+    def __init__(self, guard, checkpoints):
+        self._guard, self._checkpoints = guard, checkpoints
+
+    def due(self, state: LoopState) -> bool:
+        return self._guard.should_stop(state.run.backend)  # a collective: every worker asks
+
+    def __call__(self, state: LoopState) -> None:
+        faults.acknowledge()
+        self._checkpoints.save()
+        name = self._guard.signal_name
+        raise Preempted(f"stopped by {name} at step {state.step}; checkpoint written")
+
+
+def default_actions(run, evaluate, guard=None) -> list[Action]:
+    """The loop's actions, in the order they run at one step (see the module docstring)."""
+    t = run.config.train
+    actions = [
+        LogWindow(t.log_every_steps, t.log_every_s),
+        Evaluate(run.plan.eval_every, evaluate),
+        SaveCheckpoint(t.checkpoint_every_steps, run.checkpoints),
+    ]
+    if guard is not None:
+        actions.append(StopOnPreemption(guard, run.checkpoints))
+    return actions
