@@ -203,3 +203,19 @@ def test_horovod_survivor_stops_with_clear_error_then_resumes(
     reasons = ("Horovod shut down", "connection reset by peer")
     assert any(LOST_LINE + r in output.text for r in reasons), output.text[-3000:]
     _resumes_and_finishes(cmd)
+
+
+def test_every_backend_offers_the_verbs_of_the_backend_protocol():
+    """``distribute.Backend`` names what the step and the run may use; both backends have it
+    all (attributes on a live default backend, methods on both classes)."""
+    from tfgpu.distribute import Backend
+
+    verbs = [n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")]
+    verbs.append("num_replicas")
+    assert {"each_replica", "all_reduce_sum", "sum_over_replicas"} <= set(verbs)
+    for cls in (backends.StrategyBackend, backends.HorovodBackend):
+        missing = [v for v in verbs if not hasattr(cls, v)]
+        assert not missing, f"{cls.__name__} lacks {missing}"
+    live = backends.build_backend("default")
+    missing = [a for a in Backend.__annotations__ if not hasattr(live, a)]
+    assert not missing, f"StrategyBackend instances lack {missing}"

@@ -14,6 +14,7 @@ from tfgpu.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch
 from tfgpu.data import device_ops, memory, pipeline
 from tfgpu.data import spec as data_spec
+from tfgpu.distribute import Backend
 from tfgpu.step import DynamicLossScale, TrainStep
 
 
@@ -56,7 +57,7 @@ class Run:
     changes (model, optimizer inside the step, counters) with what saves it."""
 
     config: Config
-    backend: object  # a distribute.backends backend
+    backend: Backend
     spec: data_spec.DataSpec
     plan: Plan
     model: keras.Model
@@ -78,7 +79,11 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
     keras.mixed_precision.set_global_policy(config.model.dtype)
     with backend.scope():
         model = models.build_model(
-            config.model.name, spec.num_classes, config.data.image_size, config.model.small_input
+            config.model.name,
+            spec.num_classes,
+            config.data.image_size,
+            config.model.small_input,
+            drop_path_rate=config.model.drop_path_rate,
         )
         optimizer = optim.build_for_run(
             config.optim, config.train.global_batch_size, plan.total_steps
@@ -117,6 +122,7 @@ def build_step(config: Config, model, optimizer, backend, num_classes: int, loss
         prepare=device_ops.make_batch_fn(layout, num_classes, config.data),
         unpack=unpack,
         jit_compile=config.model.jit_compile,
+        sync_batchnorm=config.model.sync_batchnorm,
     )
 
 

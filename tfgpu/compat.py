@@ -19,6 +19,9 @@ PRIVATE_NAMES = (
     ("tensorflow.python.distribute.multi_worker_util", "coordination_leader"),
     ("tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2", "CoordinatedJob"),
     ("horovod.runner.common.util.safe_shell_exec", "GRACEFUL_TERMINATION_TIME_S"),
+    ("keras.src.layers.normalization.batch_normalization", "BatchNormalization._moments"),
+    ("tensorflow.python.distribute.cross_device_ops", "CollectiveAllReduce._all_reduce"),
+    ("tensorflow.python.distribute.distribute_lib", "ReplicaContext._replica_id"),
 )
 
 
@@ -57,6 +60,53 @@ def ema_weights(optimizer):
     finally:
         for var, value in zip(variables, trained):
             var.assign(value)
+
+
+def set_batchnorm_moments(layer, moments) -> None:
+    """Makes the BatchNormalization ``layer`` take its batch moments (in training) from
+    ``moments(x, axes) -> (mean, variance)``, ``axes`` being every axis but the channels'.
+    Keras has no public hook: its ``synchronized=True`` is tied to tf.distribute and makes
+    three all-reduces per layer. Masked calls keep Keras' own computation."""
+    keras_moments = layer._moments
+
+    def hooked(inputs, mask):
+        if mask is not None:
+            return keras_moments(inputs, mask)
+        rank = len(inputs.shape)
+        channel_axes = {
+            a % rank for a in (layer.axis if isinstance(layer.axis, list) else [layer.axis])
+        }
+        return moments(inputs, [a for a in range(rank) if a not in channel_axes])
+
+    layer._moments = hooked
+
+
+def local_replica_sum(strategy):
+    """``sum(tensor)`` over the replicas of a one-process MirroredStrategy, inside its replica
+    function and differentiable, through collective ops that each replica launches itself (as
+    MultiWorkerMirroredStrategy does). MirroredStrategy's own ``ReplicaContext.all_reduce``
+    goes through ``merge_call``, whose tracing cost grows with the graph: efficientnet_b0 with
+    one all-reduce per BatchNorm layer traced in 402 s against 42 s without them (2 CPU
+    devices, measured)."""
+    from tensorflow.python.distribute import collective_util, cross_device_utils
+    from tensorflow.python.distribute import cross_device_ops as cdo
+
+    import tensorflow as tf
+
+    devices = strategy.extended.worker_devices
+    keys = cross_device_utils.CollectiveKeys(group_key_start=1 << 20)  # clear of TF's own
+    collectives = cdo.CollectiveAllReduce(devices, len(devices), collective_util.Options(), keys)
+
+    def reduce(tensor):
+        replica = tf.distribute.get_replica_context()._replica_id
+        options = collective_util.Options()
+        return collectives._all_reduce(tf.distribute.ReduceOp.SUM, tensor, replica, options)
+
+    @tf.custom_gradient
+    def summed(tensor):
+        return reduce(tensor), reduce  # the gradient of a sum over replicas is the same sum
+
+    return summed
 
 
 def set_op_determinism(enabled: bool) -> None:

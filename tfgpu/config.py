@@ -46,6 +46,17 @@ class ModelConfig:
         choices=models.DTYPES,
     )
     jit_compile: bool = setting(False, "Compile the train step with XLA.")
+    sync_batchnorm: bool = setting(
+        False,
+        "BatchNorm statistics of each micro-step over all replicas (one collective per layer "
+        "and micro-step): N replicas of b normalize as one device of N*b. Worth it below ~16 "
+        "images per replica; see README, Accumulation and BatchNorm.",
+    )
+    drop_path_rate: float = setting(
+        -1.0,
+        "Stochastic depth of EfficientNets (Keras' drop_connect_rate; -1: the family's 0.2). "
+        "Its masks are drawn per replica: 0 makes replicas equal one device exactly.",
+    )
 
 
 @dataclass(frozen=True)
@@ -187,12 +198,23 @@ def validate(config: Config) -> Config:
             )
     check_data(config.data)
     _check_train(config.train)
+    _check_model(config.model)
     if config.deterministic and config.model.jit_compile:
         raise ConfigError(
             "--deterministic and --jit_compile do not go together: XLA has no deterministic "
             "kernel for some gradients (MaxPool's), and TensorFlow refuses them"
         )
     return config
+
+
+def _check_model(m: ModelConfig) -> None:
+    if m.sync_batchnorm and m.jit_compile:
+        raise ConfigError(
+            "--sync_batchnorm and --jit_compile do not go together: the moments' all-reduce "
+            "runs inside the compiled forward pass, which XLA cannot hold"
+        )
+    if not (m.drop_path_rate == -1.0 or 0.0 <= m.drop_path_rate < 1.0):
+        raise ConfigError(f"--drop_path_rate={m.drop_path_rate} must be in [0, 1), or -1")
 
 
 def _check_train(t: TrainConfig) -> None:

@@ -76,6 +76,6 @@ def make_eval_step(model: keras.Model, backend):
 
     @tf.function
     def eval_step(batch):
-        return backend.reduce_sum(backend.run(replica, args=(batch,)))
+        return backend.reduce_sum(backend.each_replica(replica, args=(batch,)))
 
     return eval_step

@@ -33,10 +33,18 @@ MODELS = {
 }
 
 
-def build_model(name: str, num_classes: int, image_size: int, small_input: bool = False):
+def build_model(
+    name: str,
+    num_classes: int,
+    image_size: int,
+    small_input: bool = False,
+    drop_path_rate: float = -1.0,
+):
     """Builds registry model ``name`` (NHWC float [0, 255] in, float32 logits out) under the
-    current mixed-precision policy; raises KeyError naming the choices for an unknown name
-    (a direct caller's mistake: runs from flags were checked by ``config.validate``)."""
+    current mixed-precision policy; ``drop_path_rate``: stochastic depth where the family has
+    it (EfficientNets; -1: the family's default). Raises KeyError naming the choices for an
+    unknown name (a direct caller's mistake: runs from flags were checked by
+    ``config.validate``)."""
     import keras
 
     from tfgpu import nets
@@ -47,6 +55,8 @@ def build_model(name: str, num_classes: int, image_size: int, small_input: bool 
         # Every builder and the input pipeline are NHWC; channels-first would silently mismatch.
         raise ValueError("tfgpu models are channels-last: set image_data_format to channels_last")
     family, kwargs = MODELS[name]
+    if family == "application":
+        kwargs = dict(kwargs, drop_path_rate=drop_path_rate)
     return nets.BUILDERS[family](
         num_classes=num_classes, image_size=image_size, small_input=small_input, **kwargs
     )

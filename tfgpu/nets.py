@@ -133,12 +133,27 @@ def _family(app_name: str) -> str:
     )
 
 
-def _small_stem(backbone: keras.Model, family: str) -> keras.Model:
-    """Rebuilds a functional ``backbone`` from its config with the stem's stride set to 1."""
+KERAS_DROP_PATH_RATE = 0.2  # keras.applications' drop_connect_rate for every EfficientNet
+
+
+def _rebuilt(backbone: keras.Model, family: str, small_input: bool, drop_path_rate: float):
+    """``backbone`` rebuilt from its config with the stem's stride set to 1 (``small_input``)
+    and its stochastic-depth rates scaled to ``drop_path_rate`` (-1: as built). Keras builds
+    EfficientNets with drop_connect_rate 0.2 and no argument to change it; each block's
+    Dropout (``*_drop``, one draw per example) holds 0.2 * block / blocks."""
+    if not small_input and drop_path_rate < 0:
+        return backbone
     config = backbone.get_config()
-    changes = _SMALL_STEMS[family]
+    changes = _SMALL_STEMS[family] if small_input else {}
     for layer in config["layers"]:
-        layer["config"].update(changes.get(layer["config"]["name"], {}))
+        cfg = layer["config"]
+        cfg.update(changes.get(cfg["name"], {}))
+        if (
+            drop_path_rate >= 0
+            and layer["class_name"] == "Dropout"
+            and cfg["name"].endswith("_drop")
+        ):
+            cfg["rate"] = cfg["rate"] * drop_path_rate / KERAS_DROP_PATH_RATE
     return keras.Model.from_config(config)
 
 
@@ -152,19 +167,23 @@ def _set_imagenet_stats(backbone: keras.Model) -> None:
 
 
 def build_application(
-    app_name: str, num_classes: int, image_size: int, small_input: bool = False
+    app_name: str,
+    num_classes: int,
+    image_size: int,
+    small_input: bool = False,
+    drop_path_rate: float = -1.0,
 ) -> keras.Model:
     """A keras.applications backbone (no weights: machines are offline) with tfgpu's head.
 
     ``small_input`` makes the stem stride 1 (see _SMALL_STEMS); layers and weights are the same.
+    ``drop_path_rate``: EfficientNets' stochastic depth (-1: Keras' 0.2; DenseNets have none).
     """
     family = _family(app_name)
     shape = (image_size, image_size, 3)
     backbone = getattr(keras.applications, app_name)(
         include_top=False, weights=None, input_shape=shape, pooling="avg"
     )
-    if small_input:
-        backbone = _small_stem(backbone, family)
+    backbone = _rebuilt(backbone, family, small_input, drop_path_rate)
     if family == "EfficientNetB":
         _set_imagenet_stats(backbone)
     inputs = keras.Input(shape, name="image")

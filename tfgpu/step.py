@@ -3,15 +3,21 @@
 Each replica gets its whole share of a global batch and walks it in ``grad_accum_steps``
 micro-batches inside a ``tf.while_loop`` (so k costs no extra tracing). Each micro-batch's loss
 is summed over its examples and divided by the *global* batch, so the summed gradients equal
-those of one large batch. The replicas then all-reduce once, and the optimizer applies once,
-outside the replicas (cross-replica context), which is also where an update with non-finite
-gradients is skipped under float16 loss scaling.
+those of one large batch; the layers' own losses (``model.losses``: weight and activity
+regularizers, both means over examples in Keras 3) count with the micro-batch's share of the
+global batch, so that they too add up to once per update. The replicas then all-reduce once,
+and the optimizer applies once, outside the replicas (cross-replica context), which is also
+where an update with non-finite gradients is skipped under float16 loss scaling.
+
+BatchNorm's moving statistics ride in the same all-reduce (``batchnorm.py`` says what they mean
+under replicas and accumulation).
 """
 
 import tensorflow as tf
 
-from tfgpu import compat
+from tfgpu import batchnorm, compat
 from tfgpu.data import device_ops
+from tfgpu.distribute import Backend
 from tfgpu.schema import StepMetrics
 
 
@@ -63,7 +69,7 @@ class TrainStep:
         self,
         model,
         optimizer,
-        backend,
+        backend: Backend,
         *,
         global_batch_size: int,
         grad_accum_steps: int = 1,
@@ -74,6 +80,7 @@ class TrainStep:
         prepare=device_ops.train_batch,
         unpack=None,
         jit_compile: bool = False,
+        sync_batchnorm: bool = False,
     ):
         self.model = model
         self.optimizer = compat.without_implicit_all_reduce(optimizer)
@@ -88,6 +95,14 @@ class TrainStep:
         # Float16 overflows are expected (that is what the loss scale probes); elsewhere a
         # non-finite update is skipped only when asked, else the loop stops at it.
         self.skips_non_finite = skip_non_finite or loss_scale is not None
+        self.moving_stats = batchnorm.moving_statistics(model)
+        # Averaged in the all-reduce when more than one forward pass moved them per update.
+        self.averages_stats = bool(self.moving_stats) and (
+            backend.num_replicas > 1 or grad_accum_steps > 1
+        )
+        self.sync_batchnorm = sync_batchnorm
+        if sync_batchnorm:
+            batchnorm.synchronize(model, backend.sum_over_replicas)
         self._gradients = (
             tf.function(self._gradients, jit_compile=True) if jit_compile else self._gradients
         )
@@ -113,6 +128,9 @@ class TrainStep:
         with tf.GradientTape() as tape:
             logits = tf.cast(self.model(images, training=True), tf.float32)
             loss = self._loss(logits, labels)
+            if self.model.losses:  # this micro-batch's share of the once-per-update penalty
+                share = tf.cast(tf.shape(labels)[0], tf.float32) / self.global_batch_size
+                loss += tf.add_n([tf.cast(x, tf.float32) for x in self.model.losses]) * share
             scaled = loss * self.loss_scale.scale if self.loss_scale else loss
         grads = tape.gradient(scaled, self.model.trainable_variables)
         hard = labels if labels.dtype.is_integer else tf.argmax(labels, -1, tf.int32)
@@ -121,26 +139,31 @@ class TrainStep:
         )
         return [tf.cast(g, tf.float32) for g in grads], loss, correct
 
-    def _gradients(self, batch: dict):
+    def _gradients(self, batch: dict, start_stats: list):
         """This replica's share of the update: k micro-batches -> (summed float32 gradients,
-        summed loss, correct count)."""
+        summed loss, correct count, summed moving statistics). Each micro-batch starts from
+        ``start_stats``, the moving statistics before the update (``batchnorm.py``)."""
         images, labels = self.prepare(batch)
         k = self.grad_accum_steps
         micro = tf.shape(labels)[0] // k
-        grads = [
-            tf.zeros_like(v.value if hasattr(v, "value") else v)
-            for v in self.model.trainable_variables
-        ]
+        grads = [tf.zeros_like(_value(v)) for v in self.model.trainable_variables]
+        stats = [tf.zeros_like(s) for s in start_stats]
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
         # k == 1 runs without a loop: XLA on CPU runs convolutions inside a while loop ~70x
-        # slower (measured, bench/models.py); k > 1 is a tf.while_loop, traced once whatever k.
-        for i in range(k) if k == 1 else tf.range(k):
+        # slower (measured, bench/models.py); k > 1 is a tf.while_loop, traced once whatever k,
+        # except with --sync_batchnorm: MirroredStrategy's all-reduce (a merge_call) cannot sit
+        # in a while loop, so the k micro-batches are traced one after the other.
+        for i in range(k) if k == 1 or self.sync_batchnorm else tf.range(k):
+            if k > 1 and self.averages_stats:
+                for var, value in zip(self.moving_stats, start_stats):
+                    var.assign(value)
             lo = i * micro
             g, loss, correct = self._micro_step(images[lo : lo + micro], labels[lo : lo + micro])
             grads = [a + b for a, b in zip(grads, g)]
+            stats = [a + _value(v) for a, v in zip(stats, self.moving_stats)]
             loss_sum += loss
             correct_sum += correct
-        return grads, loss_sum, correct_sum
+        return grads, loss_sum, correct_sum, stats
 
     def replica_step(self, batch: dict):
         """Runs on each replica: accumulate k micro-batches, then all-reduce once.
@@ -150,12 +173,19 @@ class TrainStep:
         """
         if self.unpack is not None:
             batch = self.unpack(batch)
-        grads, loss, correct = self._gradients(batch)
-        # The only gradient synchronization of the update: after the last micro-batch.
-        grads = self.backend.all_reduce_sum(grads)
+        start = [tf.identity(_value(v)) for v in self.moving_stats]
+        grads, loss, correct, stats = self._gradients(batch, start)
+        # The only gradient synchronization of the update: after the last micro-batch. The
+        # moving statistics travel with it, each replica's share of their mean.
+        share = 1.0 / (self.backend.num_replicas * self.grad_accum_steps)
+        stats = [s * share for s in stats] if self.averages_stats else []
+        grads, stats = self.backend.all_reduce_sum(grads, extra=stats)
         if self.loss_scale:
             grads = [g / self.loss_scale.scale for g in grads]
         finite = all_finite(grads)
+        if self.moving_stats and (self.averages_stats or self.skips_non_finite):
+            new = stats if self.averages_stats else [_value(v) for v in self.moving_stats]
+            batchnorm.average_update(self.moving_stats, start, new, finite)
         grads = clip_by_global_norm(grads, self.clip_norm)
         # Examples whose image was broken (weight 0: zero targets, no gradient).
         skipped = tf.reduce_sum(1.0 - batch["weight"])
@@ -164,7 +194,7 @@ class TrainStep:
     def update(self, batch) -> tuple:
         """One optimizer update from one distributed global batch; returns (``StepMetrics``
         summed over replicas, whether the update was finite)."""
-        grads, finite, metrics = self.backend.run(self.replica_step, args=(batch,))
+        grads, finite, metrics = self.backend.each_replica(self.replica_step, args=(batch,))
         # Identical on every replica (computed after the all-reduce): skip or apply together.
         finite = self.backend.local_values(finite)[0]
         if self.skips_non_finite:
@@ -182,5 +212,12 @@ class TrainStep:
         return StepMetrics(**self.backend.reduce_sum(metrics), count=count), finite
 
     def _apply(self, grads):
-        self.backend.run(self.optimizer.apply, args=(grads, self.model.trainable_variables))
+        self.backend.each_replica(
+            self.optimizer.apply, args=(grads, self.model.trainable_variables)
+        )
         return tf.constant(True)
+
+
+def _value(variable):
+    """The tf.Variable (or its replica's component) behind a Keras variable."""
+    return variable.value if hasattr(variable, "value") else variable

@@ -15,6 +15,7 @@ shared by the modules above; it imports nothing heavy.
 """
 
 from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "horovod")
 ALL_REDUCE_ALGS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
@@ -32,3 +33,56 @@ class InputShard:
 
     count: int
     index: int
+
+
+class Backend(Protocol):
+    """The verbs every backend offers (``backends.StrategyBackend``, ``backends.HorovodBackend``):
+    what the step, the loops and the run may ask of the way training is spread, and nothing
+    else. Tensors and variables are TensorFlow's; "inside a step" means inside ``each_replica``.
+    """
+
+    name: str  # the resolved strategy: "default", "mirrored", ..., "horovod"
+    num_workers: int  # processes in the run (chief included)
+    worker_index: int  # this process's index among them
+    is_chief: bool  # the one process that writes --model_dir
+    input_shard: InputShard  # this worker's input pipeline
+    all_reduce_calls: Any  # tf.Variable: gradient all-reduces run so far (one per update)
+    wait_seconds: Any  # tf.Variable: seconds this worker waited in them (several workers)
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas over all workers: the number the global batch is split by."""
+
+    def scope(self):
+        """The context in which variables must be created."""
+
+    def distribute_dataset(self, make_dataset: Callable[[InputShard], Any]):
+        """``make_dataset(shard)`` (per-replica batches), once per input pipeline, distributed."""
+
+    def each_replica(self, fn: Callable, args: tuple = ()):
+        """Runs ``fn(*args)`` on every local replica (``strategy.run``): per-replica values."""
+
+    def all_reduce_sum(self, values: Sequence, extra: Sequence = ()) -> tuple:
+        """Inside a step: the update's one all-reduce of ``values`` (gradients) and ``extra``
+        (BatchNorm statistics, never compressed); returns (summed values, summed extra)."""
+
+    def sum_over_replicas(self, tensor):
+        """Inside a step: a differentiable sum over all replicas (synchronized BatchNorm)."""
+
+    def reduce_sum(self, per_replica):
+        """Outside a step: a nest of per-replica values summed over all replicas."""
+
+    def local_values(self, per_replica) -> list:
+        """This worker's replicas' values."""
+
+    def any_worker(self, flag: bool) -> bool:
+        """True everywhere when ``flag`` is true on any worker (a collective)."""
+
+    def all_gather_bytes(self, blob: bytes) -> list[bytes]:
+        """Every worker's ``blob``, in worker order (a collective)."""
+
+    def broadcast_from_chief(self, variables) -> None:
+        """Gives every replica of every worker the chief's values of ``variables``."""
+
+    def checkpoint_dir(self, directory: str) -> str:
+        """Where this worker saves: ``directory`` for the chief, a scratch one otherwise."""

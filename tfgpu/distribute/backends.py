@@ -1,7 +1,8 @@
-"""One backend per strategy, all with the same few verbs, so ``step.py`` and ``train.py``
-never branch on the strategy: ``scope``, ``num_replicas``, ``is_chief``, ``input_shard`` (this
-worker's input pipeline), ``distribute_dataset``,
-``run``, ``all_reduce_sum`` (inside a step), ``reduce_sum`` (outside), ``any_worker``,
+"""One backend per strategy, all with the same few verbs (``distribute.Backend`` names them), so
+``step.py`` and ``train.py`` never branch on the strategy: ``scope``, ``num_replicas``,
+``is_chief``, ``input_shard`` (this worker's input pipeline), ``distribute_dataset``,
+``each_replica``, ``all_reduce_sum`` (inside a step), ``sum_over_replicas`` (inside a step, for
+synchronized BatchNorm), ``reduce_sum`` (outside), ``any_worker``,
 ``all_gather_bytes``, ``broadcast_from_chief`` and ``checkpoint_dir``.
 """
 
@@ -62,6 +63,7 @@ class StrategyBackend:
         # One input pipeline per worker, as distribute_datasets_from_function makes them.
         self.input_shard = InputShard(self.num_workers, self.worker_index)
         self.is_chief = strategy.extended.should_checkpoint if name != "default" else True
+        self._local_sum = None  # compat.local_replica_sum, made on first use
         with strategy.scope():
             self.all_reduce_calls = _counter()
             self.wait_seconds = _counter(tf.float64)
@@ -83,16 +85,31 @@ class StrategyBackend:
         options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
         return self.strategy.distribute_datasets_from_function(fn, options)
 
-    def run(self, fn, args=()):
+    def each_replica(self, fn, args=()):
         return self.strategy.run(fn, args=args)
 
-    def all_reduce_sum(self, values):
-        """Sums a list of tensors over all replicas, in one batched collective; inside ``run``."""
+    def all_reduce_sum(self, values, extra=()) -> tuple:
+        """The update's all-reduce, inside ``run``: sums the list ``values`` (gradients) and
+        ``extra`` (BatchNorm statistics) over all replicas in one batched collective; returns
+        (summed values, summed extra)."""
         # Counted before the collective starts: the heartbeat board reads the counter to
         # tell who reached the all-reduce the others wait in.
         with tf.control_dependencies([self.all_reduce_calls.assign_add(1)]):
             ctx = tf.distribute.get_replica_context()
-            return _timed(self, lambda v: ctx.all_reduce(tf.distribute.ReduceOp.SUM, v), values)
+            reduce = lambda v: ctx.all_reduce(tf.distribute.ReduceOp.SUM, v)  # noqa: E731
+            summed = _timed(self, reduce, [*values, *extra])
+        return summed[: len(values)], summed[len(values) :]
+
+    def sum_over_replicas(self, tensor):
+        """A differentiable sum of ``tensor`` over all replicas, inside ``each_replica``
+        (synchronized BatchNorm's moments); not counted as the update's all-reduce. Mirrored
+        replicas launch their own collectives (``compat.local_replica_sum``); the others use
+        the replica context's all-reduce, which has no merge_call there."""
+        if self.name == "mirrored" and self.num_replicas > 1:
+            if self._local_sum is None:
+                self._local_sum = compat.local_replica_sum(self.strategy)
+            return self._local_sum(tensor)
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tensor)
 
     def reduce_sum(self, per_replica):
         """Sums a (nest of) per-replica value(s) over replicas; called outside ``run``.
@@ -209,15 +226,30 @@ class HorovodBackend:
             dataset, options
         )
 
-    def run(self, fn, args=()):
+    def each_replica(self, fn, args=()):
         return fn(*args)
 
-    def all_reduce_sum(self, values):
-        kwargs = {"compression": self._compression} if self._compression else {}
+    def all_reduce_sum(self, values, extra=()) -> tuple:
+        """As StrategyBackend's: one grouped all-reduce. ``extra`` is never compressed (fp16
+        would round the BatchNorm statistics at every update): with --hvd_compression=fp16
+        it travels in a second, uncompressed group."""
         with tf.control_dependencies([self.all_reduce_calls.assign_add(1)]):  # see above
-            values = [tf.identity(v) for v in values]
-            reduce = lambda v: self.hvd.grouped_allreduce(v, op=self.hvd.Sum, **kwargs)  # noqa: E731
-            return _timed(self, reduce, values)
+            values, extra = [tf.identity(v) for v in values], [tf.identity(v) for v in extra]
+            if self._compression is None:
+                summed = _timed(self, self._grouped_sum, [*values, *extra])
+                return summed[: len(values)], summed[len(values) :]
+            compressed = lambda v: self._grouped_sum(v, compression=self._compression)  # noqa: E731
+            return _timed(self, compressed, values), self._grouped_sum(extra)
+
+    def _grouped_sum(self, values, **kwargs) -> list:
+        if not values:
+            return []
+        return self.hvd.grouped_allreduce(values, op=self.hvd.Sum, **kwargs)
+
+    def sum_over_replicas(self, tensor):
+        """A differentiable sum of ``tensor`` over the ranks (synchronized BatchNorm's
+        moments; Horovod registers the all-reduce's gradient); not counted as the update's."""
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum)
 
     def reduce_sum(self, value):
         """Sums a nest of tensors over the ranks, in one grouped collective."""

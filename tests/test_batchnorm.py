@@ -1,0 +1,168 @@
+"""BatchNorm under every way of spreading training (the contract in tfgpu/batchnorm.py), on the
+models users train: resnet18, densenet121 and efficientnet_b0 at small inputs.
+
+- without --sync_batchnorm: every replica ends with the same moving statistics, their mean over
+  the replicas; k micro-batches on one device equal k replicas;
+- with --sync_batchnorm: N replicas of b equal one device of N*b;
+- the layers' own losses (regularizers) count once per update, whatever the split.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpu import batchnorm, compat, models, optim
+from tfgpu.distribute import backends
+from tfgpu.step import TrainStep
+
+GLOBAL_BATCH, UPDATES, SIZE = 8, 2, 32  # keras.applications needs 32x32 at least
+MODELS = ["resnet18", "densenet121", "efficientnet_b0"]
+
+
+def _batches(n=GLOBAL_BATCH * UPDATES, seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "image": rng.integers(0, 256, (n, SIZE, SIZE, 3)).astype(np.uint8),
+        "label": (np.arange(n) % 4).astype(np.int32),
+        "flip": np.zeros(n, bool),
+        "weight": np.ones(n, np.float32),
+    }
+
+
+def _build(name):
+    if name in ("regularized", "unregularized"):
+        return _regularized_net(name == "regularized")
+    # Stochastic depth off: its masks are drawn per replica (README, Accumulation and BatchNorm).
+    return models.build_model(name, 4, SIZE, small_input=name == "resnet18", drop_path_rate=0.0)
+
+
+def _regularized_net(regularized=True):
+    """Conv + BatchNorm with a kernel and an activity regularizer: model.losses is not empty."""
+    inputs = keras.Input((SIZE, SIZE, 3))
+    x = keras.layers.Rescaling(1 / 255)(inputs)
+    x = keras.layers.Conv2D(
+        8,
+        3,
+        kernel_regularizer=keras.regularizers.L2(1e-1) if regularized else None,
+        activity_regularizer=keras.regularizers.L2(1e-2) if regularized else None,
+    )(x)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(4, dtype="float32")(x))
+
+
+def _train(name, strategy="default", accum=1, sync=False, updates=UPDATES):
+    """Trains registry model ``name`` for ``updates`` sgd updates of GLOBAL_BATCH; returns
+    (model, backend)."""
+    backend = backends.build_backend(strategy)
+    keras.utils.set_random_seed(5)
+    with backend.scope():
+        model = _build(name)
+        opt = optim.build_optimizer("sgd", 0.05, momentum=0.9, weight_decay=0.0)
+        step = TrainStep(
+            model,
+            opt,
+            backend,
+            global_batch_size=GLOBAL_BATCH,
+            grad_accum_steps=accum,
+            sync_batchnorm=sync,
+        )
+    per_replica = GLOBAL_BATCH // backend.num_replicas
+    data = backend.distribute_dataset(
+        lambda shard: tf.data.Dataset.from_tensor_slices(_batches()).batch(per_replica)
+    )
+    update, iterator = tf.function(step.update), iter(data)
+    for _ in range(updates):
+        update(next(iterator))
+    return model, backend
+
+
+def _components(variable) -> list[np.ndarray]:
+    """Every replica's copy of ``variable`` (one when it is not mirrored)."""
+    value = variable.value
+    copies = getattr(value, "values", None) or (value,)
+    return [np.asarray(c.numpy()) for c in copies]
+
+
+def _assert_same_weights(a: keras.Model, b: keras.Model, atol=1e-5):
+    """Equal to ``atol`` of the largest weight, every replica's copy of every weight."""
+    scale = max(float(np.abs(w).max()) for w in a.get_weights())
+    assert len(a.weights) == len(b.weights) > 0
+    for x, y in zip(a.weights, b.weights):
+        for cx, cy in zip(_components(x), _components(y)):
+            np.testing.assert_allclose(cx, cy, atol=atol * scale, rtol=0, err_msg=x.path)
+
+
+class _Lazy(dict):
+    def __missing__(self, name):
+        self[name] = _train(name)[0]
+        return self[name]
+
+
+@pytest.fixture(scope="module")
+def one_device_large_batch():
+    """One device, batches of GLOBAL_BATCH: the reference of --sync_batchnorm, per model."""
+    return _Lazy()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_sync_batchnorm_two_replicas_equal_one_device_of_the_whole_batch(
+    one_device_large_batch, name
+):
+    model, backend = _train(name, "mirrored", sync=True)
+    assert backend.num_replicas == 2
+    _assert_same_weights(model, one_device_large_batch[name])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_without_sync_replicas_hold_the_mean_and_equal_accumulation(name):
+    """2 replicas of 4 and 2 micro-batches of 4 on one device: each micro-batch normalizes by
+    itself, the moving statistics move once per update by the mean; every replica holds it."""
+    mirrored, _ = _train(name, "mirrored")
+    accumulated, _ = _train(name, "default", accum=2)
+    for var in batchnorm.moving_statistics(mirrored):
+        first, second = _components(var)
+        np.testing.assert_array_equal(first, second, err_msg=var.path)
+    _assert_same_weights(mirrored, accumulated)
+
+
+def test_moving_statistics_are_the_mean_of_the_replicas_batch_statistics():
+    """One update from the initial statistics (mean 0, variance 1, momentum 0.9): the first
+    BatchNorm's moving mean is 0.1 x the mean of the two half-batches' means, computed here
+    from the stem convolution's outputs."""
+    model, _ = _train("resnet18", "mirrored", updates=1)
+    keras.utils.set_random_seed(5)
+    fresh = _build("resnet18")  # same seed: the weights before the update
+    stem = keras.Model(fresh.input, fresh.get_layer("stem_conv").output)
+    images = _batches()["image"][:GLOBAL_BATCH].astype(np.float32)
+    halves = [stem(images[:4]).numpy().mean((0, 1, 2)), stem(images[4:]).numpy().mean((0, 1, 2))]
+    expected = 0.1 * (halves[0] + halves[1]) / 2
+    for copy in _components(model.get_layer("stem_bn").moving_mean):
+        np.testing.assert_allclose(copy, expected, atol=1e-5, rtol=1e-4)
+    wrong = 0.1 * halves[0]  # what replica 0 alone would hold
+    assert np.abs(expected - wrong).max() > 1e-3
+
+
+@pytest.mark.parametrize("strategy,accum", [("default", 2), ("mirrored", 1), ("mirrored", 2)])
+def test_regularization_losses_count_once_per_update(strategy, accum):
+    reference, _ = _train("regularized")
+    assert reference.losses, "the test model must have regularization losses"
+    split, _ = _train("regularized", strategy, accum=accum, sync=True)
+    _assert_same_weights(split, reference)
+
+
+def test_regularization_losses_change_the_update():
+    """The regularizers are not ignored: without them the same start ends elsewhere."""
+    regularized, _ = _train("regularized")
+    unregularized, _ = _train("unregularized")
+    kernels = [m.layers[2].kernel.numpy() for m in (regularized, unregularized)]
+    assert np.abs(kernels[0] - kernels[1]).max() > 1e-4
+
+
+def test_the_batchnorm_hook_is_still_where_compat_expects_it():
+    layer = keras.layers.BatchNormalization()
+    layer.build((None, 4, 4, 3))
+    compat.set_batchnorm_moments(layer, lambda x, axes: (tf.zeros(3), tf.ones(3) * 4.0))
+    out = layer(tf.ones((2, 4, 4, 3)), training=True)
+    np.testing.assert_allclose(out.numpy(), 0.5, atol=1e-3)  # (1 - 0) / sqrt(4)

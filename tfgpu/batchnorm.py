@@ -1,0 +1,93 @@
+"""What BatchNorm means when training is spread over replicas, workers, ranks and micro-batches.
+
+Keras' BatchNormalization keeps its moving mean and variance in variables with aggregation
+"none": under tf.distribute each replica's forward pass updates only its own component of the
+MirroredVariable, and each Horovod rank its own variable, so left alone the replicas drift apart
+and a checkpoint holds replica 0's statistics. tfgpu defines them instead:
+
+- **Moving statistics are the same everywhere, after every update.** Each replica's new values
+  travel in the update's one gradient all-reduce (``TrainStep.replica_step``), divided by the
+  number of replicas, and every replica assigns the mean. The moving averages are linear, so
+  this is the average the replicas would reach if each had averaged its batch statistics first.
+- **Accumulation: each micro-batch normalizes with its own statistics** (as timm and NVIDIA's
+  ConvNets do), and the moving averages move **once per update**, by the mean of the
+  micro-batches' statistics: every micro-batch starts from the update's starting values, and the
+  update keeps the mean of their results. So k micro-batches on one device update them exactly
+  as k replicas would, and ``momentum`` keeps its meaning per optimizer update whatever k is.
+- **``--sync_batchnorm``**: batch moments are summed over all replicas at the same micro-step, in
+  one collective per layer (``synchronize``), so N replicas of b normalize as one device of N*b.
+
+An update skipped for non-finite gradients leaves the moving statistics where they were.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfgpu import compat
+
+
+def batchnorm_layers(model: keras.Model) -> list:
+    """Every BatchNormalization layer in ``model`` and its nested models, once each, in order."""
+    found, seen = [], set()
+
+    def walk(layer):
+        if id(layer) in seen:
+            return
+        seen.add(id(layer))
+        if isinstance(layer, keras.layers.BatchNormalization):
+            found.append(layer)
+        for sub in getattr(layer, "layers", ()):
+            walk(sub)
+
+    walk(model)
+    return found
+
+
+def moving_statistics(model: keras.Model) -> list:
+    """The moving means and variances that training updates (BatchNorm layers that are
+    trainable: a frozen one normalizes with its stored statistics and never changes them)."""
+    return [
+        v
+        for layer in batchnorm_layers(model)
+        if layer.trainable and not layer.renorm
+        for v in (layer.moving_mean, layer.moving_variance)
+    ]
+
+
+def synchronize(model: keras.Model, sum_over_replicas) -> int:
+    """Makes every BatchNorm layer of ``model`` compute its batch moments over all replicas;
+    ``sum_over_replicas(tensor) -> tensor`` is a differentiable sum across replicas, called
+    inside a replica step (``backend.sum_over_replicas``). Returns the number of layers."""
+    layers = batchnorm_layers(model)
+    for layer in layers:
+        compat.set_batchnorm_moments(layer, _synced_moments(sum_over_replicas))
+    return len(layers)
+
+
+def _synced_moments(sum_over_replicas):
+    """``moments(x, axes) -> (mean, variance)`` over the union of every replica's ``x``.
+
+    Keras' own ``synchronized=True`` makes three all-reduces per layer and is bound to
+    tf.distribute; here the sums, the squared sums and the count travel as one vector, through
+    whichever backend runs the step (Horovod included)."""
+
+    def moments(x, axes):
+        x = tf.cast(x, tf.float32)  # Keras hands float32 already; stated, not assumed
+        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), tf.float32)
+        sums = tf.reduce_sum(x, axes)
+        local = tf.concat([sums, tf.reduce_sum(tf.square(x), axes), tf.reshape(count, [1])], 0)
+        total = sum_over_replicas(local)
+        channels, n = sums.shape[0], total[-1]
+        mean = total[:channels] / n
+        # E[x^2] - E[x]^2, as Keras' synchronized BatchNorm: one pass, so one collective.
+        variance = tf.maximum(total[channels : 2 * channels] / n - tf.square(mean), 0.0)
+        return mean, variance
+
+    return moments
+
+
+def average_update(stats: list, start: list, summed: list, finite) -> None:
+    """Assigns to ``stats`` the all-reduced ``summed`` values (already the mean over replicas
+    and micro-batches), or back the update's ``start`` values when it was not ``finite``."""
+    for var, before, value in zip(stats, start, summed):
+        var.assign(tf.where(finite, value, before))
