@@ -65,7 +65,7 @@ def datasets(cache_dir: str, num_images: int) -> dict:
     from input_pipeline import NUM_CLASSES, build_data
 
     from tfgpu.config import config_from
-    from tfgpu.data.demo import build_demo_dataset
+    from tfgpu.demo import build_demo_dataset
     from tfgpu.data.spec import load_data_spec, load_spec
 
     tfr, _ = build_data(cache_dir, num_images)

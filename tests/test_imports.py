@@ -1,10 +1,14 @@
 """What may be imported before TensorFlow starts: ``--help``, a bad flag and the converter
 never wait for TensorFlow (checked in fresh interpreters, through ``sys.modules``)."""
 
+import ast
+import pathlib
 import subprocess
 import sys
 
 import pytest
+
+import tfgpu
 
 HEAVY = ("tensorflow", "keras", "tensorflow_datasets", "horovod")
 
@@ -69,6 +73,7 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
         "tfgpu.config",
         "tfgpu.flags",
         "tfgpu.schema",
+        "tfgpu.recordformat",
         "tfgpu.models",
         "tfgpu.optim",
         "tfgpu.distribute",
@@ -86,3 +91,27 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
 )
 def test_light_modules_import_no_tensorflow(module):
     assert _modules_after(f"import {module}") == set()
+
+
+def _imported(path: pathlib.Path) -> set:
+    """Every module ``path`` imports (at its top or inside a function), as dotted names."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"  # tfgpu imports absolutely
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("package, other", [("convert", "data"), ("data", "convert")])
+def test_the_converter_and_the_reader_share_only_the_record_format(package, other):
+    root = pathlib.Path(tfgpu.__file__).parent
+    wrong = {
+        f"{path.relative_to(root.parent)}: {name}"
+        for path in (root / package).rglob("*.py")
+        for name in _imported(path)
+        if name == f"tfgpu.{other}" or name.startswith(f"tfgpu.{other}.")
+    }
+    assert not wrong, f"tfgpu.{package} imports tfgpu.{other}: {sorted(wrong)}"

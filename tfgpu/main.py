@@ -15,7 +15,7 @@ from absl import app, flags, logging
 
 from tfgpu import faults
 from tfgpu.config import ConfigError, validate
-from tfgpu.data.demo import DEMO_RECIPE
+from tfgpu import demo
 from tfgpu.flags import config_from_flags, define_flags
 
 EXIT_USAGE = 2
@@ -47,10 +47,13 @@ def default_model_dir() -> str:
 def make_config():
     """The run's Config from the parsed flags (demo recipe as defaults when there is no data)."""
     use_demo = not (FLAGS["data_dir"].present or FLAGS.synthetic_data or FLAGS.tfds_name)
-    config = config_from_flags(FLAGS, DEMO_RECIPE if use_demo else None)
+    config = config_from_flags(FLAGS, demo.DEMO_RECIPE if use_demo else None)
     if not config.model_dir:
         config = config.with_settings(model_dir=default_model_dir())
-    return validate(config)
+    config = validate(config)
+    if use_demo:  # built once (cached), only for a valid config: a bad flag returns at once
+        config = config.with_settings(data_dir=demo.build_demo_dataset())
+    return config
 
 
 def main(argv):

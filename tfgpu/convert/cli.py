@@ -19,7 +19,7 @@ from absl import flags
 from tfgpu.convert import plan, verify
 from tfgpu.convert.inputs import folders, hdf5, lmdb_input, tfds_input
 from tfgpu.convert.items import ConvertError, Source
-from tfgpu.schema import INFO_FILE
+from tfgpu.recordformat import INFO_FILE
 
 # Own FlagValues: the converter's flags must not clash with tfgpu.main's in one process.
 FLAGS = flags.FlagValues()

@@ -42,6 +42,7 @@ from tfgpu.data import pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.data.spec import DataError, DataSpec
 from tfgpu.distribute import InputShard
+from tfgpu.recordformat import scan_shard
 
 PROCESSING_MODE = tf.data.experimental.service.ShardingPolicy.DYNAMIC
 GUARANTEE = "each example at most once per epoch"
@@ -162,10 +163,10 @@ def epoch_batches(
 
 
 def _count_records(files) -> int:
-    """Records in ``files``: local ones by their headers (``spec.scan_shard``), others read."""
+    """Records in ``files``: local ones by their headers (``scan_shard``), others read."""
     local = [f for f in files if "://" not in f and os.path.isfile(f)]
     remote = [f for f in files if f not in local]
-    return sum(data_spec.scan_shard(f)[0] for f in local) + data_spec.count_records(remote)
+    return sum(scan_shard(f)[0] for f in local) + data_spec.count_records(remote)
 
 
 def make_train_dataset(
