@@ -8,7 +8,8 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
   host_ops.py    per-example work on the host: check, decode the crop window, draw the dice
   device_ops.py  per-batch float work, inside the step on the accelerator: resize, flip, mix
   broken.py      records that fail to decode, named once (shard and index)
-  service.py     --data_service: the train pipeline run by tf.data service workers
+  service_client.py  --data_service: the train pipeline run by tf.data service workers
+  service_server.py  the service itself (dispatcher, workers): tfgpu-data-service
 
 This file holds the choices ``config.py`` checks before TensorFlow starts.
 """

@@ -1,9 +1,9 @@
-"""``python -m tfgpu.data_service`` / ``tfgpu-data-service``: the tf.data service that
+"""``python -m tfgpu.data.service_server`` / ``tfgpu-data-service``: the tf.data service that
 ``--data_service=grpc://HOST:PORT`` sends the train pipeline to.
 
-  python -m tfgpu.data_service --role=dispatcher --port=5050 [--work_dir=/shared/ds-journal]
-  python -m tfgpu.data_service --role=worker --dispatcher=HOST:5050 [--worker_port=P]
-  python -m tfgpu.data_service --role=local --num_workers=2 --port=5050
+  python -m tfgpu.data.service_server --role=dispatcher --port=5050 [--work_dir=/shared/ds-journal]
+  python -m tfgpu.data.service_server --role=worker --dispatcher=HOST:5050 [--worker_port=P]
+  python -m tfgpu.data.service_server --role=local --num_workers=2 --port=5050
 
 dispatcher: hands out the jobs' splits; with --work_dir it journals its state there
 (fault-tolerant mode), so a restart on the same port and work dir resumes every job; without

@@ -1,5 +1,5 @@
 """``--data_service=grpc://HOST:PORT``: the per-example train pipeline runs on the workers of a
-tf.data service (``python -m tfgpu.data_service``), and the step consumes the per-replica
+tf.data service (``python -m tfgpu.data.service_server``), and the step consumes the per-replica
 batches they send back. Evaluation still reads here.
 
 Visitation: DYNAMIC sharding ("distributed_epoch") with one split per epoch. The stream sent to
@@ -73,7 +73,7 @@ def check_reachable(service: str, timeout_s: float) -> int | None:
             raise DataError(
                 f"--data_service={service}: no tf.data service dispatcher answered at {target} "
                 f"within --data_service_timeout_s={timeout_s:g} s (start one with python -m "
-                "tfgpu.data_service --role=dispatcher)"
+                "tfgpu.data.service_server --role=dispatcher)"
             ) from None
         get_workers = channel.unary_unary(
             _GET_WORKERS, request_serializer=bytes, response_deserializer=bytes
@@ -251,7 +251,7 @@ def train_maker(run):
     if workers == 0 and run.backend.is_chief:
         print(
             f"tfgpu: the tf.data service at {data.data_service} has no worker yet; training "
-            "waits for one (python -m tfgpu.data_service --role=worker "
+            "waits for one (python -m tfgpu.data.service_server --role=worker "
             f"--dispatcher={address(data.data_service)})",
             flush=True,
         )
