@@ -74,6 +74,8 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
         "tfgpu.flags",
         "tfgpu.schema",
         "tfgpu.recordformat",
+        "tfgpu.errors",
+        "tfgpu.data.service_server",
         "tfgpu.models",
         "tfgpu.optim",
         "tfgpu.distribute",

@@ -24,17 +24,11 @@ import signal
 import threading
 import time
 
+from tfgpu.errors import CheckpointError, Preempted  # noqa: F401  (raised by checkpoints, train)
+
 SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _POLL_S = 0.2
 _GUARDIAN_S = 1.5  # a signal pending this long: the interpreter is held, the watcher cannot run
-
-
-class CheckpointError(RuntimeError):
-    """The final checkpoint could not be written, or none of those there reads back."""
-
-
-class Preempted(Exception):
-    """The run was asked to stop (SIGTERM/SIGINT) and saved a checkpoint; run it again."""
 
 
 class _State:

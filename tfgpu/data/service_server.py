@@ -29,6 +29,8 @@ import time
 
 from absl import flags
 
+from tfgpu.errors import UsageError, run_command
+
 PROG = "tfgpu-data-service"
 ROLES = ("dispatcher", "worker", "local")
 STOP_TIMEOUT_S = 5.0  # a worker's stop() can wait for a dead dispatcher: then _exit
@@ -59,10 +61,6 @@ flags.DEFINE_string(
     flag_values=FLAGS,
 )
 flags.DEFINE_integer("num_workers", 2, "local: workers started in this process.", flag_values=FLAGS)
-
-
-class UsageError(ValueError):
-    """A flag or the machine says no; one line."""
 
 
 def port_in_use(port: int) -> bool:
@@ -264,15 +262,14 @@ def main(argv: list) -> int:
     if "--help" in argv or "-h" in argv:
         print(__doc__ + "\n" + FLAGS.get_help(include_special_flags=False))
         return 0
-    stop = _Stop()
-    try:
-        FLAGS.unparse_flags()
-        FLAGS(argv)
-        _check_flags(FLAGS)
-        return serve(FLAGS, stop)
-    except (flags.Error, UsageError) as err:
-        print(f"{PROG}: error: {_first_line(err)}", file=sys.stderr)
-        return 2
+    return run_command(_serve, argv, prog=PROG)
+
+
+def _serve(argv: list) -> int:
+    FLAGS.unparse_flags()
+    FLAGS(argv)
+    _check_flags(FLAGS)
+    return serve(FLAGS, _Stop())
 
 
 def run() -> None:

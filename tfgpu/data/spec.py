@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from tfgpu.errors import DataError
 from tfgpu.files import read_json
 from tfgpu.recordformat import INFO_FILE, parse_example, scan_shard
 from tfgpu.schema import tfds_keys
@@ -19,10 +20,6 @@ from tfgpu.schema import tfds_keys
 
 # Marks the runtime errors of bad records, so tfgpu.main can print them as one line.
 LABEL_ERROR = "tfgpu-data-error:"
-
-
-class DataError(ValueError):
-    """A dataset that cannot be read as asked; the message is one line naming the file or flag."""
 
 
 @dataclass(frozen=True)
