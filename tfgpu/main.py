@@ -9,11 +9,9 @@ import datetime
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
-
 from absl import app, flags, logging
 
-from tfgpu import demo, faults
+from tfgpu import demo, faults, startup
 from tfgpu.config import validate
 from tfgpu.errors import ConfigError, DataError, UsageError, WorkerLost, run_command
 from tfgpu.flags import config_from_flags, define_flags
@@ -61,6 +59,7 @@ def _train() -> None:
     config = make_config()
     _check_writable(config.model_dir)
     faults.install(config.dist.stop_grace_s)  # before TensorFlow starts its threads
+    startup.import_tensorflow()  # without its start-up notices
     from tfgpu import train
 
     train.run(config)

@@ -30,6 +30,7 @@ import time
 from absl import flags
 
 from tfgpu.errors import UsageError, run_command
+from tfgpu.startup import import_tensorflow
 
 PROG = "tfgpu-data-service"
 ROLES = ("dispatcher", "worker", "local")
@@ -211,7 +212,7 @@ def _stop_all(servers: list, stop: _Stop) -> None:
 
 def serve(f, stop: _Stop) -> int:
     """Starts what ``--role`` says, prints where it serves, waits for a signal, stops."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import_tensorflow()  # without its start-up notices
     servers = []
     try:
         if f.role in ("dispatcher", "local"):
