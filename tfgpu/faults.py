@@ -1,4 +1,4 @@
-"""How a run stops early: signals, and the errors ``tfgpu.main`` turns into exit codes (see
+"""How a run stops early: signals (the errors, each with its exit code, are ``tfgpu.errors``; see
 the README's table of faults).
 
 SIGTERM and SIGINT (``scancel``, Kubernetes, ``timeout``, Ctrl-C) are never ignored:
