@@ -10,7 +10,7 @@ bench/input_pipeline.py, built once) and 32x32 crops of the demo digits (per exa
   local            pipeline.make_train_dataset, consumed in this process
   local by epochs  service.make_train_dataset without a service: the stream the workers run
                    (an epoch restarted per split), to tell its cost from the transport's
-  service          the same through `python -m tfgpu.data_service --role=local
+  service          the same through `python -m tfgpu.data.service_server --role=local
                    --num_workers=1` (a separate process on the same 2 cores), compression none
   service, auto    the same with --data_service_compression=auto
 
@@ -47,7 +47,7 @@ WARMUP_BATCHES = 3
 def start_service(port: int) -> subprocess.Popen:
     """A dispatcher and one worker in one process, once it says it serves."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfgpu.data_service", "--role=local", "--num_workers=1"]
+        [sys.executable, "-m", "tfgpu.data.service_server", "--role=local", "--num_workers=1"]
         + [f"--port={port}"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -65,7 +65,7 @@ def datasets(cache_dir: str, num_images: int) -> dict:
     from input_pipeline import NUM_CLASSES, build_data
 
     from tfgpu.config import config_from
-    from tfgpu.data.demo import build_demo_dataset
+    from tfgpu.demo import build_demo_dataset
     from tfgpu.data.spec import load_data_spec, load_spec
 
     tfr, _ = build_data(cache_dir, num_images)
@@ -82,7 +82,8 @@ def contenders(spec, data, batch: int, service_address: str) -> dict:
     """name -> function making a fresh dataset of per-replica batches."""
     import dataclasses
 
-    from tfgpu.data import pipeline, service
+    from tfgpu.data import pipeline
+    from tfgpu.data import service_client as service
     from tfgpu.distribute import InputShard
 
     shard = InputShard(1, 0)

@@ -55,7 +55,7 @@ def build_data(cache_dir: str, num_images: int) -> tuple[str, str]:
     """(tfrecord dir, image-folder dir) holding the same JPEG bytes; built once."""
     import tensorflow as tf
 
-    from tfgpu.data import records
+    from tfgpu import recordformat
 
     tfr, folder = os.path.join(cache_dir, "tfrecords"), os.path.join(cache_dir, "folder")
     done = os.path.join(cache_dir, f"done-{num_images}")
@@ -79,7 +79,7 @@ def build_data(cache_dir: str, num_images: int) -> tuple[str, str]:
             f.write(data)
         name = f"class{label}/{i:05d}.jpg"
         writers[i % num_shards].write(
-            records.encode_example(data, label, image.height, image.width, "JPEG", name)
+            recordformat.encode_example(data, label, image.height, image.width, "JPEG", name)
         )
     for w in writers:
         w.close()
@@ -93,7 +93,8 @@ def tf_sources(tfr_dir: str, folder: str, batch: int, shuffle_buffer: int = 1024
     import tensorflow as tf
 
     from tfgpu.data.config import DataConfig
-    from tfgpu.data import pipeline, records
+    from tfgpu import recordformat
+    from tfgpu.data import pipeline
     from tfgpu.data.spec import load_data_spec
     from tfgpu.distribute import InputShard
 
@@ -105,7 +106,7 @@ def tf_sources(tfr_dir: str, folder: str, batch: int, shuffle_buffer: int = 1024
             list(spec.train_files), num_parallel_reads=cfg.cycle_length
         ).repeat()
         # Whole-image decodes; only their shapes are batched (a ceiling: no copy, no resize).
-        decode = lambda r: tf.io.decode_jpeg(records.parse_example(r)["encoded"], channels=3)  # noqa: E731
+        decode = lambda r: tf.io.decode_jpeg(recordformat.parse_example(r)["encoded"], channels=3)  # noqa: E731
         ds = ds.map(
             lambda r: (tf.shape(decode(r)),),
             num_parallel_calls=tf.data.AUTOTUNE,

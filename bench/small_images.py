@@ -1,7 +1,7 @@
 """How fast do 32x32 training batches come out of the input pipeline: per example, or cut from
 the decoded split in memory?
 
-On the demo's 32x32 digits (1,438 train images, ``tfgpu.data.demo``) and, with ``--large``, a
+On the demo's 32x32 digits (1,438 train images, ``tfgpu.demo``) and, with ``--large``, a
 CIFAR-sized synthetic set (50,000 32x32 PNGs, written once by the converter's own code into a
 cache dir), measured in ONE run, round-robin (the machine is shared: the ratios come from
 side-by-side rounds; the table gives medians over rounds and their range), each contender a
@@ -47,8 +47,8 @@ def large_dataset(num_images: int) -> str:
     into the cache dir; its directory."""
     from tfgpu.convert import plan
     from tfgpu.convert.items import items_from_arrays
-    from tfgpu.data.demo import cache_dir
-    from tfgpu.schema import INFO_FILE
+    from tfgpu.demo import cache_dir
+    from tfgpu.recordformat import INFO_FILE
 
     out = os.path.join(cache_dir(), "bench", f"small-{num_images}")
     if os.path.exists(os.path.join(out, INFO_FILE)):
@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--large_images", type=int, default=50_000)
     args = parser.parse_args()
     print("calibration:", calibration())
-    from tfgpu.data.demo import build_demo_dataset
+    from tfgpu.demo import build_demo_dataset
 
     sets = [("demo digits (32x32)", build_demo_dataset())]
     if args.large:

@@ -13,10 +13,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfgpu import files, schema
+from tfgpu import files, recordformat
 from tfgpu.convert import cli, plan, verify, worker
 from tfgpu.convert.items import BadImage, ConvertError, EncodeOptions, Item
-from tfgpu.data import records
 from tfgpu.data import spec as data_spec
 
 RNG = np.random.default_rng(0)
@@ -80,7 +79,7 @@ def _read_split(data_dir: str, files) -> list:
     """(label, decoded image, filename) of every record, read as the trainer reads them."""
     out = []
     for serialized in tf.data.TFRecordDataset(list(files)):
-        example = records.parse_example(serialized)
+        example = recordformat.parse_example(serialized)
         image = tf.io.decode_image(example["encoded"], channels=3, expand_animations=False)
         name = tf.io.parse_single_example(
             serialized, {"image/filename": tf.io.FixedLenFeature([], tf.string)}
@@ -96,10 +95,10 @@ def test_folder_round_trip_through_the_input_pipeline(image_tree, tmp_path):
     out = str(tmp_path / "out")
     args = ["--num_workers=2", "--num_shards=3", "--validation_fraction=0.2", "--verify"]
     assert _run_cli(f"--input={image_tree}", f"--output_dir={out}", *args) == 0
-    with open(os.path.join(out, schema.INFO_FILE), encoding="utf-8") as f:
+    with open(os.path.join(out, recordformat.INFO_FILE), encoding="utf-8") as f:
         info = json.load(f)
     assert info["class_names"] == ["a", "b", "çlass ç"] and info["label_map"]["b"] == 1
-    assert info["schema_version"] == schema.SCHEMA_VERSION
+    assert info["schema_version"] == recordformat.SCHEMA_VERSION
     reasons = {
         s["file"]: s["reason"] for split in info["splits"].values() for s in split["skipped"]
     }
@@ -109,7 +108,7 @@ def test_folder_round_trip_through_the_input_pipeline(image_tree, tmp_path):
     assert info["skipped"] == [{"file": "LICENSE", "reason": "not inside a class folder"}]
     assert info["num_skipped"] == len(expected) + 1
     assert sorted(os.listdir(out)) == sorted(
-        [schema.INFO_FILE] + plan.shard_names("train", 3) + plan.shard_names("validation", 1)
+        [recordformat.INFO_FILE] + plan.shard_names("train", 3) + plan.shard_names("validation", 1)
     )
 
     spec = data_spec.load_data_spec(out)
@@ -152,7 +151,7 @@ def test_split_layout_train_and_val_folders(tmp_path):
                 (root / split / name / f"{i}.png").write_bytes(_encoded(_image(), "PNG"))
     out = str(tmp_path / "out")
     assert _run_cli(f"--input={root}", f"--output_dir={out}", "--num_workers=0", "--lossless") == 0
-    info = json.loads((tmp_path / "out" / schema.INFO_FILE).read_text())
+    info = json.loads((tmp_path / "out" / recordformat.INFO_FILE).read_text())
     assert info["num_examples"] == {"train": 12, "validation": 4}
     assert info["class_names"] == ["x", "y"] and info["options"]["lossless"] is True
 
@@ -160,15 +159,30 @@ def test_split_layout_train_and_val_folders(tmp_path):
 # --- records and images ---------------------------------------------------------------------
 
 
-def test_worker_serializer_writes_exactly_what_records_writes():
+def _tf_example(encoded, label, height, width, image_format, filename) -> tf.train.Example:
+    """The Example TensorFlow's own protos make of one image: what encode_example must match."""
+    bytes_ = lambda v: tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))  # noqa: E731
+    int64 = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))  # noqa: E731
+    feature = {
+        "image/encoded": bytes_(encoded),
+        "image/class/label": int64(int(label)),
+        "image/format": bytes_(image_format.upper().encode()),
+        "image/height": int64(int(height)),
+        "image/width": int64(int(width)),
+        "image/filename": bytes_(filename.encode("utf-8", "surrogateescape")),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+def test_encode_example_writes_exactly_what_tensorflow_writes():
     for args in [
         (b"\xff\xd8\xffdata", 7, 375, 500, "jpeg", "n01/ünï 猫.JPEG"),
         (b"", 0, 0, 0, "PNG", "bad-\udcff-bytes"),  # an undecodable file name byte
         (b"x" * 300, 2**40, 1, 2, "png", ""),
         (b"y", -1, 1, 1, "JPEG", "negative label"),
     ]:
-        expected = tf.train.Example.FromString(records.encode_example(*args))
-        assert worker.serialize_example(*args) == expected.SerializeToString(deterministic=True)
+        expected = _tf_example(*args)
+        assert recordformat.encode_example(*args) == expected.SerializeToString(deterministic=True)
 
 
 def test_encode_image_converts_and_passes_through():
@@ -232,7 +246,7 @@ def test_interrupted_run_keeps_finished_shards_and_finishes_the_rest(tmp_path, m
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         _write(out, items)
-    assert not (out / schema.INFO_FILE).exists()
+    assert not (out / recordformat.INFO_FILE).exists()
     kept = {n: os.stat(out / n).st_ino for n in calls[:2]}
     monkeypatch.setattr(plan, "write_shard", real)
     with pytest.raises(ConvertError, match="another conversion"):
@@ -241,7 +255,8 @@ def test_interrupted_run_keeps_finished_shards_and_finishes_the_rest(tmp_path, m
     assert {n: os.stat(out / n).st_ino for n in kept} == kept  # not rewritten
     assert _shard_bytes(out) == _shard_bytes(tmp_path / "clean")  # same as never interrupted
     assert info["num_examples"] == {"train": 40}
-    assert sorted(os.listdir(out)) == sorted([schema.INFO_FILE, *plan.shard_names("train", 5)])
+    names = [recordformat.INFO_FILE, *plan.shard_names("train", 5)]
+    assert sorted(os.listdir(out)) == sorted(names)
 
 
 def test_killed_run_is_finished_by_running_it_again(tmp_path):
@@ -264,10 +279,10 @@ def test_killed_run_is_finished_by_running_it_again(tmp_path):
         time.sleep(0.005)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
-    assert not (out / schema.INFO_FILE).exists()
+    assert not (out / recordformat.INFO_FILE).exists()
     assert 0 < len([n for n in os.listdir(out) if n.endswith(".tfrecord")]) < 33  # of 30 + 3
     assert _run_cli(*args, "--num_workers=2", "--verify") == 0
-    info = json.loads((out / schema.INFO_FILE).read_text())
+    info = json.loads((out / recordformat.INFO_FILE).read_text())
     assert info["num_examples"] == {"train": 270, "validation": 30} and info["num_skipped"] == 0
     assert not [n for n in os.listdir(out) if n.startswith(".") or n.endswith(".tmp")]
 
@@ -289,8 +304,8 @@ def test_never_writes_through_symlinks_outside_output_dir(tmp_path, image_tree):
     out = tmp_path / "out"
     out.mkdir()
     names = [
-        schema.INFO_FILE,
-        schema.INFO_FILE + ".tmp",
+        recordformat.INFO_FILE,
+        recordformat.INFO_FILE + ".tmp",
         plan.PLAN_FILE + ".tmp",
         "train-00000-of-00001.tfrecord",
         "train-00000-of-00001.tfrecord.tmp",
@@ -345,17 +360,17 @@ def test_verify_names_a_shard_that_does_not_read_back(tmp_path):
     assert verify.verify(str(tmp_path)) == {"train": 10}
     shard = tmp_path / "train-00003-of-00005.tfrecord"
     with open(shard, "ab") as f:  # a well-framed record whose image is not one
-        worker.write_record(f, worker.serialize_example(b"junk", 0, 1, 1, "JPEG", "x"))
+        recordformat.write_record(f, recordformat.encode_example(b"junk", 0, 1, 1, "JPEG", "x"))
     with pytest.raises(ConvertError, match="train-00003-of-00005.tfrecord does not read"):
         verify.verify(str(tmp_path))
     shard.write_bytes(shard.read_bytes()[:-30])  # now truncated as well
     with pytest.raises(ConvertError, match="train-00003-of-00005.tfrecord does not read"):
         verify.verify(str(tmp_path))
-    info = json.loads((tmp_path / schema.INFO_FILE).read_text())
+    info = json.loads((tmp_path / recordformat.INFO_FILE).read_text())
     info["splits"]["train"]["shards"][3]["num_examples"] = 7
     shard.unlink()
     worker.write_shard(str(tmp_path), shard.name, _items(2), EncodeOptions())
     (tmp_path / worker.done_marker(shard.name)).unlink()
-    (tmp_path / schema.INFO_FILE).write_text(json.dumps(info))
+    (tmp_path / recordformat.INFO_FILE).write_text(json.dumps(info))
     with pytest.raises(ConvertError, match="holds 2 records, dataset_info.json says 7"):
         verify.verify(str(tmp_path))

@@ -17,10 +17,9 @@ import tensorflow as tf
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from PIL import Image
 
-from tfgpu import schema
+from tfgpu import recordformat
 from tfgpu.convert import cli
 from tfgpu.convert.inputs import caffe_datum, lmdb_input
-from tfgpu.data import records
 from tfgpu.data import spec as data_spec
 
 RNG = np.random.default_rng(0)
@@ -87,7 +86,7 @@ def _run_cli(*args) -> int:
 def _convert(db: str, out, *flags) -> dict:
     """Converts ``db`` into ``out``; returns dataset_info.json."""
     assert _run_cli(f"--input={db}", f"--output_dir={out}", "--num_workers=0", *flags) == 0
-    return json.loads((out / schema.INFO_FILE).read_text())
+    return json.loads((out / recordformat.INFO_FILE).read_text())
 
 
 def _records(out) -> dict:
@@ -96,7 +95,7 @@ def _records(out) -> dict:
     names = {"image/filename": tf.io.FixedLenFeature([], tf.string)}
     rows = {}
     for serialized in tf.data.TFRecordDataset(list(spec.train_files + spec.eval_files)):
-        example = records.parse_example(serialized)
+        example = recordformat.parse_example(serialized)
         name = tf.io.parse_single_example(serialized, names)["image/filename"].numpy().decode()
         image = tf.io.decode_image(example["encoded"], channels=3, expand_animations=False)
         rows[name] = (int(example["label"]), example["encoded"].numpy(), image.numpy())
@@ -128,7 +127,7 @@ def test_encoded_images_labelled_by_a_key_regex(tmp_path):
     args = [f"--input={db}", f"--output_dir={out}", r"--lmdb_label_regex=^(\w+)/", "--lossless"]
     more = ["--validation_fraction=0.25", "--num_shards=2", "--num_workers=2", "--verify"]
     assert _run_cli(*args, *more) == 0
-    info = json.loads((out / schema.INFO_FILE).read_text())
+    info = json.loads((out / recordformat.INFO_FILE).read_text())
     assert info["class_names"] == ["cat", "dog", "eel"]
     assert info["num_examples"] == {"train": 9, "validation": 3}  # one of each class's 4
     assert info["source"].startswith(f"LMDB {db} (encoded images, labels from --lmdb_label_regex")
@@ -416,11 +415,11 @@ def test_an_interrupted_conversion_resumes_to_the_same_shards(tmp_path):
         time.sleep(0.005)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
-    assert not (out / schema.INFO_FILE).exists()
+    assert not (out / recordformat.INFO_FILE).exists()
     assert 0 < len([n for n in os.listdir(out) if n.endswith(".tfrecord")]) < 34  # of 30 + 4
     assert _run_cli(*args, f"--output_dir={out}", "--num_workers=2", "--verify") == 0
     assert _shard_bytes(out) == _shard_bytes(clean)
-    info = json.loads((out / schema.INFO_FILE).read_text())
-    assert info == json.loads((clean / schema.INFO_FILE).read_text())
+    info = json.loads((out / recordformat.INFO_FILE).read_text())
+    assert info == json.loads((clean / recordformat.INFO_FILE).read_text())
     assert info["num_examples"] == {"train": 270, "validation": 30}
     assert not [n for n in os.listdir(out) if n.startswith(".") or n.endswith(".tmp")]

@@ -10,10 +10,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfgpu import schema
+from tfgpu import recordformat
 from tfgpu.convert import cli, worker
 from tfgpu.convert.items import BadImage
-from tfgpu.data import records
 from tfgpu.data import spec as data_spec
 
 
@@ -26,7 +25,7 @@ def _records(files) -> dict:
     spec = {"image/filename": tf.io.FixedLenFeature([], tf.string)}
     out = {}
     for serialized in tf.data.TFRecordDataset(list(files)):
-        example = records.parse_example(serialized)
+        example = recordformat.parse_example(serialized)
         name = tf.io.parse_single_example(serialized, spec)["image/filename"].numpy().decode()
         image = tf.io.decode_image(example["encoded"], channels=3, expand_animations=False)
         out[name] = (int(example["label"]), image.numpy())
@@ -55,7 +54,7 @@ def test_hdf5_lossless_round_trip_is_exact(tmp_path):
     for name, (label, image) in rows.items():
         i = int(name[name.index("[") + 1 : -1])  # "/x[12]"
         assert label == labels[i] and np.array_equal(image, images[i])
-    info = json.loads((out / schema.INFO_FILE).read_text())
+    info = json.loads((out / recordformat.INFO_FILE).read_text())
     assert info["class_names"] == ["ant", "bee", "cat"]
 
 
@@ -67,7 +66,7 @@ def test_hdf5_train_and_validation_groups_grayscale(tmp_path):
             f.create_dataset(f"{split}/labels", data=np.arange(n) % 2)
     out = tmp_path / "out"
     assert _run_cli(f"--input={path}", f"--output_dir={out}", "--num_workers=0") == 0
-    info = json.loads((out / schema.INFO_FILE).read_text())
+    info = json.loads((out / recordformat.INFO_FILE).read_text())
     assert info["num_examples"] == {"train": 10, "validation": 4}
     assert info["class_names"] == ["0", "1"]
 
@@ -149,7 +148,7 @@ def test_tfds_dataset_from_a_local_data_dir(tmp_path):
         "--lossless",
     ]
     assert _run_cli(*flags, f"--output_dir={out}", "--num_workers=2", "--verify") == 0
-    info = json.loads((out / schema.INFO_FILE).read_text())
+    info = json.loads((out / recordformat.INFO_FILE).read_text())
     assert info["class_names"] == ["zero", "one", "two"]
     assert info["num_examples"] == {"train": 12, "validation": 5}  # test serves as validation
     assert [s["num_examples"] for s in info["splits"]["train"]["shards"]] == [4, 4, 4]

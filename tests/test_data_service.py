@@ -108,8 +108,8 @@ def procs():
 
 
 def service(start, *args: str) -> Proc:
-    """``python -m tfgpu.data_service ARGS``, once it says it serves."""
-    p = start([sys.executable, "-m", "tfgpu.data_service", *args])
+    """``python -m tfgpu.data.service_server ARGS``, once it says it serves."""
+    p = start([sys.executable, "-m", "tfgpu.data.service_server", *args])
     p.wait_for("serving")
     return p
 
@@ -196,7 +196,7 @@ def _labels(batches) -> collections.Counter:
 def test_the_service_stream_visits_each_example_at_most_once_per_epoch(
     id_dataset, count, index, deterministic, batch, global_batch, per_epoch
 ):
-    from tfgpu.data import service
+    from tfgpu.data import service_client as service
 
     spec, data = _spec_and_data(id_dataset)
     shard = InputShard(count, index)
@@ -223,7 +223,8 @@ def test_two_service_workers_share_the_epochs_and_never_repeat_one(id_dataset):
     whole by each worker: every batch twice, identical (why ``service`` wraps it)."""
     import tensorflow as tf
 
-    from tfgpu.data import pipeline, service
+    from tfgpu.data import pipeline
+    from tfgpu.data import service_client as service
 
     svc = tf.data.experimental.service
     dispatcher = svc.DispatchServer()
@@ -256,7 +257,7 @@ def test_two_service_workers_share_the_epochs_and_never_repeat_one(id_dataset):
 
 
 def test_job_names_follow_the_stream_not_the_run_length(id_dataset):
-    from tfgpu.data import service
+    from tfgpu.data import service_client as service
 
     spec, _ = _spec_and_data(id_dataset)
     base = config_from(data_dir=id_dataset, model_dir="/tmp/run-a", seed=1, train_steps=10)
@@ -273,7 +274,7 @@ def test_job_names_follow_the_stream_not_the_run_length(id_dataset):
 
 
 def test_an_unreachable_dispatcher_is_a_data_error_within_the_timeout():
-    from tfgpu.data import service
+    from tfgpu.data import service_client as service
     from tfgpu.data.spec import DataError
 
     port = free_ports(1)[0]
@@ -414,7 +415,7 @@ def test_the_servers_own_errors_are_one_line(tmp_path):
     try:
         for args, message in cases:
             proc = subprocess.run(
-                [sys.executable, "-m", "tfgpu.data_service", *args],
+                [sys.executable, "-m", "tfgpu.data.service_server", *args],
                 capture_output=True,
                 text=True,
                 timeout=60,

@@ -7,7 +7,7 @@ import pytest
 from absl import flags
 
 from tfgpu.config import SETTINGS
-from tfgpu.data import demo
+from tfgpu import demo
 from tfgpu.config import validate
 from tfgpu.flags import config_from_flags, define_flags
 

@@ -1,10 +1,15 @@
 """What may be imported before TensorFlow starts: ``--help``, a bad flag and the converter
 never wait for TensorFlow (checked in fresh interpreters, through ``sys.modules``)."""
 
+import ast
+import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
+
+import tfgpu
 
 HEAVY = ("tensorflow", "keras", "tensorflow_datasets", "horovod")
 
@@ -69,6 +74,9 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
         "tfgpu.config",
         "tfgpu.flags",
         "tfgpu.schema",
+        "tfgpu.recordformat",
+        "tfgpu.errors",
+        "tfgpu.data.service_server",
         "tfgpu.models",
         "tfgpu.optim",
         "tfgpu.distribute",
@@ -86,3 +94,61 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
 )
 def test_light_modules_import_no_tensorflow(module):
     assert _modules_after(f"import {module}") == set()
+
+
+def _imported(path: pathlib.Path) -> set:
+    """Every module ``path`` imports (at its top or inside a function), as dotted names."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"  # tfgpu imports absolutely
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("package, other", [("convert", "data"), ("data", "convert")])
+def test_the_converter_and_the_reader_share_only_the_record_format(package, other):
+    root = pathlib.Path(tfgpu.__file__).parent
+    wrong = {
+        f"{path.relative_to(root.parent)}: {name}"
+        for path in (root / package).rglob("*.py")
+        for name in _imported(path)
+        if name == f"tfgpu.{other}" or name.startswith(f"tfgpu.{other}.")
+    }
+    assert not wrong, f"tfgpu.{package} imports tfgpu.{other}: {sorted(wrong)}"
+
+
+def test_a_run_starts_quietly(tmp_path):
+    """Without TF_CPP_MIN_LOG_LEVEL set, the first line a user reads is tfgpu's own: no absl
+    pre-init warning, no cudart_stub or cuInit complaint, no oneDNN notice before it."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    argv = [sys.executable, "-m", "tfgpu.main", "--synthetic_data", "--train_steps=1"]
+    argv += ["--model=tiny_cnn", "--image_size=16", "--global_batch_size=4", "--num_classes=10"]
+    argv += ["--strategy=default", "--export=false", f"--model_dir={tmp_path}"]
+    out = subprocess.run(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    assert lines[0].startswith("default: 1 replica(s), 1 updates of 4"), out.stdout[:2000]
+    for noise in ("absl::InitializeLog", "cudart_stub", "cuInit", "oneDNN"):
+        assert noise not in out.stdout
+
+
+def test_only_tensorflows_start_up_notices_are_dropped():
+    from tfgpu import startup
+
+    notices = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1796156518.651110   13822 cudart_stub.cc:31] Could not find cuda drivers",
+        "To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow "
+        "with the appropriate compiler flags.",
+    ]
+    cuinit = "E0000 00:00:17.64 13822 cuda_platform.cc:52] failed call to cuInit: INTERNAL: (303)"
+    assert all(startup._is_noise(line, has_driver=True) for line in notices)
+    assert startup._is_noise(cuinit, has_driver=False)
+    assert not startup._is_noise(cuinit, has_driver=True)  # a GPU machine: that is news
+    for line in ["W0000 00:00:17.1 1 x.cc:1] a warning", "tfgpu: error: x", "Traceback (most"]:
+        assert not startup._is_noise(line, has_driver=False)

@@ -9,7 +9,8 @@ from conftest import (
 )
 
 from tfgpu.data.config import DataConfig
-from tfgpu.data import device_ops, host_ops, pipeline, records
+from tfgpu import recordformat
+from tfgpu.data import device_ops, host_ops, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import InputShard
 
@@ -115,7 +116,8 @@ def test_two_workers_never_see_an_example_twice_in_an_epoch(small_dataset):
 def _write_records(path, payloads, label_start=0):
     with tf.io.TFRecordWriter(path) as writer:
         for i, data in enumerate(payloads):
-            writer.write(records.encode_example(data, i % 4 + label_start, 40, 40, "JPEG", f"f{i}"))
+            label = i % 4 + label_start
+            writer.write(recordformat.encode_example(data, label, 40, 40, "JPEG", f"f{i}"))
 
 
 def _jpegs(n):

@@ -9,7 +9,8 @@ import tensorflow as tf
 from conftest import assert_mirrored_equals_default, make_image_arrays
 
 from tfgpu.data.config import DataConfig
-from tfgpu.data import device_ops, memory, records
+from tfgpu import recordformat
+from tfgpu.data import device_ops, memory
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import InputShard
 
@@ -211,7 +212,7 @@ def test_broken_image_gets_weight_zero(tmp_path):
     payloads = good[:3] + [good[3][:-200], b"not an image"] + good[5:]
     with tf.io.TFRecordWriter(str(tmp_path / "train-00000-of-00001")) as writer:
         for i, data in enumerate(payloads):
-            writer.write(records.encode_example(data, i % 4, 40, 40, "JPEG", f"f{i}"))
+            writer.write(recordformat.encode_example(data, i % 4, 40, 40, "JPEG", f"f{i}"))
     mem = memory.load(data_spec.load_data_spec(str(tmp_path), num_classes=4), CFG)
     np.testing.assert_array_equal(mem.weights.numpy(), [1, 1, 1, 0, 0, 1, 1, 1])
     assert not mem.images.numpy()[3:5].any() and mem.images.numpy()[5].any()

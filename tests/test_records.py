@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-from tfgpu.data import records
+from tfgpu import recordformat
 
 
 def _jpeg(array) -> bytes:
@@ -16,21 +16,21 @@ def _jpeg(array) -> bytes:
 def test_round_trip_eager_and_in_tf_data():
     image = np.full((5, 7, 3), 128, np.uint8)
     encoded = _jpeg(image)
-    serialized = records.encode_example(encoded, 3, 5, 7, "jpeg", "dir/ünï.jpg")
-    eager = records.parse_example(tf.constant(serialized))
+    serialized = recordformat.encode_example(encoded, 3, 5, 7, "jpeg", "dir/ünï.jpg")
+    eager = recordformat.parse_example(tf.constant(serialized))
     assert eager["encoded"].numpy() == encoded
     assert int(eager["label"]) == 3 and eager["label"].dtype == tf.int32
-    in_data = next(iter(tf.data.Dataset.from_tensors(serialized).map(records.parse_example)))
+    in_data = next(iter(tf.data.Dataset.from_tensors(serialized).map(recordformat.parse_example)))
     assert in_data["encoded"].numpy() == encoded and int(in_data["label"]) == 3
     # A vector of records (a block of the train pipeline) parses to the same, in one op.
-    other = records.encode_example(b"png bytes", 1, 2, 2, "png", "b.png")
-    both = records.parse_example(tf.constant([serialized, other]), label_offset=1)
+    other = recordformat.encode_example(b"png bytes", 1, 2, 2, "png", "b.png")
+    both = recordformat.parse_example(tf.constant([serialized, other]), label_offset=1)
     assert both["encoded"].numpy().tolist() == [encoded, b"png bytes"]
     assert both["label"].numpy().tolist() == [2, 0] and both["label"].dtype == tf.int32
 
 
 def test_schema_is_tensorflows_imagenet_schema_and_offset_applies():
-    serialized = records.encode_example(b"x", 1, 2, 3, "png", "f.png")
+    serialized = recordformat.encode_example(b"x", 1, 2, 3, "png", "f.png")
     features = tf.train.Example.FromString(serialized).features.feature
     assert set(features) == {
         "image/encoded",
@@ -41,4 +41,4 @@ def test_schema_is_tensorflows_imagenet_schema_and_offset_applies():
         "image/filename",
     }
     assert features["image/format"].bytes_list.value[0] == b"PNG"
-    assert int(records.parse_example(tf.constant(serialized), label_offset=1)["label"]) == 0
+    assert int(recordformat.parse_example(tf.constant(serialized), label_offset=1)["label"]) == 0

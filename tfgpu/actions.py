@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from tfgpu import faults
 from tfgpu.distribute import consensus, heartbeats
-from tfgpu.faults import Preempted
+from tfgpu.errors import Preempted
 from tfgpu.results import INPUT_BOUND, RunWriter, Window, input_bound_warning
 
 

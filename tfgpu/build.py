@@ -138,7 +138,7 @@ def train_maker(run: Run, start_step: int):
             replica_batch, spec.num_classes, config.data
         )
     if config.data.data_service:  # the per-example pipeline, on a tf.data service's workers
-        from tfgpu.data import service  # noqa: PLC0415
+        from tfgpu.data import service_client as service  # noqa: PLC0415
 
         return service.train_maker(run)
     mem = memory.load(spec, config.data)  # None: read per example

@@ -13,7 +13,7 @@ import sys
 
 import tensorflow as tf
 
-from tfgpu.faults import CheckpointError
+from tfgpu.errors import CheckpointError, op_error_cause
 
 
 class Checkpoints:
@@ -63,15 +63,21 @@ class Checkpoints:
         return ""
 
     def save(self, final: bool = False) -> None:
-        """Writes a checkpoint. A failed write (disk full, ...) is reported loudly; training
-        goes on with the previous checkpoint kept, except at the end, where it is an error."""
+        """Writes a checkpoint. A failed write (disk full, ...) is reported loudly, in words:
+        what failed, where, why, and which checkpoint is kept; training goes on with it,
+        except at the end, where it is an error."""
         try:
             self._manager.save(checkpoint_number=self._step)
         except (tf.errors.OpError, OSError) as err:
-            message = f"checkpoint at step {int(self._step.numpy())} failed: {err}"
+            kept = self._manager.latest_checkpoint
+            message = (
+                f"checkpoint at step {int(self._step.numpy())} failed: writing it to "
+                f"{self._manager.directory} failed ({op_error_cause(err)}); the newest complete "
+                + (f"checkpoint, {os.path.basename(kept)}, is kept" if kept else "one: none yet")
+            )
             if final:
                 raise CheckpointError(message) from None
-            _warn(f"{message}; the previous checkpoint is kept")
+            _warn(message)
 
 
 # What a truncated or corrupted checkpoint raises while it is read (a truncated .data file:

@@ -1,4 +1,4 @@
-"""How a run stops early: signals, and the errors ``tfgpu.main`` turns into exit codes (see
+"""How a run stops early: signals (the errors, each with its exit code, are ``tfgpu.errors``; see
 the README's table of faults).
 
 SIGTERM and SIGINT (``scancel``, Kubernetes, ``timeout``, Ctrl-C) are never ignored:
@@ -24,17 +24,11 @@ import signal
 import threading
 import time
 
+from tfgpu.errors import CheckpointError, Preempted  # noqa: F401  (raised by checkpoints, train)
+
 SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _POLL_S = 0.2
 _GUARDIAN_S = 1.5  # a signal pending this long: the interpreter is held, the watcher cannot run
-
-
-class CheckpointError(RuntimeError):
-    """The final checkpoint could not be written, or none of those there reads back."""
-
-
-class Preempted(Exception):
-    """The run was asked to stop (SIGTERM/SIGINT) and saved a checkpoint; run it again."""
 
 
 class _State:

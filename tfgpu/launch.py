@@ -21,6 +21,8 @@ import time
 
 from absl import app, flags
 
+from tfgpu.errors import run_command
+
 flags.DEFINE_integer("num_workers", 2, "Worker processes to start on this machine.")
 flags.DEFINE_string("host", "localhost", "Address the workers listen on.")
 flags.DEFINE_float("grace_s", 30.0, "Seconds the others get to stop after one worker fails.")
@@ -116,6 +118,10 @@ def shell_code(returncode: int) -> int:
 
 
 def main(argv):
+    return run_command(_launch, argv, prog="tfgpu.launch")
+
+
+def _launch(argv) -> int:
     procs = start_workers(argv[1:], FLAGS.num_workers, FLAGS.host)
     # SIGTERM (scancel, Kubernetes) reaches the workers, which save and leave.
     signal.signal(signal.SIGTERM, lambda *_: stop_all(procs))

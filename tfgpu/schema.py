@@ -1,29 +1,11 @@
-"""What the converter (writer) and the trainer (reader) share, and the named shapes that cross
-module boundaries: the record schema, the info file, the batch layouts and the step's metrics.
+"""The named shapes that cross module boundaries: the batch layouts, the step's metrics, and
+how a tensorflow-datasets dataset's image and label are found. The record format (feature
+names, info file, framing) is ``recordformat.py``.
 
-No TensorFlow here: the converter's workers import this module, and so does ``config.py``
-before TensorFlow starts.
-
-The record features are those of TensorFlow's own ImageNet converters
-(``models/research/slim/datasets/build_imagenet_data.py``), so records made by those tools
-can be read too; their labels start at 1 (``--label_offset=1``).
+No TensorFlow here: ``config.py`` and the converter import this module before TensorFlow starts.
 """
 
 from typing import Any, TypedDict
-
-SCHEMA_VERSION = 1
-INFO_FILE = "dataset_info.json"  # written last by the converter: a folder with one is whole
-
-# Feature name -> (kind, default); "bytes" and "int64" as in tf.train.Feature. The converter
-# writes every feature; a reader needs only the first two (the others default).
-FEATURES = {
-    "image/encoded": ("bytes", None),
-    "image/class/label": ("int64", None),
-    "image/format": ("bytes", b"JPEG"),
-    "image/height": ("int64", 0),
-    "image/width": ("int64", 0),
-    "image/filename": ("bytes", b""),
-}
 
 Tensor = Any  # a tf.Tensor; this module must not import TensorFlow
 

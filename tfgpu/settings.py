@@ -6,9 +6,7 @@
 import dataclasses
 from dataclasses import dataclass, field
 
-
-class ConfigError(ValueError):
-    """A setting that cannot work; the message is one line naming the flag and what it expects."""
+from tfgpu.errors import ConfigError
 
 
 def positive(section, *names: str) -> None:

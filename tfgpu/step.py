@@ -18,11 +18,8 @@ import tensorflow as tf
 from tfgpu import batchnorm, compat
 from tfgpu.data import device_ops
 from tfgpu.distribute import Backend
+from tfgpu.errors import NonFiniteLoss  # noqa: F401  (raised by the loop, caught by main)
 from tfgpu.schema import StepMetrics
-
-
-class NonFiniteLoss(FloatingPointError):
-    """Raised by the loop when a float32/bfloat16 step produced a non-finite loss."""
 
 
 class DynamicLossScale:

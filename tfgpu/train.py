@@ -27,7 +27,7 @@ from tfgpu.faults import PreemptionGuard
 from tfgpu.loops import make_eval_step, make_train_loop
 from tfgpu.results import RunWriter, export_model
 from tfgpu.schema import EVAL_SUMS
-from tfgpu.step import NonFiniteLoss
+from tfgpu.errors import NonFiniteLoss
 
 
 class Evaluator:

@@ -19,7 +19,8 @@ from absl import flags
 from tfgpu.convert import plan, verify
 from tfgpu.convert.inputs import folders, hdf5, lmdb_input, tfds_input
 from tfgpu.convert.items import ConvertError, Source
-from tfgpu.schema import INFO_FILE
+from tfgpu.errors import run_command
+from tfgpu.recordformat import INFO_FILE
 
 # Own FlagValues: the converter's flags must not clash with tfgpu.main's in one process.
 FLAGS = flags.FlagValues()
@@ -247,6 +248,10 @@ def main(argv: list) -> int:
     if "--help" in argv or "-h" in argv:
         print(__doc__ + "\n" + FLAGS.get_help(include_special_flags=False))
         return 0
+    return run_command(_convert, argv, prog="to_tfrecord")
+
+
+def _convert(argv: list) -> int:
     try:
         FLAGS.unparse_flags()  # main may run more than once in a process (tests)
         FLAGS(argv)
@@ -255,9 +260,6 @@ def main(argv: list) -> int:
         seconds = time.perf_counter() - start
         if FLAGS.verify:
             verify.verify(os.path.expanduser(FLAGS.output_dir))
-    except (flags.Error, ConvertError) as err:
-        print(f"to_tfrecord: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("to_tfrecord: interrupted; run the same command again to finish", file=sys.stderr)
         return 130

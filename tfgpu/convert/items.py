@@ -10,9 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
-class ConvertError(Exception):
-    """A conversion that cannot go on; the message is one line for the user."""
+from tfgpu.errors import ConvertError  # noqa: F401  (what the converter's modules raise)
 
 
 class BadImage(ValueError):

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from tfgpu.convert.items import ConvertError, EncodeOptions, Item, LazySplit
 from tfgpu.convert.worker import display_name, done_marker, init_worker, write_shard
 from tfgpu.files import read_json, write_json
-from tfgpu.schema import INFO_FILE, SCHEMA_VERSION
+from tfgpu.recordformat import INFO_FILE, SCHEMA_VERSION
 
 PLAN_FILE = ".to_tfrecord-plan.json"
 # Everything a conversion may leave in --output_dir; --overwrite removes these and only these.

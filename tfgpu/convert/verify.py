@@ -6,14 +6,16 @@ import numpy as np
 
 from tfgpu.convert.items import ConvertError
 from tfgpu.files import read_json
-from tfgpu.schema import INFO_FILE
+from tfgpu.recordformat import INFO_FILE, parse_example
+from tfgpu.startup import import_tensorflow
 
 
 def verify(output_dir: str) -> dict:
-    """Re-reads a finished dataset: every record must parse with ``tfgpu.data.records``, decode,
-    and carry a label below ``num_classes``, and each shard must hold the count its info
-    entry says. Returns ``{split: records read}``; raises ConvertError naming the fault."""
-    import tensorflow as tf
+    """Re-reads a finished dataset: every record must parse (``recordformat.parse_example``, as
+    the trainer parses), decode, and carry a label below ``num_classes``, and each shard must
+    hold the count its info entry says. Returns ``{split: records read}``; raises ConvertError
+    naming the fault."""
+    tf = import_tensorflow()  # without its start-up notices
 
     try:
         info = read_json(os.path.join(output_dir, INFO_FILE))
@@ -41,10 +43,8 @@ def _read_all(files: list) -> tuple:
     """Per-file record counts and the label range, reading all files in parallel."""
     import tensorflow as tf
 
-    from tfgpu.data import records
-
     def check(index, serialized):
-        example = records.parse_example(serialized)
+        example = parse_example(serialized)
         image = tf.io.decode_image(example["encoded"], channels=3, expand_animations=False)
         return index, example["label"], tf.size(image) > 0
 

@@ -1,24 +1,20 @@
 """The converter's worker side: check and encode images, write one whole shard.
 
 Nothing here imports TensorFlow. Workers are started fresh (``forkserver``), and importing
-TensorFlow would cost each of them seconds and hundreds of MB; so a record is serialized
-here by hand, in exactly the wire format of ``tf.train.Example`` and TFRecord files
-(tests/test_convert.py checks it against ``tfgpu.data.records`` byte for byte). The feature names
-are those of ``tfgpu/schema.py``.
+TensorFlow would cost each of them seconds and hundreds of MB; records are serialized and
+framed by ``tfgpu/recordformat.py``, which needs no TensorFlow either.
 """
 
 import io
 import os
-import struct
 from collections.abc import Iterator
 
-import google_crc32c
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from tfgpu.convert.items import ArrayRow, BadImage, EncodeOptions
 from tfgpu.files import open_new, write_json
-from tfgpu.schema import FEATURES
+from tfgpu.recordformat import encode_example, write_record
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _H5_CHUNK = 64  # rows read from HDF5 at once: one read per chunk, memory stays small
@@ -140,66 +136,6 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-# --- records --------------------------------------------------------------------------------
-
-
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # negative int64s are sent as their 64-bit two's complement
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _bytes_feature(value: bytes) -> bytes:
-    return _field(1, _field(1, value))  # Feature.bytes_list(1) -> BytesList.value(1)
-
-
-def _int64_feature(value: int) -> bytes:
-    return _field(3, _field(1, _varint(value)))  # Feature.int64_list(3), packed value(1)
-
-
-def serialize_example(
-    encoded: bytes, label: int, height: int, width: int, image_format: str, filename: str
-) -> bytes:
-    """``tfgpu.data.records.encode_example`` without TensorFlow: the same bytes as its Example
-    serialized deterministically (map keys sorted, as here)."""
-    values = {
-        "image/class/label": int(label),
-        "image/encoded": encoded,
-        "image/filename": filename.encode("utf-8", "surrogateescape"),
-        "image/format": image_format.upper().encode(),
-        "image/height": int(height),
-        "image/width": int(width),
-    }
-    encode = {"bytes": _bytes_feature, "int64": _int64_feature}
-    entries = b"".join(
-        _field(1, _field(1, name.encode()) + _field(2, encode[FEATURES[name][0]](values[name])))
-        for name in sorted(values)
-    )
-    return _field(1, entries)  # Example.features(1) -> Features.feature(1) map entries
-
-
-def _masked_crc(data: bytes) -> bytes:
-    crc = google_crc32c.value(data)
-    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
-
-
-def write_record(file, record: bytes) -> None:
-    """Appends one record in TFRecord framing: length, its CRC, data, its CRC."""
-    length = struct.pack("<Q", len(record))
-    file.write(length + _masked_crc(length))
-    file.write(record)
-    file.write(_masked_crc(record))
-
-
 # --- shards ---------------------------------------------------------------------------------
 
 _progress = None  # a shared counter of images done, set by init_worker
@@ -250,7 +186,7 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
             except BadImage as err:
                 skipped.append({"file": display_name(item.filename), "reason": str(err)})
             else:
-                record = serialize_example(encoded, item.label, height, width, fmt, item.filename)
+                record = encode_example(encoded, item.label, height, width, fmt, item.filename)
                 write_record(f, record)
                 count += 1
                 per_class[item.label] = per_class.get(item.label, 0) + 1

@@ -129,7 +129,7 @@ class DataConfig:
     randaugment_magnitude: float = setting(0.5, "RandAugment factor in [0, 1].")
     data_service: str = setting(
         "",
-        "grpc://HOST:PORT of a tf.data service dispatcher (python -m tfgpu.data_service): its "
+        "grpc://HOST:PORT of a tf.data service dispatcher (tfgpu-data-service): its "
         "workers run the per-example train pipeline, each example at most once per epoch, and "
         "the step consumes the batches they return (README: tf.data service). Empty: off.",
         per_node=True,

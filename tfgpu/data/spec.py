@@ -7,23 +7,19 @@ serves them all. ``load_spec(config.data)`` picks the source.
 
 import logging
 import os
-import struct
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import tensorflow as tf
 
-from tfgpu.data import records
+from tfgpu.errors import DataError
 from tfgpu.files import read_json
-from tfgpu.schema import INFO_FILE, tfds_keys
+from tfgpu.recordformat import INFO_FILE, parse_example, scan_shard
+from tfgpu.schema import tfds_keys
 
 
 # Marks the runtime errors of bad records, so tfgpu.main can print them as one line.
 LABEL_ERROR = "tfgpu-data-error:"
-
-
-class DataError(ValueError):
-    """A dataset that cannot be read as asked; the message is one line naming the file or flag."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +53,7 @@ class DataSpec:
         outside [0, num_classes) fails the run (it means a wrong --num_classes or
         --label_offset, which no skipping would fix)."""
         if self.parser is None:
-            example = records.parse_example(serialized, self.label_offset)
+            example = parse_example(serialized, self.label_offset)
         elif serialized.shape.rank == 0:
             example = self.parser(serialized)
         else:  # a custom parser (tfds') takes one record at a time
@@ -142,28 +138,6 @@ def count_records(files, skip_truncated: bool = False) -> int:
     ds = tf.data.TFRecordDataset(list(files))
     ds = ds.ignore_errors() if skip_truncated else ds
     return int(ds.reduce(0, lambda n, _: n + 1))
-
-
-def scan_shard(path: str) -> tuple[int, int]:
-    """(records, offset of the break or -1) for a local TFRecord file.
-
-    Walks only the 12-byte record headers (seek past the data), so it costs one small read
-    per record, not a pass over the bytes; CRCs are left to the reader.
-    """
-    size = os.path.getsize(path)
-    offset, count = 0, 0
-    with open(path, "rb") as f:
-        while offset < size:
-            header = f.read(12)
-            if len(header) < 12:
-                return count, offset
-            (length,) = struct.unpack("<Q", header[:8])
-            end = offset + 12 + length + 4
-            if end > size:
-                return count, offset
-            f.seek(end)
-            offset, count = end, count + 1
-    return count, -1
 
 
 def truncated_at(path: str) -> int:
@@ -254,17 +228,17 @@ SYNTHETIC_TRAIN_EXAMPLES = 1_281_167  # ImageNet's: epochs of synthetic data mea
 
 
 def load_spec(data) -> DataSpec:
-    """The DataSpec ``data`` (a config.DataConfig) names: synthetic, --tfds_name, --data_dir,
-    or else the built-in demo dataset (built once, cached)."""
+    """The DataSpec ``data`` (a config.DataConfig) names: synthetic, --tfds_name or --data_dir
+    (``tfgpu.main`` sets --data_dir to the built-in demo dataset's when none is given)."""
     if data.synthetic_data:
         classes = data.num_classes or 1000
         return DataSpec("", classes, 0, (), (), SYNTHETIC_TRAIN_EXAMPLES, 0)
     if data.tfds_name:
         return load_tfds_spec(data.tfds_name, data.tfds_data_dir, data.num_classes)
-    if data.data_dir:
-        data_dir = os.path.expanduser(data.data_dir)
-    else:
-        from tfgpu.data import demo
-
-        data_dir = demo.build_demo_dataset()
+    if not data.data_dir:
+        raise DataError(
+            "no --data_dir (nor --tfds_name or --synthetic_data): for the built-in demo dataset, "
+            "run tfgpu.main, or pass data_dir=tfgpu.demo.build_demo_dataset()"
+        )
+    data_dir = os.path.expanduser(data.data_dir)
     return load_data_spec(data_dir, data.num_classes, data.label_offset, data.skip_truncated_shards)

@@ -17,14 +17,12 @@ shared by the modules above; it imports nothing heavy.
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
+from tfgpu.errors import DistributeError  # noqa: F401  (what distribute's modules raise)
+
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored", "horovod")
 ALL_REDUCE_ALGS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 HVD_COMPRESSIONS = ("none", "fp16")
-
-
-class DistributeError(ValueError):
-    """A strategy that cannot be set up in this environment; the message is one line."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 
+from tfgpu.errors import WorkerLost
+
 INTERVAL_S = 1.0
 SILENT_S = 5.0  # a peer not heard from for this long is frozen, dead or unreachable
 DONE = "done"
@@ -135,7 +137,7 @@ class Board:
     def _leave(self, why: str) -> None:
         line = f"tfgpu: error: {why}; the last checkpoint is kept\n"
         os.write(sys.stderr.fileno(), line.encode())
-        os._exit(5)  # main.EXIT_WORKER_LOST; the main thread is stuck in TensorFlow
+        os._exit(WorkerLost.exit_code)  # the main thread is stuck in TensorFlow
 
     def culprit(self) -> str:
         """Who holds the others up: a worker gone silent, else one that has not reached the

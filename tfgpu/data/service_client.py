@@ -1,5 +1,5 @@
 """``--data_service=grpc://HOST:PORT``: the per-example train pipeline runs on the workers of a
-tf.data service (``python -m tfgpu.data_service``), and the step consumes the per-replica
+tf.data service (``python -m tfgpu.data.service_server``), and the step consumes the per-replica
 batches they send back. Evaluation still reads here.
 
 Visitation: DYNAMIC sharding ("distributed_epoch") with one split per epoch. The stream sent to
@@ -42,6 +42,7 @@ from tfgpu.data import pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.data.spec import DataError, DataSpec
 from tfgpu.distribute import InputShard
+from tfgpu.recordformat import scan_shard
 
 PROCESSING_MODE = tf.data.experimental.service.ShardingPolicy.DYNAMIC
 GUARANTEE = "each example at most once per epoch"
@@ -72,7 +73,7 @@ def check_reachable(service: str, timeout_s: float) -> int | None:
             raise DataError(
                 f"--data_service={service}: no tf.data service dispatcher answered at {target} "
                 f"within --data_service_timeout_s={timeout_s:g} s (start one with python -m "
-                "tfgpu.data_service --role=dispatcher)"
+                "tfgpu.data.service_server --role=dispatcher)"
             ) from None
         get_workers = channel.unary_unary(
             _GET_WORKERS, request_serializer=bytes, response_deserializer=bytes
@@ -162,10 +163,10 @@ def epoch_batches(
 
 
 def _count_records(files) -> int:
-    """Records in ``files``: local ones by their headers (``spec.scan_shard``), others read."""
+    """Records in ``files``: local ones by their headers (``scan_shard``), others read."""
     local = [f for f in files if "://" not in f and os.path.isfile(f)]
     remote = [f for f in files if f not in local]
-    return sum(data_spec.scan_shard(f)[0] for f in local) + data_spec.count_records(remote)
+    return sum(scan_shard(f)[0] for f in local) + data_spec.count_records(remote)
 
 
 def make_train_dataset(
@@ -250,7 +251,7 @@ def train_maker(run):
     if workers == 0 and run.backend.is_chief:
         print(
             f"tfgpu: the tf.data service at {data.data_service} has no worker yet; training "
-            "waits for one (python -m tfgpu.data_service --role=worker "
+            "waits for one (python -m tfgpu.data.service_server --role=worker "
             f"--dispatcher={address(data.data_service)})",
             flush=True,
         )

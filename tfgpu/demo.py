@@ -1,8 +1,11 @@
-"""The built-in demo dataset and its recipe.
+"""The built-in demo dataset and its recipe: what ``python -m tfgpu.main`` trains on when no
+dataset flag is given (``main.py`` fills in the dataset's directory and the recipe's flags).
 
-scikit-learn ships the UCI handwritten digits (1,797 real 8x8 scans, 10 classes). They are
-upscaled to 32x32 RGB and written as TFRecords by the converter's own code, once, into a cache
-directory; every later run reads them from there, through the same pipeline as ImageNet.
+It sits above both halves of the package: the converter writes the dataset, the reader reads
+it like any other. scikit-learn ships the UCI handwritten digits (1,797 real 8x8 scans, 10
+classes). They are upscaled to 32x32 RGB and written as TFRecords by the converter's own code,
+once, into a cache directory; every later run reads them from there, through the same pipeline
+as ImageNet.
 """
 
 import os
@@ -14,7 +17,7 @@ from PIL import Image
 
 from tfgpu.convert import plan
 from tfgpu.convert.items import items_from_arrays, split_items
-from tfgpu.schema import INFO_FILE
+from tfgpu.recordformat import INFO_FILE
 
 DEMO_VERSION = "digits-v1"
 DEMO_IMAGE_SIZE = 32

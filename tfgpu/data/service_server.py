@@ -1,9 +1,9 @@
-"""``python -m tfgpu.data_service`` / ``tfgpu-data-service``: the tf.data service that
+"""``python -m tfgpu.data.service_server`` / ``tfgpu-data-service``: the tf.data service that
 ``--data_service=grpc://HOST:PORT`` sends the train pipeline to.
 
-  python -m tfgpu.data_service --role=dispatcher --port=5050 [--work_dir=/shared/ds-journal]
-  python -m tfgpu.data_service --role=worker --dispatcher=HOST:5050 [--worker_port=P]
-  python -m tfgpu.data_service --role=local --num_workers=2 --port=5050
+  python -m tfgpu.data.service_server --role=dispatcher --port=5050 [--work_dir=/shared/ds-journal]
+  python -m tfgpu.data.service_server --role=worker --dispatcher=HOST:5050 [--worker_port=P]
+  python -m tfgpu.data.service_server --role=local --num_workers=2 --port=5050
 
 dispatcher: hands out the jobs' splits; with --work_dir it journals its state there
 (fault-tolerant mode), so a restart on the same port and work dir resumes every job; without
@@ -28,6 +28,9 @@ import threading
 import time
 
 from absl import flags
+
+from tfgpu.errors import UsageError, run_command
+from tfgpu.startup import import_tensorflow
 
 PROG = "tfgpu-data-service"
 ROLES = ("dispatcher", "worker", "local")
@@ -59,10 +62,6 @@ flags.DEFINE_string(
     flag_values=FLAGS,
 )
 flags.DEFINE_integer("num_workers", 2, "local: workers started in this process.", flag_values=FLAGS)
-
-
-class UsageError(ValueError):
-    """A flag or the machine says no; one line."""
 
 
 def port_in_use(port: int) -> bool:
@@ -213,7 +212,7 @@ def _stop_all(servers: list, stop: _Stop) -> None:
 
 def serve(f, stop: _Stop) -> int:
     """Starts what ``--role`` says, prints where it serves, waits for a signal, stops."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import_tensorflow()  # without its start-up notices
     servers = []
     try:
         if f.role in ("dispatcher", "local"):
@@ -264,15 +263,14 @@ def main(argv: list) -> int:
     if "--help" in argv or "-h" in argv:
         print(__doc__ + "\n" + FLAGS.get_help(include_special_flags=False))
         return 0
-    stop = _Stop()
-    try:
-        FLAGS.unparse_flags()
-        FLAGS(argv)
-        _check_flags(FLAGS)
-        return serve(FLAGS, stop)
-    except (flags.Error, UsageError) as err:
-        print(f"{PROG}: error: {_first_line(err)}", file=sys.stderr)
-        return 2
+    return run_command(_serve, argv, prog=PROG)
+
+
+def _serve(argv: list) -> int:
+    FLAGS.unparse_flags()
+    FLAGS(argv)
+    _check_flags(FLAGS)
+    return serve(FLAGS, _Stop())
 
 
 def run() -> None:

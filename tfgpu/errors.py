@@ -1,0 +1,129 @@
+"""The errors a tfgpu command stops with, each carrying its exit code, and the one way every
+command (``tfgpu.main``, ``tfgpu.launch``, ``tfgpu-to-tfrecord``, ``tfgpu-data-service``) turns
+them into one line on stderr and that code (README: the table of faults).
+
+No TensorFlow here: commands report bad flags before TensorFlow starts. Errors that come from
+TensorFlow ops are translated into one of these, in words (``op_error_cause``), by the module
+that knows what failed; an error tfgpu does not know keeps its full traceback.
+"""
+
+import errno
+import os
+import re
+import sys
+
+EXIT_USAGE = 2
+
+
+class TfgpuError(Exception):
+    """An error the user can act on; its first argument is one line saying what and where."""
+
+    exit_code = 1
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else type(self).__name__
+
+    def line(self, prog: str) -> str:
+        """What ``prog`` prints for it: one line."""
+        return f"{prog}: error: {self.message}"
+
+
+class UsageError(TfgpuError, ValueError):
+    """A flag or an argument that is wrong (or a port that is taken)."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    """A setting (or combination) that cannot work; raised before TensorFlow starts."""
+
+
+class DataError(UsageError):
+    """A dataset that cannot be read as asked; the message is one line naming the file or flag."""
+
+
+class DistributeError(UsageError):
+    """A cluster description (TF_CONFIG, Slurm, horovodrun) that cannot work as asked."""
+
+
+class ConvertError(TfgpuError):
+    """A conversion that cannot go on; the message is one line for the user. (Not a
+    ValueError: the converter's ``except ValueError`` around parsing must not catch it.)"""
+
+    exit_code = EXIT_USAGE
+
+
+class NonFiniteLoss(TfgpuError, FloatingPointError):
+    """The loss went NaN or infinite; checkpoints are left as they were."""
+
+    exit_code = 3
+
+    def line(self, prog: str) -> str:
+        return f"{prog}: error: {self.message}; the last good checkpoint is kept"
+
+
+class CheckpointError(TfgpuError, RuntimeError):
+    """The final checkpoint could not be written, or none of those there reads back."""
+
+    exit_code = 4
+
+
+class WorkerLost(TfgpuError):
+    """Another worker died or froze; run again (all workers) to resume."""
+
+    exit_code = 5
+
+
+class Preempted(TfgpuError):
+    """The run was asked to stop (SIGTERM/SIGINT) and saved a checkpoint; run it again."""
+
+    exit_code = 75  # EX_TEMPFAIL
+
+    def line(self, prog: str) -> str:
+        return f"{prog}: {self.message}; run the same command again to resume"
+
+
+def report(err: TfgpuError, prog: str = "tfgpu") -> int:
+    """Prints ``err`` as its one line on stderr; returns its exit code."""
+    print(err.line(prog), file=sys.stderr, flush=True)
+    return err.exit_code
+
+
+def run_command(command, *args, prog: str = "tfgpu", translate=None) -> int:
+    """``command(*args)``'s exit code (None is 0), with a TfgpuError (or an error that
+    ``translate(err)`` turns into one; None: not ours) reported as its one line and code.
+    absl's flag errors are usage errors."""
+    from absl import flags  # light; every command parses absl flags
+
+    try:
+        return command(*args) or 0
+    except TfgpuError as err:
+        return report(err, prog)
+    except flags.Error as err:
+        return report(UsageError((str(err).strip().splitlines() or [""])[0]), prog)
+    except Exception as err:
+        known = translate(err) if translate else None
+        if known is None:
+            raise
+        return report(known, prog)
+
+
+_FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
+_OP_SUFFIX = re.compile(r"\s*\[Op:[^\]]*\]\s*$")
+_OS_REASONS = sorted({os.strerror(code) for code in errno.errorcode}, key=len, reverse=True)
+
+
+def op_error_cause(err: BaseException) -> str:
+    """Why an OSError or a TensorFlow OpError failed, in words: its OS reason ("No space left
+    on device") when it has one, else its first line without TensorFlow's function-node
+    prefix, op suffix and temp-file paths."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    text = getattr(err, "message", None) or str(err)
+    text = _OP_SUFFIX.sub("", _FUNCTION_NODE.sub("", (text.strip().splitlines() or [""])[0]))
+    reason = next((r for r in _OS_REASONS if r in text), None)
+    if reason:
+        return reason
+    words = [w for w in text.split() if "_temp" not in w and ".tempstate" not in w]
+    return " ".join(words).strip(" ;:") or type(err).__name__

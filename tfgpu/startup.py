@@ -1,0 +1,78 @@
+"""A quiet start: the first line a user reads is tfgpu's, not TensorFlow's start-up notices.
+
+Every command imports TensorFlow through ``import_tensorflow()``. Unless the user set
+``TF_CPP_MIN_LOG_LEVEL`` (then TensorFlow logs as they asked, untouched), TensorFlow's C++ log
+level becomes warnings-and-above (1): that silences the INFO notices that respect it (oneDNN's
+"custom operations are on", the CPU-instructions notice). Some lines come before TensorFlow's
+logging is initialized and ignore that level (absl writes everything to stderr until then):
+"WARNING: All log messages before absl::InitializeLog() ...", cudart_stub's "Could not find
+cuda drivers" (INFO) and, on a machine without an NVIDIA driver, cuda_platform's "failed call to
+cuInit". Nothing in Python can raise absl's threshold before the library that holds it is
+loaded, so those lines are taken out of stderr while TensorFlow is imported and its devices
+are first listed (that is when cuInit runs), and every other line is passed on as it came.
+"""
+
+import os
+import re
+import sys
+import tempfile
+
+# Read when this module is first imported: before any tfgpu code sets the variable.
+USER_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+DEFAULT_LOG_LEVEL = "1"  # warnings and above
+
+_NOISE = (
+    re.compile(r"^WARNING: All log messages before absl::InitializeLog\(\) is called"),
+    re.compile(r"^I\d{4} "),  # absl INFO lines written before its log was initialized
+    re.compile(r"^To enable the following instructions: .* rebuild TensorFlow"),
+)
+_NO_DRIVER = re.compile(r"^E\d{4} .*\] failed call to cuInit")
+
+
+def _is_noise(line: str, has_driver: bool) -> bool:
+    if any(p.search(line) for p in _NOISE):
+        return True
+    return not has_driver and bool(_NO_DRIVER.search(line))
+
+
+def _has_nvidia_driver() -> bool:
+    return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidiactl")
+
+
+def quiet_log_level() -> None:
+    """TensorFlow's C++ log level: the user's, or warnings and above. Call before TensorFlow
+    is imported (also by processes that hand their environment to TensorFlow children)."""
+    if USER_LOG_LEVEL is None:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = DEFAULT_LOG_LEVEL
+
+
+def import_tensorflow():
+    """``import tensorflow`` (and a first look at its GPUs) without its start-up notices;
+    returns the module."""
+    quiet_log_level()
+    if "tensorflow" in sys.modules or USER_LOG_LEVEL is not None:
+        import tensorflow as tf
+
+        return tf
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices("GPU")  # cuInit: its complaint comes now
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            has_driver = _has_nvidia_driver()
+            kept = [
+                line
+                for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True)
+                if not _is_noise(line, has_driver)
+            ]
+            sys.stderr.write("".join(kept))
+            sys.stderr.flush()
+    return tf
