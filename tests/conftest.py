@@ -6,20 +6,24 @@ sets ``--strict-markers``). ``make test-fast`` (``pytest -m fast``) runs the fas
 under 2 minutes on 2 cores; ``make test`` and CI run both. A test is:
 
 - what it is marked: ``@pytest.mark.slow`` / ``@pytest.mark.fast`` on the test, its class, or
-  the module's ``pytestmark``; explicit marks always win (a test marked both is an error);
+  the module's ``pytestmark`` (a test marked both is an error: ``-m`` would select it twice);
 - otherwise ``slow`` if its module holds a process helper (``subprocess``, ``multiprocessing``,
-  ``tests/procs.py`` or ``tests/multihost.py``, imported as a module or by name) or it uses a
-  fixture that starts processes (``PROCESS_FIXTURES``);
+  ``tests/procs.py`` or ``tests/multihost.py``, imported as a module or by name) or a training
+  helper (``tfgpu.train``, ``TrainStep``, ``assert_mirrored_equals_default``: every test here
+  that trains took 5-40 s on 2 cores), or it uses a fixture that starts processes
+  (``PROCESS_FIXTURES``);
 - otherwise ``fast``.
 
 So a new test file is classified sensibly without anyone thinking about tiers: one that starts
-processes (the usual reason a test takes 20-70 s here) is slow, and one that does not is fast.
-What the rule cannot see is in-process work that takes many seconds (training more than a
-handful of tiny_cnn updates, building resnet50-sized models): mark those ``slow`` by hand. The
+processes (the usual reason a test takes 20-70 s here) or trains is slow, and one that does
+neither is fast. The rule leans to slow (a training helper anywhere in a module makes all its
+unmarked tests slow): a wrong guess costs the fast tier a test rather than its time budget.
+What the rule cannot see is other in-process work that takes many seconds (building
+densenet121- or resnet50-sized models, long tf.data runs): mark those ``slow`` by hand. The
 fast tier prints, at its end, every fast test that took over ``FAST_TEST_BUDGET_S``, so that
-shows up the first time it runs. In a module that starts processes, a test that starts none
-may be marked ``fast``; tests/test_tiers.py checks that such tests (and every other fast test)
-name no process helper, and that both tiers keep a sensible size.
+shows up the first time it runs. In a module the rule makes slow, a test that starts no
+process and trains nothing may be marked ``fast``; tests/test_tiers.py checks that no fast test
+names a process helper, and that both tiers keep a sensible size.
 """
 
 import os
@@ -47,7 +51,17 @@ devices.configure_devices(2)
 TIERS = ("fast", "slow")
 PROCESS_MODULES = frozenset({"subprocess", "multiprocessing", "procs", "multihost"})
 PROCESS_FIXTURES = frozenset({"horovodrun_tfgpu"})
+TRAINING_HELPERS = frozenset(
+    {"tfgpu.train", "tfgpu.step.TrainStep", "conftest.assert_mirrored_equals_default"}
+)
 FAST_TEST_BUDGET_S = 10.0
+
+
+def _qualified_name(value):
+    if inspect.ismodule(value):
+        return value.__name__
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    return f"{module}.{name}" if isinstance(module, str) and isinstance(name, str) else None
 
 
 def is_process_helper(value) -> bool:
@@ -62,15 +76,21 @@ def module_starts_processes(module) -> bool:
     return any(is_process_helper(value) for value in vars(module).values())
 
 
+def module_trains(module) -> bool:
+    """True if ``module`` holds one of TRAINING_HELPERS (``from tfgpu import train`` ...)."""
+    return any(_qualified_name(value) in TRAINING_HELPERS for value in vars(module).values())
+
+
 def tier(explicit: set, module, fixturenames) -> str:
-    """The tier of a test: its explicit mark, else slow where processes start, else fast."""
+    """The tier of a test: its explicit mark, else slow where processes start or training
+    runs, else fast."""
     if len(explicit) > 1:
-        raise pytest.UsageError(f"a test is marked both fast and slow ({module.__name__})")
+        raise pytest.UsageError(f"a test of {module.__name__} is marked both fast and slow")
     if explicit:
         return next(iter(explicit))
-    if module_starts_processes(module) or PROCESS_FIXTURES & set(fixturenames):
+    if module_starts_processes(module) or module_trains(module):
         return "slow"
-    return "fast"
+    return "slow" if PROCESS_FIXTURES & set(fixturenames) else "fast"
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker

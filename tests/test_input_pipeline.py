@@ -21,6 +21,7 @@ def _spec(data_dir):
     return data_spec.load_data_spec(data_dir)
 
 
+@pytest.mark.fast
 def test_train_batches_are_uint8_of_the_right_shape(small_dataset):
     ds = train_ds(_spec(small_dataset), CFG, InputShard(1, 0), 8, 8, **ORDER)
     batch = next(iter(ds))
@@ -52,6 +53,7 @@ def test_two_pipelines_split_each_global_batch_without_overlap(small_dataset):
     np.testing.assert_array_equal(np.concatenate(halves), whole)
 
 
+@pytest.mark.fast
 def test_eval_sees_every_example_once_padded_to_full_batches(small_dataset):
     spec = _spec(small_dataset)
     labels, weights = [], []
@@ -64,6 +66,7 @@ def test_eval_sees_every_example_once_padded_to_full_batches(small_dataset):
     assert len(weights) == pipeline.eval_steps(24, 10) * 10
 
 
+@pytest.mark.fast
 def test_crop_windows_lie_inside_the_image_eager_and_in_tf_data():
     shape = tf.constant([40, 60, 3])
     seed = host_ops.example_seed(1, tf.constant(0), tf.constant(5))
@@ -82,6 +85,7 @@ def test_crop_windows_lie_inside_the_image_eager_and_in_tf_data():
     np.testing.assert_array_equal(center, [10, 20, 20, 20])
 
 
+@pytest.mark.fast
 def test_flip_eager_and_in_tf_data():
     images = tf.reshape(tf.range(2 * 2 * 3 * 1, dtype=tf.int32), [2, 2, 3, 1])
     flip = tf.constant([True, False])
@@ -126,6 +130,7 @@ def _jpegs(n):
     return [tf.io.encode_jpeg(img).numpy() for img in images]
 
 
+@pytest.mark.fast
 def test_broken_image_gets_weight_zero_and_the_stream_goes_on(tmp_path):
     good = _jpegs(8)
     payloads = good[:3] + [good[3][:-200], b"not an image"] + good[5:]
@@ -139,6 +144,7 @@ def test_broken_image_gets_weight_zero_and_the_stream_goes_on(tmp_path):
     assert not targets.numpy()[broken].any()  # zero targets: no loss, no gradient
 
 
+@pytest.mark.fast
 def test_broken_records_are_named_once_however_many_epochs(tmp_path, capfd):
     from tfgpu.data import broken
 
@@ -157,6 +163,7 @@ def test_broken_records_are_named_once_however_many_epochs(tmp_path, capfd):
     ]
 
 
+@pytest.mark.fast
 def test_truncated_shard_is_an_error_naming_it_or_skipped_under_the_flag(tmp_path):
     path = str(tmp_path / "train-00000-of-00001")
     _write_records(path, _jpegs(4))
@@ -170,6 +177,7 @@ def test_truncated_shard_is_an_error_naming_it_or_skipped_under_the_flag(tmp_pat
     assert batch["image"].shape == (3, 32, 32, 3)
 
 
+@pytest.mark.fast
 def test_official_imagenet_records_labels_from_one(tmp_path):
     _write_records(str(tmp_path / "train-00000-of-00001"), _jpegs(8), label_start=1)
     with pytest.raises(data_spec.DataError, match="--num_classes"):
@@ -180,6 +188,7 @@ def test_official_imagenet_records_labels_from_one(tmp_path):
     assert sorted(labels.numpy()) == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
+@pytest.mark.fast
 def test_tfds_dataset_read_from_its_files(tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
 

@@ -46,6 +46,7 @@ def _weights(model):
 
 
 @pytest.mark.parametrize("dtype", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.fast
 def test_mixed_policies_compute_in_half_and_give_float32_logits(policy, dtype):
     policy(dtype)
     model = models.build_model("resnet18", 4, 32, small_input=True)
@@ -65,6 +66,7 @@ def test_bfloat16_train_step_runs_and_updates_weights(policy):
     assert any(not np.array_equal(a, b) for a, b in zip(before, _weights(model)))
 
 
+@pytest.mark.fast
 def test_float16_overflow_is_skipped_the_scale_halved_and_later_steps_apply(policy):
     policy("mixed_float16")
     model = models.build_model("tiny_cnn", 4, 32)
@@ -86,6 +88,7 @@ def test_float16_overflow_is_skipped_the_scale_halved_and_later_steps_apply(poli
     assert float(loss_scale.scale) == 2.0**10 and int(loss_scale.good_steps) == 1
 
 
+@pytest.mark.fast
 def test_float16_scale_doubles_after_a_period_of_finite_steps(policy):
     policy("mixed_float16")
     loss_scale = DynamicLossScale(initial=2.0**8, period=2)
@@ -167,6 +170,7 @@ def _resize_on(resize_on, has_gpu, preprocess_on="device"):
     return resolve(config, has_gpu).data.resize_on
 
 
+@pytest.mark.fast
 def test_resize_on_auto_is_device_only_with_a_gpu():
     assert _resize_on("auto", has_gpu=True) == "device"
     assert _resize_on("auto", has_gpu=False) == "host"

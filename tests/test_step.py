@@ -71,6 +71,7 @@ def test_two_replicas_equal_one():
         np.testing.assert_allclose(a, b, atol=3e-5, rtol=0)
 
 
+@pytest.mark.fast
 def test_weight_decay_skips_batchnorm_and_bias():
     model = models.build_model("resnet18", num_classes=3, image_size=32, small_input=True)
     opt = optim.build_optimizer("sgd", 0.1, weight_decay=1e-4)
@@ -80,6 +81,7 @@ def test_weight_decay_skips_batchnorm_and_bias():
     assert not any(p.endswith(("bias", "gamma", "beta")) for p in decayed)
 
 
+@pytest.mark.fast
 def test_schedule_warms_up_then_decays_to_zero():
     schedule = schedules.WarmupDecay(0.4, total_steps=100, warmup_steps=10, decay="cosine")
     rates = [float(schedule(s)) for s in (0, 9, 10, 55, 100)]

@@ -85,12 +85,16 @@ def test_no_fast_test_starts_a_process(module_name):
             assert not used, f"{module_name}::{name} is fast but uses {sorted(used)}: mark it slow"
 
 
-def test_the_rule_sees_the_modules_that_start_processes():
-    starts = {m for m in MODULES if conftest.module_starts_processes(importlib.import_module(m))}
+def test_the_rule_sees_the_modules_that_start_processes_or_train():
+    modules = {m: importlib.import_module(m) for m in MODULES}
+    starts = {m for m, module in modules.items() if conftest.module_starts_processes(module)}
+    trains = {m for m, module in modules.items() if conftest.module_trains(module)}
     for name in ["test_cluster", "test_distribute", "test_hangs", "test_multihost", "test_slurm"]:
         assert name in starts
-    for name in ["test_step", "test_records", "test_preprocess", "test_models", "test_tiers"]:
-        assert name not in starts
+    for name in ["test_train", "test_input_diagnosis", "test_step", "test_memory"]:
+        assert name in trains
+    for name in ["test_records", "test_preprocess", "test_models", "test_tiers"]:
+        assert name not in starts | trains
 
 
 def test_both_tiers_keep_a_sensible_size():
