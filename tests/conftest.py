@@ -88,9 +88,8 @@ def tier(explicit: set, module, fixturenames) -> str:
         raise pytest.UsageError(f"a test of {module.__name__} is marked both fast and slow")
     if explicit:
         return next(iter(explicit))
-    if module_starts_processes(module) or module_trains(module):
-        return "slow"
-    return "slow" if PROCESS_FIXTURES & set(fixturenames) else "fast"
+    slow = module_starts_processes(module) or module_trains(module)
+    return "slow" if slow or PROCESS_FIXTURES & set(fixturenames) else "fast"
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
