@@ -31,7 +31,7 @@ def test_train_batches_are_uint8_of_the_right_shape(small_dataset):
     assert batch["weight"].dtype == tf.float32 and batch["weight"].numpy().all()
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 5 s (2 shared cores)
 def test_deterministic_stream_is_repeatable_and_resumable(small_dataset):
     spec = _spec(small_dataset)
     take = lambda ds, n: [b["image"].numpy() for b in ds.take(n)]  # noqa: E731
@@ -42,7 +42,7 @@ def test_deterministic_stream_is_repeatable_and_resumable(small_dataset):
     assert all(np.array_equal(x, y) for x, y in zip(a[17:], resumed))
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 6 s (2 shared cores)
 def test_two_pipelines_split_each_global_batch_without_overlap(small_dataset):
     spec = _spec(small_dataset)
     whole = next(iter(train_ds(spec, CFG, InputShard(1, 0), 8, 8, **ORDER)))["image"].numpy()
@@ -108,7 +108,7 @@ def _epoch_images(spec, cfg, shard, batch, global_batch, deterministic):
     return [img.tobytes() for b in ds.take(steps) for img in b["image"].numpy()]
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 6 s (2 shared cores)
 def test_two_workers_never_see_an_example_twice_in_an_epoch(small_dataset):
     spec = _spec(small_dataset)
     whole = dict(crop_min_area=1.0, random_flip=False)
@@ -223,7 +223,7 @@ def test_tfds_dataset_read_from_its_files(tmp_path):
     assert sum(float(b["weight"].numpy().sum()) for b in evaluation) == 4
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 23 s: two training runs (2 shared cores)
 def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_dataset, tmp_path):
     """Un-resized crops (variable-length per-replica tensors) go through tf.distribute, and
     under --deterministic 2 mirrored replicas end where one device does."""
@@ -232,7 +232,7 @@ def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_
     )
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 5 s (2 shared cores)
 def test_dct_scaled_decode_hands_over_large_crops_at_a_smaller_scale(small_dataset):
     """Same crop windows (same seed); with --dct_scaled_decode those >= 2x the output on both
     sides arrive decoded at 1/2 or 1/4 scale, never below the output size."""

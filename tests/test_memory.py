@@ -88,7 +88,7 @@ def test_every_example_once_per_epoch_also_across_a_batch_that_ends_the_epoch(me
     assert images[:96] != images[96:192]  # each epoch its own order
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 6 s (2 shared cores)
 def test_two_pipelines_split_each_global_batch_also_after_mixing(mem):
     """One pipeline with 2 replica batches of 4 per global batch of 8, or two pipelines of one
     replica batch each: the same examples, draws and mixed images."""
@@ -246,7 +246,7 @@ def test_auto_uses_memory_when_the_split_fits_the_budget(small_dataset):
     assert memory.load(spec, fits).describe() == "train split in memory (96 images, 0.4 MB)"
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 28 s: two training runs (2 shared cores)
 def test_in_memory_trains_default_and_mirrored_to_the_same_weights(small_dataset, tmp_path):
     """2 mirrored replicas (each its replica batch of every global batch, with mixing) end
     where one device does."""

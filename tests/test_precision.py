@@ -55,7 +55,7 @@ def test_mixed_policies_compute_in_half_and_give_float32_logits(policy, dtype):
     assert model(np.zeros((2, 32, 32, 3), np.float32)).dtype == "float32"
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 41 s: resnet18 train steps in bfloat16 (2 shared cores)
 def test_bfloat16_train_step_runs_and_updates_weights(policy):
     policy("mixed_bfloat16")
     model = models.build_model("resnet18", 4, 32, small_input=True)
@@ -118,7 +118,7 @@ def _twin_models(name):
 
 
 @pytest.mark.parametrize("name", ["tiny_cnn", "small_bn_net"])
-@pytest.mark.slow
+@pytest.mark.slow  # 8-16 s a case: XLA compilation (2 shared cores)
 def test_xla_train_step_matches_the_plain_one(name):
     # Op determinism is process-wide and an earlier test may have left it on; XLA refuses it.
     compat.set_op_determinism(False)
@@ -139,7 +139,7 @@ def test_xla_train_step_matches_the_plain_one(name):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 21 s: XLA compilation (2 shared cores)
 def test_xla_step_takes_un_resized_crops_and_matches_the_plain_one():
     """--resize_on=device with --jit_compile: the variable-length crops are resized before
     XLA, which sees fixed shapes; the update equals the plain step's."""

@@ -49,7 +49,7 @@ def _train(strategy: str, optimizer: str, accum: int, weight_decay: float):
     "optimizer,weight_decay", [("sgd", 0.0), ("sgd", 1e-3), ("nesterov", 0.0), ("adamw", 1e-2)]
 )
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
-@pytest.mark.slow
+@pytest.mark.slow  # 6-28 s a case: train steps (2 shared cores)
 def test_accumulated_gradients_equal_the_large_batch(strategy, optimizer, weight_decay):
     big, _, _ = _train(strategy, optimizer, 1, weight_decay)
     small, backend, update = _train(strategy, optimizer, 4, weight_decay)
@@ -59,7 +59,7 @@ def test_accumulated_gradients_equal_the_large_batch(strategy, optimizer, weight
     assert update.experimental_get_tracing_count() == 1
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 15 s: train steps on 2 replicas (2 shared cores)
 def test_two_replicas_equal_one():
     one, _, _ = _train("default", "adam", 2, 0.0)
     two, backend, _ = _train("mirrored", "adam", 2, 0.0)
