@@ -6,12 +6,17 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test install horovod bench
+.PHONY: demo test test-fast install horovod bench
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
 test: install horovod
 	$(PY) -m pytest -q tests
+
+# The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
+# cores, and no Horovod needed.
+test-fast: install
+	$(PY) -m pytest -q -m fast tests
 
 install: $(STAMP)
 

@@ -1,10 +1,37 @@
-"""Shared test set-up: quiet TensorFlow, two logical CPU devices, a small dataset on disk."""
+"""Shared test set-up: quiet TensorFlow, two logical CPU devices, a small dataset on disk, and
+the two test tiers.
+
+Tiers. Every test is either ``fast`` or ``slow`` (markers registered in setup.cfg, which also
+sets ``--strict-markers``). ``make test-fast`` (``pytest -m fast``) runs the fast tier, in
+under 2 minutes on 2 cores; ``make test`` and CI run both. A test is:
+
+- what it is marked: ``@pytest.mark.slow`` / ``@pytest.mark.fast`` on the test, its class, or
+  the module's ``pytestmark`` (a test marked both is an error: ``-m`` would select it twice);
+- otherwise ``slow`` if its module holds a process helper (``subprocess``, ``multiprocessing``,
+  ``tests/procs.py`` or ``tests/multihost.py``, imported as a module or by name) or a training
+  helper (``tfgpu.train``, ``TrainStep``, ``assert_mirrored_equals_default``: every test here
+  that trains took 5-40 s on 2 cores), or it uses a fixture that starts processes
+  (``PROCESS_FIXTURES``);
+- otherwise ``fast``.
+
+So a new test file is classified sensibly without anyone thinking about tiers: one that starts
+processes (the usual reason a test takes 20-70 s here) or trains is slow, and one that does
+neither is fast. The rule leans to slow (a training helper anywhere in a module makes all its
+unmarked tests slow): a wrong guess costs the fast tier a test rather than its time budget.
+What the rule cannot see is other in-process work that takes many seconds (building
+densenet121- or resnet50-sized models, long tf.data runs): mark those ``slow`` by hand. The
+fast tier prints, at its end, every fast test that took over ``FAST_TEST_BUDGET_S``, so that
+shows up the first time it runs. In a module the rule makes slow, a test that starts no
+process and trains nothing may be marked ``fast``; tests/test_tiers.py checks that no fast test
+names a process helper, and that both tiers keep a sensible size.
+"""
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # exact float sums for equivalence tests
 
+import inspect
 import shutil
 import sys
 
@@ -17,6 +44,76 @@ from tfgpu.distribute import devices
 
 # Before TensorFlow starts: mirrored tests get 2 replicas; default stays on /cpu:0.
 devices.configure_devices(2)
+
+
+# --- test tiers (see the module docstring) ---------------------------------------------
+
+TIERS = ("fast", "slow")
+PROCESS_MODULES = frozenset({"subprocess", "multiprocessing", "procs", "multihost"})
+PROCESS_FIXTURES = frozenset({"horovodrun_tfgpu"})
+TRAINING_HELPERS = frozenset(
+    {"tfgpu.train", "tfgpu.step.TrainStep", "conftest.assert_mirrored_equals_default"}
+)
+FAST_TEST_BUDGET_S = 10.0
+
+
+def _qualified_name(value):
+    if inspect.ismodule(value):
+        return value.__name__
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    return f"{module}.{name}" if isinstance(module, str) and isinstance(name, str) else None
+
+
+def is_process_helper(value) -> bool:
+    """True for one of PROCESS_MODULES (``import subprocess``) or a name taken from one
+    (``from procs import popen``)."""
+    name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+    return isinstance(name, str) and name.split(".")[0] in PROCESS_MODULES
+
+
+def module_starts_processes(module) -> bool:
+    """True if ``module`` holds a process helper."""
+    return any(is_process_helper(value) for value in vars(module).values())
+
+
+def module_trains(module) -> bool:
+    """True if ``module`` holds one of TRAINING_HELPERS (``from tfgpu import train`` ...)."""
+    return any(_qualified_name(value) in TRAINING_HELPERS for value in vars(module).values())
+
+
+def tier(explicit: set, module, fixturenames) -> str:
+    """The tier of a test: its explicit mark, else slow where processes start or training
+    runs, else fast."""
+    if len(explicit) > 1:
+        raise pytest.UsageError(f"a test of {module.__name__} is marked both fast and slow")
+    if explicit:
+        return next(iter(explicit))
+    slow = module_starts_processes(module) or module_trains(module)
+    return "slow" if slow or PROCESS_FIXTURES & set(fixturenames) else "fast"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        explicit = {m.name for m in item.iter_markers() if m.name in TIERS}
+        name = tier(explicit, item.module, item.fixturenames)
+        if name not in explicit:
+            item.add_marker(name)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Names the fast tests whose set-up and call took longer than FAST_TEST_BUDGET_S."""
+    seconds = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) in ("setup", "call") and "fast" in report.keywords:
+                seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
+    over = sorted((s, nodeid) for nodeid, s in seconds.items() if s > FAST_TEST_BUDGET_S)
+    if over:
+        title = f"fast tests over {FAST_TEST_BUDGET_S:.0f} s: mark them slow?"
+        terminalreporter.write_sep("-", title)
+        for duration, nodeid in reversed(over):
+            terminalreporter.write_line(f"{duration:6.1f} s  {nodeid}")
 
 
 def make_image_arrays(n: int, size: int = 40, num_classes: int = 4, seed: int = 0):

@@ -91,6 +91,7 @@ def _read_split(data_dir: str, files) -> list:
 # --- end to end -----------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_folder_round_trip_through_the_input_pipeline(image_tree, tmp_path):
     out = str(tmp_path / "out")
     args = ["--num_workers=2", "--num_shards=3", "--validation_fraction=0.2", "--verify"]
@@ -125,6 +126,7 @@ def test_folder_round_trip_through_the_input_pipeline(image_tree, tmp_path):
     assert all(image.shape[2] == 3 for image in names.values())
 
 
+@pytest.mark.fast
 def test_shards_are_balanced_and_mixed(tmp_path):
     """A class-sorted input must not become class-sorted shards."""
     items = [
@@ -142,6 +144,7 @@ def test_shards_are_balanced_and_mixed(tmp_path):
         assert len(set(labels)) == 4 and labels != sorted(labels)
 
 
+@pytest.mark.fast
 def test_split_layout_train_and_val_folders(tmp_path):
     root = tmp_path / "in"
     for split, n in (("train", 6), ("val", 2)):
@@ -174,6 +177,7 @@ def _tf_example(encoded, label, height, width, image_format, filename) -> tf.tra
     return tf.train.Example(features=tf.train.Features(feature=feature))
 
 
+@pytest.mark.fast
 def test_encode_example_writes_exactly_what_tensorflow_writes():
     for args in [
         (b"\xff\xd8\xffdata", 7, 375, 500, "jpeg", "n01/ünï 猫.JPEG"),
@@ -185,6 +189,7 @@ def test_encode_example_writes_exactly_what_tensorflow_writes():
         assert recordformat.encode_example(*args) == expected.SerializeToString(deterministic=True)
 
 
+@pytest.mark.fast
 def test_encode_image_converts_and_passes_through():
     jpeg = _encoded(_image(), "JPEG")
     assert worker.encode_image(jpeg) == (jpeg, "JPEG", 18, 24)  # untouched bytes
@@ -228,6 +233,7 @@ def _shard_bytes(out) -> dict:
     return {n: (out / n).read_bytes() for n in sorted(os.listdir(out)) if n.endswith(".tfrecord")}
 
 
+@pytest.mark.fast
 def test_interrupted_run_keeps_finished_shards_and_finishes_the_rest(tmp_path, monkeypatch):
     items = _items()
     _write(tmp_path / "clean", items)
@@ -287,6 +293,7 @@ def test_killed_run_is_finished_by_running_it_again(tmp_path):
     assert not [n for n in os.listdir(out) if n.startswith(".") or n.endswith(".tmp")]
 
 
+@pytest.mark.fast
 def test_refuses_to_overwrite_without_the_flag(tmp_path):
     _write(tmp_path, _items(8))
     with pytest.raises(ConvertError, match="finished dataset.*--overwrite"):
@@ -297,6 +304,7 @@ def test_refuses_to_overwrite_without_the_flag(tmp_path):
     assert verify.verify(str(tmp_path)) == {"train": 12}
 
 
+@pytest.mark.fast
 def test_never_writes_through_symlinks_outside_output_dir(tmp_path, image_tree):
     """Files planted in --output_dir under the names the converter writes point outside."""
     outside = tmp_path / "outside"
@@ -339,12 +347,14 @@ def test_never_writes_through_symlinks_outside_output_dir(tmp_path, image_tree):
         (["--no_such_flag"], "no_such_flag"),
     ],
 )
+@pytest.mark.fast
 def test_bad_flags_are_one_line_errors(args, message, capsys):
     assert _run_cli(*args) == 2
     err = capsys.readouterr().err
     assert err.startswith("to_tfrecord: error: ") and message in err and err.count("\n") == 1
 
 
+@pytest.mark.fast
 def test_bad_input_file_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "data.bin").write_bytes(b"hello")
     assert _run_cli(f"--input={tmp_path / 'data.bin'}", f"--output_dir={tmp_path / 'o'}") == 2
@@ -355,6 +365,7 @@ def test_bad_input_file_is_a_one_line_error(tmp_path, capsys):
     assert "holds no class folders" in capsys.readouterr().err
 
 
+@pytest.mark.fast
 def test_verify_names_a_shard_that_does_not_read_back(tmp_path):
     _write(tmp_path, _items(10))
     assert verify.verify(str(tmp_path)) == {"train": 10}

@@ -112,6 +112,7 @@ def _reasons(info: dict) -> dict:
 # --- encoded images -------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_encoded_images_labelled_by_a_key_regex(tmp_path):
     entries, images = [], {}
     for name in ["eel", "cat", "dog"]:
@@ -146,6 +147,7 @@ def test_encoded_images_labelled_by_a_key_regex(tmp_path):
 
 
 @pytest.mark.parametrize("style", ["csv", "space", "json"])
+@pytest.mark.fast
 def test_labels_from_a_companion_file(tmp_path, style):
     keys = [f"img{i:05d}" for i in range(7)]
     labels = {key: 2 * (i % 2) for i, key in enumerate(keys[:-1])}  # the last key has none
@@ -165,6 +167,7 @@ def test_labels_from_a_companion_file(tmp_path, style):
     assert {k: label for k, (label, _, _) in rows.items()} == labels
 
 
+@pytest.mark.fast
 def test_labels_stored_beside_the_image_in_a_data_mdb_file(tmp_path):
     entries, names = [], {}
     for i in range(6):
@@ -189,6 +192,7 @@ def test_labels_stored_beside_the_image_in_a_data_mdb_file(tmp_path):
 
 
 @pytest.mark.parametrize("order", ["bgr", "rgb"])
+@pytest.mark.fast
 def test_raw_datum_pixels_round_trip_exactly(tmp_path, order):
     """CHW pixels (BGR, as Caffe writes them, unless told otherwise) -> HWC RGB, lossless."""
     pixels = {f"{i:08d}": _pixels(3, 5 + i % 3, 4) for i in range(9)}
@@ -214,6 +218,7 @@ def test_raw_datum_pixels_round_trip_exactly(tmp_path, order):
             assert np.array_equal(decoded, hwc[..., ::-1] if order == "bgr" else hwc)
 
 
+@pytest.mark.fast
 def test_encoded_datums_and_labels_from_flags_instead(tmp_path):
     arrays = {f"{i:08d}_{['owl', 'bat'][i % 2]}": _pixels(5, 6, 3) for i in range(6)}
     entries = []
@@ -235,6 +240,7 @@ def test_encoded_datums_and_labels_from_flags_instead(tmp_path):
     assert all(info["class_names"][y] == k.split("_")[1] for k, (y, _, _) in rows.items())
 
 
+@pytest.mark.fast
 def test_lmdb_is_told_by_its_folder_or_its_file(tmp_path):
     folder = _write_lmdb(tmp_path / "folder", [("k", b"v")])
     named = _write_lmdb(tmp_path / "train.lmdb", [("k", b"v")], subdir=False)
@@ -245,6 +251,7 @@ def test_lmdb_is_told_by_its_folder_or_its_file(tmp_path):
     assert not lmdb_input.is_lmdb(str(tmp_path / "fake.mdb"))
 
 
+@pytest.mark.fast
 def test_datum_parser_reads_what_protobuf_writes():
     value = Datum(channels=3, height=2, width=1, data=b"abcdef", label=-7).SerializeToString()
     datum = caffe_datum.parse_datum(value)
@@ -271,6 +278,7 @@ def test_datum_parser_reads_what_protobuf_writes():
 # --- bad values, bad databases, refusals ----------------------------------------------------
 
 
+@pytest.mark.fast
 def test_corrupt_values_are_skipped_with_their_reasons(tmp_path):
     good = {f"good{i}": _raw_datum(_pixels(3, 4, 4), i % 2) for i in range(5)}
     truncated = _raw_datum(_pixels(3, 4, 4), 1)
@@ -310,6 +318,7 @@ def _one_line_error(capsys, *args) -> str:
     return err
 
 
+@pytest.mark.fast
 def test_an_empty_database_is_a_one_line_error(tmp_path, capsys):
     db = _write_lmdb(tmp_path / "empty", [])
     err = _one_line_error(capsys, f"--input={db}", f"--output_dir={tmp_path / 'out'}")
@@ -329,6 +338,7 @@ def test_an_empty_database_is_a_one_line_error(tmp_path, capsys):
         (["--lmdb_channel_order=rbg"], "--lmdb_channel_order=rbg: expected bgr or rgb"),
     ],
 )
+@pytest.mark.fast
 def test_no_label_at_all_and_bad_lmdb_flags_are_one_line_errors(tmp_path, capsys, flags, message):
     db = _write_lmdb(tmp_path / "db", [(f"k{i}", _encoded(_pixels(3, 3, 3), "PNG")) for i in "abc"])
     err = _one_line_error(capsys, f"--input={db}", f"--output_dir={tmp_path / 'out'}", *flags)
@@ -336,6 +346,7 @@ def test_no_label_at_all_and_bad_lmdb_flags_are_one_line_errors(tmp_path, capsys
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.fast
 def test_lmdb_flags_and_unknown_values_are_one_line_errors(tmp_path, capsys):
     (tmp_path / "folder" / "a").mkdir(parents=True)
     out = f"--output_dir={tmp_path / 'out'}"
@@ -359,6 +370,7 @@ class _Trap:
 
 @pytest.mark.parametrize("protocol", [2, 4, 5])
 @pytest.mark.parametrize("layout", [[], ["--lmdb_layout=encoded"], ["--lmdb_layout=datum"]])
+@pytest.mark.fast
 def test_a_pickled_database_is_refused(tmp_path, capsys, protocol, layout):
     trap = tmp_path / "unpickled"
     jpeg = _encoded(_pixels(4, 4, 3), "JPEG")
@@ -375,6 +387,7 @@ def test_a_pickled_database_is_refused(tmp_path, capsys, protocol, layout):
     assert os.listdir(out) == ["notes.txt"] and not trap.exists()
 
 
+@pytest.mark.fast
 def test_a_changed_database_is_another_conversion(tmp_path):
     """The plan's fingerprint sees a database's keys and labels, not only its size."""
     entries = [(f"{i}.png", _encoded(_pixels(3, 3, 3), "PNG")) for i in range(5)]

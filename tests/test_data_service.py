@@ -256,6 +256,7 @@ def test_two_service_workers_share_the_epochs_and_never_repeat_one(id_dataset):
             server.stop()
 
 
+@pytest.mark.fast
 def test_job_names_follow_the_stream_not_the_run_length(id_dataset):
     from tfgpu.data import service_client as service
 
@@ -273,6 +274,7 @@ def test_job_names_follow_the_stream_not_the_run_length(id_dataset):
     assert name(base, InputShard(2, 1)).endswith("-shard1of2")
 
 
+@pytest.mark.fast
 def test_an_unreachable_dispatcher_is_a_data_error_within_the_timeout():
     from tfgpu.data import service_client as service
     from tfgpu.data.spec import DataError
@@ -295,6 +297,7 @@ def test_an_unreachable_dispatcher_is_a_data_error_within_the_timeout():
         (dict(data_service="grpc://h:1", data_service_compression="zip"), "is unknown"),
     ],
 )
+@pytest.mark.fast
 def test_data_service_flags_are_checked_before_tensorflow(values, message):
     with pytest.raises(ConfigError, match=message):
         validate(config_from(**values))

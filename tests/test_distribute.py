@@ -51,17 +51,20 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
+@pytest.mark.fast
 def test_auto_is_default_on_one_cpu_process(clean_env):
     assert env.resolve_strategy("auto", num_gpus=0) == "default"
     clean_env.setenv("TF_CONFIG", _tf_config(1))
     assert env.resolve_strategy("auto", num_gpus=0) == "default"
 
 
+@pytest.mark.fast
 def test_auto_is_multi_worker_when_tf_config_names_several_workers(clean_env):
     clean_env.setenv("TF_CONFIG", _tf_config(2, index=1))
     assert env.resolve_strategy("auto", num_gpus=0) == "multi_worker_mirrored"
 
 
+@pytest.mark.fast
 def test_auto_is_horovod_under_horovodrun(clean_env):
     clean_env.setenv("TF_CONFIG", _tf_config(2))
     clean_env.setenv("HOROVOD_RANK", "0")
@@ -79,6 +82,7 @@ def test_auto_is_horovod_under_horovodrun(clean_env):
         (_tf_config(2, index=2), "out of range"),
     ],
 )
+@pytest.mark.fast
 def test_read_tf_config_rejects_malformed(clean_env, raw, why):
     clean_env.setenv("TF_CONFIG", raw)
     with pytest.raises(DistributeError, match=why) as err:
@@ -86,6 +90,7 @@ def test_read_tf_config_rejects_malformed(clean_env, raw, why):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.fast
 def test_multi_worker_without_tf_config_is_a_clear_error(clean_env):
     with pytest.raises(DistributeError, match="tfgpu.launch"):
         backends.build_backend("multi_worker_mirrored")
@@ -93,6 +98,7 @@ def test_multi_worker_without_tf_config_is_a_clear_error(clean_env):
         backends.build_backend("horovod")
 
 
+@pytest.mark.fast
 def test_launch_tf_configs_one_cluster_distinct_ports():
     configs = [json.loads(c) for c in launch.tf_configs(3)]
     workers = configs[0]["cluster"]["worker"]
@@ -115,6 +121,7 @@ class _FakeConfig:
         self.visible = (device, kind)
 
 
+@pytest.mark.fast
 def test_horovod_rank_sees_only_its_local_gpu():
     fake = _FakeConfig(["gpu0", "gpu1", "gpu2"])
     devices.pin_to_local_gpu(1, fake)
@@ -124,6 +131,7 @@ def test_horovod_rank_sees_only_its_local_gpu():
         devices.pin_to_local_gpu(3, fake)
 
 
+@pytest.mark.fast
 def test_lost_worker_message_only_for_lost_peers(clean_env):
     heartbeat = tf.errors.UnavailableError(
         None,

@@ -66,6 +66,7 @@ def test_exported_model_predicts_the_same_without_tfgpu(tmp_path, name):
     np.testing.assert_allclose(from_saved_model, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.fast
 def test_exported_keras_file_names_no_tfgpu_object(tmp_path):
     export_model(models.build_model("tiny_cnn", 3, 32), str(tmp_path), image_size=32)
     with zipfile.ZipFile(tmp_path / "model.keras") as archive:

@@ -200,6 +200,7 @@ def test_label_out_of_range_is_one_clear_line(small_dataset, tmp_path):
     assert "Traceback" not in err
 
 
+@pytest.mark.fast
 def test_dataset_info_that_disagrees_with_the_shards_is_named(small_dataset, tmp_path):
     from tfgpu.data.spec import DataError, load_data_spec
 
@@ -212,6 +213,7 @@ def test_dataset_info_that_disagrees_with_the_shards_is_named(small_dataset, tmp
         load_data_spec(data)
 
 
+@pytest.mark.fast
 def test_empty_train_split_is_an_error(tmp_path):
     from tfgpu.convert import plan
     from tfgpu.data.spec import DataError, load_data_spec

@@ -94,6 +94,7 @@ def _batch(resize_on: str, image_size: int = 32) -> dict:
         ("efficientnet_b0", "mixed_bfloat16", 1, "device"),
     ],
 )
+@pytest.mark.slow  # 8-36 s a case: builds and traces a train step (2 shared cores)
 def test_every_op_of_the_train_step_has_a_gpu_kernel(model_name, dtype, accumulation, resize_on):
     keras.mixed_precision.set_global_policy(dtype)
     model = models.build_model(model_name, 4, 32)

@@ -5,12 +5,15 @@ import io
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.convert import plan
 from tfgpu.convert.items import Item
+
+pytestmark = pytest.mark.slow  # each test trains for 23-34 s on 2 cores
 
 RUN = dict(
     model="tiny_cnn",

@@ -22,6 +22,7 @@ def _spec(data_dir):
     return data_spec.load_data_spec(data_dir)
 
 
+@pytest.mark.fast
 def test_train_batches_are_uint8_of_the_right_shape(small_dataset):
     ds = train_ds(_spec(small_dataset), CFG, InputShard(1, 0), 8, 8, **ORDER)
     batch = next(iter(ds))
@@ -31,6 +32,7 @@ def test_train_batches_are_uint8_of_the_right_shape(small_dataset):
     assert batch["weight"].dtype == tf.float32 and batch["weight"].numpy().all()
 
 
+@pytest.mark.slow  # 5 s (2 shared cores)
 def test_deterministic_stream_is_repeatable_and_resumable(small_dataset):
     spec = _spec(small_dataset)
     take = lambda ds, n: [b["image"].numpy() for b in ds.take(n)]  # noqa: E731
@@ -41,6 +43,7 @@ def test_deterministic_stream_is_repeatable_and_resumable(small_dataset):
     assert all(np.array_equal(x, y) for x, y in zip(a[17:], resumed))
 
 
+@pytest.mark.slow  # 6 s (2 shared cores)
 def test_two_pipelines_split_each_global_batch_without_overlap(small_dataset):
     spec = _spec(small_dataset)
     whole = next(iter(train_ds(spec, CFG, InputShard(1, 0), 8, 8, **ORDER)))["image"].numpy()
@@ -51,6 +54,7 @@ def test_two_pipelines_split_each_global_batch_without_overlap(small_dataset):
     np.testing.assert_array_equal(np.concatenate(halves), whole)
 
 
+@pytest.mark.fast
 def test_eval_sees_every_example_once_padded_to_full_batches(small_dataset):
     spec = _spec(small_dataset)
     labels, weights = [], []
@@ -63,6 +67,7 @@ def test_eval_sees_every_example_once_padded_to_full_batches(small_dataset):
     assert len(weights) == pipeline.eval_steps(24, 10) * 10
 
 
+@pytest.mark.fast
 def test_crop_windows_lie_inside_the_image_eager_and_in_tf_data():
     shape = tf.constant([40, 60, 3])
     seed = host_ops.example_seed(1, tf.constant(0), tf.constant(5))
@@ -81,6 +86,7 @@ def test_crop_windows_lie_inside_the_image_eager_and_in_tf_data():
     np.testing.assert_array_equal(center, [10, 20, 20, 20])
 
 
+@pytest.mark.fast
 def test_flip_eager_and_in_tf_data():
     images = tf.reshape(tf.range(2 * 2 * 3 * 1, dtype=tf.int32), [2, 2, 3, 1])
     flip = tf.constant([True, False])
@@ -103,6 +109,7 @@ def _epoch_images(spec, cfg, shard, batch, global_batch, deterministic):
     return [img.tobytes() for b in ds.take(steps) for img in b["image"].numpy()]
 
 
+@pytest.mark.slow  # 6 s (2 shared cores)
 def test_two_workers_never_see_an_example_twice_in_an_epoch(small_dataset):
     spec = _spec(small_dataset)
     whole = dict(crop_min_area=1.0, random_flip=False)
@@ -125,6 +132,7 @@ def _jpegs(n):
     return [tf.io.encode_jpeg(img).numpy() for img in images]
 
 
+@pytest.mark.fast
 def test_broken_image_gets_weight_zero_and_the_stream_goes_on(tmp_path):
     good = _jpegs(8)
     payloads = good[:3] + [good[3][:-200], b"not an image"] + good[5:]
@@ -138,6 +146,7 @@ def test_broken_image_gets_weight_zero_and_the_stream_goes_on(tmp_path):
     assert not targets.numpy()[broken].any()  # zero targets: no loss, no gradient
 
 
+@pytest.mark.fast
 def test_broken_records_are_named_once_however_many_epochs(tmp_path, capfd):
     from tfgpu.data import broken
 
@@ -156,6 +165,7 @@ def test_broken_records_are_named_once_however_many_epochs(tmp_path, capfd):
     ]
 
 
+@pytest.mark.fast
 def test_truncated_shard_is_an_error_naming_it_or_skipped_under_the_flag(tmp_path):
     path = str(tmp_path / "train-00000-of-00001")
     _write_records(path, _jpegs(4))
@@ -169,6 +179,7 @@ def test_truncated_shard_is_an_error_naming_it_or_skipped_under_the_flag(tmp_pat
     assert batch["image"].shape == (3, 32, 32, 3)
 
 
+@pytest.mark.fast
 def test_official_imagenet_records_labels_from_one(tmp_path):
     _write_records(str(tmp_path / "train-00000-of-00001"), _jpegs(8), label_start=1)
     with pytest.raises(data_spec.DataError, match="--num_classes"):
@@ -179,6 +190,7 @@ def test_official_imagenet_records_labels_from_one(tmp_path):
     assert sorted(labels.numpy()) == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
+@pytest.mark.fast
 def test_tfds_dataset_read_from_its_files(tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
 
@@ -213,6 +225,7 @@ def test_tfds_dataset_read_from_its_files(tmp_path):
     assert sum(float(b["weight"].numpy().sum()) for b in evaluation) == 4
 
 
+@pytest.mark.slow  # 23 s: two training runs (2 shared cores)
 def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_dataset, tmp_path):
     """Un-resized crops (variable-length per-replica tensors) go through tf.distribute, and
     under --deterministic 2 mirrored replicas end where one device does."""
@@ -221,6 +234,7 @@ def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_
     )
 
 
+@pytest.mark.slow  # 5 s (2 shared cores)
 def test_dct_scaled_decode_hands_over_large_crops_at_a_smaller_scale(small_dataset):
     """Same crop windows (same seed); with --dct_scaled_decode those >= 2x the output on both
     sides arrive decoded at 1/2 or 1/4 scale, never below the output size."""

@@ -50,6 +50,7 @@ def _take(ds, n, key="image"):
     return [b[key].numpy() for b in ds.take(n)]
 
 
+@pytest.mark.fast
 def test_batches_have_the_uint8_layout_with_mix_draws(mem):
     assert mem.num_examples == 96 and mem.image_size == 32  # 40x40 resized once, then padded
     assert mem.images.shape == (96, 40, 40, 3)
@@ -63,6 +64,7 @@ def test_batches_have_the_uint8_layout_with_mix_draws(mem):
     assert "mix" not in next(iter(_stream(mem, CFG)))
 
 
+@pytest.mark.fast
 def test_deterministic_stream_is_repeatable_and_resumes_exactly_across_epochs(mem):
     # 96 examples, batches of 8: 30 batches run 2.5 epochs; the resume starts mid-epoch 1.
     a = _take(_stream(mem, CFG), 30)
@@ -73,6 +75,7 @@ def test_deterministic_stream_is_repeatable_and_resumes_exactly_across_epochs(me
     assert not all(np.array_equal(x, y) for x, y in zip(a, _take(_stream(mem, CFG, seed=4), 30)))
 
 
+@pytest.mark.fast
 def test_every_example_once_per_epoch_also_across_a_batch_that_ends_the_epoch(mem0):
     """Global batches of 10 over 96 examples: batch 9 ends epoch 0 and begins epoch 1."""
     everything = {img.tobytes() for img in mem0.images.numpy()}
@@ -86,6 +89,7 @@ def test_every_example_once_per_epoch_also_across_a_batch_that_ends_the_epoch(me
     assert images[:96] != images[96:192]  # each epoch its own order
 
 
+@pytest.mark.slow  # 6 s (2 shared cores)
 def test_two_pipelines_split_each_global_batch_also_after_mixing(mem):
     """One pipeline with 2 replica batches of 4 per global batch of 8, or two pipelines of one
     replica batch each: the same examples, draws and mixed images."""
@@ -104,6 +108,7 @@ def test_two_pipelines_split_each_global_batch_also_after_mixing(mem):
             np.testing.assert_array_equal(targets.numpy(), expected_targets.numpy())
 
 
+@pytest.mark.fast
 def test_draws_depend_only_on_seed_epoch_and_position(mem):
     """Batches of 8 or of 12, from the start or resumed: position p of epoch e becomes the
     same crop, flip and MixUp/CutMix draw."""
@@ -123,6 +128,7 @@ def test_draws_depend_only_on_seed_epoch_and_position(mem):
 
 
 @pytest.mark.parametrize("mixup, cutmix", [(0.4, 0.0), (0.0, 1.0), (0.4, 1.0)])
+@pytest.mark.fast
 def test_mixing_draws_follow_draw_mixing(mixup, cutmix):
     """host_ops.draw_mixing's rules on vectors: CutMix keeps 1 - the box's area, MixUp a
     Beta(alpha, alpha) share and no box; with both, each example picks one at even odds."""
@@ -139,6 +145,7 @@ def test_mixing_draws_follow_draw_mixing(mixup, cutmix):
         assert ((lam[~cut] < 0.1) | (lam[~cut] > 0.9)).mean() > 0.4
 
 
+@pytest.mark.fast
 def test_images_are_stored_padded_by_reflection(mem, mem0):
     inner = mem0.images.numpy()
     np.testing.assert_array_equal(mem.images.numpy()[:, 4:36, 4:36], inner)
@@ -146,6 +153,7 @@ def test_images_are_stored_padded_by_reflection(mem, mem0):
     np.testing.assert_array_equal(mem.images.numpy(), reflected)
 
 
+@pytest.mark.fast
 def test_padded_crop_matches_numpy_eagerly_and_in_tf_data():
     images = np.random.default_rng(0).integers(1, 256, (5, 6, 6, 2), dtype=np.uint8)
     padded = np.pad(images, [(0, 0), (2, 2), (2, 2), (0, 0)])
@@ -165,6 +173,7 @@ def test_padded_crop_matches_numpy_eagerly_and_in_tf_data():
     np.testing.assert_array_equal(eager[2, :, :5], images[3, :, 1:])  # shifted by one column
 
 
+@pytest.mark.fast
 def test_flips_and_crop_offsets_are_drawn_and_applied(mem, mem0):
     batch = next(iter(_stream(mem, CFG, batch=96, global_batch=96)))
     assert 20 < batch["flip"].numpy().sum() < 76
@@ -184,6 +193,7 @@ def test_flips_and_crop_offsets_are_drawn_and_applied(mem, mem0):
     }
 
 
+@pytest.mark.fast
 def test_packed_layout_for_a_step_that_resizes_on_the_device(mem):
     data = DataConfig(image_size=32, in_memory="on", resize_on="device", mixup_alpha=0.4)
     packed = next(iter(_stream(mem, data)))
@@ -196,6 +206,7 @@ def test_packed_layout_for_a_step_that_resizes_on_the_device(mem):
         np.testing.assert_array_equal(x.numpy(), y.numpy())
 
 
+@pytest.mark.fast
 def test_float_layout_for_preprocess_on_host(mem):
     data = DataConfig(image_size=32, in_memory="on", preprocess_on="host", mixup_alpha=0.4)
     host = next(iter(_stream(mem, data)))
@@ -206,6 +217,7 @@ def test_float_layout_for_preprocess_on_host(mem):
     np.testing.assert_array_equal(host["target"].numpy(), targets.numpy())
 
 
+@pytest.mark.fast
 def test_broken_image_gets_weight_zero(tmp_path):
     images, _ = make_image_arrays(8)
     good = [tf.io.encode_jpeg(img).numpy() for img in images]
@@ -221,6 +233,7 @@ def test_broken_image_gets_weight_zero(tmp_path):
     assert broken.sum() == 2 and not batch["image"].numpy()[broken].any()
 
 
+@pytest.mark.fast
 def test_auto_uses_memory_when_the_split_fits_the_budget(small_dataset):
     spec = data_spec.load_data_spec(small_dataset)  # 96 x 40 x 40 x 3 bytes (padded): 0.44 MB
     fits = DataConfig(image_size=32)
@@ -234,6 +247,7 @@ def test_auto_uses_memory_when_the_split_fits_the_budget(small_dataset):
     assert memory.load(spec, fits).describe() == "train split in memory (96 images, 0.4 MB)"
 
 
+@pytest.mark.slow  # 28 s: two training runs (2 shared cores)
 def test_in_memory_trains_default_and_mirrored_to_the_same_weights(small_dataset, tmp_path):
     """2 mirrored replicas (each its replica batch of every global batch, with mixing) end
     where one device does."""

@@ -50,6 +50,7 @@ def test_every_applications_entry_names_a_keras_application():
         ("efficientnet_b0", 5_288_548, 5_330_571),
     ],
 )
+@pytest.mark.slow  # builds 224x224 models: 7 s for densenet121 (2 shared cores)
 def test_parameter_counts_match_the_references_at_1000_classes(name, trainable, total):
     model = models.build_model(name, num_classes=1000, image_size=224)
     assert sum(int(np.prod(w.shape)) for w in model.trainable_weights) == trainable
@@ -58,6 +59,7 @@ def test_parameter_counts_match_the_references_at_1000_classes(name, trainable, 
 
 
 @pytest.mark.parametrize("name", ["tiny_cnn", "resnet18", "densenet121", "efficientnet_b0"])
+@pytest.mark.slow  # builds densenet121 (15 s), efficientnet_b0 (8 s) (2 shared cores)
 def test_small_input_models_give_float32_logits(small_models, name):
     logits = small_models(name)(np.zeros((2, 32, 32, 3), np.float32))
     assert logits.shape == (2, 7) and logits.dtype == "float32"
@@ -66,6 +68,7 @@ def test_small_input_models_give_float32_logits(small_models, name):
 @pytest.mark.parametrize(
     "name, feature_side", [("resnet18", 4), ("densenet121", 4), ("efficientnet_b0", 2)]
 )
+@pytest.mark.slow  # the same models (10 s, 8 s) when run alone (2 shared cores)
 def test_small_input_stem_keeps_32x32_features_spatial(small_models, name, feature_side):
     model = small_models(name)
     pools = [x for x in _all_layers(model) if isinstance(x, keras.layers.GlobalAveragePooling2D)]
@@ -90,6 +93,7 @@ def _normalizer(model):
 
 
 @pytest.mark.parametrize("name", ["resnet18", "densenet121", "efficientnet_b0"])
+@pytest.mark.slow  # the same models when run alone (2 shared cores)
 def test_models_normalize_0_255_pixels_with_imagenet_mean_and_std(small_models, name):
     normalize = _normalizer(small_models(name))
     mean = np.array(nets.IMAGENET_MEAN, np.float32)

@@ -46,6 +46,7 @@ def _weights(model):
 
 
 @pytest.mark.parametrize("dtype", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.fast
 def test_mixed_policies_compute_in_half_and_give_float32_logits(policy, dtype):
     policy(dtype)
     model = models.build_model("resnet18", 4, 32, small_input=True)
@@ -54,6 +55,7 @@ def test_mixed_policies_compute_in_half_and_give_float32_logits(policy, dtype):
     assert model(np.zeros((2, 32, 32, 3), np.float32)).dtype == "float32"
 
 
+@pytest.mark.slow  # 41 s: resnet18 train steps in bfloat16 (2 shared cores)
 def test_bfloat16_train_step_runs_and_updates_weights(policy):
     policy("mixed_bfloat16")
     model = models.build_model("resnet18", 4, 32, small_input=True)
@@ -64,6 +66,7 @@ def test_bfloat16_train_step_runs_and_updates_weights(policy):
     assert any(not np.array_equal(a, b) for a, b in zip(before, _weights(model)))
 
 
+@pytest.mark.fast
 def test_float16_overflow_is_skipped_the_scale_halved_and_later_steps_apply(policy):
     policy("mixed_float16")
     model = models.build_model("tiny_cnn", 4, 32)
@@ -85,6 +88,7 @@ def test_float16_overflow_is_skipped_the_scale_halved_and_later_steps_apply(poli
     assert float(loss_scale.scale) == 2.0**10 and int(loss_scale.good_steps) == 1
 
 
+@pytest.mark.fast
 def test_float16_scale_doubles_after_a_period_of_finite_steps(policy):
     policy("mixed_float16")
     loss_scale = DynamicLossScale(initial=2.0**8, period=2)
@@ -114,6 +118,7 @@ def _twin_models(name):
 
 
 @pytest.mark.parametrize("name", ["tiny_cnn", "small_bn_net"])
+@pytest.mark.slow  # 8-16 s a case: XLA compilation (2 shared cores)
 def test_xla_train_step_matches_the_plain_one(name):
     # Op determinism is process-wide and an earlier test may have left it on; XLA refuses it.
     compat.set_op_determinism(False)
@@ -134,6 +139,7 @@ def test_xla_train_step_matches_the_plain_one(name):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.slow  # 21 s: XLA compilation (2 shared cores)
 def test_xla_step_takes_un_resized_crops_and_matches_the_plain_one():
     """--resize_on=device with --jit_compile: the variable-length crops are resized before
     XLA, which sees fixed shapes; the update equals the plain step's."""
@@ -164,6 +170,7 @@ def _resize_on(resize_on, has_gpu, preprocess_on="device"):
     return resolve(config, has_gpu).data.resize_on
 
 
+@pytest.mark.fast
 def test_resize_on_auto_is_device_only_with_a_gpu():
     assert _resize_on("auto", has_gpu=True) == "device"
     assert _resize_on("auto", has_gpu=False) == "host"

@@ -3,6 +3,7 @@
 import dataclasses
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from conftest import train_ds
@@ -105,6 +106,7 @@ def test_batch_fn_eager_equal_tf_data_and_shapes(small_dataset):
     np.testing.assert_allclose(targets.numpy().sum(-1), 1.0, rtol=1e-5)
 
 
+@pytest.mark.slow  # 6 s (2 shared cores)
 def test_mixing_does_not_depend_on_the_split(small_dataset):
     """Two pipelines x half batches give, after the device fn, the whole batch's result."""
     spec = data_spec.load_data_spec(small_dataset)
@@ -179,6 +181,7 @@ def test_resize_flat_does_not_depend_on_the_batch():
 DEVICE_RESIZE = dataclasses.replace(MIX, resize_on="device")
 
 
+@pytest.mark.slow  # 8 s (2 shared cores)
 def test_resize_on_device_batches_and_equals_host_resize(small_dataset):
     spec = data_spec.load_data_spec(small_dataset)
     ds = train_ds(spec, DEVICE_RESIZE, InputShard(1, 0), 8, 8, **ORDER)
@@ -201,6 +204,7 @@ def test_resize_on_device_batches_and_equals_host_resize(small_dataset):
     np.testing.assert_allclose(host_batch["image"].numpy(), images.numpy(), atol=1e-4)
 
 
+@pytest.mark.slow  # 7 s (2 shared cores)
 def test_resize_on_device_does_not_depend_on_the_split(small_dataset):
     spec = data_spec.load_data_spec(small_dataset)
     fn = device_ops.make_batch_fn("packed", 4, DEVICE_RESIZE)

@@ -41,6 +41,7 @@ def _srun(tasks_per_node: str, nodes: str, procid: int, job: int = 4711, **more)
     }
 
 
+@pytest.mark.fast
 def test_host_lists_keep_slurms_order_and_widths():
     assert slurm.expand_hostlist("n[9-10]") == ["n9", "n10"]  # not sorted as strings
     assert slurm.expand_hostlist("node[01-03,7],gpu5") == [
@@ -61,6 +62,7 @@ def test_host_lists_keep_slurms_order_and_widths():
         slurm.expand_hostlist("n[a-b]")
 
 
+@pytest.mark.fast
 def test_tasks_map_to_their_own_node_in_block_order():
     for procid, host in enumerate(["n9", "n9", "n10", "n10"]):
         config = slurm.tf_config(_srun("2(x2)", "n[9-10]", procid))
@@ -72,11 +74,13 @@ def test_tasks_map_to_their_own_node_in_block_order():
         slurm.tf_config(_srun("2", "n1", 0, SLURM_DISTRIBUTION="cyclic"))
 
 
+@pytest.mark.fast
 def test_two_jobs_on_one_node_get_different_ports():
     ports = {slurm.port_base(_srun("2", "n1", 0, job=job)) for job in (4711, 4712)}
     assert len(ports) == 2 and all(20000 <= p < 60000 for p in ports)
 
 
+@pytest.mark.fast
 def test_each_local_task_gets_its_share_of_the_visible_gpus():
     # Every task sees the node's 4 GPUs (no --gpus-per-task): each takes its own 2.
     assert slurm.local_gpus(4, _srun("2", "n1", 1)) == [2, 3]
@@ -86,6 +90,7 @@ def test_each_local_task_gets_its_share_of_the_visible_gpus():
     assert slurm.local_gpus(0, _srun("2", "n1", 1)) == []
 
 
+@pytest.mark.fast
 def test_auto_is_multi_worker_under_srun(monkeypatch):
     for key in ("TF_CONFIG", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
         monkeypatch.delenv(key, raising=False)

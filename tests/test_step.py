@@ -49,6 +49,7 @@ def _train(strategy: str, optimizer: str, accum: int, weight_decay: float):
     "optimizer,weight_decay", [("sgd", 0.0), ("sgd", 1e-3), ("nesterov", 0.0), ("adamw", 1e-2)]
 )
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
+@pytest.mark.slow  # 6-28 s a case: train steps (2 shared cores)
 def test_accumulated_gradients_equal_the_large_batch(strategy, optimizer, weight_decay):
     big, _, _ = _train(strategy, optimizer, 1, weight_decay)
     small, backend, update = _train(strategy, optimizer, 4, weight_decay)
@@ -58,6 +59,7 @@ def test_accumulated_gradients_equal_the_large_batch(strategy, optimizer, weight
     assert update.experimental_get_tracing_count() == 1
 
 
+@pytest.mark.slow  # 15 s: train steps on 2 replicas (2 shared cores)
 def test_two_replicas_equal_one():
     one, _, _ = _train("default", "adam", 2, 0.0)
     two, backend, _ = _train("mirrored", "adam", 2, 0.0)
@@ -69,6 +71,7 @@ def test_two_replicas_equal_one():
         np.testing.assert_allclose(a, b, atol=3e-5, rtol=0)
 
 
+@pytest.mark.fast
 def test_weight_decay_skips_batchnorm_and_bias():
     model = models.build_model("resnet18", num_classes=3, image_size=32, small_input=True)
     opt = optim.build_optimizer("sgd", 0.1, weight_decay=1e-4)
@@ -78,6 +81,7 @@ def test_weight_decay_skips_batchnorm_and_bias():
     assert not any(p.endswith(("bias", "gamma", "beta")) for p in decayed)
 
 
+@pytest.mark.fast
 def test_schedule_warms_up_then_decays_to_zero():
     schedule = schedules.WarmupDecay(0.4, total_steps=100, warmup_steps=10, decay="cosine")
     rates = [float(schedule(s)) for s in (0, 9, 10, 55, 100)]

@@ -2,9 +2,12 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
+
+pytestmark = pytest.mark.slow  # each test trains for 13-17 s on 2 cores
 
 CONTRACT_FILES = [
     "config.json",

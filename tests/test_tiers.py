@@ -1,0 +1,106 @@
+"""The test tiers stay honest: no fast test starts a process, and both tiers keep a sensible
+size (the rule and its reasons are in conftest.py's docstring)."""
+
+import dis
+import importlib
+import inspect
+import pathlib
+import types
+
+import conftest
+import pytest
+
+TESTS = pathlib.Path(__file__).parent
+MODULES = sorted(p.stem for p in TESTS.glob("test_*.py"))
+# Names a test's own code may not use in the fast tier, whatever its module imports.
+PROCESS_NAMES = {"Popen", "executable", *conftest.PROCESS_FIXTURES}
+
+
+def _marks(obj) -> list:
+    marks = getattr(obj, "pytestmark", [])
+    return marks if isinstance(marks, list) else [marks]
+
+
+def _tests(module) -> list:
+    """(name, function, tier) of every test function of ``module``."""
+    out = []
+    module_marks = {m.name for m in _marks(module)}
+    for name, func in vars(module).items():
+        if name.startswith("test_") and inspect.isfunction(func):
+            explicit = (module_marks | {m.name for m in _marks(func)}) & set(conftest.TIERS)
+            fixtures = inspect.signature(func).parameters
+            out.append((name, func, conftest.tier(explicit, module, fixtures)))
+    return out
+
+
+def _code_names(code: types.CodeType) -> tuple[set, set]:
+    """The global names and the attribute names ``code`` (and code nested in it) loads."""
+    globals_, attributes = set(), set()
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            globals_.add(ins.argval)
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM"):
+            attributes.add(ins.argval)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            more = _code_names(const)
+            globals_ |= more[0]
+            attributes |= more[1]
+    return globals_, attributes
+
+
+def _names_used(func, module) -> set:
+    """The names ``func`` uses, following the module's own helpers and the fixtures it
+    requests."""
+    seen, todo, names = set(), [func], set()
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        globals_, attributes = _code_names(f.__code__)
+        follow = globals_ | set(inspect.signature(f).parameters)
+        names |= follow | attributes
+        for name in follow:
+            value = vars(module).get(name)
+            value = getattr(value, "_get_wrapped_function", lambda v=value: v)()  # a fixture
+            if inspect.isfunction(value) and value.__module__ == module.__name__:
+                todo.append(value)
+    return names
+
+
+def _process_names(module) -> set:
+    """The module's names that are process helpers (``subprocess``, ``popen`` ...)."""
+    helpers = {name for name, value in vars(module).items() if conftest.is_process_helper(value)}
+    return helpers | PROCESS_NAMES
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_no_fast_test_starts_a_process(module_name):
+    module = importlib.import_module(module_name)
+    process_names = _process_names(module)
+    for name, func, tier in _tests(module):
+        if tier == "fast":
+            used = _names_used(func, module) & process_names
+            assert not used, f"{module_name}::{name} is fast but uses {sorted(used)}: mark it slow"
+
+
+def test_the_rule_sees_the_modules_that_start_processes_or_train():
+    modules = {m: importlib.import_module(m) for m in MODULES}
+    starts = {m for m, module in modules.items() if conftest.module_starts_processes(module)}
+    trains = {m for m, module in modules.items() if conftest.module_trains(module)}
+    for name in ["test_cluster", "test_distribute", "test_hangs", "test_multihost", "test_slurm"]:
+        assert name in starts
+    for name in ["test_train", "test_input_diagnosis", "test_step", "test_memory"]:
+        assert name in trains
+    for name in ["test_records", "test_preprocess", "test_models", "test_tiers"]:
+        assert name not in starts | trains
+
+
+def test_both_tiers_keep_a_sensible_size():
+    tiers = [t for m in MODULES for _, _, t in _tests(importlib.import_module(m))]
+    fast, slow = tiers.count("fast"), tiers.count("slow")
+    # Today 107 fast and 74 slow test functions: the fast tier is most of what needs no process,
+    # and is not everything.
+    assert fast >= 60 and slow >= 60, (fast, slow)
+    assert fast < len(tiers) and slow < len(tiers)
