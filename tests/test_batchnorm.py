@@ -18,6 +18,9 @@ from tfgpu.step import TrainStep
 
 GLOBAL_BATCH, UPDATES, SIZE = 8, 2, 32  # keras.applications needs 32x32 at least
 MODELS = ["resnet18", "densenet121", "efficientnet_b0"]
+# Without sync the code path is the same for every family (the moving statistics of every
+# BatchNorm layer, whatever the network): resnet18 keeps the suite's time.
+UNSYNCED_MODELS = ["resnet18"]
 
 
 def _batches(n=GLOBAL_BATCH * UPDATES, seed=0):
@@ -115,7 +118,7 @@ def test_sync_batchnorm_two_replicas_equal_one_device_of_the_whole_batch(
     _assert_same_weights(model, one_device_large_batch[name])
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", UNSYNCED_MODELS)
 def test_without_sync_replicas_hold_the_mean_and_equal_accumulation(name):
     """2 replicas of 4 and 2 micro-batches of 4 on one device: each micro-batch normalizes by
     itself, the moving statistics move once per update by the mean; every replica holds it."""
@@ -144,7 +147,7 @@ def test_moving_statistics_are_the_mean_of_the_replicas_batch_statistics():
     assert np.abs(expected - wrong).max() > 1e-3
 
 
-@pytest.mark.parametrize("strategy,accum", [("default", 2), ("mirrored", 1), ("mirrored", 2)])
+@pytest.mark.parametrize("strategy,accum", [("default", 2), ("mirrored", 2)])
 def test_regularization_losses_count_once_per_update(strategy, accum):
     reference, _ = _train("regularized")
     assert reference.losses, "the test model must have regularization losses"
@@ -160,6 +163,7 @@ def test_regularization_losses_change_the_update():
     assert np.abs(kernels[0] - kernels[1]).max() > 1e-4
 
 
+@pytest.mark.fast
 def test_the_batchnorm_hook_is_still_where_compat_expects_it():
     layer = keras.layers.BatchNormalization()
     layer.build((None, 4, 4, 3))

@@ -213,6 +213,7 @@ def test_horovod_survivor_stops_with_clear_error_then_resumes(
     _resumes_and_finishes(cmd)
 
 
+@pytest.mark.fast
 def test_every_backend_offers_the_verbs_of_the_backend_protocol():
     """``distribute.Backend`` names what the step and the run may use; both backends have it
     all (attributes on a live default backend, methods on both classes)."""
