@@ -81,6 +81,9 @@ def set_batchnorm_moments(layer, moments) -> None:
     layer._moments = hooked
 
 
+_LOCAL_GROUPS: list = []  # the strategies local_replica_sum has made collectives for
+
+
 def local_replica_sum(strategy):
     """``sum(tensor)`` over the replicas of a one-process MirroredStrategy, inside its replica
     function and differentiable, through collective ops that each replica launches itself (as
@@ -94,7 +97,10 @@ def local_replica_sum(strategy):
     import tensorflow as tf
 
     devices = strategy.extended.worker_devices
-    keys = cross_device_utils.CollectiveKeys(group_key_start=1 << 20)  # clear of TF's own
+    # A group key of its own per strategy, clear of TF's: TensorFlow remembers a group's
+    # instances for the life of the process, and a second strategy (tests) must not reuse them.
+    _LOCAL_GROUPS.append(strategy)
+    keys = cross_device_utils.CollectiveKeys(group_key_start=(1 << 20) + 1000 * len(_LOCAL_GROUPS))
     collectives = cdo.CollectiveAllReduce(devices, len(devices), collective_util.Options(), keys)
 
     def reduce(tensor):
