@@ -7,8 +7,9 @@ Each setting runs tfgpu's own train step (``TrainStep.update``) under MirroredSt
 logical CPU devices, on one synthetic uint8 batch held in memory. Per model and per-replica
 batch, plain and synchronized steps are built once and then timed in alternating rounds
 (A B A B) in one process, so the ratio compares like with like on a shared machine; the
-median of the rounds is printed. With --sync_batchnorm every BatchNorm layer makes one
-all-reduce of (sum, squared sum, count) per forward pass and one in the backward pass.
+median of the rounds is printed. With --sync_batchnorm every BatchNorm layer makes two small
+all-reduces in the forward pass (sums and count; squared distances to the mean) and their
+gradients' in the backward pass.
 
 On CPU devices a collective is a memory copy between threads; on GPUs each is an NCCL call of
 a few KB, latency-bound (tens of microseconds): see the README for what follows on a GPU.

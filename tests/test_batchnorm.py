@@ -50,7 +50,7 @@ def _build(name):
     if name in ("regularized", "unregularized"):
         return _regularized_net(name == "regularized")
     # Stochastic depth off: its masks are drawn per replica (README, Accumulation and BatchNorm).
-    return models.build_model(name, 4, SIZE, small_input=name == "resnet18", drop_path_rate=0.0)
+    return models.build_model(name, 4, SIZE, small_input=True, drop_path_rate=0.0)
 
 
 def _regularized_net(regularized=True):
@@ -75,7 +75,7 @@ def _train(name, strategy="default", accum=1, sync=False, updates=UPDATES):
     keras.utils.set_random_seed(5)
     with backend.scope():
         model = _build(name)
-        opt = optim.build_optimizer("sgd", 0.05, momentum=0.9, weight_decay=0.0)
+        opt = optim.build_optimizer("sgd", 0.01, momentum=0.9, weight_decay=0.0)
         step = TrainStep(
             model,
             opt,

@@ -14,8 +14,9 @@ and a checkpoint holds replica 0's statistics. tfgpu defines them instead:
   micro-batches' statistics: every micro-batch starts from the update's starting values, and the
   update keeps the mean of their results. So k micro-batches on one device update them exactly
   as k replicas would, and ``momentum`` keeps its meaning per optimizer update whatever k is.
-- **``--sync_batchnorm``**: batch moments are summed over all replicas at the same micro-step, in
-  one collective per layer (``synchronize``), so N replicas of b normalize as one device of N*b.
+- **``--sync_batchnorm``**: batch moments are computed over all replicas at the same micro-step,
+  two small collectives per layer (``synchronize``), so N replicas of b normalize as one device
+  of N*b.
 
 An update skipped for non-finite gradients leaves the moving statistics where they were.
 """
@@ -67,21 +68,20 @@ def synchronize(model: keras.Model, sum_over_replicas) -> int:
 def _synced_moments(sum_over_replicas):
     """``moments(x, axes) -> (mean, variance)`` over the union of every replica's ``x``.
 
-    Keras' own ``synchronized=True`` makes three all-reduces per layer and is bound to
-    tf.distribute; here the sums, the squared sums and the count travel as one vector, through
-    whichever backend runs the step (Horovod included)."""
+    Two passes, as one device's ``tf.nn.moments``: the sums and the count in one collective,
+    then the squared distances to the global mean in a second. The one-pass E[x^2] - E[x]^2
+    of Keras' ``synchronized=True`` (three collectives) loses precision to cancellation when
+    a channel's mean is large against its spread, and is bound to tf.distribute; this one
+    runs through whichever backend runs the step."""
 
     def moments(x, axes):
         x = tf.cast(x, tf.float32)  # Keras hands float32 already; stated, not assumed
         count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), tf.float32)
-        sums = tf.reduce_sum(x, axes)
-        local = tf.concat([sums, tf.reduce_sum(tf.square(x), axes), tf.reshape(count, [1])], 0)
-        total = sum_over_replicas(local)
-        channels, n = sums.shape[0], total[-1]
-        mean = total[:channels] / n
-        # E[x^2] - E[x]^2, as Keras' synchronized BatchNorm: one pass, so one collective.
-        variance = tf.maximum(total[channels : 2 * channels] / n - tf.square(mean), 0.0)
-        return mean, variance
+        total = sum_over_replicas(tf.concat([tf.reduce_sum(x, axes), tf.reshape(count, [1])], 0))
+        n = total[-1]
+        mean = total[:-1] / n
+        squares = tf.reduce_sum(tf.math.squared_difference(x, tf.stop_gradient(mean)), axes)
+        return mean, sum_over_replicas(squares) / n
 
     return moments
 

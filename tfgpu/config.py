@@ -48,8 +48,8 @@ class ModelConfig:
     jit_compile: bool = setting(False, "Compile the train step with XLA.")
     sync_batchnorm: bool = setting(
         False,
-        "BatchNorm statistics of each micro-step over all replicas (one collective per layer "
-        "and micro-step): N replicas of b normalize as one device of N*b. Worth it below ~16 "
+        "BatchNorm statistics of each micro-step over all replicas (two small collectives per "
+        "layer and micro-step): N replicas of b normalize as one device of N*b. Worth it below ~16 "
         "images per replica; see README, Accumulation and BatchNorm.",
     )
     drop_path_rate: float = setting(
