@@ -10,8 +10,9 @@ import keras
 import tensorflow as tf
 
 from tfgpu import models, optim
+from tfgpu.best import Best
 from tfgpu.checkpoints import Checkpoints
-from tfgpu.config import Config, ConfigError, split_batch
+from tfgpu.config import Config, ConfigError, split_batch, tracks_best
 from tfgpu.data import device_ops, memory, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import Backend
@@ -65,6 +66,7 @@ class Run:
     global_step: tf.Variable
     skipped_updates: tf.Variable
     checkpoints: Checkpoints
+    best: Best | None = None  # the best evaluation so far (--keep_best, --early_stop_patience)
 
     @property
     def optimizer(self):
@@ -92,14 +94,20 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
         step = build_step(config, model, optimizer, backend, spec.num_classes, loss_scale)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
         skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
+        best = Best(config.train, backend, config.model_dir) if tracks_best(config.train) else None
     if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
         models.load_initial_weights(model, config.model.init_weights)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
     if loss_scale:
         tracked.update(loss_scale=loss_scale.scale, good_steps=loss_scale.good_steps)
+    if best:  # only then: checkpoints of runs without it restore as before
+        tracked.update(best.tracked())
     checkpoints = Checkpoints(tracked, backend, config.model_dir, config.train.keep_checkpoints)
-    return Run(config, backend, spec, plan, model, step, global_step, skipped_updates, checkpoints)
+    if best:
+        best.checkpoint = checkpoints.checkpoint
+    parts = (model, step, global_step, skipped_updates, checkpoints, best)
+    return Run(config, backend, spec, plan, *parts)
 
 
 def build_step(config: Config, model, optimizer, backend, num_classes: int, loss_scale=None):

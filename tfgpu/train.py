@@ -81,7 +81,10 @@ def fit(run: Run, batches, actions, writer: RunWriter, input_ips=None) -> dict:
     loop = make_train_loop(run.step, run.global_step, run.skipped_updates)
     step, waited = int(run.global_step.numpy()), float(run.backend.wait_seconds.numpy())
     state = LoopState(run, writer, step, input_ips=input_ips, waited=waited)
-    while not state.last:
+    for action in actions:
+        if action.at_start and action.due(state):
+            action(state)
+    while not state.last and not state.stopped:
         t = run.config.train
         n = _next_stop(actions, state.step, run.plan.total_steps, t.steps_per_loop) - state.step
         phase("train", state.step)
@@ -98,6 +101,7 @@ def fit(run: Run, batches, actions, writer: RunWriter, input_ips=None) -> dict:
         "images_per_sec": state.window.images_per_sec(),
         "skipped_records": state.skipped_records,
         "input_wait_fraction": state.window.input_wait_fraction(),
+        "stopped": state.stopped,
     }
 
 
@@ -139,6 +143,8 @@ def run(config: Config) -> dict:
     writer.info(_start_line(r))
     evaluate = Evaluator(r)
     start_step = r.checkpoints.restore(writer.info)
+    if r.best is not None:
+        r.best.resume(start_step)
     make = train_maker(r, start_step)
     input_ips = probe_input(r, make, config.data.input_probe_s)
     if input_ips:
@@ -150,14 +156,17 @@ def run(config: Config) -> dict:
     with PreemptionGuard() as guard:
         throughput = fit(r, batches, default_actions(r, evaluate, guard), writer, input_ips)
     throughput["input_images_per_sec"] = input_ips
-    phase("final save, evaluation and export", int(r.global_step.numpy()))
+    last_step = int(r.global_step.numpy())
+    phase("final evaluation, save and export", last_step)
+    final_eval = evaluate()  # first: the best (in the final checkpoint) takes it into account
+    writer.log_eval(last_step, final_eval)
+    if r.best is not None and final_eval:
+        r.best.observe(last_step, final_eval)
     r.checkpoints.save(final=True)
-    final_eval = evaluate()
-    writer.log_eval(r.plan.total_steps, final_eval)
     if backend.is_chief:
         r.model.save_weights(os.path.join(config.model_dir, "final.weights.h5"))
         if config.train.export:
-            export_model(r.model, os.path.join(config.model_dir, "export"), config.data.image_size)
+            _export(r, writer)
     throughput["broken"] = _broken_records(backend)  # the last collective
     heartbeats.finish()
     summary = _summary(r, final_eval, throughput, time.time() - started)
@@ -166,6 +175,24 @@ def run(config: Config) -> dict:
     worker = f"{backend.worker_index}/{backend.num_workers}"
     print(f"worker {worker} weights_sha256 {summary['weights_sha256']}", flush=True)
     return summary
+
+
+def _export(r: Run, writer: RunWriter) -> None:
+    """export/: the last model, or with --export_best the best kept checkpoint's: its model
+    is read into the run's model for the export, then the last weights are put back (the
+    summary's fingerprint is of the last model, on every worker)."""
+    config = r.config
+    directory = os.path.join(config.model_dir, "export")
+    if not (config.train.export_best and r.best is not None and r.best.kept):
+        export_model(r.model, directory, config.data.image_size)
+        return
+    best = r.best.kept[0]
+    last = [keras.ops.convert_to_numpy(w) for w in r.model.weights]
+    tf.train.Checkpoint(model=r.model).read(best["checkpoint"]).expect_partial()
+    writer.info(f"export: the best model by {r.best.metric}, step {best['step']}")
+    export_model(r.model, directory, config.data.image_size)
+    for weight, value in zip(r.model.weights, last):
+        weight.assign(value)
 
 
 def _agreed_spec(config: Config, backend, heartbeat: str) -> tuple:
@@ -210,7 +237,7 @@ def _broken_records(backend) -> list:
 
 def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> dict:
     """summary.json: what the run did, in the contract's names."""
-    return {
+    summary = {
         "strategy": r.backend.name,
         "num_replicas": r.backend.num_replicas,
         "global_batch_size": r.config.train.global_batch_size,
@@ -228,3 +255,8 @@ def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> 
         "weights_sha256": weights_fingerprint(r.model),
         "wall_time_s": wall_time_s,
     }
+    if throughput["stopped"]:
+        summary.update(stopped=throughput["stopped"], stopped_at_step=summary["steps"])
+    if r.best is not None:
+        summary["best"] = r.best.summary()
+    return summary
