@@ -7,6 +7,7 @@ actions (``actions.py``: log, evaluate, checkpoint, preemption). What it calls c
 ``loops.py``: ``make_train_loop`` and ``make_eval_step``.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,38 +32,59 @@ from tfgpu.errors import NonFiniteLoss
 
 
 class Evaluator:
-    """Top-1, top-5 and loss over the whole validation split, each example once, with the
-    EMA weights when there are any. The dataset is made on first use, then reused."""
+    """Top-1, top-5 and loss over the whole validation split (or ``spec``'s eval files),
+    each example once, with the EMA weights when there are any. The dataset is made on first
+    use, then reused. ``per_class``: also per-class accuracy and the confusion matrix
+    (``tfgpu.evaluate``). ``Evaluator.of(run)`` is the run's own."""
 
-    def __init__(self, run: Run):
-        self._eval_step = make_eval_step(run.model, run.backend)
-        self._optimizer = run.optimizer
-        global_batch = run.plan.eval_global_batch
-        self._steps = pipeline.eval_steps(run.spec.num_eval, global_batch)
-        self._make = lambda: run.backend.distribute_dataset(
+    def __init__(self, model, backend, spec, data, global_batch, optimizer=None, per_class=False):
+        num_classes = spec.num_classes if per_class else 0
+        self._eval_step = make_eval_step(model, backend, num_classes)
+        self._optimizer = optimizer
+        self._steps = pipeline.eval_steps(spec.num_eval, global_batch)
+        self._make = lambda: backend.distribute_dataset(
             lambda shard: pipeline.make_eval_dataset(
-                run.spec,
-                run.config.data,
+                spec,
+                data,
                 shard,
-                batch_size=global_batch // run.backend.num_replicas,
+                batch_size=global_batch // backend.num_replicas,
                 global_batch_size=global_batch,
             )
         )
         self._dataset = None
+        self._per_class = per_class
+
+    @classmethod
+    def of(cls, run: Run, spec=None, per_class=False) -> "Evaluator":
+        """The evaluation of ``run`` (on its validation split, or ``spec``'s)."""
+        spec = spec or run.spec
+        global_batch = run.plan.eval_global_batch
+        return cls(
+            run.model, run.backend, spec, run.config.data, global_batch, run.optimizer, per_class
+        )
 
     def __call__(self) -> dict:
         if not self._steps:
             return {}
         self._dataset = self._dataset or self._make()
         sums = dict.fromkeys(EVAL_SUMS, 0.0)
-        with compat.ema_weights(self._optimizer):
+        confusion = 0.0
+        ema = compat.ema_weights(self._optimizer) if self._optimizer else contextlib.nullcontext()
+        with ema:
             iterator = iter(self._dataset)
             for _ in range(self._steps):
                 out = self._eval_step(next(iterator))
                 sums = {k: sums[k] + float(out[k]) for k in EVAL_SUMS}
+                if self._per_class:
+                    confusion = confusion + out["confusion"].numpy().astype(np.float64)
         n = max(sums["count"], 1.0)
         result = {k: sums[k] / n for k in ("loss", "top1", "top5")}
-        return dict(result, num_examples=int(sums["count"]))
+        result = dict(result, num_examples=int(sums["count"]))
+        if self._per_class:
+            per_class = np.diag(confusion) / np.maximum(confusion.sum(axis=1), 1.0)
+            result["per_class_accuracy"] = per_class.tolist()
+            result["confusion_matrix"] = confusion.astype(np.int64).tolist()
+        return result
 
 
 def _next_stop(actions, step: int, total_steps: int, steps_per_loop: int) -> int:
@@ -141,7 +163,7 @@ def run(config: Config) -> dict:
     if multi:
         _heartbeats(r, sock, fingerprints)
     writer.info(_start_line(r))
-    evaluate = Evaluator(r)
+    evaluate = Evaluator.of(r)
     start_step = r.checkpoints.restore(writer.info)
     if r.best is not None:
         r.best.resume(start_step)
