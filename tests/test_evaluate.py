@@ -94,3 +94,16 @@ def test_errors_are_one_line(trained_run, tmp_path, capsys):
     code = run_command(evaluate, str(tmp_path / "nothing"), prog="tfgpu-evaluate")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "holds no config.json" in err[0]
+
+
+def test_predict_agrees_with_the_evaluation(trained_run):
+    # tfgpu.predict from the run (latest checkpoint, EMA weights) predicts what the
+    # evaluation counted: its top-1 labels per class are the confusion matrix's columns.
+    from tfgpu.predict import predict
+
+    model_dir, _ = trained_run
+    result = evaluate(model_dir, log=lambda _: None)
+    rows = predict(split="validation", model_dir=model_dir, top_k=1)
+    names = result["class_names"]
+    predicted = [sum(1 for r in rows if r["top"][0][0] == n) for n in names]
+    assert predicted == [sum(col) for col in zip(*result["confusion_matrix"])]
