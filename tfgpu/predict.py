@@ -28,7 +28,7 @@ def define_flags() -> None:
     from tfgpu import evaluate
 
     evaluate.define_flags()
-    FLAGS["split"].default = ""
+    FLAGS.set_default("split", "")
     FLAGS["split"].help = "Predict a split of the dataset (--data_dir, or the run's) instead."
     if "top_k" not in FLAGS:
         flags.DEFINE_integer("top_k", 5, "Classes per image, most probable first.")

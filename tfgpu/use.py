@@ -122,7 +122,7 @@ def load(config: Config, path: str) -> Trained:
     # another model is an error, not a half-restored model.
     wanted = tf.train.Checkpoint(model=r.model, optimizer=r.optimizer, step=r.global_step)
     try:
-        wanted.read(path).assert_existing_objects_matched()
+        wanted.read(path).assert_existing_objects_matched().expect_partial()
     except DAMAGED as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise CheckpointError(f"{path} does not fit the run's model: {reason}") from None
