@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from tfgpu import models, optim
+from tfgpu import models, optim, pretrained
 from tfgpu.best import Best
 from tfgpu.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch, tracks_best
@@ -67,6 +67,7 @@ class Run:
     skipped_updates: tf.Variable
     checkpoints: Checkpoints
     best: Best | None = None  # the best evaluation so far (--keep_best, --early_stop_patience)
+    init_line: str = ""  # where --init_weights came from, printed at start-up
 
     @property
     def optimizer(self):
@@ -87,6 +88,8 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
             config.model.small_input,
             drop_path_rate=config.model.drop_path_rate,
         )
+        if config.model.freeze == "backbone":  # before the optimizer sees what it trains
+            pretrained.freeze_backbone(model)
         optimizer = optim.build_for_run(
             config.optim, config.train.global_batch_size, plan.total_steps
         )
@@ -95,8 +98,10 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
         skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
         best = Best(config.train, backend, config.model_dir) if tracks_best(config.train) else None
+    init_line = ""
     if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
-        models.load_initial_weights(model, config.model.init_weights)
+        fresh = models.load_initial_weights(model, config.model.init_weights)
+        init_line = _init_line(config, model, fresh)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
     if loss_scale:
@@ -106,8 +111,19 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
     checkpoints = Checkpoints(tracked, backend, config.model_dir, config.train.keep_checkpoints)
     if best:
         best.checkpoint = checkpoints.checkpoint
-    parts = (model, step, global_step, skipped_updates, checkpoints, best)
+    parts = (model, step, global_step, skipped_updates, checkpoints, best, init_line)
     return Run(config, backend, spec, plan, *parts)
+
+
+def _init_line(config: Config, model, fresh: list) -> str:
+    """The start-up line that says where the weights came from, and what is new."""
+    m = config.model
+    line = f"init: weights from --init_weights={m.init_weights}"
+    if fresh:
+        line += f"; new (not in the file): {', '.join(fresh)} ({model.output_shape[-1]} classes)"
+    if m.freeze == "backbone":
+        line += "; backbone frozen (its BatchNorm in inference mode), training the head only"
+    return line + " (a checkpoint in --model_dir, if any, replaces them)"
 
 
 def build_step(config: Config, model, optimizer, backend, num_classes: int, loss_scale=None):

@@ -37,8 +37,17 @@ class ModelConfig:
     )
     init_weights: str = setting(
         "",
-        "A local .weights.h5 (same model) or .keras file (its logits layer may differ: "
-        "fine-tuning) to start from; no downloads. A checkpoint in --model_dir wins.",
+        "Start from: imagenet (keras.applications' ImageNet file for DenseNets and "
+        "EfficientNets, from Keras' cache ~/.keras/models: no downloads), a Keras .h5 file "
+        "(*_notop.h5 or with top; the backbone by layer name, the head new), a .weights.h5 "
+        "(same model) or a .keras file (its logits layer may differ). A checkpoint in "
+        "--model_dir wins.",
+    )
+    freeze: str = setting(
+        "none",
+        "none, or backbone: train only the head; the backbone's BatchNorm layers normalize "
+        "with their stored statistics (inference mode).",
+        choices=("none", "backbone"),
     )
     dtype: str = setting(
         "float32",
@@ -232,6 +241,18 @@ def _check_model(m: ModelConfig) -> None:
         raise ConfigError(
             "--sync_batchnorm and --jit_compile do not go together: the moments' all-reduce "
             "runs inside the compiled forward pass, which XLA cannot hold"
+        )
+    if (m.init_weights == "imagenet" or m.freeze == "backbone") and not models.has_backbone(m.name):
+        what = "--init_weights=imagenet" if m.init_weights == "imagenet" else "--freeze=backbone"
+        resnet = (
+            " (tfgpu's ResNets are v1.5 with their own layer names; keras.applications' ImageNet "
+            "ResNet50 is v1, trained for another network: start from a tfgpu .keras instead)"
+            if m.name.startswith("resnet")
+            else ""
+        )
+        raise ConfigError(
+            f"{what} is for the keras.applications models (densenet*, efficientnet*), not "
+            f"--model={m.name}{resnet}"
         )
     if not (m.drop_path_rate == -1.0 or 0.0 <= m.drop_path_rate < 1.0):
         raise ConfigError(f"--drop_path_rate={m.drop_path_rate} must be in [0, 1), or -1")

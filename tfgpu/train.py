@@ -163,6 +163,8 @@ def run(config: Config) -> dict:
     if multi:
         _heartbeats(r, sock, fingerprints)
     writer.info(_start_line(r))
+    if r.init_line:
+        writer.info(r.init_line)
     evaluate = Evaluator.of(r)
     start_step = r.checkpoints.restore(writer.info)
     if r.best is not None:
