@@ -10,10 +10,16 @@ At a step where several are due they run in the order of ``default_actions``, an
 
 1. **log** closes the logging window first, so that its images/s and input wait cover training
    only, not the evaluation or checkpoint that follow;
-2. **evaluate** next, so that whatever is written after it (a checkpoint, and later a best
-   checkpoint or an early stop) can see this step's result;
-3. **checkpoint** after the evaluation: a checkpoint of step S holds everything step S knew;
-4. **preemption** last: when a signal came, the checkpoint it needs is written after
+2. **evaluate** next, so that whatever is written after it (a best checkpoint, an early stop,
+   a checkpoint) can see this step's result, which it leaves in ``LoopState.evaluation``;
+3. **best** (--keep_best, --early_stop_patience, --export_best) takes that result: the best
+   value so far (a variable in the checkpoint) and a best checkpoint when it is among the K;
+4. **early stop** after N evaluations without a better one: it ends the loop (not the run:
+   ``train.run`` then saves, evaluates and exports as at the end). An action with
+   ``at_start`` is also asked before the first update, so that a resumed run which had
+   stopped early stops again instead of training on;
+5. **checkpoint** after those: a checkpoint of step S holds everything step S knew;
+6. **preemption** last: when a signal came, the checkpoint it needs is written after
    everything else this step owed, and the run stops with all of it on disk.
 
 Actions at the last step are left to ``train.run`` (final checkpoint, evaluation, export),
@@ -39,6 +45,8 @@ class LoopState:
     skipped_records: int = 0  # broken images (weight 0) in the updates so far
     input_ips: float | None = None  # images/s of the input alone (build.probe_input)
     waited: float = 0.0  # seconds in all-reduces until the last closed window
+    evaluation: tuple | None = None  # (step, result) of the newest evaluation
+    stopped: str = ""  # why the loop ended before the plan's last step ("early_stop")
 
     @property
     def last(self) -> bool:
@@ -49,6 +57,7 @@ class Action:
     """Base: due at multiples of ``every``, never at the last step (``train.run`` owns it)."""
 
     every = 0
+    at_start = False  # also asked once before the first update
 
     def due(self, state: LoopState) -> bool:
         return bool(self.every) and state.step % self.every == 0 and not state.last
@@ -109,7 +118,48 @@ class Evaluate(Action):
 
     def __call__(self, state: LoopState) -> None:
         phase("evaluation", state.step)
-        state.writer.log_eval(state.step, self._evaluate())
+        result = self._evaluate()
+        state.writer.log_eval(state.step, result)
+        state.evaluation = (state.step, result) if result else None
+
+
+def _evaluated_now(state: LoopState) -> bool:
+    return state.evaluation is not None and state.evaluation[0] == state.step
+
+
+class KeepBest(Action):
+    """Gives this step's evaluation to ``best.Best``: the best value so far, the evaluations
+    since it improved, and (--keep_best) the K best checkpoints in model_dir/best/."""
+
+    def __init__(self, best):
+        self._best = best
+
+    def due(self, state: LoopState) -> bool:
+        return _evaluated_now(state) and not state.last
+
+    def __call__(self, state: LoopState) -> None:
+        phase("best checkpoint", state.step)
+        if self._best.observe(*state.evaluation):
+            state.writer.info(f"best {self._best.metric} so far at step {state.step}")
+
+
+class EarlyStop(Action):
+    """Ends the loop after --early_stop_patience evaluations without a better one."""
+
+    at_start = True
+
+    def __init__(self, patience: int, best):
+        self._patience, self._best = patience, best
+
+    def due(self, state: LoopState) -> bool:
+        return not state.last and int(self._best.stale.numpy()) >= self._patience
+
+    def __call__(self, state: LoopState) -> None:
+        state.stopped = "early_stop"
+        state.writer.info(
+            f"early stop at step {state.step}: {self._patience} evaluation(s) without a better "
+            f"{self._best.metric} than step {int(self._best.step.numpy())}'s"
+        )
 
 
 class SaveCheckpoint(Action):
@@ -146,6 +196,12 @@ def default_actions(run, evaluate, guard=None) -> list[Action]:
     actions = [
         LogWindow(t.log_every_steps, t.log_every_s),
         Evaluate(run.plan.eval_every, evaluate),
+    ]
+    if run.best is not None:
+        actions.append(KeepBest(run.best))
+        if t.early_stop_patience:
+            actions.append(EarlyStop(t.early_stop_patience, run.best))
+    actions += [
         SaveCheckpoint(t.checkpoint_every_steps, run.checkpoints),
     ]
     if guard is not None:

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from tfgpu import models, optim
+from tfgpu import models, optim, pretrained
+from tfgpu.best import Best
 from tfgpu.checkpoints import Checkpoints
-from tfgpu.config import Config, ConfigError, split_batch
+from tfgpu.config import Config, ConfigError, split_batch, tracks_best
 from tfgpu.data import device_ops, memory, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import Backend
@@ -65,6 +66,8 @@ class Run:
     global_step: tf.Variable
     skipped_updates: tf.Variable
     checkpoints: Checkpoints
+    best: Best | None = None  # the best evaluation so far (--keep_best, --early_stop_patience)
+    init_line: str = ""  # where --init_weights came from, printed at start-up
 
     @property
     def optimizer(self):
@@ -85,6 +88,8 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
             config.model.small_input,
             drop_path_rate=config.model.drop_path_rate,
         )
+        if config.model.freeze == "backbone":  # before the optimizer sees what it trains
+            pretrained.freeze_backbone(model)
         optimizer = optim.build_for_run(
             config.optim, config.train.global_batch_size, plan.total_steps
         )
@@ -92,14 +97,33 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
         step = build_step(config, model, optimizer, backend, spec.num_classes, loss_scale)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
         skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
+        best = Best(config.train, backend, config.model_dir) if tracks_best(config.train) else None
+    init_line = ""
     if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
-        models.load_initial_weights(model, config.model.init_weights)
+        fresh = models.load_initial_weights(model, config.model.init_weights)
+        init_line = _init_line(config, model, fresh)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
     if loss_scale:
         tracked.update(loss_scale=loss_scale.scale, good_steps=loss_scale.good_steps)
+    if best:  # only then: checkpoints of runs without it restore as before
+        tracked.update(best.tracked())
     checkpoints = Checkpoints(tracked, backend, config.model_dir, config.train.keep_checkpoints)
-    return Run(config, backend, spec, plan, model, step, global_step, skipped_updates, checkpoints)
+    if best:
+        best.checkpoint = checkpoints.checkpoint
+    parts = (model, step, global_step, skipped_updates, checkpoints, best, init_line)
+    return Run(config, backend, spec, plan, *parts)
+
+
+def _init_line(config: Config, model, fresh: list) -> str:
+    """The start-up line that says where the weights came from, and what is new."""
+    m = config.model
+    line = f"init: weights from --init_weights={m.init_weights}"
+    if fresh:
+        line += f"; new (not in the file): {', '.join(fresh)} ({model.output_shape[-1]} classes)"
+    if m.freeze == "backbone":
+        line += "; backbone frozen (its BatchNorm in inference mode), training the head only"
+    return line + " (a checkpoint in --model_dir, if any, replaces them)"
 
 
 def build_step(config: Config, model, optimizer, backend, num_classes: int, loss_scale=None):

@@ -49,7 +49,7 @@ class Checkpoints:
         for path in paths:
             try:
                 self.checkpoint.restore(path).assert_existing_objects_matched()
-            except _DAMAGED as err:
+            except DAMAGED as err:
                 reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
                 _warn(f"checkpoint {path} does not read back ({reason}); trying an older one")
                 continue
@@ -82,7 +82,7 @@ class Checkpoints:
 
 # What a truncated or corrupted checkpoint raises while it is read (a truncated .data file:
 # IndexError "Read less bytes than requested"; a broken index: DataLossError, an OpError).
-_DAMAGED = (tf.errors.OpError, IndexError, ValueError, OSError, AssertionError)
+DAMAGED = (tf.errors.OpError, IndexError, ValueError, OSError, AssertionError)
 
 
 def _warn(message: str) -> None:

@@ -37,8 +37,17 @@ class ModelConfig:
     )
     init_weights: str = setting(
         "",
-        "A local .weights.h5 (same model) or .keras file (its logits layer may differ: "
-        "fine-tuning) to start from; no downloads. A checkpoint in --model_dir wins.",
+        "Start from: imagenet (keras.applications' ImageNet file for DenseNets and "
+        "EfficientNets, from Keras' cache ~/.keras/models: no downloads), a Keras .h5 file "
+        "(*_notop.h5 or with top; the backbone by layer name, the head new), a .weights.h5 "
+        "(same model) or a .keras file (its logits layer may differ). A checkpoint in "
+        "--model_dir wins.",
+    )
+    freeze: str = setting(
+        "none",
+        "none, or backbone: train only the head; the backbone's BatchNorm layers normalize "
+        "with their stored statistics (inference mode).",
+        choices=("none", "backbone"),
     )
     dtype: str = setting(
         "float32",
@@ -130,6 +139,26 @@ class TrainConfig:
         1000, "Write a checkpoint every N updates (and always at the end)."
     )
     keep_checkpoints: int = setting(3, "Checkpoints kept (the newest).")
+    keep_best: int = setting(
+        0,
+        "Keep the K best evaluated checkpoints in model_dir/best/ (best/best.json lists them, "
+        "best first); needs --eval_every_steps or --eval_every_epochs (0: off).",
+    )
+    best_metric: str = setting(
+        "",
+        "What 'best' means for --keep_best, --early_stop_patience and --export_best: top1 "
+        "(the default), top5 (both higher is better) or loss (lower is better).",
+    )
+    early_stop_patience: int = setting(
+        0,
+        "Stop after N evaluations in a row without improving --best_metric (then final "
+        "checkpoint, evaluation and export as usual; summary.json says so). 0: off.",
+    )
+    export_best: bool = setting(
+        False,
+        "At the end, export the best evaluated model (by --best_metric) instead of the last "
+        "(the best evaluation so far is in the checkpoint: a resumed run keeps it).",
+    )
     export: bool = setting(
         True, "At the end, export the model as .keras and as a SavedModel taking uint8 images."
     )
@@ -213,6 +242,18 @@ def _check_model(m: ModelConfig) -> None:
             "--sync_batchnorm and --jit_compile do not go together: the moments' all-reduce "
             "runs inside the compiled forward pass, which XLA cannot hold"
         )
+    if (m.init_weights == "imagenet" or m.freeze == "backbone") and not models.has_backbone(m.name):
+        what = "--init_weights=imagenet" if m.init_weights == "imagenet" else "--freeze=backbone"
+        resnet = (
+            " (tfgpu's ResNets are v1.5 with their own layer names; keras.applications' ImageNet "
+            "ResNet50 is v1, trained for another network: start from a tfgpu .keras instead)"
+            if m.name.startswith("resnet")
+            else ""
+        )
+        raise ConfigError(
+            f"{what} is for the keras.applications models (densenet*, efficientnet*), not "
+            f"--model={m.name}{resnet}"
+        )
     if not (m.drop_path_rate == -1.0 or 0.0 <= m.drop_path_rate < 1.0):
         raise ConfigError(f"--drop_path_rate={m.drop_path_rate} must be in [0, 1), or -1")
 
@@ -235,6 +276,39 @@ def _check_train(t: TrainConfig) -> None:
         raise ConfigError("set --eval_every_steps or --eval_every_epochs, not both")
     if t.train_steps and t.epochs:
         raise ConfigError("set --train_steps or --epochs, not both")
+    _check_best(t)
+
+
+BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
+
+
+def best_metric(t: TrainConfig) -> str:
+    """The metric that decides "best" (--best_metric, top1 when not set)."""
+    return t.best_metric or "top1"
+
+
+def tracks_best(t: TrainConfig) -> bool:
+    """True when the run keeps its best evaluation (in its checkpoints)."""
+    return bool(t.keep_best or t.early_stop_patience or t.export_best or t.best_metric)
+
+
+def _check_best(t: TrainConfig) -> None:
+    if t.best_metric and t.best_metric not in BEST_METRICS:
+        raise ConfigError(
+            f"--best_metric={t.best_metric!r} is unknown; choose from {', '.join(BEST_METRICS)}"
+        )
+    if t.keep_best < 0 or t.early_stop_patience < 0:
+        raise ConfigError("--keep_best and --early_stop_patience must not be negative")
+    if tracks_best(t) and not (t.eval_every_steps or t.eval_every_epochs):
+        given = [
+            f"--{name}"
+            for name in ("keep_best", "best_metric", "early_stop_patience", "export_best")
+            if getattr(t, name)
+        ]
+        raise ConfigError(
+            f"{', '.join(given)} need(s) evaluations during training: set --eval_every_steps "
+            "or --eval_every_epochs"
+        )
 
 
 def split_batch(train: TrainConfig, num_replicas: int) -> tuple[int, int]:

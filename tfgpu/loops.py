@@ -58,21 +58,29 @@ def _clock():
     return lambda: tf.reshape(tf.py_function(time.perf_counter, [], tf.float64), [])
 
 
-def make_eval_step(model: keras.Model, backend):
-    """``eval_step(distributed EvalBatch) -> EvalSums`` summed over replicas."""
+def make_eval_step(model: keras.Model, backend, num_classes: int = 0):
+    """``eval_step(distributed EvalBatch) -> EvalSums`` summed over replicas; with
+    ``num_classes``, also "confusion": float32 [true class, predicted class] counts (the
+    arg-max that top-1 counts), for per-class accuracy (``tfgpu.evaluate``)."""
 
     def replica(batch):
         logits = tf.cast(model(tf.cast(batch["image"], tf.float32), training=False), tf.float32)
         labels, weight = batch["label"], batch["weight"]
         loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
         top5 = tf.cast(tf.math.in_top_k(labels, logits, min(5, logits.shape[-1])), tf.float32)
-        top1 = tf.cast(tf.equal(tf.argmax(logits, -1, tf.int32), labels), tf.float32)
-        return {
+        predicted = tf.argmax(logits, -1, tf.int32)
+        top1 = tf.cast(tf.equal(predicted, labels), tf.float32)
+        sums = {
             "loss": tf.reduce_sum(loss * weight),
             "top1": tf.reduce_sum(top1 * weight),
             "top5": tf.reduce_sum(top5 * weight),
             "count": tf.reduce_sum(weight),
         }
+        if num_classes:
+            sums["confusion"] = tf.math.confusion_matrix(
+                labels, predicted, num_classes, weights=weight, dtype=tf.float32
+            )
+        return sums
 
     @tf.function
     def eval_step(batch):

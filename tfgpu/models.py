@@ -65,17 +65,29 @@ def build_model(
 def load_initial_weights(model, path: str) -> list[str]:
     """Loads ``--init_weights`` into ``model``; returns the names of the layers left as built.
 
-    A ``.weights.h5`` file must fit exactly (same model and classes). A ``.keras`` file
+    ``imagenet``, or a keras.applications ``.h5`` file (``*_notop.h5`` or with top): the
+    backbone's layers by name, the head new (``pretrained.py``). A ``.weights.h5`` file must
+    fit exactly (same model and classes). A ``.keras`` file
     (loaded with safe_mode) may differ in its ``logits`` layer only, e.g. another number of
     classes for fine-tuning; that layer then keeps its fresh initialization. Any other
     mismatch, or a missing file, raises ConfigError with a one-line message.
     """
     import keras
 
+    from tfgpu import pretrained
+
     flag = f"--init_weights={path}"
+    if path == "imagenet":
+        backbone = pretrained.backbone_of(model)
+        if backbone is None:
+            raise ConfigError(f"{flag}: {model.name} has no keras.applications backbone")
+        path = pretrained.imagenet_file(backbone.name)
     path = os.path.expanduser(path)
     if not os.path.isfile(path):
         raise ConfigError(f"{flag}: no such file")
+    if path.endswith(".h5") and not path.endswith(".weights.h5"):  # keras.applications' file
+        pretrained.load_backbone_h5(model, path)
+        return ["logits"]
     try:
         if path.endswith(".weights.h5"):
             model.load_weights(path)
@@ -86,7 +98,7 @@ def load_initial_weights(model, path: str) -> list[str]:
     except (ValueError, OSError, TypeError) as err:
         first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
         raise ConfigError(f"{flag} does not fit model {model.name!r}: {first}") from None
-    raise ConfigError(f"{flag}: expected a .weights.h5 or .keras file")
+    raise ConfigError(f"{flag}: expected a .weights.h5 or .keras file, imagenet or a Keras .h5")
 
 
 def _copy_weights(source, model) -> list[str]:
@@ -107,3 +119,9 @@ def _copy_weights(source, model) -> list[str]:
                 f"{dst.path} has shape {tuple(dst.shape)}, the file {tuple(src.shape)}"
             )
     return sorted(skipped)
+
+
+def has_backbone(name: str) -> bool:
+    """True for registry models built around a keras.applications backbone (DenseNets,
+    EfficientNets): those --init_weights=imagenet and --freeze=backbone apply to."""
+    return name in MODELS and MODELS[name][0] == "application"

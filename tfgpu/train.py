@@ -7,6 +7,7 @@ actions (``actions.py``: log, evaluate, checkpoint, preemption). What it calls c
 ``loops.py``: ``make_train_loop`` and ``make_eval_step``.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,38 +32,59 @@ from tfgpu.errors import NonFiniteLoss
 
 
 class Evaluator:
-    """Top-1, top-5 and loss over the whole validation split, each example once, with the
-    EMA weights when there are any. The dataset is made on first use, then reused."""
+    """Top-1, top-5 and loss over the whole validation split (or ``spec``'s eval files),
+    each example once, with the EMA weights when there are any. The dataset is made on first
+    use, then reused. ``per_class``: also per-class accuracy and the confusion matrix
+    (``tfgpu.evaluate``). ``Evaluator.of(run)`` is the run's own."""
 
-    def __init__(self, run: Run):
-        self._eval_step = make_eval_step(run.model, run.backend)
-        self._optimizer = run.optimizer
-        global_batch = run.plan.eval_global_batch
-        self._steps = pipeline.eval_steps(run.spec.num_eval, global_batch)
-        self._make = lambda: run.backend.distribute_dataset(
+    def __init__(self, model, backend, spec, data, global_batch, optimizer=None, per_class=False):
+        num_classes = spec.num_classes if per_class else 0
+        self._eval_step = make_eval_step(model, backend, num_classes)
+        self._optimizer = optimizer
+        self._steps = pipeline.eval_steps(spec.num_eval, global_batch)
+        self._make = lambda: backend.distribute_dataset(
             lambda shard: pipeline.make_eval_dataset(
-                run.spec,
-                run.config.data,
+                spec,
+                data,
                 shard,
-                batch_size=global_batch // run.backend.num_replicas,
+                batch_size=global_batch // backend.num_replicas,
                 global_batch_size=global_batch,
             )
         )
         self._dataset = None
+        self._per_class = per_class
+
+    @classmethod
+    def of(cls, run: Run, spec=None, per_class=False) -> "Evaluator":
+        """The evaluation of ``run`` (on its validation split, or ``spec``'s)."""
+        spec = spec or run.spec
+        global_batch = run.plan.eval_global_batch
+        return cls(
+            run.model, run.backend, spec, run.config.data, global_batch, run.optimizer, per_class
+        )
 
     def __call__(self) -> dict:
         if not self._steps:
             return {}
         self._dataset = self._dataset or self._make()
         sums = dict.fromkeys(EVAL_SUMS, 0.0)
-        with compat.ema_weights(self._optimizer):
+        confusion = 0.0
+        ema = compat.ema_weights(self._optimizer) if self._optimizer else contextlib.nullcontext()
+        with ema:
             iterator = iter(self._dataset)
             for _ in range(self._steps):
                 out = self._eval_step(next(iterator))
                 sums = {k: sums[k] + float(out[k]) for k in EVAL_SUMS}
+                if self._per_class:
+                    confusion = confusion + out["confusion"].numpy().astype(np.float64)
         n = max(sums["count"], 1.0)
         result = {k: sums[k] / n for k in ("loss", "top1", "top5")}
-        return dict(result, num_examples=int(sums["count"]))
+        result = dict(result, num_examples=int(sums["count"]))
+        if self._per_class:
+            per_class = np.diag(confusion) / np.maximum(confusion.sum(axis=1), 1.0)
+            result["per_class_accuracy"] = per_class.tolist()
+            result["confusion_matrix"] = confusion.astype(np.int64).tolist()
+        return result
 
 
 def _next_stop(actions, step: int, total_steps: int, steps_per_loop: int) -> int:
@@ -81,7 +103,10 @@ def fit(run: Run, batches, actions, writer: RunWriter, input_ips=None) -> dict:
     loop = make_train_loop(run.step, run.global_step, run.skipped_updates)
     step, waited = int(run.global_step.numpy()), float(run.backend.wait_seconds.numpy())
     state = LoopState(run, writer, step, input_ips=input_ips, waited=waited)
-    while not state.last:
+    for action in actions:
+        if action.at_start and action.due(state):
+            action(state)
+    while not state.last and not state.stopped:
         t = run.config.train
         n = _next_stop(actions, state.step, run.plan.total_steps, t.steps_per_loop) - state.step
         phase("train", state.step)
@@ -98,6 +123,7 @@ def fit(run: Run, batches, actions, writer: RunWriter, input_ips=None) -> dict:
         "images_per_sec": state.window.images_per_sec(),
         "skipped_records": state.skipped_records,
         "input_wait_fraction": state.window.input_wait_fraction(),
+        "stopped": state.stopped,
     }
 
 
@@ -137,8 +163,12 @@ def run(config: Config) -> dict:
     if multi:
         _heartbeats(r, sock, fingerprints)
     writer.info(_start_line(r))
-    evaluate = Evaluator(r)
+    if r.init_line:
+        writer.info(r.init_line)
+    evaluate = Evaluator.of(r)
     start_step = r.checkpoints.restore(writer.info)
+    if r.best is not None:
+        r.best.resume(start_step)
     make = train_maker(r, start_step)
     input_ips = probe_input(r, make, config.data.input_probe_s)
     if input_ips:
@@ -150,14 +180,17 @@ def run(config: Config) -> dict:
     with PreemptionGuard() as guard:
         throughput = fit(r, batches, default_actions(r, evaluate, guard), writer, input_ips)
     throughput["input_images_per_sec"] = input_ips
-    phase("final save, evaluation and export", int(r.global_step.numpy()))
+    last_step = int(r.global_step.numpy())
+    phase("final evaluation, save and export", last_step)
+    final_eval = evaluate()  # first: the best (in the final checkpoint) takes it into account
+    writer.log_eval(last_step, final_eval)
+    if r.best is not None and final_eval:
+        r.best.observe(last_step, final_eval)
     r.checkpoints.save(final=True)
-    final_eval = evaluate()
-    writer.log_eval(r.plan.total_steps, final_eval)
     if backend.is_chief:
         r.model.save_weights(os.path.join(config.model_dir, "final.weights.h5"))
         if config.train.export:
-            export_model(r.model, os.path.join(config.model_dir, "export"), config.data.image_size)
+            _export(r, writer)
     throughput["broken"] = _broken_records(backend)  # the last collective
     heartbeats.finish()
     summary = _summary(r, final_eval, throughput, time.time() - started)
@@ -166,6 +199,24 @@ def run(config: Config) -> dict:
     worker = f"{backend.worker_index}/{backend.num_workers}"
     print(f"worker {worker} weights_sha256 {summary['weights_sha256']}", flush=True)
     return summary
+
+
+def _export(r: Run, writer: RunWriter) -> None:
+    """export/: the last model, or with --export_best the best kept checkpoint's: its model
+    is read into the run's model for the export, then the last weights are put back (the
+    summary's fingerprint is of the last model, on every worker)."""
+    config = r.config
+    directory = os.path.join(config.model_dir, "export")
+    if not (config.train.export_best and r.best is not None and r.best.kept):
+        export_model(r.model, directory, config.data.image_size)
+        return
+    best = r.best.kept[0]
+    last = [keras.ops.convert_to_numpy(w) for w in r.model.weights]
+    tf.train.Checkpoint(model=r.model).read(best["checkpoint"]).expect_partial()
+    writer.info(f"export: the best model by {r.best.metric}, step {best['step']}")
+    export_model(r.model, directory, config.data.image_size)
+    for weight, value in zip(r.model.weights, last):
+        weight.assign(value)
 
 
 def _agreed_spec(config: Config, backend, heartbeat: str) -> tuple:
@@ -210,7 +261,7 @@ def _broken_records(backend) -> list:
 
 def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> dict:
     """summary.json: what the run did, in the contract's names."""
-    return {
+    summary = {
         "strategy": r.backend.name,
         "num_replicas": r.backend.num_replicas,
         "global_batch_size": r.config.train.global_batch_size,
@@ -228,3 +279,8 @@ def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> 
         "weights_sha256": weights_fingerprint(r.model),
         "wall_time_s": wall_time_s,
     }
+    if throughput["stopped"]:
+        summary.update(stopped=throughput["stopped"], stopped_at_step=summary["steps"])
+    if r.best is not None:
+        summary["best"] = r.best.summary()
+    return summary

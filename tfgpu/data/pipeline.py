@@ -12,6 +12,8 @@ global batch is split. The host only draws the dice; the float work (flip, cast,
 normalization) runs on the accelerator, see ``device_ops.py``.
 """
 
+import os
+
 import tensorflow as tf
 
 from tfgpu.data import broken, device_ops, host_ops
@@ -86,20 +88,57 @@ def _dct_min_side(data) -> int:
     return data.image_size if data.dct_scaled_decode else 0
 
 
-def decode_eval_example(record: dict, data, spec: DataSpec, report=None) -> dict:
-    """One evaluation record {record, origin} -> one row of an ``EvalBatch`` {image uint8
-    [S,S,3], label, weight (0: broken image, named by ``report``)}."""
-    example = spec.parse(record["record"])
-    valid = host_ops.looks_whole(example["encoded"])
+def decode_eval_image(encoded: tf.Tensor, data) -> tuple:
+    """Evaluation's preprocessing of one encoded image (the one function of it: evaluation,
+    ``tfgpu.evaluate`` and ``tfgpu.predict`` all call it): (uint8 [S,S,3] center crop resized,
+    valid: ``host_ops.looks_whole``; zeros when not)."""
+    valid = host_ops.looks_whole(encoded)
     image = host_ops.decode_window_resized(
-        example["encoded"],
+        encoded,
         valid,
         lambda s: host_ops.center_crop_window(s, data.eval_crop_fraction),
         data.image_size,
         _dct_min_side(data),
     )
+    return image, valid
+
+
+def decode_eval_example(record: dict, data, spec: DataSpec, report=None) -> dict:
+    """One evaluation record {record, origin} -> one row of an ``EvalBatch`` {image uint8
+    [S,S,3], label, weight (0: broken image, named by ``report``)}."""
+    example = spec.parse(record["record"])
+    image, valid = decode_eval_image(example["encoded"], data)
     weight = broken.weight(valid, record["origin"], report)
     return {"image": image, "label": example["label"], "weight": weight}
+
+
+def make_named_eval_dataset(spec: DataSpec, data, batch_size: int) -> tf.data.Dataset:
+    """The evaluation files of ``spec``, each record once, in order, preprocessed as evaluation
+    does, batched: {image, valid, name (the stored file name, else "shard#index")}
+    (``tfgpu.predict``)."""
+    names = tf.constant([os.path.basename(f) for f in spec.eval_files])
+    feature = {"image/filename": tf.io.FixedLenFeature([], tf.string, default_value="")}
+
+    def decode(record):
+        example = spec.parse(record["record"])
+        image, valid = decode_eval_image(example["encoded"], data)
+        stored = b""
+        if spec.parser is None:  # tfgpu's (and TF's ImageNet) schema holds the file name
+            stored = tf.io.parse_single_example(record["record"], feature)["image/filename"]
+        origin = record["origin"]
+        where = tf.strings.join(
+            [
+                tf.gather(names, tf.bitwise.right_shift(origin, 32)),
+                "#",
+                tf.strings.as_string(tf.bitwise.bitwise_and(origin, 0xFFFFFFFF)),
+            ]
+        )
+        name = tf.where(tf.equal(stored, b""), where, stored)
+        return {"image": image, "valid": valid, "name": name}
+
+    ds = _records(spec.eval_files, data, deterministic=True)
+    ds = ds.map(decode, num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)
+    return ds.with_options(dataset_options(True, data))
 
 
 def _records(files, data, deterministic: bool, epoch_seed=None) -> tf.data.Dataset:

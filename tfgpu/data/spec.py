@@ -7,7 +7,7 @@ serves them all. ``load_spec(config.data)`` picks the source.
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -222,6 +222,32 @@ def load_tfds_spec(name: str, data_dir: str = "", num_classes: int = 0) -> DataS
         num_eval=splits[eval_split].num_examples if eval_split else 0,
         parser=parse,
     )
+
+
+def split_spec(spec: DataSpec, split: str) -> DataSpec:
+    """``spec`` with ``split`` (train, validation, test, ...) as the files it evaluates: what
+    ``tfgpu.evaluate`` and ``tfgpu.predict`` read with the evaluation's pipeline."""
+    if split == "validation":
+        files, count = spec.eval_files, spec.num_eval
+    elif split == "train":
+        files, count = spec.train_files, spec.num_train
+    elif spec.parser is not None or not spec.data_dir:
+        raise DataError(f"--split={split}: only train and validation of this dataset are known")
+    else:
+        info = _read_info(spec.data_dir)
+        files = _split_files(spec.data_dir, info, split)
+        count = info.get("splits", {}).get(split, {}).get("num_examples", 0)
+        count = count or count_records(files)
+    if not files or not count:
+        raise DataError(f"--split={split}: {spec.data_dir or 'the dataset'} holds no such examples")
+    return replace(spec, eval_files=tuple(files), num_eval=count)
+
+
+def class_names(spec: DataSpec) -> list[str]:
+    """The dataset's class names (dataset_info.json), else "0", "1", ..."""
+    info = _read_info(spec.data_dir) if spec.data_dir and os.path.isdir(spec.data_dir) else {}
+    names = list(info.get("class_names", []))
+    return names if len(names) == spec.num_classes else [str(i) for i in range(spec.num_classes)]
 
 
 SYNTHETIC_TRAIN_EXAMPLES = 1_281_167  # ImageNet's: epochs of synthetic data mean something

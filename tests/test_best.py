@@ -1,0 +1,122 @@
+"""--keep_best, --best_metric, --early_stop_patience and --export_best."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from tfgpu import train
+from tfgpu.config import ConfigError, config_from, validate
+
+BASE = dict(
+    strategy="default",
+    model="tiny_cnn",
+    image_size=32,
+    global_batch_size=16,
+    optimizer="adam",
+    learning_rate=0.003,
+    weight_decay=0.0,
+    lr_schedule="constant",
+    random_flip=False,
+    crop_min_area=0.8,
+    log_every_steps=4,
+    steps_per_loop=2,
+    checkpoint_every_steps=4,
+    eval_every_steps=2,
+    seed=1,
+    deterministic=True,
+    input_probe_s=0.0,
+)
+
+
+def _config(data_dir, model_dir, **kw):
+    return validate(config_from(data_dir=data_dir, model_dir=str(model_dir), **dict(BASE, **kw)))
+
+
+def _evals(model_dir) -> list[dict]:
+    with open(os.path.join(model_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        return [r for r in map(json.loads, f) if r["split"] == "validation"]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("flag", ["keep_best", "best_metric", "early_stop_patience"])
+def test_best_flags_without_evaluations_are_one_line_errors(flag):
+    value = {"keep_best": 2, "best_metric": "loss", "early_stop_patience": 3}[flag]
+    with pytest.raises(ConfigError, match=f"--{flag}.*--eval_every_steps") as err:
+        validate(config_from(**{flag: value}))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.fast
+def test_unknown_best_metric_is_named():
+    with pytest.raises(ConfigError, match="--best_metric='acc' is unknown"):
+        validate(config_from(best_metric="acc", eval_every_steps=2))
+
+
+def test_keep_best_resumes_with_its_best_and_exports_it(small_dataset, tmp_path):
+    # Run 1: evaluations at 2 and 4 (the final one); run 2 resumes at 4 and goes on to 8.
+    settings = dict(keep_best=2, best_metric="loss", export_best=True)
+    train.run(_config(small_dataset, tmp_path, train_steps=4, **settings))
+    first = _evals(tmp_path)
+    assert [r["step"] for r in first] == [2, 4]
+
+    # The best so far is in the checkpoint: a Run restored from it knows it.
+    from tfgpu.build import build
+    from tfgpu.data.spec import load_spec
+    from tfgpu.distribute import backends
+
+    config = _config(small_dataset, tmp_path, train_steps=8, **settings)
+    backend = backends.setup(config.dist)
+    r = build(config, backend, load_spec(config.data))
+    assert r.checkpoints.restore(lambda _: None) == 4
+    best_first = min(first, key=lambda e: e["loss"])
+    assert float(r.best.value.numpy()) == pytest.approx(best_first["loss"])
+    assert int(r.best.step.numpy()) == best_first["step"]
+
+    summary = train.run(config)
+    evals = _evals(tmp_path)
+    assert [r["step"] for r in evals] == [2, 4, 6, 8]
+    ranked = sorted(evals, key=lambda e: e["loss"])
+    doc = json.load(open(tmp_path / "best" / "best.json"))
+    assert doc["metric"] == "loss" and doc["mode"] == "min"
+    assert [e["step"] for e in doc["kept"]] == [e["step"] for e in ranked[:2]]
+    for entry, logged in zip(doc["kept"], ranked):
+        assert entry["loss"] == pytest.approx(logged["loss"])
+        assert entry["top1"] == pytest.approx(logged["top1"])
+        assert os.path.exists(entry["checkpoint"] + ".index")
+    # Exactly the two kept checkpoints are on disk.
+    on_disk = {n.split(".")[0] for n in os.listdir(tmp_path / "best") if n.startswith("ckpt-")}
+    assert on_disk == {f"ckpt-{e['step']}" for e in doc["kept"]}
+    assert summary["best"] == {
+        "metric": "loss",
+        "step": ranked[0]["step"],
+        "value": pytest.approx(ranked[0]["loss"]),
+    }
+
+    # --export_best: export/model.keras holds the best checkpoint's model.
+    import tensorflow as tf
+
+    exported = keras.saving.load_model(tmp_path / "export" / "model.keras", compile=False)
+    r.model.set_weights([np.zeros_like(w) for w in r.model.get_weights()])
+    tf.train.Checkpoint(model=r.model).read(doc["kept"][0]["checkpoint"]).expect_partial()
+    for a, b in zip(exported.get_weights(), r.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_early_stop_ends_cleanly_and_stays_stopped(small_dataset, tmp_path):
+    # learning_rate 0: every evaluation equals the first, so none is better than it.
+    config = _config(
+        small_dataset, tmp_path, train_steps=20, learning_rate=0.0, early_stop_patience=2
+    )
+    summary = train.run(config)
+    assert summary["stopped"] == "early_stop" and summary["stopped_at_step"] == 6
+    assert summary["steps"] == 6 and summary["final_eval"]["loss"] is not None
+    assert [r["step"] for r in _evals(tmp_path)] == [2, 4, 6, 6]
+    assert os.path.exists(tmp_path / "export" / "model.keras")
+    assert os.path.exists(tmp_path / "checkpoints" / "ckpt-6.index")
+    assert json.load(open(tmp_path / "summary.json"))["stopped"] == "early_stop"
+    # The same command again resumes at 6 and stops at once: the count is in the checkpoint.
+    again = train.run(config)
+    assert again["steps"] == 6 and again["stopped"] == "early_stop"

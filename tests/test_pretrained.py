@@ -1,0 +1,97 @@
+"""--init_weights=imagenet / a keras.applications .h5 file, and --freeze=backbone. Offline:
+the weights files are made here, in Keras' own HDF5 format, from models built without weights."""
+
+import h5py
+import keras
+import numpy as np
+import pytest
+
+from tfgpu import batchnorm, models, pretrained
+from tfgpu.config import ConfigError, config_from, validate
+
+SLOW = pytest.mark.slow  # builds efficientnet_b0 (32x32) once or twice: ~5 s each
+
+
+def _keras_file(path, include_top=False):
+    """A keras.applications EfficientNetB0 weights file as Keras ships it (legacy HDF5)."""
+    from keras.src.legacy.saving import legacy_h5_format
+
+    keras.utils.set_random_seed(7)  # other weights than the model's own initialization
+    source = keras.applications.EfficientNetB0(
+        include_top=include_top, weights=None, input_shape=(32, 32, 3), classes=10
+    )
+    with h5py.File(path, "w") as f:
+        legacy_h5_format.save_weights_to_hdf5_group(f, source)
+    return source
+
+
+def _model():
+    keras.utils.set_random_seed(1)
+    return models.build_model("efficientnet_b0", 4, 32, small_input=True)
+
+
+@SLOW
+@pytest.mark.parametrize("include_top", [False, True])
+def test_keras_h5_loads_into_the_backbone_by_name(tmp_path, include_top):
+    name = "efficientnetb0.h5" if include_top else "efficientnetb0_notop.h5"
+    source = _keras_file(tmp_path / name, include_top)
+    model = _model()
+    head = model.get_layer("logits").kernel.numpy()
+    assert models.load_initial_weights(model, str(tmp_path / name)) == ["logits"]
+    backbone = pretrained.backbone_of(model)
+    for layer in ("stem_conv", "block1a_dwconv", "top_conv", "top_bn"):
+        for a, b in zip(backbone.get_layer(layer).weights, source.get_layer(layer).weights):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(model.get_layer("logits").kernel.numpy(), head)  # new head
+
+
+@SLOW
+def test_imagenet_from_keras_cache_or_one_line_naming_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    model = _model()
+    with pytest.raises(ConfigError, match="efficientnetb0_notop.h5 is not in") as err:
+        models.load_initial_weights(model, "imagenet")
+    message = str(err.value)
+    assert "\n" not in message and "https://storage.googleapis.com/keras-applications/" in message
+    (tmp_path / "models").mkdir()
+    source = _keras_file(tmp_path / "models" / "efficientnetb0_notop.h5")
+    models.load_initial_weights(model, "imagenet")
+    np.testing.assert_array_equal(
+        pretrained.backbone_of(model).get_layer("stem_conv").kernel.numpy(),
+        source.get_layer("stem_conv").kernel.numpy(),
+    )
+
+
+@SLOW
+def test_a_file_that_does_not_fit_names_the_first_layer(tmp_path):
+    path = tmp_path / "efficientnetb0_notop.h5"
+    _keras_file(path)
+    with h5py.File(path, "r+") as f:  # another stem: 16 filters instead of 32
+        group = f["stem_conv"]
+        (weight,) = [w if isinstance(w, str) else w.decode() for w in group.attrs["weight_names"]]
+        del group[weight]
+        group[weight] = np.zeros((3, 3, 3, 16), np.float32)
+    with pytest.raises(ConfigError, match="layer 'stem_conv' holds") as err:
+        models.load_initial_weights(_model(), str(path))
+    assert "\n" not in str(err.value)
+
+
+@SLOW
+def test_freeze_backbone_trains_the_head_only_with_frozen_batchnorm():
+    model = _model()
+    assert pretrained.freeze_backbone(model) == 2  # the head's kernel and bias
+    assert batchnorm.moving_statistics(model) == []  # frozen BatchNorm: nothing to average
+    bn = pretrained.backbone_of(model).get_layer("top_bn")
+    before = bn.moving_mean.numpy().copy()
+    images = np.random.default_rng(0).uniform(0, 255, (4, 32, 32, 3)).astype("float32")
+    model(images, training=True)  # inference mode: the statistics stay
+    np.testing.assert_array_equal(bn.moving_mean.numpy(), before)
+
+
+@pytest.mark.fast
+def test_resnets_and_tiny_cnn_have_no_imagenet_start():
+    with pytest.raises(ConfigError, match="v1.5"):
+        validate(config_from(model="resnet50", init_weights="imagenet"))
+    with pytest.raises(ConfigError, match="--freeze=backbone is for"):
+        validate(config_from(model="tiny_cnn", freeze="backbone"))
+    validate(config_from(model="densenet121", init_weights="imagenet", freeze="backbone"))

@@ -1,0 +1,118 @@
+"""The best evaluations of a run (--keep_best, --early_stop_patience, --export_best).
+
+The best value so far, its step and the evaluations since it improved are tf.Variables saved
+in every checkpoint (``tracked()``), so a resumed run compares against what it had found
+before it stopped (what keras#17012 loses: a restarted ``ModelCheckpoint`` forgets its best).
+The K best checkpoints themselves are ``model_dir/best/ckpt-S`` (the run's whole checkpoint,
+written with ``tf.train.Checkpoint.write``) listed in ``best/best.json``, best first:
+
+    {"metric": "loss", "mode": "min", "kept": [{"step": S, "checkpoint": PATH, "loss": ...,
+     "top1": ..., "top5": ...}, ...]}
+
+Every worker takes part in writing one (reading sync-on-read variables is collective; the
+others write to scratch, ``Backend.checkpoint_dir``); only the chief writes best.json. Every
+worker decides alike: the evaluation is all-reduced, and the kept list is the chief's.
+"""
+
+import glob
+import json
+import math
+import os
+
+import tensorflow as tf
+
+from tfgpu.config import BEST_METRICS, TrainConfig, best_metric
+from tfgpu.files import read_json, write_json
+
+BEST_DIR = "best"
+BEST_FILE = "best.json"
+
+
+class Best:
+    """The run's best evaluation and its kept checkpoints."""
+
+    def __init__(self, train: TrainConfig, backend, model_dir: str):
+        self.metric = best_metric(train)
+        self.mode = BEST_METRICS[self.metric]
+        self.keep = train.keep_best or (1 if train.export_best else 0)  # the best, to export
+        self.directory = os.path.join(model_dir, BEST_DIR)
+        self._backend = backend
+        worst = math.inf if self.mode == "min" else -math.inf
+        self.value = tf.Variable(worst, dtype=tf.float64, trainable=False)
+        self.step = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        self.stale = tf.Variable(0, dtype=tf.int64, trainable=False)  # evaluations since best
+        self.kept: list[dict] = []
+        self.checkpoint = None  # the run's tf.train.Checkpoint, set by build()
+
+    def tracked(self) -> dict:
+        """What the run's checkpoints save of it."""
+        return {"best_value": self.value, "best_step": self.step, "evals_since_best": self.stale}
+
+    def better(self, a: float, b: float) -> bool:
+        return a < b if self.mode == "min" else a > b
+
+    def resume(self, step: int) -> None:
+        """After the checkpoint of ``step`` is restored: the kept list of the chief's
+        best.json, without checkpoints written after ``step`` (a run that died after them)."""
+        blob = b"[]"
+        if self._backend.is_chief:
+            try:
+                blob = json.dumps(
+                    read_json(os.path.join(self.directory, BEST_FILE)).get("kept", [])
+                )
+                blob = blob.encode()
+            except ValueError:
+                pass  # unreadable: start the list again (the best value is in the checkpoint)
+        kept = json.loads(self._backend.all_gather_bytes(blob)[0])
+        self.kept = [e for e in kept if e["step"] <= step]
+
+    def observe(self, step: int, result: dict) -> bool:
+        """Takes the evaluation of ``step``; True when it is the best so far. Writes its
+        checkpoint when it is among the --keep_best best."""
+        value = float(result[self.metric])
+        improved = self.better(value, float(self.value.numpy()))
+        if improved:
+            self.value.assign(value)
+            self.step.assign(step)
+            self.stale.assign(0)
+        else:
+            self.stale.assign_add(1)
+        if self.keep and not any(e["step"] == step for e in self.kept):
+            self._keep(step, value, result)
+        return improved
+
+    def _keep(self, step: int, value: float, result: dict) -> None:
+        entry = {"step": step, **{k: float(result[k]) for k in ("loss", "top1", "top5")}}
+        ranked = sorted(
+            [*self.kept, entry], key=lambda e: e[self.metric], reverse=self.mode == "max"
+        )
+        if entry not in ranked[: self.keep]:
+            return
+        prefix = os.path.join(self._backend.checkpoint_dir(self.directory), f"ckpt-{step}")
+        entry["checkpoint"] = self.checkpoint.write(prefix)
+        for dropped in ranked[self.keep :]:
+            for path in glob.glob(glob.escape(dropped["checkpoint"]) + ".*"):
+                os.remove(path)
+        self.kept = ranked[: self.keep]
+        if self._backend.is_chief:
+            os.makedirs(self.directory, exist_ok=True)
+            doc = {"metric": self.metric, "mode": self.mode, "kept": self.kept}
+            write_json(os.path.join(self.directory, BEST_FILE), doc)
+
+    def summary(self) -> dict:
+        """summary.json's "best": the metric, its best value and the step that reached it."""
+        step = int(self.step.numpy())
+        return {
+            "metric": self.metric,
+            "step": step if step >= 0 else None,
+            "value": float(self.value.numpy()) if step >= 0 else None,
+        }
+
+
+def best_checkpoint(model_dir: str) -> str:
+    """The path of the best kept checkpoint of ``model_dir`` (best/best.json), or ""."""
+    try:
+        kept = read_json(os.path.join(model_dir, BEST_DIR, BEST_FILE)).get("kept", [])
+    except ValueError:
+        return ""
+    return kept[0]["checkpoint"] if kept else ""

@@ -1,0 +1,135 @@
+"""``python -m tfgpu.evaluate`` (``tfgpu-evaluate``): a trained run's checkpoint on a split.
+
+    python -m tfgpu.evaluate --model_dir=runs/r50 [--checkpoint=latest|best|PATH|FILE.keras]
+        [--data_dir=OTHER] [--split=validation] [--output=eval.json]
+
+Top-1, top-5, loss, per-class accuracy and the confusion matrix, printed and (``--output``)
+written as JSON. It is the run's own evaluation (``train.Evaluator``: the run's Config, data
+spec, registry model, ``pipeline.make_eval_dataset`` and ``loops.make_eval_step``, EMA weights
+when the run kept them), so on the same checkpoint and split it gives the run's numbers.
+"""
+
+import os
+
+from absl import app, flags
+
+from tfgpu import use
+from tfgpu.errors import UsageError, run_command
+from tfgpu.files import write_json
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command's flags (those also tfgpu.main's keep their type: one process may hold both)."""
+    own = {
+        "model_dir": ("", "A training run's --model_dir (its config.json names the data)."),
+        "checkpoint": (
+            "latest",
+            "latest (newest in checkpoints/), best (best/best.json's first), a checkpoint "
+            "path (.../ckpt-N) or an exported .keras file.",
+        ),
+        "data_dir": ("", "Another converted dataset with the same classes (default: the run's)."),
+        "split": ("validation", "Which split: train, validation or any other converted one."),
+        "output": ("", "Also write the results to this JSON file."),
+    }
+    for name, (default, help_text) in own.items():
+        if name not in FLAGS:
+            flags.DEFINE_string(name, default, help_text)
+    if "eval_batch_size" not in FLAGS:
+        flags.DEFINE_integer("eval_batch_size", 0, "Images per batch (0: the run's).")
+
+
+def evaluate(
+    model_dir: str = "",
+    checkpoint: str = "latest",
+    data_dir: str = "",
+    split: str = "validation",
+    output: str = "",
+    eval_batch_size: int = 0,
+    log=print,
+) -> dict:
+    """Evaluates as the command does; returns the results (what ``--output`` holds)."""
+    if not model_dir and not (checkpoint.endswith(".keras") and data_dir):
+        raise UsageError("give --model_dir, or --checkpoint=FILE.keras with --data_dir")
+    config, path = use.config_and_checkpoint(
+        model_dir, checkpoint, data_dir=data_dir, eval_batch_size=eval_batch_size
+    )
+    from tfgpu.data.spec import class_names, split_spec
+    from tfgpu.train import Evaluator
+
+    trained = use.load(config, path)
+    spec = split_spec(trained.spec, split)
+    evaluator = Evaluator(
+        trained.model,
+        trained.backend,
+        spec,
+        config.data,
+        trained.eval_global_batch,
+        trained.optimizer,
+        per_class=True,
+    )
+    result = evaluator()
+    names = class_names(spec)
+    report = {
+        "checkpoint": path,
+        "step": trained.step,
+        "data_dir": spec.data_dir,
+        "split": split,
+        **result,
+        "class_names": names,
+    }
+    log(format_report(report))
+    if output:
+        write_json(os.path.expanduser(output), report)
+        log(f"written to {output}")
+    return report
+
+
+def format_report(r: dict) -> str:
+    """The printed result: totals, per-class accuracy, the confusion matrix."""
+    step = f" (step {r['step']})" if r["step"] is not None else ""
+    lines = [
+        f"{r['checkpoint']}{step} on {r['split']} of {r['data_dir']}: {r['num_examples']} examples",
+        f"top1 {r['top1']:.4f}  top5 {r['top5']:.4f}  loss {r['loss']:.4f}",
+    ]
+    names, matrix = r["class_names"], r["confusion_matrix"]
+    width = max(6, *(len(n) for n in names[:50]), len(str(max(map(max, matrix), default=0))))
+    lines.append("per class (accuracy, examples):")
+    for name, acc, row in zip(names, r["per_class_accuracy"], matrix):
+        lines.append(f"  {name:>{width}}  {acc:.4f}  {sum(row)}")
+    if len(names) <= 30:  # wider matrices are in --output only
+        lines.append("confusion matrix (rows: true class, columns: predicted):")
+        lines.append(" " * (width + 2) + "".join(f"{n:>{width + 1}}" for n in names))
+        for name, row in zip(names, matrix):
+            lines.append(f"  {name:>{width}}" + "".join(f"{v:>{width + 1}}" for v in row))
+    return "\n".join(lines)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from tfgpu.main import translate
+
+    return run_command(_command, prog="tfgpu-evaluate", translate=translate)
+
+
+def _command() -> None:
+    evaluate(
+        FLAGS.model_dir,
+        FLAGS.checkpoint,
+        FLAGS.data_dir,
+        FLAGS.split,
+        FLAGS.output,
+        FLAGS.eval_batch_size,
+    )
+
+
+def run():
+    """Console-script entry point (``tfgpu-evaluate``)."""
+    define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

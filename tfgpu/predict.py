@@ -1,0 +1,243 @@
+"""``python -m tfgpu.predict`` (``tfgpu-predict``): top-k classes of images, as CSV.
+
+    python -m tfgpu.predict --model_dir=runs/r50 [--checkpoint=latest|best|PATH|FILE.keras]
+        photo.jpg more_photos/ --output=predictions.csv [--top_k=5]
+    python -m tfgpu.predict --model_dir=runs/r50 --split=validation --output=val.csv
+
+One row per image: ``path,label_1,prob_1,...,label_k,prob_k,error``. Images are preprocessed
+by evaluation's own function (``pipeline.decode_eval_image``: center crop, resize) and
+predicted in batches, with the run's EMA weights when it kept them (as its evaluation). A file
+that is not an image, or is broken, is named on stderr and in its row's ``error``; the others
+are still predicted. Records of a converted split are named by their stored file name.
+"""
+
+import csv
+import os
+import sys
+
+from absl import app, flags
+
+from tfgpu import use
+from tfgpu.errors import UsageError, run_command
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command's flags (shared names with tfgpu.evaluate keep one definition)."""
+    from tfgpu import evaluate
+
+    evaluate.define_flags()
+    FLAGS.set_default("split", "")
+    FLAGS["split"].help = "Predict a split of the dataset (--data_dir, or the run's) instead."
+    if "top_k" not in FLAGS:
+        flags.DEFINE_integer("top_k", 5, "Classes per image, most probable first.")
+    if "batch_size" not in FLAGS:
+        flags.DEFINE_integer("batch_size", 32, "Images per forward pass.")
+
+
+def image_files(inputs) -> list[str]:
+    """The files named, and every (non-hidden) file under the folders named, sorted per folder.
+    A name that does not exist is a UsageError."""
+    files = []
+    for name in inputs:
+        path = os.path.expanduser(name)
+        if os.path.isdir(path):
+            for root, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                files += [os.path.join(root, n) for n in sorted(names) if not n.startswith(".")]
+        elif os.path.exists(path):
+            files.append(path)
+        else:
+            raise UsageError(f"{name}: no such file or folder")
+    return files
+
+
+def predict(
+    inputs=(),
+    model_dir: str = "",
+    checkpoint: str = "latest",
+    data_dir: str = "",
+    split: str = "",
+    output: str = "",
+    top_k: int = 5,
+    batch_size: int = 32,
+) -> list[dict]:
+    """Predicts as the command does; returns the rows (also written to ``output``, or printed
+    as CSV without it)."""
+    if bool(inputs) == bool(split):
+        raise UsageError("give image files or folders, or --split (of --data_dir or the run's)")
+    if not model_dir and not checkpoint.endswith(".keras"):
+        raise UsageError("give --model_dir, or --checkpoint=FILE.keras")
+    if top_k < 1 or batch_size < 1:
+        raise UsageError("--top_k and --batch_size must be positive")
+    if split and not (model_dir or data_dir):
+        raise UsageError("--split needs --data_dir (or a --model_dir whose run names its data)")
+    files = image_files(inputs)
+    config, path = use.config_and_checkpoint(model_dir, checkpoint, data_dir=data_dir)
+    trained = _load(config, path, need_data=bool(split or data_dir or model_dir))
+    names = trained["class_names"]
+    k = min(top_k, len(names))
+    if split:
+        rows = _predict_split(trained, split, k, batch_size)
+    else:
+        rows = _predict_files(trained, files, k, batch_size)
+    _write(rows, k, output)
+    errors = sum(1 for r in rows if r["error"])
+    print(
+        f"predicted {len(rows) - errors} image(s), {errors} error(s)"
+        + (f": {output}" if output else ""),
+        file=sys.stderr if not output else sys.stdout,
+        flush=True,
+    )
+    return rows
+
+
+def _load(config, path: str, need_data: bool) -> dict:
+    """{"trained", "predict(images uint8) -> probabilities", "class_names"}."""
+    import contextlib
+
+    import tensorflow as tf
+
+    from tfgpu import compat
+    from tfgpu.data.spec import class_names
+
+    if need_data:
+        trained = use.load(config, path)
+        names = class_names(trained.spec)
+    else:  # a .keras file alone: classes by number
+        import keras
+
+        model = keras.saving.load_model(path, compile=False, safe_mode=True)
+        trained = use.Trained(config, None, None, model, None, None, 0)
+        names = [str(i) for i in range(model.output_shape[-1])]
+    model = trained.model
+
+    @tf.function
+    def probabilities(images):
+        logits = tf.cast(model(tf.cast(images, tf.float32), training=False), tf.float32)
+        return tf.nn.softmax(logits)
+
+    def run(images):
+        ema = compat.ema_weights(trained.optimizer) if trained.optimizer else None
+        with ema or contextlib.nullcontext():
+            return probabilities(images).numpy()
+
+    return {"trained": trained, "predict": run, "class_names": names}
+
+
+def _rows(names, paths, probs, k: int) -> list[dict]:
+    import numpy as np
+
+    rows = []
+    for path, p in zip(paths, probs):
+        best = np.argsort(-p, kind="stable")[:k]
+        rows.append({"path": path, "top": [(names[i], float(p[i])) for i in best], "error": ""})
+    return rows
+
+
+def _predict_files(t: dict, files, k: int, batch_size: int) -> list[dict]:
+    """Each file read and preprocessed alone (a broken one is its row's error), the images
+    predicted ``batch_size`` at a time; rows in the order of ``files``."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfgpu.data import pipeline
+
+    data = t["trained"].config.data
+    prepare = tf.function(lambda encoded: pipeline.decode_eval_image(encoded, data))
+    rows: dict = {}
+    batch, batch_paths = [], []
+
+    def flush():
+        if batch:
+            probs = t["predict"](np.stack(batch))
+            rows.update((r["path"], r) for r in _rows(t["class_names"], batch_paths, probs, k))
+            batch.clear()
+            batch_paths.clear()
+
+    for path in files:
+        error = ""
+        try:
+            with open(path, "rb") as f:
+                encoded = f.read()
+            image, valid = prepare(tf.constant(encoded))
+            if not bool(valid):
+                error = "not a whole image (cut short, or not an image)"
+        except OSError as err:
+            error = f"cannot read it: {err.strerror}"
+        except tf.errors.OpError as err:
+            error = "cannot decode it: " + (err.message.strip().splitlines() or ["?"])[0][:200]
+        if error:
+            print(f"tfgpu-predict: WARNING: {path}: {error}", file=sys.stderr, flush=True)
+            rows[path] = {"path": path, "top": [], "error": error}
+            continue
+        batch.append(image.numpy())
+        batch_paths.append(path)
+        if len(batch) == batch_size:
+            flush()
+    flush()
+    return [rows[p] for p in files]
+
+
+def _predict_split(t: dict, split: str, k: int, batch_size: int) -> list[dict]:
+    """Every record of ``split``, in order; a broken one is its row's error."""
+    from tfgpu.data import pipeline
+    from tfgpu.data.spec import split_spec
+
+    trained = t["trained"]
+    spec = split_spec(trained.spec, split)
+    rows = []
+    for batch in pipeline.make_named_eval_dataset(spec, trained.config.data, batch_size):
+        paths = [n.decode("utf-8", "replace") for n in batch["name"].numpy()]
+        probs = t["predict"](batch["image"])
+        for row, valid in zip(_rows(t["class_names"], paths, probs, k), batch["valid"].numpy()):
+            if not valid:
+                row = dict(row, top=[], error="not a whole image (cut short, or not an image)")
+                print(f"tfgpu-predict: WARNING: {row['path']}: {row['error']}", file=sys.stderr)
+            rows.append(row)
+    return rows
+
+
+def header(k: int) -> list[str]:
+    return ["path", *[f"{c}_{i}" for i in range(1, k + 1) for c in ("label", "prob")], "error"]
+
+
+def _write(rows, k: int, output: str) -> None:
+    out = open(os.path.expanduser(output), "w", newline="", encoding="utf-8") if output else None
+    writer = csv.writer(out or sys.stdout)
+    writer.writerow(header(k))
+    for r in rows:
+        cells = [c for label, p in r["top"] for c in (label, f"{p:.6f}")]
+        writer.writerow([r["path"], *cells, *[""] * (2 * k - len(cells)), r["error"]])
+    if out:
+        out.close()
+
+
+def main(argv):
+    from tfgpu.main import translate
+
+    return run_command(lambda: _command(argv[1:]), prog="tfgpu-predict", translate=translate)
+
+
+def _command(inputs) -> None:
+    predict(
+        inputs,
+        FLAGS.model_dir,
+        FLAGS.checkpoint,
+        FLAGS.data_dir,
+        FLAGS.split,
+        FLAGS.output,
+        FLAGS.top_k,
+        FLAGS.batch_size,
+    )
+
+
+def run():
+    """Console-script entry point (``tfgpu-predict``)."""
+    define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,138 @@
+"""A trained run, loaded for use: what ``tfgpu.evaluate`` and ``tfgpu.predict`` share.
+
+The run's own Config (its ``config.json``), its data spec, and its model built by the registry
+and restored from a checkpoint (the newest, the best of ``best/best.json``, or a path), or an
+exported ``.keras`` file. Nothing here preprocesses: the commands read images with the
+evaluation's own functions (``data.pipeline``).
+
+No TensorFlow at import: a bad flag or a missing file is reported before it starts.
+"""
+
+import os
+from dataclasses import dataclass
+
+from tfgpu import startup
+from tfgpu.config import SETTINGS, Config, config_from, validate
+from tfgpu.errors import CheckpointError, UsageError
+from tfgpu.files import read_json
+
+RUN_ONLY = ("num_replicas",)  # keys of config.json that are not settings
+
+
+def run_config(model_dir: str, **overrides) -> Config:
+    """The Config of the run in ``model_dir`` (its config.json), on one device, without its
+    start weights (the checkpoint replaces them), with ``overrides`` (by flag name) that are
+    set. Without ``model_dir``: the defaults and ``overrides``."""
+    values = {}
+    if model_dir:
+        path = os.path.join(os.path.expanduser(model_dir), "config.json")
+        try:
+            values = read_json(path)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        if not values:
+            raise UsageError(f"--model_dir={model_dir} holds no config.json (not a tfgpu run)")
+        values = {k: v for k, v in values.items() if k in SETTINGS and k not in RUN_ONLY}
+        values["model_dir"] = os.path.expanduser(model_dir)
+    values.update(strategy="default", logical_cpu_devices=0, init_weights="")
+    if overrides.get("data_dir"):  # another dataset of the same classes
+        values.update(tfds_name="", synthetic_data=False)
+    values.update({k: v for k, v in overrides.items() if v})
+    return validate(config_from(**values))
+
+
+def config_and_checkpoint(model_dir: str, which: str, **overrides) -> tuple:
+    """(the run's Config with ``overrides``, the checkpoint ``which`` names), config first (no
+    TensorFlow yet: a wrong --model_dir is one line at once). Without ``model_dir`` (a .keras
+    file), the defaults with the file's image size."""
+    config = run_config(model_dir, **overrides) if model_dir else None
+    startup.import_tensorflow()
+    path = checkpoint_path(model_dir, which)
+    if config is None:
+        config = run_config("", image_size=image_size_of(path), **overrides)
+    return config, path
+
+
+def checkpoint_path(model_dir: str, which: str) -> str:
+    """The checkpoint ``which`` names: ``latest`` (the newest in checkpoints/), ``best``
+    (best/best.json's first), a checkpoint prefix, or a ``.keras`` file."""
+    from tfgpu.best import BEST_DIR, BEST_FILE, best_checkpoint
+
+    model_dir = os.path.expanduser(model_dir)
+    if which in ("latest", "best") and not model_dir:
+        raise UsageError(f"--checkpoint={which} needs --model_dir")
+    if which == "latest":
+        import tensorflow as tf
+
+        path = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+        if not path:
+            raise CheckpointError(f"{model_dir}/checkpoints holds no checkpoint")
+        return path
+    if which == "best":
+        path = best_checkpoint(model_dir)
+        if not path:
+            raise CheckpointError(
+                f"{os.path.join(model_dir, BEST_DIR, BEST_FILE)} lists no checkpoint (train "
+                "with --keep_best and --eval_every_steps)"
+            )
+        return path
+    path = os.path.expanduser(which)
+    found = os.path.isfile(path) if path.endswith(".keras") else os.path.exists(path + ".index")
+    if not found:
+        raise CheckpointError(f"--checkpoint={which}: no such checkpoint or .keras file")
+    return path
+
+
+@dataclass
+class Trained:
+    """A trained model as its run evaluates it."""
+
+    config: Config
+    backend: object
+    spec: object  # data.spec.DataSpec of the run (or of --data_dir)
+    model: object  # keras.Model
+    optimizer: object  # its EMA weights are what evaluation uses; None for a .keras file
+    step: int | None  # the checkpoint's update; None for a .keras file
+    eval_global_batch: int
+
+
+def load(config: Config, path: str) -> Trained:
+    """The model of checkpoint (or .keras file) ``path``, for ``config``'s data."""
+    import keras
+    import tensorflow as tf
+
+    from tfgpu.build import build
+    from tfgpu.checkpoints import DAMAGED
+    from tfgpu.data.spec import load_spec
+    from tfgpu.distribute import backends
+
+    backend = backends.setup(config.dist)
+    spec = load_spec(config.data)
+    batch = config.train.eval_batch_size or config.train.global_batch_size
+    if path.endswith(".keras"):
+        model = keras.saving.load_model(path, compile=False, safe_mode=True)
+        classes = model.output_shape[-1]
+        if classes != spec.num_classes:
+            raise UsageError(
+                f"{path} predicts {classes} classes, the data {spec.num_classes} ({spec.data_dir})"
+            )
+        return Trained(config, backend, spec, model, None, None, batch)
+    r = build(config, backend, spec)
+    # What evaluation reads (the run's checkpoint names them so), all of it: a checkpoint of
+    # another model is an error, not a half-restored model.
+    wanted = tf.train.Checkpoint(model=r.model, optimizer=r.optimizer, step=r.global_step)
+    try:
+        wanted.read(path).assert_existing_objects_matched().expect_partial()
+    except DAMAGED as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise CheckpointError(f"{path} does not fit the run's model: {reason}") from None
+    step = int(r.global_step.numpy())
+    return Trained(config, backend, spec, r.model, r.optimizer, step, r.plan.eval_global_batch)
+
+
+def image_size_of(path: str) -> int:
+    """The input side of the model in a .keras file (without a run's config.json)."""
+    import keras
+
+    model = keras.saving.load_model(path, compile=False, safe_mode=True)
+    return int(model.input_shape[1])
