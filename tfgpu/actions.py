@@ -38,7 +38,7 @@ from tfgpu.results import INPUT_BOUND, RunWriter, Window, input_bound_warning
 class LoopState:
     """What the loop has done so far, shared by the actions."""
 
-    run: object  # build.Run
+    training: object  # build.Training: what the run is made of
     writer: RunWriter
     step: int
     window: Window = field(default_factory=Window)
@@ -50,7 +50,7 @@ class LoopState:
 
     @property
     def last(self) -> bool:
-        return self.step >= self.run.plan.total_steps
+        return self.step >= self.training.plan.total_steps
 
 
 class Action:
@@ -81,18 +81,18 @@ class LogWindow(Action):
         self.every, self.every_s, self._warned = every, every_s, False
 
     def due(self, state: LoopState) -> bool:
-        by_time = state.run.backend.num_workers == 1 and state.window.age() >= self.every_s
+        by_time = state.training.backend.num_workers == 1 and state.window.age() >= self.every_s
         return state.step % self.every == 0 or state.last or by_time
 
     def __call__(self, state: LoopState) -> None:
-        run, t = state.run, state.run.config.train
-        lr = float(run.optimizer.learning_rate)  # the schedule at the current update
+        training, t = state.training, state.training.config.train
+        lr = float(training.optimizer.learning_rate)  # the schedule at the current update
         record = state.window.close(state.step, lr, t.global_batch_size)
         if state.input_ips:
             record["input_images_per_sec"] = state.input_ips
-        if run.backend.num_workers > 1 and not run.config.deterministic:
+        if training.backend.num_workers > 1 and not training.config.deterministic:
             record.update(self._skew(state))
-        state.writer.log_train(record, run.plan.total_steps, t.global_batch_size)
+        state.writer.log_train(record, training.plan.total_steps, t.global_batch_size)
         wait = record["input_wait_fraction"]
         if not self._warned and wait > INPUT_BOUND and state.window.timed:
             self._warned = True
@@ -103,7 +103,7 @@ class LogWindow(Action):
     def _skew(state: LoopState) -> dict:
         """The slowest worker's compute seconds per update in the window just closed, and
         the median's (``consensus.step_time_skew``)."""
-        backend, window = state.run.backend, state.window
+        backend, window = state.training.backend, state.window
         waited = float(backend.wait_seconds.numpy())
         compute = (window.last_seconds - (waited - state.waited)) / max(window.last_updates, 1)
         state.waited = waited
@@ -181,7 +181,7 @@ class StopOnPreemption(Action):
         self._guard, self._checkpoints = guard, checkpoints
 
     def due(self, state: LoopState) -> bool:
-        return self._guard.should_stop(state.run.backend)  # a collective: every worker asks
+        return self._guard.should_stop(state.training.backend)  # a collective: every worker asks
 
     def __call__(self, state: LoopState) -> None:
         faults.acknowledge()
@@ -190,20 +190,20 @@ class StopOnPreemption(Action):
         raise Preempted(f"stopped by {name} at step {state.step}; checkpoint written")
 
 
-def default_actions(run, evaluate, guard=None) -> list[Action]:
+def default_actions(training, evaluate, guard=None) -> list[Action]:
     """The loop's actions, in the order they run at one step (see the module docstring)."""
-    t = run.config.train
+    t = training.config.train
     actions = [
         LogWindow(t.log_every_steps, t.log_every_s),
-        Evaluate(run.plan.eval_every, evaluate),
+        Evaluate(training.plan.eval_every, evaluate),
     ]
-    if run.best is not None:
-        actions.append(KeepBest(run.best))
+    if training.best is not None:
+        actions.append(KeepBest(training.best))
         if t.early_stop_patience:
-            actions.append(EarlyStop(t.early_stop_patience, run.best))
+            actions.append(EarlyStop(t.early_stop_patience, training.best))
     actions += [
-        SaveCheckpoint(t.checkpoint_every_steps, run.checkpoints),
+        SaveCheckpoint(t.checkpoint_every_steps, training.checkpoints),
     ]
     if guard is not None:
-        actions.append(StopOnPreemption(guard, run.checkpoints))
+        actions.append(StopOnPreemption(guard, training.checkpoints))
     return actions

@@ -1,4 +1,4 @@
-"""What a run is made of, built once: ``build(config, backend, spec) -> Run`` (the plan, the
+"""What a run is made of, built once: ``build(config, backend, spec) -> Training`` (the plan, the
 model, the optimizer inside the train step, the counters and their checkpoints) and
 ``train_batches(run, start_step)``, the distributed train batches from a step on.
 """
@@ -53,7 +53,7 @@ def make_plan(config: Config, num_train: int, num_replicas: int) -> Plan:
 
 
 @dataclass
-class Run:
+class Training:
     """What one run is made of: its settings and plan, the backend, and what training
     changes (model, optimizer inside the step, counters) with what saves it."""
 
@@ -74,7 +74,7 @@ class Run:
         return self.step.optimizer
 
 
-def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
+def build(config: Config, backend, spec: data_spec.DataSpec) -> Training:
     """Plans the run, then builds model, optimizer, train step, counters and checkpoints
     under the backend's scope (``Checkpoints.restore`` then gives every worker the chief's
     values)."""
@@ -112,7 +112,7 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Run:
     if best:
         best.checkpoint = checkpoints.checkpoint
     parts = (model, step, global_step, skipped_updates, checkpoints, best, init_line)
-    return Run(config, backend, spec, plan, *parts)
+    return Training(config, backend, spec, plan, *parts)
 
 
 def _init_line(config: Config, model, fresh: list) -> str:
@@ -150,13 +150,13 @@ def build_step(config: Config, model, optimizer, backend, num_classes: int, loss
     )
 
 
-def train_maker(run: Run, start_step: int):
+def train_maker(training: Training, start_step: int):
     """``make(InputShard) -> tf.data.Dataset`` of per-replica train batches from update
     ``start_step`` on: cut from the decoded train split in memory when ``memory.load`` gives
     it (--in_memory, loaded here, once), else read and decoded per example (or synthetic, or
     through the tf.data service)."""
-    config, spec = run.config, run.spec
-    replica_batch = run.plan.replica_batch
+    config, spec = training.config, training.spec
+    replica_batch = training.plan.replica_batch
     if config.data.synthetic_data:
         return lambda _: pipeline.make_synthetic_dataset(
             replica_batch, spec.num_classes, config.data
@@ -164,7 +164,7 @@ def train_maker(run: Run, start_step: int):
     if config.data.data_service:  # the per-example pipeline, on a tf.data service's workers
         from tfgpu.data import service_client as service  # noqa: PLC0415
 
-        return service.train_maker(run)
+        return service.train_maker(training)
     mem = memory.load(spec, config.data)  # None: read per example
     source, reader = (spec, pipeline) if mem is None else (mem, memory)
     return lambda shard: reader.make_train_dataset(
@@ -179,28 +179,28 @@ def train_maker(run: Run, start_step: int):
     )
 
 
-def train_batches(run: Run, start_step: int, make=None):
+def train_batches(training: Training, start_step: int, make=None):
     """An iterator of distributed train batches from update ``start_step`` on (``make``: a
     ``train_maker`` already built for it)."""
-    make = make or train_maker(run, start_step)
-    return iter(run.backend.distribute_dataset(make))
+    make = make or train_maker(training, start_step)
+    return iter(training.backend.distribute_dataset(make))
 
 
 PROBE_MAX_BATCHES = 100  # enough for a rate; small sets in memory finish early
 
 
-def probe_input(run: Run, make, seconds: float) -> float | None:
+def probe_input(training: Training, make, seconds: float) -> float | None:
     """Images/s of this worker's train input alone: a fresh ``make`` dataset for its shard,
     read for ``seconds`` after its first batch (what training reads is untouched, so resume
     stays exact). None when off, synthetic or through the data service (a probe there would
     be a job of its own)."""
-    data = run.config.data
+    data = training.config.data
     if seconds <= 0 or data.synthetic_data or data.data_service:
         return None
-    iterator = iter(make(run.backend.input_shard))
+    iterator = iter(make(training.backend.input_shard))
     next(iterator)  # the pipeline's start (files opened, buffers filled) is not its rate
     batches, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds and batches < PROBE_MAX_BATCHES:
         next(iterator)
         batches += 1
-    return batches * run.plan.replica_batch / (time.perf_counter() - start)
+    return batches * training.plan.replica_batch / (time.perf_counter() - start)

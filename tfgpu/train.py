@@ -1,7 +1,7 @@
 """The outer loop: train, evaluate, checkpoint, log and export.
 
 Read from the bottom: ``run(config)`` sets up a backend (``distribute``), agrees with the other
-workers on the data, builds the ``Run`` (``build.py``: plan, model, train step, counters,
+workers on the data, builds the ``Training`` (``build.py``: plan, model, train step, counters,
 checkpoints), then ``fit`` trains until the next step an action is due and hands it to the
 actions (``actions.py``: log, evaluate, checkpoint, preemption). What it calls compiled is in
 ``loops.py``: ``make_train_loop`` and ``make_eval_step``.
@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tfgpu import compat
 from tfgpu.actions import LoopState, default_actions, phase
-from tfgpu.build import Run, build, probe_input, train_batches, train_maker
+from tfgpu.build import Training, build, probe_input, train_batches, train_maker
 from tfgpu.config import Config, resolve
 from tfgpu.data import broken, memory, pipeline
 from tfgpu.data import spec as data_spec
@@ -55,12 +55,18 @@ class Evaluator:
         self._per_class = per_class
 
     @classmethod
-    def of(cls, run: Run, spec=None, per_class=False) -> "Evaluator":
-        """The evaluation of ``run`` (on its validation split, or ``spec``'s)."""
-        spec = spec or run.spec
-        global_batch = run.plan.eval_global_batch
+    def of(cls, training: Training, spec=None, per_class=False) -> "Evaluator":
+        """The evaluation of ``training`` (on its validation split, or ``spec``'s)."""
+        spec = spec or training.spec
+        global_batch = training.plan.eval_global_batch
         return cls(
-            run.model, run.backend, spec, run.config.data, global_batch, run.optimizer, per_class
+            training.model,
+            training.backend,
+            spec,
+            training.config.data,
+            global_batch,
+            training.optimizer,
+            per_class,
         )
 
     def __call__(self) -> dict:
@@ -94,26 +100,29 @@ def _next_stop(actions, step: int, total_steps: int, steps_per_loop: int) -> int
     return min(stops)
 
 
-def fit(run: Run, batches, actions, writer: RunWriter, input_ips=None) -> dict:
+def fit(training: Training, batches, actions, writer: RunWriter, input_ips=None) -> dict:
     """Trains from the restored step to the plan's last, handing each loop boundary to the
     ``actions`` that are due (``actions.default_actions``: log, evaluate, checkpoint,
     preemption). Returns {"images_per_sec", "skipped_records", "input_wait_fraction"}.
     ``input_ips``: images/s of the input alone (``build.probe_input``), logged with each window.
     """
-    loop = make_train_loop(run.step, run.global_step, run.skipped_updates)
-    step, waited = int(run.global_step.numpy()), float(run.backend.wait_seconds.numpy())
-    state = LoopState(run, writer, step, input_ips=input_ips, waited=waited)
+    loop = make_train_loop(training.step, training.global_step, training.skipped_updates)
+    step, waited = int(training.global_step.numpy()), float(training.backend.wait_seconds.numpy())
+    state = LoopState(training, writer, step, input_ips=input_ips, waited=waited)
     for action in actions:
         if action.at_start and action.due(state):
             action(state)
     while not state.last and not state.stopped:
-        t = run.config.train
-        n = _next_stop(actions, state.step, run.plan.total_steps, t.steps_per_loop) - state.step
+        t = training.config.train
+        n = (
+            _next_stop(actions, state.step, training.plan.total_steps, t.steps_per_loop)
+            - state.step
+        )
         phase("train", state.step)
         totals, first_bad = loop(batches, tf.constant(n))
-        if int(first_bad) >= 0 and not run.step.skips_non_finite:
+        if int(first_bad) >= 0 and not training.step.skips_non_finite:
             raise NonFiniteLoss(f"non-finite loss or gradients at step {int(first_bad)}")
-        state.step = int(run.global_step.numpy())
+        state.step = int(training.global_step.numpy())
         state.window.add({k: float(v) for k, v in totals.items()}, n)
         state.skipped_records += int(float(totals["skipped"]))  # broken images, weight 0
         for action in actions:
@@ -135,14 +144,20 @@ def weights_fingerprint(model: keras.Model) -> str:
     return digest.hexdigest()[:16]
 
 
-def _start_line(run: Run) -> str:
-    config, t, plan = run.config, run.config.train, run.plan
+def _start_line(training: Training) -> str:
+    config, t, plan, backend = (
+        training.config,
+        training.config.train,
+        training.plan,
+        training.backend,
+    )
     micro = plan.replica_batch // plan.grad_accum_steps
+    spec = training.spec
     return (
-        f"{run.backend.name}: {run.backend.num_replicas} replica(s), {plan.total_steps} updates "
+        f"{backend.name}: {backend.num_replicas} replica(s), {plan.total_steps} updates "
         f"of {t.global_batch_size} ({plan.grad_accum_steps} micro-batch(es) of {micro} per "
-        f"replica), model {config.model.name}, data {run.spec.data_dir or 'synthetic'}, crops "
-        f"resized on the {config.data.resize_on}, {memory.decide(run.spec, config.data).reason}"
+        f"replica), model {config.model.name}, data {spec.data_dir or 'synthetic'}, crops "
+        f"resized on the {config.data.resize_on}, {memory.decide(spec, config.data).reason}"
     )
 
 
@@ -201,7 +216,7 @@ def run(config: Config) -> dict:
     return summary
 
 
-def _export(r: Run, writer: RunWriter) -> None:
+def _export(r: Training, writer: RunWriter) -> None:
     """export/: the last model, or with --export_best the best kept checkpoint's: its model
     is read into the run's model for the export, then the last weights are put back (the
     summary's fingerprint is of the last model, on every worker)."""
@@ -236,7 +251,7 @@ def _agreed_spec(config: Config, backend, heartbeat: str) -> tuple:
     return spec, consensus.agree(backend, dict(mine, heartbeat=heartbeat))
 
 
-def _heartbeats(r: Run, sock, fingerprints: list) -> None:
+def _heartbeats(r: Training, sock, fingerprints: list) -> None:
     """Starts the heartbeat board of a run of several processes (``heartbeats.Board``)."""
     kind = "rank" if r.backend.name == "horovod" else "worker"
     names = [f"{kind} {i} ({f['where']})" for i, f in enumerate(fingerprints)]
@@ -259,7 +274,7 @@ def _broken_records(backend) -> list:
     return list(unique.values())
 
 
-def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> dict:
+def _summary(r: Training, final_eval: dict, throughput: dict, wall_time_s: float) -> dict:
     """summary.json: what the run did, in the contract's names."""
     summary = {
         "strategy": r.backend.name,
