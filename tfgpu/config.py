@@ -90,6 +90,11 @@ class OptimConfig:
         "Skip an update whose loss or gradients are not finite, and count it, instead of "
         "stopping (mixed_float16 always skips and lowers the loss scale).",
     )
+    max_skipped_updates: int = setting(
+        100,
+        "Stop (exit code 3) after this many skipped updates in a row: with mixed_float16 "
+        "those at the loss scale's floor of 1, with --skip_non_finite any (0: never stop).",
+    )
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,10 @@ def validate(config: Config) -> Config:
             )
     check_data(config.data)
     _check_train(config.train)
+    if config.optim.max_skipped_updates < 0:
+        raise ConfigError(
+            f"--max_skipped_updates={config.optim.max_skipped_updates} must not be negative"
+        )
     _check_model(config.model)
     if config.deterministic and config.model.jit_compile:
         raise ConfigError(

@@ -17,8 +17,10 @@ from tfgpu.files import write_json
 
 
 class Window:
-    """Sums of one logging window's train metrics (``schema.StepMetrics`` and "steps"), and the
-    run's throughput over every window but the first (which includes tracing and warm-up)."""
+    """Sums of one logging window's train metrics (``schema.StepMetrics`` and "steps" of the
+    applied updates, "skipped_updates" of the others), and the run's throughput over every
+    window but the first (which includes tracing and warm-up). A window whose updates were all
+    skipped has no loss or accuracy (None: null in metrics.jsonl), never a made-up 0."""
 
     def __init__(self):
         self._reset()
@@ -44,13 +46,15 @@ class Window:
             self._timed_seconds += seconds
         self._windows += 1
         s = self._sums
+        applied = s.get("steps", 0.0)
         record = {
             "step": step,
             "split": "train",
-            "loss": s.get("loss", 0.0) / max(s.get("steps", 0.0), 1.0),
-            "accuracy": s.get("correct", 0.0) / max(s.get("count", 0.0), 1.0),
+            "loss": s.get("loss", 0.0) / applied if applied else None,
+            "accuracy": s.get("correct", 0.0) / s["count"] if s.get("count") else None,
             "learning_rate": learning_rate,
             "images_per_sec": images / max(seconds, 1e-9),
+            "skipped_updates": int(s.get("skipped_updates", 0.0)),
             "skipped_records": int(s.get("skipped", 0.0)),
             "input_wait_fraction": min(s.get("input_wait_s", 0.0) / max(seconds, 1e-9), 1.0),
         }
@@ -116,9 +120,11 @@ class RunWriter:
     def log_eval(self, step: int, result: dict) -> None:
         if self.is_chief and result:
             self._append(dict(result, step=step, split="validation"), "eval")
+            loss, bad = result["loss"], result.get("non_finite", 0)
             print(
                 f"eval  step {step}: top1 {result['top1']:.4f}  top5 {result['top5']:.4f}  "
-                f"loss {result['loss']:.4f}  ({result['num_examples']} examples)",
+                f"loss {'-' if loss is None else f'{loss:.4f}'}  ({result['num_examples']} "
+                f"examples{f', {bad} with non-finite logits: counted wrong' if bad else ''})",
                 flush=True,
             )
 
@@ -133,11 +139,15 @@ def format_progress(record: dict, total_steps: int, global_batch: int) -> str:
     ips = record["images_per_sec"]
     remaining = (total_steps - record["step"]) * global_batch / max(ips, 1e-9)
     width = len(str(total_steps))
+    loss, acc = record["loss"], record["accuracy"]
     line = (
-        f"step {record['step']:>{width}}/{total_steps}  loss {record['loss']:.4f}  "
-        f"acc {record['accuracy']:.3f}  lr {record['learning_rate']:.2e}  "
+        f"step {record['step']:>{width}}/{total_steps}  "
+        f"loss {'-' if loss is None else f'{loss:.4f}'}  "
+        f"acc {'-' if acc is None else f'{acc:.3f}'}  lr {record['learning_rate']:.2e}  "
         f"{ips:,.0f} img/s  ETA {datetime.timedelta(seconds=int(remaining))}"
     )
+    if record.get("skipped_updates"):
+        line += f"  skipped {record['skipped_updates']} update(s)"
     if record.get("input_wait_fraction", 0.0) >= 0.01:
         line += f"  input wait {record['input_wait_fraction']:.0%}"
         if record.get("input_images_per_sec"):

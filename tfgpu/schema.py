@@ -78,10 +78,11 @@ class StepMetrics(TypedDict):
 class EvalSums(TypedDict):
     """Sums over the examples of the evaluation batches seen."""
 
-    loss: Tensor
-    top1: Tensor
+    loss: Tensor  # over the examples with finite logits
+    top1: Tensor  # an example with non-finite logits is wrong for top-1 and top-5
     top5: Tensor
     count: Tensor
+    non_finite: Tensor  # examples whose logits are not all finite
 
 
 STEP_METRICS = tuple(StepMetrics.__annotations__)

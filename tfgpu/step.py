@@ -23,7 +23,17 @@ from tfgpu.schema import StepMetrics
 
 
 class DynamicLossScale:
-    """Float16 dynamic loss scaling: halve on overflow, double after ``period`` good steps."""
+    """Float16 dynamic loss scaling: halve on overflow, double after ``period`` good steps,
+    never below ``MIN_SCALE``.
+
+    The floor is 1.0, as in TensorFlow's and Keras' LossScaleOptimizer: a scale below 1 only
+    shrinks the gradients, so it cannot cure an overflow that still happens at 1 (the forward
+    pass or the update itself is non-finite: the run diverged) and would flush more small
+    gradients to zero. Updates still skipped at the floor are counted (``at_floor``), and the
+    loop stops after --max_skipped_updates of them in a row (``loops.make_train_loop``).
+    """
+
+    MIN_SCALE = 1.0
 
     def __init__(self, initial: float = 2.0**15, period: int = 2000):
         agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
@@ -35,9 +45,16 @@ class DynamicLossScale:
         """Called once per update, in cross-replica context, with the global finiteness."""
         grow = tf.logical_and(finite, self.good_steps + 1 >= self.period)
         self.scale.assign(
-            tf.where(finite, tf.where(grow, self.scale * 2.0, self.scale), self.scale * 0.5)
+            tf.where(
+                finite,
+                tf.where(grow, self.scale * 2.0, self.scale),
+                tf.maximum(self.scale * 0.5, self.MIN_SCALE),
+            )
         )
         self.good_steps.assign(tf.where(finite & ~grow, self.good_steps + 1, 0))
+
+    def at_floor(self) -> tf.Tensor:
+        return self.scale <= self.MIN_SCALE
 
 
 def all_finite(tensors) -> tf.Tensor:

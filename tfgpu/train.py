@@ -60,9 +60,11 @@ class Evaluator:
             for _ in range(self._steps):
                 out = self._eval_step(next(iterator))
                 sums = {k: sums[k] + float(out[k]) for k in EVAL_SUMS}
-        n = max(sums["count"], 1.0)
-        result = {k: sums[k] / n for k in ("loss", "top1", "top5")}
-        return dict(result, num_examples=int(sums["count"]))
+        n, finite = max(sums["count"], 1.0), sums["count"] - sums["non_finite"]
+        result = {k: sums[k] / n for k in ("top1", "top5")}
+        # The loss of the examples whose logits are finite; None when there are none.
+        result["loss"] = sums["loss"] / finite if finite > 0 else None
+        return dict(result, num_examples=int(sums["count"]), non_finite=int(sums["non_finite"]))
 
 
 def _next_stop(actions, step: int, total_steps: int, steps_per_loop: int) -> int:
@@ -78,16 +80,19 @@ def fit(run: Run, batches, actions, writer: RunWriter, input_ips=None) -> dict:
     preemption). Returns {"images_per_sec", "skipped_records", "input_wait_fraction"}.
     ``input_ips``: images/s of the input alone (``build.probe_input``), logged with each window.
     """
-    loop = make_train_loop(run.step, run.global_step, run.skipped_updates)
+    max_skipped = run.config.optim.max_skipped_updates
+    loop = make_train_loop(run.step, run.global_step, run.skipped_updates, max_skipped)
     step, waited = int(run.global_step.numpy()), float(run.backend.wait_seconds.numpy())
     state = LoopState(run, writer, step, input_ips=input_ips, waited=waited)
     while not state.last:
         t = run.config.train
         n = _next_stop(actions, state.step, run.plan.total_steps, t.steps_per_loop) - state.step
         phase("train", state.step)
-        totals, first_bad = loop(batches, tf.constant(n))
+        totals, first_bad, diverged = loop(batches, tf.constant(n))
         if int(first_bad) >= 0 and not run.step.skips_non_finite:
             raise NonFiniteLoss(f"non-finite loss or gradients at step {int(first_bad)}")
+        if int(diverged) >= 0:
+            raise NonFiniteLoss(_diverged(run, int(diverged)))
         state.step = int(run.global_step.numpy())
         state.window.add({k: float(v) for k, v in totals.items()}, n)
         state.skipped_records += int(float(totals["skipped"]))  # broken images, weight 0
@@ -99,6 +104,20 @@ def fit(run: Run, batches, actions, writer: RunWriter, input_ips=None) -> dict:
         "skipped_records": state.skipped_records,
         "input_wait_fraction": state.window.input_wait_fraction(),
     }
+
+
+def _diverged(run: Run, step: int) -> str:
+    """The line of a run stopped by --max_skipped_updates skipped updates in a row."""
+    m, total = run.config.optim.max_skipped_updates, int(run.skipped_updates.numpy())
+    if run.step.loss_scale is not None:
+        scale = float(run.step.loss_scale.scale.numpy())
+        why = f"with the float16 loss scale at its floor ({scale:g})"
+    else:
+        why = "with non-finite loss or gradients (--skip_non_finite)"
+    return (
+        f"training diverged at step {step}: {m} updates in a row skipped {why}, {total} of "
+        f"{step} updates skipped in all (--max_skipped_updates={m})"
+    )
 
 
 def weights_fingerprint(model: keras.Model) -> str:
@@ -216,7 +235,7 @@ def _summary(r: Run, final_eval: dict, throughput: dict, wall_time_s: float) -> 
         "global_batch_size": r.config.train.global_batch_size,
         "grad_accum_steps": r.plan.grad_accum_steps,
         "steps": int(r.global_step.numpy()),
-        "final_eval": {k: final_eval.get(k) for k in ("top1", "top5", "loss")},
+        "final_eval": {k: final_eval.get(k) for k in ("top1", "top5", "loss", "non_finite")},
         "train_images_per_sec": throughput["images_per_sec"],
         "input_wait_fraction": throughput["input_wait_fraction"],
         "input_images_per_sec": throughput["input_images_per_sec"],

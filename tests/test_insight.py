@@ -1,0 +1,133 @@
+"""Seeing inside a run (issue #23): a diverging float16 run stops and says so, skipped updates
+stay out of the window's loss, evaluation reports non-finite logits, the per-window norms and
+loss scale, summary.csv and TensorBoard hparams, and the profiler window."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpu import train
+from tfgpu.config import ConfigError, config_from, validate
+from tfgpu.distribute import backends
+from tfgpu.errors import NonFiniteLoss
+from tfgpu.loops import make_eval_step
+from tfgpu.results import Window, format_progress
+from tfgpu.step import DynamicLossScale
+
+RUN = dict(
+    strategy="default",
+    model="tiny_cnn",
+    image_size=32,
+    global_batch_size=16,
+    train_steps=12,
+    optimizer="sgd",
+    learning_rate=0.01,
+    weight_decay=0.0,
+    lr_schedule="constant",
+    steps_per_loop=4,
+    log_every_steps=4,
+    checkpoint_every_steps=100,
+    export=False,
+    seed=1,
+)
+
+
+def _config(data_dir, model_dir, **kw):
+    return validate(config_from(data_dir=data_dir, model_dir=str(model_dir), **dict(RUN, **kw)))
+
+
+def _rows(model_dir, split):
+    rows = map(json.loads, open(os.path.join(model_dir, "metrics.jsonl")))
+    return [r for r in rows if r["split"] == split]
+
+
+@pytest.fixture
+def float32_after():
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+# --- 1. a diverging float16 run stops, and says so ------------------------------------------
+
+
+@pytest.mark.fast
+def test_loss_scale_stops_halving_at_its_floor():
+    scale = DynamicLossScale(initial=4.0)
+    for _ in range(4):
+        scale.update(tf.constant(False))
+    assert float(scale.scale) == DynamicLossScale.MIN_SCALE == 1.0
+    assert bool(scale.at_floor())
+
+
+@pytest.mark.fast
+def test_a_window_of_skipped_updates_has_no_loss_and_says_how_many():
+    window = Window()
+    window.add({"loss": 0.0, "correct": 0.0, "count": 0.0, "steps": 0.0, "skipped_updates": 4}, 4)
+    record = window.close(4, 0.1, 16)
+    assert record["loss"] is None and record["accuracy"] is None
+    assert record["skipped_updates"] == 4
+    line = format_progress(record, 10, 16)
+    assert "loss -" in line and "skipped 4 update(s)" in line
+
+
+@pytest.mark.fast
+def test_max_skipped_updates_must_not_be_negative():
+    with pytest.raises(ConfigError, match="--max_skipped_updates=-1"):
+        validate(config_from(max_skipped_updates=-1))
+
+
+def test_diverging_float16_run_stops_with_one_line_naming_step_scale_and_skips(
+    small_dataset, tmp_path, float32_after
+):
+    # Injected overflow: at a learning rate of 1e6 the weights blow up after the first update;
+    # every later update overflows, the scale halves from 2**15 to its floor (15 updates),
+    # and 5 more in a row at the floor stop the run.
+    config = _config(
+        small_dataset,
+        tmp_path,
+        dtype="mixed_float16",
+        learning_rate=1e6,
+        train_steps=2000,
+        max_skipped_updates=5,
+    )
+    with pytest.raises(NonFiniteLoss) as err:
+        train.run(config)
+    line = err.value.line("tfgpu")
+    assert "\n" not in line and err.value.exit_code == 3
+    assert "loss scale at its floor (1)" in line and "5 updates in a row skipped" in line
+    step = int(line.split("at step ")[1].split(":")[0])
+    assert step < 40  # stopped early, not after 2,000 updates
+    for row in _rows(tmp_path, "train"):
+        # skipped updates never enter the window's loss: a window of them shows none
+        if row["skipped_updates"] == 4:
+            assert row["loss"] is None and row["accuracy"] is None
+        assert row["loss"] is None or np.isfinite(row["loss"])
+    assert any(r["skipped_updates"] for r in _rows(tmp_path, "train"))
+    assert not os.path.exists(tmp_path / "final.weights.h5")
+
+
+@pytest.mark.fast
+def test_evaluation_counts_non_finite_logits_wrong_for_top1_and_top5():
+    # Logits inf for the first half of the examples (NaN-producing softmax), finite otherwise.
+    inputs = keras.Input((8, 8, 3))
+    flat = keras.layers.Flatten()(inputs)
+    logits = keras.layers.Dense(10)(flat)
+    bad = keras.layers.Lambda(lambda x: tf.where(x[:, :1] > 100.0, np.inf, 0.0))(flat)
+    model = keras.Model(inputs, keras.layers.Add()([logits, bad]))
+    images = np.zeros((8, 8, 8, 3), np.uint8)
+    images[:4] = 255  # > 100: the inf half
+    batch = {
+        "image": tf.constant(images),
+        "label": tf.zeros([8], tf.int32),
+        "weight": tf.ones([8]),
+    }
+    sums = make_eval_step(model, backends.build_backend("default"))(batch)
+    sums = {k: float(v) for k, v in sums.items()}
+    assert sums["non_finite"] == 4 and sums["count"] == 8
+    assert sums["top5"] >= sums["top1"]
+    assert sums["top1"] <= 4 and sums["top5"] <= 4  # the inf half is never right
+    assert np.isfinite(sums["loss"])
