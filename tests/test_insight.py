@@ -131,3 +131,37 @@ def test_evaluation_counts_non_finite_logits_wrong_for_top1_and_top5():
     assert sums["top5"] >= sums["top1"]
     assert sums["top1"] <= 4 and sums["top5"] <= 4  # the inf half is never right
     assert np.isfinite(sums["loss"])
+
+
+# --- 2. per-window diagnostics ----------------------------------------------------------------
+
+
+def test_windows_log_grad_norm_clipping_weight_norm_and_loss_scale(
+    small_dataset, tmp_path, float32_after
+):
+    config = _config(small_dataset, tmp_path, dtype="mixed_float16", clip_norm=1e-3)
+    train.run(config)
+    rows = _rows(tmp_path, "train")
+    assert [r["step"] for r in rows] == [4, 8, 12]
+    for row in rows:
+        applied = 4 - row["skipped_updates"]
+        assert row["grad_norm"] > 1e-3  # so every applied update was clipped
+        assert row["clipped_updates"] == applied
+        assert row["weight_norm"] > 0 and row["loss_scale"] >= 1.0
+    tags = set()
+    for path in tf.io.gfile.glob(str(tmp_path / "tensorboard/train/*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            tags.update(v.tag for v in event.summary.value)
+    assert {"grad_norm", "weight_norm", "loss_scale", "skipped_updates"} <= tags
+
+
+@pytest.mark.fast
+def test_windows_without_clipping_or_float16_leave_those_out():
+    window = Window()
+    totals = {"loss": 2.0, "correct": 8.0, "count": 32.0, "steps": 2.0, "grad_norm": 3.0}
+    window.add(dict(totals, weight_norm=5.0), 2)
+    window.add(dict(totals, weight_norm=6.0), 2)
+    record = window.close(4, 0.1, 16)
+    assert record["grad_norm"] == 1.5 and record["weight_norm"] == 6.0  # mean, last
+    assert "loss_scale" not in record and record["loss"] == 1.0
+

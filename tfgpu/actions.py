@@ -79,11 +79,14 @@ class LogWindow(Action):
         run, t = state.run, state.run.config.train
         lr = float(run.optimizer.learning_rate)  # the schedule at the current update
         record = state.window.close(state.step, lr, t.global_batch_size)
+        if not run.config.optim.clip_norm:
+            record.pop("clipped_updates", None)
         if state.input_ips:
             record["input_images_per_sec"] = state.input_ips
         if run.backend.num_workers > 1 and not run.config.deterministic:
             record.update(self._skew(state))
         state.writer.log_train(record, run.plan.total_steps, t.global_batch_size)
+        state.images_per_sec = record["images_per_sec"]
         wait = record["input_wait_fraction"]
         if not self._warned and wait > INPUT_BOUND and state.window.timed:
             self._warned = True

@@ -20,6 +20,8 @@ def make_train_loop(
     one tf.function call. ``totals`` sums the ``StepMetrics`` (and "steps") of the applied
     updates only, counts the skipped ones ("skipped_updates"), and sums "input_wait_s", the
     seconds spent waiting for batches; ``first_bad`` is the first non-finite step, -1 if none.
+    The step's "grad_norm" and "clipped" are summed like the rest; "weight_norm" (the global
+    norm of the trainable weights) and "loss_scale" (float16) are their values at the end.
     Without skipping, the loop stops at that step. With skipping, it stops after
     ``max_skipped`` (0: never) skipped updates in a row, counting under float16 only those at
     the loss scale's floor (``DynamicLossScale.at_floor``: halving cannot help any more);
@@ -66,6 +68,11 @@ def make_train_loop(
                 diverged = global_step.read_value()
                 break
         totals = dict(totals, skipped_updates=skipped, input_wait_s=tf.cast(waited, tf.float32))
+        if step.extra_metrics:  # as they are at the call's end (results.Window keeps the last)
+            weights = [v.value for v in step.model.trainable_variables]
+            totals["weight_norm"] = tf.linalg.global_norm(weights)
+        if loss_scale is not None:
+            totals["loss_scale"] = tf.identity(loss_scale.scale)
         return totals, first_bad, diverged
 
     return loop

@@ -31,9 +31,12 @@ class Window:
         self._sums: dict = {}
         self._updates, self._start = 0, time.time()
 
+    LAST = ("weight_norm", "loss_scale")  # values at the window's end, not sums
+
     def add(self, totals: dict, updates: int) -> None:
         for key, value in totals.items():
-            self._sums[key] = self._sums.get(key, 0.0) + value
+            last = key in self.LAST
+            self._sums[key] = value if last else self._sums.get(key, 0.0) + value
         self._updates += updates
 
     def close(self, step: int, learning_rate: float, global_batch: int) -> dict:
@@ -55,9 +58,12 @@ class Window:
             "learning_rate": learning_rate,
             "images_per_sec": images / max(seconds, 1e-9),
             "skipped_updates": int(s.get("skipped_updates", 0.0)),
+            "grad_norm": s.get("grad_norm", 0.0) / applied if applied else None,
+            "clipped_updates": int(s.get("clipped", 0.0)),
             "skipped_records": int(s.get("skipped", 0.0)),
             "input_wait_fraction": min(s.get("input_wait_s", 0.0) / max(seconds, 1e-9), 1.0),
         }
+        record.update({k: s[k] for k in self.LAST if k in s})
         if self._windows > 1:  # the first window includes tracing: not a fair share
             self._timed_wait += s.get("input_wait_s", 0.0)
         self._reset()
@@ -148,6 +154,14 @@ def format_progress(record: dict, total_steps: int, global_batch: int) -> str:
     )
     if record.get("skipped_updates"):
         line += f"  skipped {record['skipped_updates']} update(s)"
+    if record.get("grad_norm") is not None:
+        line += f"  |g| {record['grad_norm']:.3g}"
+    if "weight_norm" in record:
+        line += f"  |w| {record['weight_norm']:.3g}"
+    if record.get("clipped_updates"):
+        line += f"  clipped {record['clipped_updates']}"
+    if "loss_scale" in record:
+        line += f"  scale {record['loss_scale']:g}"
     if record.get("input_wait_fraction", 0.0) >= 0.01:
         line += f"  input wait {record['input_wait_fraction']:.0%}"
         if record.get("input_images_per_sec"):

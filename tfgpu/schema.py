@@ -73,6 +73,8 @@ class StepMetrics(TypedDict):
     correct: Tensor  # examples whose arg-max is the (hard) label
     count: Tensor  # examples
     skipped: Tensor  # examples with a broken image (weight 0)
+    grad_norm: Tensor  # global norm of the all-reduced gradients, before clipping
+    clipped: Tensor  # 1 when --clip_norm clipped this update, else 0
 
 
 class EvalSums(TypedDict):
