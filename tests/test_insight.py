@@ -165,3 +165,41 @@ def test_windows_without_clipping_or_float16_leave_those_out():
     assert record["grad_norm"] == 1.5 and record["weight_norm"] == 6.0  # mean, last
     assert "loss_scale" not in record and record["loss"] == 1.0
 
+
+# --- 3. comparing runs: summary.csv and TensorBoard hparams -----------------------------------
+
+
+def _events(directory):
+    for path in tf.io.gfile.glob(os.path.join(directory, "events.out.tfevents.*")):
+        yield from tf.compat.v1.train.summary_iterator(path)
+
+
+def test_summary_csv_has_a_row_per_evaluation_and_tensorboard_has_hparams(small_dataset, tmp_path):
+    import csv
+
+    train.run(_config(small_dataset, tmp_path, train_steps=8, eval_every_steps=4))
+    rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert [int(r["step"]) for r in rows] == [4, 8]
+    assert list(rows[0]) == ["step", "epoch", "top1", "top5", "loss", "learning_rate",
+                             "images_per_sec"]  # fmt: skip
+    for row in rows:
+        assert float(row["top5"]) >= float(row["top1"])
+        assert float(row["learning_rate"]) == pytest.approx(0.01)
+        assert float(row["images_per_sec"]) > 0
+    assert float(rows[1]["epoch"]) == pytest.approx(8 * 16 / 96, abs=1e-3)  # 96 train examples
+    # A resumed run (more steps, same model_dir) appends, header once.
+    train.run(_config(small_dataset, tmp_path, train_steps=12, eval_every_steps=4))
+    lines = open(tmp_path / "summary.csv").read().splitlines()
+    assert lines[0].startswith("step,") and [ln.split(",")[0] for ln in lines[1:]] == [
+        "4",
+        "8",
+        "12",
+    ]
+    plugins, tags = set(), set()
+    for event in _events(str(tmp_path / "tensorboard")):
+        for value in event.summary.value:
+            plugins.add(value.metadata.plugin_data.plugin_name)
+            tags.add(value.tag)
+    assert "hparams" in plugins
+    assert {"final/top1", "final/top5", "final/loss"} <= tags
+

@@ -39,6 +39,7 @@ class LoopState:
     skipped_records: int = 0  # broken images (weight 0) in the updates so far
     input_ips: float | None = None  # images/s of the input alone (build.probe_input)
     waited: float = 0.0  # seconds in all-reduces until the last closed window
+    images_per_sec: float | None = None  # train images/s of the last window logged
 
     @property
     def last(self) -> bool:
@@ -112,7 +113,19 @@ class Evaluate(Action):
 
     def __call__(self, state: LoopState) -> None:
         phase("evaluation", state.step)
-        state.writer.log_eval(state.step, self._evaluate())
+        context = eval_context(state.run, state.step, state.images_per_sec)
+        state.writer.log_eval(state.step, self._evaluate(), context)
+
+
+def eval_context(run, step: int, images_per_sec: float | None) -> dict:
+    """What summary.csv puts next to an evaluation at ``step``: the epoch, the learning rate
+    and the train images/s (of the last window logged)."""
+    num_train = max(run.spec.num_train, 1)
+    return {
+        "epoch": round(step * run.config.train.global_batch_size / num_train, 4),
+        "learning_rate": float(run.optimizer.learning_rate),
+        "images_per_sec": images_per_sec,
+    }
 
 
 class SaveCheckpoint(Action):

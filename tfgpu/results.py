@@ -1,9 +1,12 @@
 """What a run leaves in --model_dir, and what it prints. Only the chief writes.
 
-config.json, metrics.jsonl (one JSON object per logged step or evaluation), tensorboard/,
-summary.json, final.weights.h5 and export/ (model.keras and a SavedModel taking uint8).
+config.json, metrics.jsonl (one JSON object per logged step or evaluation), summary.csv (one
+row per evaluation, as timm's), tensorboard/ (train/ and eval/ scalars; at its top the run's
+settings as hparams and its final metrics), summary.json, final.weights.h5 and export/
+(model.keras and a SavedModel taking uint8).
 """
 
+import csv
 import datetime
 import json
 import os
@@ -98,6 +101,7 @@ class RunWriter:
             self._tb = {
                 s: tf.summary.create_file_writer(os.path.join(tb, s)) for s in ("train", "eval")
             }
+            self._tb["run"] = tf.summary.create_file_writer(tb)  # hparams and final metrics
 
     def info(self, line: str) -> None:
         if self.is_chief:
@@ -108,6 +112,18 @@ class RunWriter:
         if self.is_chief:
             resolved = dict(config.flat(), strategy=backend.name, num_replicas=backend.num_replicas)
             write_json(os.path.join(self.model_dir, "config.json"), resolved)
+            self._write_hparams(resolved)
+
+    def _write_hparams(self, resolved: dict) -> None:
+        """The resolved settings as TensorBoard hparams, so that runs compare side by side in
+        its HParams tab (``tensorboard --logdir`` over several model_dirs)."""
+        from tensorboard.plugins.hparams import api as hp  # noqa: PLC0415 (with tensorboard)
+
+        plain = (bool, int, float, str)
+        values = {k: v if isinstance(v, plain) else str(v) for k, v in resolved.items()}
+        with self._tb["run"].as_default():
+            hp.hparams(values, trial_id=os.path.basename(os.path.abspath(self.model_dir)))
+        self._tb["run"].flush()
 
     def _append(self, record: dict, split: str) -> None:
         with open(os.path.join(self.model_dir, "metrics.jsonl"), "a", encoding="utf-8") as f:
@@ -123,9 +139,12 @@ class RunWriter:
             self._append(record, "train")
             print(format_progress(record, total_steps, global_batch), flush=True)
 
-    def log_eval(self, step: int, result: dict) -> None:
+    def log_eval(self, step: int, result: dict, context: dict | None = None) -> None:
+        """One evaluation: metrics.jsonl, TensorBoard, summary.csv and a line. ``context``:
+        {"epoch", "learning_rate", "images_per_sec"} at that step, for summary.csv."""
         if self.is_chief and result:
             self._append(dict(result, step=step, split="validation"), "eval")
+            self._append_csv(dict(context or {}, **result, step=step))
             loss, bad = result["loss"], result.get("non_finite", 0)
             print(
                 f"eval  step {step}: top1 {result['top1']:.4f}  top5 {result['top5']:.4f}  "
@@ -134,10 +153,30 @@ class RunWriter:
                 flush=True,
             )
 
+    def _append_csv(self, row: dict) -> None:
+        """summary.csv: one row per evaluation, header once; a resumed run appends."""
+        path = os.path.join(self.model_dir, "summary.csv")
+        new = not os.path.exists(path) or os.path.getsize(path) == 0
+        with open(path, "a", encoding="utf-8", newline="") as f:
+            out = csv.DictWriter(f, SUMMARY_CSV, extrasaction="ignore")
+            if new:
+                out.writeheader()
+            out.writerow({k: "" if row.get(k) is None else row[k] for k in SUMMARY_CSV})
+
     def write_summary(self, summary: dict) -> None:
         if self.is_chief:
             write_json(os.path.join(self.model_dir, "summary.json"), summary)
+            final = dict(summary.get("final_eval") or {})
+            final["train_images_per_sec"] = summary.get("train_images_per_sec")
+            with self._tb["run"].as_default(step=summary.get("steps", 0)):
+                for key, value in final.items():
+                    if isinstance(value, (int, float)):
+                        tf.summary.scalar(f"final/{key}", value)
+            self._tb["run"].flush()
             print("summary: " + json.dumps(summary), file=sys.stdout, flush=True)
+
+
+SUMMARY_CSV = ("step", "epoch", "top1", "top5", "loss", "learning_rate", "images_per_sec")
 
 
 def format_progress(record: dict, total_steps: int, global_batch: int) -> str:

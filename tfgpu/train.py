@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import compat
-from tfgpu.actions import LoopState, default_actions, phase
+from tfgpu.actions import LoopState, default_actions, eval_context, phase
 from tfgpu.build import Run, build, probe_input, train_batches, train_maker
 from tfgpu.config import Config, resolve
 from tfgpu.data import broken, memory, pipeline
@@ -103,6 +103,7 @@ def fit(run: Run, batches, actions, writer: RunWriter, input_ips=None) -> dict:
         "images_per_sec": state.window.images_per_sec(),
         "skipped_records": state.skipped_records,
         "input_wait_fraction": state.window.input_wait_fraction(),
+        "last_images_per_sec": state.images_per_sec,
     }
 
 
@@ -172,7 +173,8 @@ def run(config: Config) -> dict:
     phase("final save, evaluation and export", int(r.global_step.numpy()))
     r.checkpoints.save(final=True)
     final_eval = evaluate()
-    writer.log_eval(r.plan.total_steps, final_eval)
+    ips = throughput["images_per_sec"] or throughput["last_images_per_sec"]
+    writer.log_eval(r.plan.total_steps, final_eval, eval_context(r, r.plan.total_steps, ips))
     if backend.is_chief:
         r.model.save_weights(os.path.join(config.model_dir, "final.weights.h5"))
         if config.train.export:
