@@ -203,3 +203,31 @@ def test_summary_csv_has_a_row_per_evaluation_and_tensorboard_has_hparams(small_
     assert "hparams" in plugins
     assert {"final/top1", "final/top5", "final/loss"} <= tags
 
+
+# --- 4. the profiler window -------------------------------------------------------------------
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("value", ["3", "1:4", "5:4", "a:b", "3:"])
+def test_bad_profile_steps_fail_with_one_line_naming_the_flag(value):
+    with pytest.raises(ConfigError, match="--profile_steps="):
+        validate(config_from(profile_steps=value))
+
+
+@pytest.mark.fast
+def test_profile_action_stops_the_loop_at_the_window_edges():
+    from tfgpu.actions import Profile
+
+    profile = Profile(3, 5, "/unused")
+    assert [profile.next_stop(s) for s in (0, 1, 2, 4, 5, 9)] == [2, 2, 5, 5, None, None]
+    assert train._next_stop([profile], 0, 100, 10) == 2
+    assert train._next_stop([profile], 2, 100, 10) == 5
+
+
+def test_profile_steps_write_a_trace_holding_the_train_step(small_dataset, tmp_path, capsys):
+    train.run(_config(small_dataset, tmp_path, train_steps=8, profile_steps="3:5"))
+    traces = tf.io.gfile.glob(str(tmp_path / "tensorboard/plugins/profile/*/*.xplane.pb"))
+    assert len(traces) == 1
+    content = open(traces[0], "rb").read()
+    assert b"Conv2D" in content  # tiny_cnn's convolutions ran while tracing
+    assert "profile of updates 3..5 written" in capsys.readouterr().out

@@ -3,11 +3,17 @@ object, and ``train.fit`` only trains until the next step some action is due, th
 
 An action has ``every`` (updates between calls; 0: none by step, e.g. preemption, which is
 asked after every loop call) and ``__call__(state)``, which returns nothing or raises to end
-the run. ``due(state)`` decides (default: at multiples of ``every``). A new action is one more
-class here and one more line in ``default_actions``.
+the run. ``due(state)`` decides (default: at multiples of ``every``), and ``next_stop(step)``
+says where the loop must stop for it next (default: the next multiple of ``every``; a one-off
+window such as the profiler's names its own steps). A new action is one more class here and
+one more line in ``default_actions``.
 
 At a step where several are due they run in the order of ``default_actions``, and it matters:
 
+0. **profile** (--profile_steps=A:B) first: at B it stops the trace before anything else the
+   step owes, so the trace holds updates A..B and no log, evaluation or checkpoint; it starts
+   at the boundary after update A-1, where it also runs first (an action due at A-1 as well is
+   then traced too: pick A-1 off the --log/eval/checkpoint multiples for a clean trace);
 1. **log** closes the logging window first, so that its images/s and input wait cover training
    only, not the evaluation or checkpoint that follow;
 2. **evaluate** next, so that whatever is written after it (a checkpoint, and later a best
@@ -20,9 +26,11 @@ Actions at the last step are left to ``train.run`` (final checkpoint, evaluation
 except the log, which closes the last window.
 """
 
+import os
 from dataclasses import dataclass, field
 
 from tfgpu import faults
+from tfgpu.config import profile_window
 from tfgpu.distribute import consensus, heartbeats
 from tfgpu.errors import Preempted
 from tfgpu.results import INPUT_BOUND, RunWriter, Window, input_bound_warning
@@ -54,6 +62,11 @@ class Action:
     def due(self, state: LoopState) -> bool:
         return bool(self.every) and state.step % self.every == 0 and not state.last
 
+    def next_stop(self, step: int) -> int | None:
+        """The next step after ``step`` where the loop must stop for this action (None:
+        none by step count)."""
+        return (step // self.every + 1) * self.every if self.every else None
+
     def __call__(self, state: LoopState) -> None:
         raise NotImplementedError
 
@@ -62,6 +75,38 @@ def phase(name: str, step: int) -> None:
     """Where the run is, for the signal watcher and the heartbeat board."""
     faults.set_phase(name, step)
     heartbeats.set_phase(name)
+
+
+class Profile(Action):
+    """--profile_steps=A:B: a TensorBoard profiler trace (``tf.profiler.experimental``) of
+    updates A..B, from the loop boundary after update A-1 to the one after update B (or the
+    last), into ``logdir``. A run resumed past A-1 does not trace."""
+
+    def __init__(self, first: int, last: int, logdir: str):
+        self.first, self.last, self.logdir = first, last, logdir
+        self._tracing = self._done = False
+
+    def next_stop(self, step: int) -> int | None:
+        return next((s for s in (self.first - 1, self.last) if s > step), None)
+
+    def due(self, state: LoopState) -> bool:
+        if self._tracing:
+            return state.step >= self.last or state.last
+        return not self._done and state.step == self.first - 1
+
+    def __call__(self, state: LoopState) -> None:
+        import tensorflow as tf  # noqa: PLC0415 (the profiler, only when asked)
+
+        if not self._tracing:
+            tf.profiler.experimental.start(self.logdir)
+            self._tracing = True
+            return
+        tf.profiler.experimental.stop()
+        self._tracing, self._done = False, True
+        state.writer.info(
+            f"profile of updates {self.first}..{state.step} written under {self.logdir}: "
+            f"tensorboard --logdir {self.logdir}, Profile tab"
+        )
 
 
 class LogWindow(Action):
@@ -158,8 +203,15 @@ class StopOnPreemption(Action):
 
 def default_actions(run, evaluate, guard=None) -> list[Action]:
     """The loop's actions, in the order they run at one step (see the module docstring)."""
-    t = run.config.train
-    actions = [
+    t, backend = run.config.train, run.backend
+    actions = []
+    window = profile_window(t)
+    if window and (backend.is_chief or t.profile_all_workers):
+        logdir = os.path.join(run.config.model_dir, "tensorboard")
+        if not backend.is_chief:
+            logdir = os.path.join(logdir, f"worker{backend.worker_index}")
+        actions.append(Profile(*window, logdir))
+    actions += [
         LogWindow(t.log_every_steps, t.log_every_s),
         Evaluate(run.plan.eval_every, evaluate),
         SaveCheckpoint(t.checkpoint_every_steps, run.checkpoints),

@@ -135,6 +135,14 @@ class TrainConfig:
         1000, "Write a checkpoint every N updates (and always at the end)."
     )
     keep_checkpoints: int = setting(3, "Checkpoints kept (the newest).")
+    profile_steps: str = setting(
+        "",
+        "A:B: write a TensorBoard profiler trace of updates A..B (A >= 2: update 1 traces and "
+        "compiles the step) into --model_dir's tensorboard/ folder, on the chief (empty: off).",
+    )
+    profile_all_workers: bool = setting(
+        False, "With --profile_steps: trace every worker (worker i under tensorboard/worker<i>)."
+    )
     export: bool = setting(
         True, "At the end, export the model as .keras and as a SavedModel taking uint8 images."
     )
@@ -244,6 +252,25 @@ def _check_train(t: TrainConfig) -> None:
         raise ConfigError("set --eval_every_steps or --eval_every_epochs, not both")
     if t.train_steps and t.epochs:
         raise ConfigError("set --train_steps or --epochs, not both")
+    profile_window(t)
+    if t.profile_all_workers and not t.profile_steps:
+        raise ConfigError("--profile_all_workers needs --profile_steps=A:B")
+
+
+def profile_window(train: TrainConfig) -> tuple[int, int] | None:
+    """(A, B) of --profile_steps=A:B, None when off; a ConfigError names a bad value."""
+    text = train.profile_steps.strip()
+    if not text:
+        return None
+    first, sep, last = text.partition(":")
+    if sep and first.strip().isdigit() and last.strip().isdigit():
+        a, b = int(first), int(last)
+        if 2 <= a <= b:
+            return a, b
+    raise ConfigError(
+        f"--profile_steps={text!r} must be A:B with 2 <= A <= B (updates; update 1 traces "
+        "and compiles the step)"
+    )
 
 
 def split_batch(train: TrainConfig, num_replicas: int) -> tuple[int, int]:

@@ -70,7 +70,7 @@ class Evaluator:
 def _next_stop(actions, step: int, total_steps: int, steps_per_loop: int) -> int:
     """The next step at which some action is due by its step count, or the loop call ends."""
     stops = [total_steps, step + steps_per_loop]
-    stops += [(step // a.every + 1) * a.every for a in actions if a.every]
+    stops += [s for s in (a.next_stop(step) for a in actions) if s is not None]
     return min(stops)
 
 
