@@ -155,6 +155,20 @@ def test_windows_log_grad_norm_clipping_weight_norm_and_loss_scale(
     assert {"grad_norm", "weight_norm", "loss_scale", "skipped_updates"} <= tags
 
 
+def test_window_norms_under_mirrored_equal_those_of_one_device(small_dataset, tmp_path):
+    # The norms are taken after the all-reduce: 2 replicas of 8 give the figures of 1 of 16.
+    rows = {}
+    for strategy in ("default", "mirrored"):
+        model_dir = tmp_path / strategy
+        kw = dict(strategy=strategy, train_steps=8, deterministic=True, clip_norm=0.5)
+        train.run(_config(small_dataset, model_dir, **kw))
+        rows[strategy] = _rows(model_dir, "train")
+    for a, b in zip(rows["default"], rows["mirrored"]):
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["weight_norm"] == pytest.approx(b["weight_norm"], rel=1e-5)
+        assert a["clipped_updates"] == b["clipped_updates"]
+
+
 @pytest.mark.fast
 def test_windows_without_clipping_or_float16_leave_those_out():
     window = Window()
