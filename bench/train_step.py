@@ -1,11 +1,15 @@
 """tfgpu's train step against Keras `fit`, and gradient accumulation's cost, side by side.
 
     python bench/train_step.py [--model=resnet18] [--image_size=32] [--batch=64] [--rounds=5]
+                               [--only=metrics]
 
 (1) images/s of tfgpu's loop (loops.make_train_loop, `--steps_per_loop` updates per call) and of
     `model.fit` with `steps_per_execution` equal, same model, batch, optimizer and data (one
     uint8 batch repeated, cast on the device by both), single device;
-(2) images/s of k=4 micro-batches of b against k=1 at micro-batch b.
+(2) images/s of k=4 micro-batches of b against k=1 at micro-batch b;
+(3) images/s of the step with its per-window diagnostics (grad_norm, clipped, weight_norm:
+    README, The training loop) against the same step without them (``--only=metrics``: this
+    row alone).
 Rounds alternate between the contenders and ratios are medians of per-round ratios, so the
 machine's noise hits both sides alike.
 """
@@ -33,12 +37,13 @@ flags.DEFINE_integer("image_size", 32, "Image side.")
 flags.DEFINE_integer("batch", 64, "Micro-batch b (and the fit batch).")
 flags.DEFINE_integer("steps", 20, "Updates timed per round.")
 flags.DEFINE_integer("rounds", 5, "Alternating rounds.")
+flags.DEFINE_enum("only", "", ["", "metrics"], "Run one comparison only (metrics: row 3).")
 FLAGS = flags.FLAGS
 
 
-def make_trainer(backend, global_batch: int, accum: int):
+def make_trainer(backend, global_batch: int, accum: int, extra_metrics: bool = True):
     """tfgpu's train loop (``loops.make_train_loop``, ``--steps_per_loop`` updates a call) on
-    synthetic batches; returns ``run(steps)``."""
+    synthetic batches, with or without the step's diagnostics; returns ``run(steps)``."""
     config = config_from(
         strategy="default",
         model=FLAGS.model,
@@ -56,6 +61,7 @@ def make_trainer(backend, global_batch: int, accum: int):
         model_dir=tempfile.mkdtemp(),
     )
     run = build.build(config, backend, load_spec(config.data))
+    run.step.extra_metrics = extra_metrics  # read when the loop is traced (its first call)
     loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
     batches = build.train_batches(run, start_step=0)
 
@@ -116,6 +122,10 @@ def main(argv):
     )
     print("| comparison | images/s (first) | images/s (second) | ratio |")
     print("|---|---|---|---|")
+    if FLAGS.only == "metrics":
+        with_, without = make_trainer(backend, b, 1), make_trainer(backend, b, 1, False)
+        compare("with diagnostics", with_, "without", without, b, b)
+        return 0
     compare("tfgpu step", make_trainer(backend, b, 1), "keras fit", make_fit(b), b, b)
     compare(
         "tfgpu k=4",
@@ -125,6 +135,8 @@ def main(argv):
         4 * b,
         b,
     )
+    with_, without = make_trainer(backend, b, 1), make_trainer(backend, b, 1, False)
+    compare("with diagnostics", with_, "without", without, b, b)
     return 0
 
 

@@ -122,6 +122,7 @@ def one_device_large_batch():
     return _Lazy()
 
 
+@pytest.mark.timeout(900)  # efficientnet_b0: ~2.5 min on 2 idle cores (two traces)
 @pytest.mark.parametrize("name", MODELS)
 def test_sync_batchnorm_two_replicas_equal_one_device_of_the_whole_batch(
     one_device_large_batch, name

@@ -3,11 +3,17 @@ object, and ``train.fit`` only trains until the next step some action is due, th
 
 An action has ``every`` (updates between calls; 0: none by step, e.g. preemption, which is
 asked after every loop call) and ``__call__(state)``, which returns nothing or raises to end
-the run. ``due(state)`` decides (default: at multiples of ``every``). A new action is one more
-class here and one more line in ``default_actions``.
+the run. ``due(state)`` decides (default: at multiples of ``every``), and ``next_stop(step)``
+says where the loop must stop for it next (default: the next multiple of ``every``; a one-off
+window such as the profiler's names its own steps). A new action is one more class here and
+one more line in ``default_actions``.
 
 At a step where several are due they run in the order of ``default_actions``, and it matters:
 
+0. **profile** (--profile_steps=A:B) first: at B it stops the trace before anything else the
+   step owes, so the trace holds updates A..B and no log, evaluation or checkpoint; it starts
+   at the boundary after update A-1, where it also runs first (an action due at A-1 as well is
+   then traced too: pick A-1 off the --log/eval/checkpoint multiples for a clean trace);
 1. **log** closes the logging window first, so that its images/s and input wait cover training
    only, not the evaluation or checkpoint that follow;
 2. **evaluate** next, so that whatever is written after it (a best checkpoint, an early stop,
@@ -26,9 +32,11 @@ Actions at the last step are left to ``train.run`` (final checkpoint, evaluation
 except the log, which closes the last window.
 """
 
+import os
 from dataclasses import dataclass, field
 
 from tfgpu import faults
+from tfgpu.config import profile_window
 from tfgpu.distribute import consensus, heartbeats
 from tfgpu.errors import Preempted
 from tfgpu.results import INPUT_BOUND, RunWriter, Window, input_bound_warning
@@ -47,6 +55,7 @@ class LoopState:
     waited: float = 0.0  # seconds in all-reduces until the last closed window
     evaluation: tuple | None = None  # (step, result) of the newest evaluation
     stopped: str = ""  # why the loop ended before the plan's last step ("early_stop")
+    images_per_sec: float | None = None  # train images/s of the last window logged
 
     @property
     def last(self) -> bool:
@@ -62,6 +71,11 @@ class Action:
     def due(self, state: LoopState) -> bool:
         return bool(self.every) and state.step % self.every == 0 and not state.last
 
+    def next_stop(self, step: int) -> int | None:
+        """The next step after ``step`` where the loop must stop for this action (None:
+        none by step count)."""
+        return (step // self.every + 1) * self.every if self.every else None
+
     def __call__(self, state: LoopState) -> None:
         raise NotImplementedError
 
@@ -70,6 +84,38 @@ def phase(name: str, step: int) -> None:
     """Where the run is, for the signal watcher and the heartbeat board."""
     faults.set_phase(name, step)
     heartbeats.set_phase(name)
+
+
+class Profile(Action):
+    """--profile_steps=A:B: a TensorBoard profiler trace (``tf.profiler.experimental``) of
+    updates A..B, from the loop boundary after update A-1 to the one after update B (or the
+    last), into ``logdir``. A run resumed past A-1 does not trace."""
+
+    def __init__(self, first: int, last: int, logdir: str):
+        self.first, self.last, self.logdir = first, last, logdir
+        self._tracing = self._done = False
+
+    def next_stop(self, step: int) -> int | None:
+        return next((s for s in (self.first - 1, self.last) if s > step), None)
+
+    def due(self, state: LoopState) -> bool:
+        if self._tracing:
+            return state.step >= self.last or state.last
+        return not self._done and state.step == self.first - 1
+
+    def __call__(self, state: LoopState) -> None:
+        import tensorflow as tf  # noqa: PLC0415 (the profiler, only when asked)
+
+        if not self._tracing:
+            tf.profiler.experimental.start(self.logdir)
+            self._tracing = True
+            return
+        tf.profiler.experimental.stop()
+        self._tracing, self._done = False, True
+        state.writer.info(
+            f"profile of updates {self.first}..{state.step} written under {self.logdir}: "
+            f"tensorboard --logdir {self.logdir}, Profile tab"
+        )
 
 
 class LogWindow(Action):
@@ -88,11 +134,14 @@ class LogWindow(Action):
         training, t = state.training, state.training.config.train
         lr = float(training.optimizer.learning_rate)  # the schedule at the current update
         record = state.window.close(state.step, lr, t.global_batch_size)
+        if not training.config.optim.clip_norm:
+            record.pop("clipped_updates", None)
         if state.input_ips:
             record["input_images_per_sec"] = state.input_ips
         if training.backend.num_workers > 1 and not training.config.deterministic:
             record.update(self._skew(state))
         state.writer.log_train(record, training.plan.total_steps, t.global_batch_size)
+        state.images_per_sec = record["images_per_sec"]
         wait = record["input_wait_fraction"]
         if not self._warned and wait > INPUT_BOUND and state.window.timed:
             self._warned = True
@@ -119,8 +168,20 @@ class Evaluate(Action):
     def __call__(self, state: LoopState) -> None:
         phase("evaluation", state.step)
         result = self._evaluate()
-        state.writer.log_eval(state.step, result)
+        context = eval_context(state.training, state.step, state.images_per_sec)
+        state.writer.log_eval(state.step, result, context)
         state.evaluation = (state.step, result) if result else None
+
+
+def eval_context(training, step: int, images_per_sec: float | None) -> dict:
+    """What summary.csv puts next to an evaluation at ``step``: the epoch, the learning rate
+    and the train images/s (of the last window logged)."""
+    num_train = max(training.spec.num_train, 1)
+    return {
+        "epoch": round(step * training.config.train.global_batch_size / num_train, 4),
+        "learning_rate": float(training.optimizer.learning_rate),
+        "images_per_sec": images_per_sec,
+    }
 
 
 def _evaluated_now(state: LoopState) -> bool:
@@ -192,8 +253,15 @@ class StopOnPreemption(Action):
 
 def default_actions(training, evaluate, guard=None) -> list[Action]:
     """The loop's actions, in the order they run at one step (see the module docstring)."""
-    t = training.config.train
-    actions = [
+    t, backend = training.config.train, training.backend
+    actions = []
+    window = profile_window(t)
+    if window and (backend.is_chief or t.profile_all_workers):
+        logdir = os.path.join(training.config.model_dir, "tensorboard")
+        if not backend.is_chief:
+            logdir = os.path.join(logdir, f"worker{backend.worker_index}")
+        actions.append(Profile(*window, logdir))
+    actions += [
         LogWindow(t.log_every_steps, t.log_every_s),
         Evaluate(training.plan.eval_every, evaluate),
     ]

@@ -99,6 +99,11 @@ class OptimConfig:
         "Skip an update whose loss or gradients are not finite, and count it, instead of "
         "stopping (mixed_float16 always skips and lowers the loss scale).",
     )
+    max_skipped_updates: int = setting(
+        100,
+        "Stop (exit code 3) after this many skipped updates in a row: with mixed_float16 "
+        "those at the loss scale's floor of 1, with --skip_non_finite any (0: never stop).",
+    )
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,14 @@ class TrainConfig:
         False,
         "At the end, export the best evaluated model (by --best_metric) instead of the last "
         "(the best evaluation so far is in the checkpoint: a resumed run keeps it).",
+    )
+    profile_steps: str = setting(
+        "",
+        "A:B: write a TensorBoard profiler trace of updates A..B (A >= 2: update 1 traces and "
+        "compiles the step) into --model_dir's tensorboard/ folder, on the chief (empty: off).",
+    )
+    profile_all_workers: bool = setting(
+        False, "With --profile_steps: trace every worker (worker i under tensorboard/worker<i>)."
     )
     export: bool = setting(
         True, "At the end, export the model as .keras and as a SavedModel taking uint8 images."
@@ -227,6 +240,10 @@ def validate(config: Config) -> Config:
             )
     check_data(config.data)
     _check_train(config.train)
+    if config.optim.max_skipped_updates < 0:
+        raise ConfigError(
+            f"--max_skipped_updates={config.optim.max_skipped_updates} must not be negative"
+        )
     _check_model(config.model)
     if config.deterministic and config.model.jit_compile:
         raise ConfigError(
@@ -277,6 +294,9 @@ def _check_train(t: TrainConfig) -> None:
     if t.train_steps and t.epochs:
         raise ConfigError("set --train_steps or --epochs, not both")
     _check_best(t)
+    profile_window(t)
+    if t.profile_all_workers and not t.profile_steps:
+        raise ConfigError("--profile_all_workers needs --profile_steps=A:B")
 
 
 BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
@@ -309,6 +329,22 @@ def _check_best(t: TrainConfig) -> None:
             f"{', '.join(given)} need(s) evaluations during training: set --eval_every_steps "
             "or --eval_every_epochs"
         )
+
+
+def profile_window(train: TrainConfig) -> tuple[int, int] | None:
+    """(A, B) of --profile_steps=A:B, None when off; a ConfigError names a bad value."""
+    text = train.profile_steps.strip()
+    if not text:
+        return None
+    first, sep, last = text.partition(":")
+    if sep and first.strip().isdigit() and last.strip().isdigit():
+        a, b = int(first), int(last)
+        if 2 <= a <= b:
+            return a, b
+    raise ConfigError(
+        f"--profile_steps={text!r} must be A:B with 2 <= A <= B (updates; update 1 traces "
+        "and compiles the step)"
+    )
 
 
 def split_batch(train: TrainConfig, num_replicas: int) -> tuple[int, int]:

@@ -13,19 +13,32 @@ from tfgpu.schema import STEP_METRICS
 from tfgpu.step import TrainStep
 
 
-def make_train_loop(step: TrainStep, global_step: tf.Variable, skipped_updates: tf.Variable):
-    """``loop(iterator, num_steps) -> (totals, first_bad)``: ``num_steps`` updates in one
-    tf.function call. ``totals`` sums the ``StepMetrics`` (and "steps") of the finite updates,
-    and "input_wait_s", the seconds spent waiting for batches; ``first_bad`` is the first
-    non-finite step, -1 if none. Without skipping, the loop stops at that step."""
+def make_train_loop(
+    step: TrainStep, global_step: tf.Variable, skipped_updates: tf.Variable, max_skipped: int = 0
+):
+    """``loop(iterator, num_steps) -> (totals, first_bad, diverged)``: ``num_steps`` updates in
+    one tf.function call. ``totals`` sums the ``StepMetrics`` (and "steps") of the applied
+    updates only, counts the skipped ones ("skipped_updates"), and sums "input_wait_s", the
+    seconds spent waiting for batches; ``first_bad`` is the first non-finite step, -1 if none.
+    The step's "grad_norm" and "clipped" are summed like the rest; "weight_norm" (the global
+    norm of the trainable weights) and "loss_scale" (float16) are their values at the end.
+    Without skipping, the loop stops at that step. With skipping, it stops after
+    ``max_skipped`` (0: never) skipped updates in a row, counting under float16 only those at
+    the loss scale's floor (``DynamicLossScale.at_floor``: halving cannot help any more);
+    ``diverged`` is then that step, else -1."""
     keys = (*STEP_METRICS, "steps")
     clock = _clock()
+    # Skipped updates in a row (at the floor); not checkpointed: a resumed run counts afresh.
+    streak = tf.Variable(0, dtype=tf.int64, trainable=False, name="skip_streak")
+    loss_scale = step.loss_scale
 
     @tf.function
     def loop(iterator, num_steps):
         totals = {k: tf.constant(0.0) for k in keys}
+        skipped = tf.constant(0.0)
         waited = tf.constant(0.0, tf.float64)
         first_bad = tf.constant(-1, tf.int64)
+        diverged = tf.constant(-1, tf.int64)
         for _ in tf.range(num_steps):
             start = clock()
             with tf.control_dependencies([start]):
@@ -39,13 +52,28 @@ def make_train_loop(step: TrainStep, global_step: tf.Variable, skipped_updates: 
                 global_step.assign_add(1)
             ok = tf.logical_and(finite, tf.math.is_finite(metrics["loss"]))
             metrics = dict(metrics, steps=tf.constant(1.0))
+            # A skipped update's loss and counts are not the model's: they stay out.
             totals = {k: totals[k] + tf.where(ok, metrics[k], 0.0) for k in keys}
+            skipped += tf.cast(tf.logical_not(ok), tf.float32)
             skipped_updates.assign_add(tf.cast(tf.logical_not(ok), tf.int64))
+            counts = tf.logical_not(ok)
+            if loss_scale is not None:
+                counts = tf.logical_and(counts, loss_scale.at_floor())
+            streak.assign(tf.where(counts, streak + 1, 0))
             if first_bad < 0 and not ok:
                 first_bad = global_step.read_value()
             if not step.skips_non_finite and not ok:
                 break
-        return dict(totals, input_wait_s=tf.cast(waited, tf.float32)), first_bad
+            if max_skipped > 0 and streak >= max_skipped:
+                diverged = global_step.read_value()
+                break
+        totals = dict(totals, skipped_updates=skipped, input_wait_s=tf.cast(waited, tf.float32))
+        if step.extra_metrics:  # as they are at the call's end (results.Window keeps the last)
+            weights = [v.value for v in step.model.trainable_variables]
+            totals["weight_norm"] = tf.linalg.global_norm(weights)
+        if loss_scale is not None:
+            totals["loss_scale"] = tf.identity(loss_scale.scale)
+        return totals, first_bad, diverged
 
     return loop
 
@@ -59,22 +87,28 @@ def _clock():
 
 
 def make_eval_step(model: keras.Model, backend, num_classes: int = 0):
-    """``eval_step(distributed EvalBatch) -> EvalSums`` summed over replicas; with
+    """``eval_step(distributed EvalBatch) -> EvalSums`` summed over replicas. An example
+    whose logits are not all finite counts as wrong for top-1 and top-5 (its arg-max and
+    top-k mean nothing), stays out of the loss sum and is counted in "non_finite". With
     ``num_classes``, also "confusion": float32 [true class, predicted class] counts (the
     arg-max that top-1 counts), for per-class accuracy (``tfgpu.evaluate``)."""
 
     def replica(batch):
         logits = tf.cast(model(tf.cast(batch["image"], tf.float32), training=False), tf.float32)
         labels, weight = batch["label"], batch["weight"]
-        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
-        top5 = tf.cast(tf.math.in_top_k(labels, logits, min(5, logits.shape[-1])), tf.float32)
-        predicted = tf.argmax(logits, -1, tf.int32)
+        finite = tf.reduce_all(tf.math.is_finite(logits), axis=-1)
+        good = weight * tf.cast(finite, tf.float32)
+        safe = tf.where(finite[:, None], logits, 0.0)  # no NaN into the sums (0 * NaN = NaN)
+        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, safe)
+        top5 = tf.cast(tf.math.in_top_k(labels, safe, min(5, logits.shape[-1])), tf.float32)
+        predicted = tf.argmax(safe, -1, tf.int32)
         top1 = tf.cast(tf.equal(predicted, labels), tf.float32)
         sums = {
-            "loss": tf.reduce_sum(loss * weight),
-            "top1": tf.reduce_sum(top1 * weight),
-            "top5": tf.reduce_sum(top5 * weight),
+            "loss": tf.reduce_sum(loss * good),
+            "top1": tf.reduce_sum(top1 * good),
+            "top5": tf.reduce_sum(top5 * good),
             "count": tf.reduce_sum(weight),
+            "non_finite": tf.reduce_sum(weight - good),
         }
         if num_classes:
             sums["confusion"] = tf.math.confusion_matrix(

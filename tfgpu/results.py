@@ -1,9 +1,12 @@
 """What a run leaves in --model_dir, and what it prints. Only the chief writes.
 
-config.json, metrics.jsonl (one JSON object per logged step or evaluation), tensorboard/,
-summary.json, final.weights.h5 and export/ (model.keras and a SavedModel taking uint8).
+config.json, metrics.jsonl (one JSON object per logged step or evaluation), summary.csv (one
+row per evaluation, as timm's), tensorboard/ (train/ and eval/ scalars; at its top the run's
+settings as hparams and its final metrics), summary.json, final.weights.h5 and export/
+(model.keras and a SavedModel taking uint8).
 """
 
+import csv
 import datetime
 import json
 import os
@@ -17,8 +20,10 @@ from tfgpu.files import write_json
 
 
 class Window:
-    """Sums of one logging window's train metrics (``schema.StepMetrics`` and "steps"), and the
-    run's throughput over every window but the first (which includes tracing and warm-up)."""
+    """Sums of one logging window's train metrics (``schema.StepMetrics`` and "steps" of the
+    applied updates, "skipped_updates" of the others), and the run's throughput over every
+    window but the first (which includes tracing and warm-up). A window whose updates were all
+    skipped has no loss or accuracy (None: null in metrics.jsonl), never a made-up 0."""
 
     def __init__(self):
         self._reset()
@@ -29,9 +34,12 @@ class Window:
         self._sums: dict = {}
         self._updates, self._start = 0, time.time()
 
+    LAST = ("weight_norm", "loss_scale")  # values at the window's end, not sums
+
     def add(self, totals: dict, updates: int) -> None:
         for key, value in totals.items():
-            self._sums[key] = self._sums.get(key, 0.0) + value
+            last = key in self.LAST
+            self._sums[key] = value if last else self._sums.get(key, 0.0) + value
         self._updates += updates
 
     def close(self, step: int, learning_rate: float, global_batch: int) -> dict:
@@ -44,16 +52,21 @@ class Window:
             self._timed_seconds += seconds
         self._windows += 1
         s = self._sums
+        applied = s.get("steps", 0.0)
         record = {
             "step": step,
             "split": "train",
-            "loss": s.get("loss", 0.0) / max(s.get("steps", 0.0), 1.0),
-            "accuracy": s.get("correct", 0.0) / max(s.get("count", 0.0), 1.0),
+            "loss": s.get("loss", 0.0) / applied if applied else None,
+            "accuracy": s.get("correct", 0.0) / s["count"] if s.get("count") else None,
             "learning_rate": learning_rate,
             "images_per_sec": images / max(seconds, 1e-9),
+            "skipped_updates": int(s.get("skipped_updates", 0.0)),
+            "grad_norm": s.get("grad_norm", 0.0) / applied if applied else None,
+            "clipped_updates": int(s.get("clipped", 0.0)),
             "skipped_records": int(s.get("skipped", 0.0)),
             "input_wait_fraction": min(s.get("input_wait_s", 0.0) / max(seconds, 1e-9), 1.0),
         }
+        record.update({k: s[k] for k in self.LAST if k in s})
         if self._windows > 1:  # the first window includes tracing: not a fair share
             self._timed_wait += s.get("input_wait_s", 0.0)
         self._reset()
@@ -88,6 +101,7 @@ class RunWriter:
             self._tb = {
                 s: tf.summary.create_file_writer(os.path.join(tb, s)) for s in ("train", "eval")
             }
+            self._tb["run"] = tf.summary.create_file_writer(tb)  # hparams and final metrics
 
     def info(self, line: str) -> None:
         if self.is_chief:
@@ -98,6 +112,18 @@ class RunWriter:
         if self.is_chief:
             resolved = dict(config.flat(), strategy=backend.name, num_replicas=backend.num_replicas)
             write_json(os.path.join(self.model_dir, "config.json"), resolved)
+            self._write_hparams(resolved)
+
+    def _write_hparams(self, resolved: dict) -> None:
+        """The resolved settings as TensorBoard hparams, so that runs compare side by side in
+        its HParams tab (``tensorboard --logdir`` over several model_dirs)."""
+        from tensorboard.plugins.hparams import api as hp  # noqa: PLC0415 (with tensorboard)
+
+        plain = (bool, int, float, str)
+        values = {k: v if isinstance(v, plain) else str(v) for k, v in resolved.items()}
+        with self._tb["run"].as_default():
+            hp.hparams(values, trial_id=os.path.basename(os.path.abspath(self.model_dir)))
+        self._tb["run"].flush()
 
     def _append(self, record: dict, split: str) -> None:
         with open(os.path.join(self.model_dir, "metrics.jsonl"), "a", encoding="utf-8") as f:
@@ -113,19 +139,44 @@ class RunWriter:
             self._append(record, "train")
             print(format_progress(record, total_steps, global_batch), flush=True)
 
-    def log_eval(self, step: int, result: dict) -> None:
+    def log_eval(self, step: int, result: dict, context: dict | None = None) -> None:
+        """One evaluation: metrics.jsonl, TensorBoard, summary.csv and a line. ``context``:
+        {"epoch", "learning_rate", "images_per_sec"} at that step, for summary.csv."""
         if self.is_chief and result:
             self._append(dict(result, step=step, split="validation"), "eval")
+            self._append_csv(dict(context or {}, **result, step=step))
+            loss, bad = result["loss"], result.get("non_finite", 0)
             print(
                 f"eval  step {step}: top1 {result['top1']:.4f}  top5 {result['top5']:.4f}  "
-                f"loss {result['loss']:.4f}  ({result['num_examples']} examples)",
+                f"loss {'-' if loss is None else f'{loss:.4f}'}  ({result['num_examples']} "
+                f"examples{f', {bad} with non-finite logits: counted wrong' if bad else ''})",
                 flush=True,
             )
+
+    def _append_csv(self, row: dict) -> None:
+        """summary.csv: one row per evaluation, header once; a resumed run appends."""
+        path = os.path.join(self.model_dir, "summary.csv")
+        new = not os.path.exists(path) or os.path.getsize(path) == 0
+        with open(path, "a", encoding="utf-8", newline="") as f:
+            out = csv.DictWriter(f, SUMMARY_CSV, extrasaction="ignore")
+            if new:
+                out.writeheader()
+            out.writerow({k: "" if row.get(k) is None else row[k] for k in SUMMARY_CSV})
 
     def write_summary(self, summary: dict) -> None:
         if self.is_chief:
             write_json(os.path.join(self.model_dir, "summary.json"), summary)
+            final = dict(summary.get("final_eval") or {})
+            final["train_images_per_sec"] = summary.get("train_images_per_sec")
+            with self._tb["run"].as_default(step=summary.get("steps", 0)):
+                for key, value in final.items():
+                    if isinstance(value, (int, float)):
+                        tf.summary.scalar(f"final/{key}", value)
+            self._tb["run"].flush()
             print("summary: " + json.dumps(summary), file=sys.stdout, flush=True)
+
+
+SUMMARY_CSV = ("step", "epoch", "top1", "top5", "loss", "learning_rate", "images_per_sec")
 
 
 def format_progress(record: dict, total_steps: int, global_batch: int) -> str:
@@ -133,11 +184,23 @@ def format_progress(record: dict, total_steps: int, global_batch: int) -> str:
     ips = record["images_per_sec"]
     remaining = (total_steps - record["step"]) * global_batch / max(ips, 1e-9)
     width = len(str(total_steps))
+    loss, acc = record["loss"], record["accuracy"]
     line = (
-        f"step {record['step']:>{width}}/{total_steps}  loss {record['loss']:.4f}  "
-        f"acc {record['accuracy']:.3f}  lr {record['learning_rate']:.2e}  "
+        f"step {record['step']:>{width}}/{total_steps}  "
+        f"loss {'-' if loss is None else f'{loss:.4f}'}  "
+        f"acc {'-' if acc is None else f'{acc:.3f}'}  lr {record['learning_rate']:.2e}  "
         f"{ips:,.0f} img/s  ETA {datetime.timedelta(seconds=int(remaining))}"
     )
+    if record.get("skipped_updates"):
+        line += f"  skipped {record['skipped_updates']} update(s)"
+    if record.get("grad_norm") is not None:
+        line += f"  |g| {record['grad_norm']:.3g}"
+    if "weight_norm" in record:
+        line += f"  |w| {record['weight_norm']:.3g}"
+    if record.get("clipped_updates"):
+        line += f"  clipped {record['clipped_updates']}"
+    if "loss_scale" in record:
+        line += f"  scale {record['loss_scale']:g}"
     if record.get("input_wait_fraction", 0.0) >= 0.01:
         line += f"  input wait {record['input_wait_fraction']:.0%}"
         if record.get("input_images_per_sec"):

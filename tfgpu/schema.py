@@ -73,15 +73,18 @@ class StepMetrics(TypedDict):
     correct: Tensor  # examples whose arg-max is the (hard) label
     count: Tensor  # examples
     skipped: Tensor  # examples with a broken image (weight 0)
+    grad_norm: Tensor  # global norm of the all-reduced gradients, before clipping
+    clipped: Tensor  # 1 when --clip_norm clipped this update, else 0
 
 
 class EvalSums(TypedDict):
     """Sums over the examples of the evaluation batches seen."""
 
-    loss: Tensor
-    top1: Tensor
+    loss: Tensor  # over the examples with finite logits
+    top1: Tensor  # an example with non-finite logits is wrong for top-1 and top-5
     top5: Tensor
     count: Tensor
+    non_finite: Tensor  # examples whose logits are not all finite
 
 
 STEP_METRICS = tuple(StepMetrics.__annotations__)

@@ -23,7 +23,17 @@ from tfgpu.schema import StepMetrics
 
 
 class DynamicLossScale:
-    """Float16 dynamic loss scaling: halve on overflow, double after ``period`` good steps."""
+    """Float16 dynamic loss scaling: halve on overflow, double after ``period`` good steps,
+    never below ``MIN_SCALE``.
+
+    The floor is 1.0, as in TensorFlow's and Keras' LossScaleOptimizer: a scale below 1 only
+    shrinks the gradients, so it cannot cure an overflow that still happens at 1 (the forward
+    pass or the update itself is non-finite: the run diverged) and would flush more small
+    gradients to zero. Updates still skipped at the floor are counted (``at_floor``), and the
+    loop stops after --max_skipped_updates of them in a row (``loops.make_train_loop``).
+    """
+
+    MIN_SCALE = 1.0
 
     def __init__(self, initial: float = 2.0**15, period: int = 2000):
         agg = tf.VariableAggregation.ONLY_FIRST_REPLICA
@@ -35,20 +45,28 @@ class DynamicLossScale:
         """Called once per update, in cross-replica context, with the global finiteness."""
         grow = tf.logical_and(finite, self.good_steps + 1 >= self.period)
         self.scale.assign(
-            tf.where(finite, tf.where(grow, self.scale * 2.0, self.scale), self.scale * 0.5)
+            tf.where(
+                finite,
+                tf.where(grow, self.scale * 2.0, self.scale),
+                tf.maximum(self.scale * 0.5, self.MIN_SCALE),
+            )
         )
         self.good_steps.assign(tf.where(finite & ~grow, self.good_steps + 1, 0))
+
+    def at_floor(self) -> tf.Tensor:
+        return self.scale <= self.MIN_SCALE
 
 
 def all_finite(tensors) -> tf.Tensor:
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
 
 
-def clip_by_global_norm(grads, clip_norm: float):
-    """Clips the all-reduced (global) gradients; Keras would clip each replica's part instead."""
+def clip_by_global_norm(grads, clip_norm: float, norm=None):
+    """Clips the all-reduced (global) gradients; Keras would clip each replica's part instead.
+    ``norm``: their global norm, when already known."""
     if not clip_norm:
         return grads
-    clipped, _ = tf.clip_by_global_norm(grads, clip_norm)
+    clipped, _ = tf.clip_by_global_norm(grads, clip_norm, use_norm=norm)
     return clipped
 
 
@@ -89,6 +107,9 @@ class TrainStep:
         self.loss_scale = loss_scale
         self.prepare = prepare
         self.unpack = unpack
+        # The per-window diagnostics (grad_norm, clipped, and the loop's weight_norm); off
+        # only to measure what they cost (bench/train_step.py). Read when the step is traced.
+        self.extra_metrics = True
         # Float16 overflows are expected (that is what the loss scale probes); elsewhere a
         # non-finite update is skipped only when asked, else the loop stops at it.
         self.skips_non_finite = skip_non_finite or loss_scale is not None
@@ -165,8 +186,8 @@ class TrainStep:
     def replica_step(self, batch: dict):
         """Runs on each replica: accumulate k micro-batches, then all-reduce once.
 
-        Returns (all-reduced gradients, whether they are all finite, this replica's sums of
-        loss, correct and skipped).
+        Returns (all-reduced gradients, whether they are all finite, their global norm before
+        clipping, this replica's sums of loss, correct and skipped).
         """
         if self.unpack is not None:
             batch = self.unpack(batch)
@@ -183,17 +204,22 @@ class TrainStep:
         if self.moving_stats and (self.averages_stats or self.skips_non_finite):
             new = stats if self.averages_stats else [_value(v) for v in self.moving_stats]
             batchnorm.average_update(self.moving_stats, start, new, finite)
-        grads = clip_by_global_norm(grads, self.clip_norm)
+        # The global norm of the all-reduced gradients, before clipping (which reuses it).
+        norm = tf.linalg.global_norm(grads) if self.extra_metrics else None
+        grads = clip_by_global_norm(grads, self.clip_norm, norm)
         # Examples whose image was broken (weight 0: zero targets, no gradient).
         skipped = tf.reduce_sum(1.0 - batch["weight"])
-        return grads, finite, {"loss": loss, "correct": correct, "skipped": skipped}
+        norm = tf.constant(0.0) if norm is None else norm
+        return grads, finite, norm, {"loss": loss, "correct": correct, "skipped": skipped}
 
     def update(self, batch) -> tuple:
         """One optimizer update from one distributed global batch; returns (``StepMetrics``
         summed over replicas, whether the update was finite)."""
-        grads, finite, metrics = self.backend.each_replica(self.replica_step, args=(batch,))
+        grads, finite, norm, metrics = self.backend.each_replica(self.replica_step, args=(batch,))
         # Identical on every replica (computed after the all-reduce): skip or apply together.
         finite = self.backend.local_values(finite)[0]
+        norm = self.backend.local_values(norm)[0]
+        clipped = tf.cast(norm > self.clip_norm, tf.float32) if self.clip_norm else 0.0
         if self.skips_non_finite:
             # A cond with merge_call inside must sit in cross-replica context (as Keras'
             # LossScaleOptimizer does), so the apply re-enters the replicas from inside it.
@@ -206,7 +232,8 @@ class TrainStep:
         # TensorFlow's graph optimizer would run one on a constant input while compiling the
         # function (each rank then waits there for the others, outside of any step).
         count = tf.constant(float(self.global_batch_size))
-        return StepMetrics(**self.backend.reduce_sum(metrics), count=count), finite
+        sums = self.backend.reduce_sum(metrics)
+        return StepMetrics(**sums, count=count, grad_norm=norm, clipped=clipped), finite
 
     def _apply(self, grads):
         self.backend.each_replica(

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import compat
-from tfgpu.actions import LoopState, default_actions, phase
+from tfgpu.actions import LoopState, default_actions, eval_context, phase
 from tfgpu.build import Training, build, probe_input, train_batches, train_maker
 from tfgpu.config import Config, resolve
 from tfgpu.data import broken, memory, pipeline
@@ -83,9 +83,11 @@ class Evaluator:
                 sums = {k: sums[k] + float(out[k]) for k in EVAL_SUMS}
                 if self._per_class:
                     confusion = confusion + out["confusion"].numpy().astype(np.float64)
-        n = max(sums["count"], 1.0)
-        result = {k: sums[k] / n for k in ("loss", "top1", "top5")}
-        result = dict(result, num_examples=int(sums["count"]))
+        n, finite = max(sums["count"], 1.0), sums["count"] - sums["non_finite"]
+        result = {k: sums[k] / n for k in ("top1", "top5")}
+        # The loss of the examples whose logits are finite; None when there are none.
+        result["loss"] = sums["loss"] / finite if finite > 0 else None
+        result = dict(result, num_examples=int(sums["count"]), non_finite=int(sums["non_finite"]))
         if self._per_class:
             per_class = np.diag(confusion) / np.maximum(confusion.sum(axis=1), 1.0)
             result["per_class_accuracy"] = per_class.tolist()
@@ -96,7 +98,7 @@ class Evaluator:
 def _next_stop(actions, step: int, total_steps: int, steps_per_loop: int) -> int:
     """The next step at which some action is due by its step count, or the loop call ends."""
     stops = [total_steps, step + steps_per_loop]
-    stops += [(step // a.every + 1) * a.every for a in actions if a.every]
+    stops += [s for s in (a.next_stop(step) for a in actions) if s is not None]
     return min(stops)
 
 
@@ -106,7 +108,10 @@ def fit(training: Training, batches, actions, writer: RunWriter, input_ips=None)
     preemption). Returns {"images_per_sec", "skipped_records", "input_wait_fraction"}.
     ``input_ips``: images/s of the input alone (``build.probe_input``), logged with each window.
     """
-    loop = make_train_loop(training.step, training.global_step, training.skipped_updates)
+    max_skipped = training.config.optim.max_skipped_updates
+    loop = make_train_loop(
+        training.step, training.global_step, training.skipped_updates, max_skipped
+    )
     step, waited = int(training.global_step.numpy()), float(training.backend.wait_seconds.numpy())
     state = LoopState(training, writer, step, input_ips=input_ips, waited=waited)
     for action in actions:
@@ -119,9 +124,11 @@ def fit(training: Training, batches, actions, writer: RunWriter, input_ips=None)
             - state.step
         )
         phase("train", state.step)
-        totals, first_bad = loop(batches, tf.constant(n))
+        totals, first_bad, diverged = loop(batches, tf.constant(n))
         if int(first_bad) >= 0 and not training.step.skips_non_finite:
             raise NonFiniteLoss(f"non-finite loss or gradients at step {int(first_bad)}")
+        if int(diverged) >= 0:
+            raise NonFiniteLoss(_diverged(training, int(diverged)))
         state.step = int(training.global_step.numpy())
         state.window.add({k: float(v) for k, v in totals.items()}, n)
         state.skipped_records += int(float(totals["skipped"]))  # broken images, weight 0
@@ -133,7 +140,22 @@ def fit(training: Training, batches, actions, writer: RunWriter, input_ips=None)
         "skipped_records": state.skipped_records,
         "input_wait_fraction": state.window.input_wait_fraction(),
         "stopped": state.stopped,
+        "last_images_per_sec": state.images_per_sec,
     }
+
+
+def _diverged(training: Training, step: int) -> str:
+    """The line of a run stopped by --max_skipped_updates skipped updates in a row."""
+    m, total = training.config.optim.max_skipped_updates, int(training.skipped_updates.numpy())
+    if training.step.loss_scale is not None:
+        scale = float(training.step.loss_scale.scale.numpy())
+        why = f"with the float16 loss scale at its floor ({scale:g})"
+    else:
+        why = "with non-finite loss or gradients (--skip_non_finite)"
+    return (
+        f"training diverged at step {step}: {m} updates in a row skipped {why}, {total} of "
+        f"{step} updates skipped in all (--max_skipped_updates={m})"
+    )
 
 
 def weights_fingerprint(model: keras.Model) -> str:
@@ -198,7 +220,8 @@ def run(config: Config) -> dict:
     last_step = int(r.global_step.numpy())
     phase("final evaluation, save and export", last_step)
     final_eval = evaluate()  # first: the best (in the final checkpoint) takes it into account
-    writer.log_eval(last_step, final_eval)
+    ips = throughput["images_per_sec"] or throughput["last_images_per_sec"]
+    writer.log_eval(last_step, final_eval, eval_context(r, last_step, ips))
     if r.best is not None and final_eval:
         r.best.observe(last_step, final_eval)
     r.checkpoints.save(final=True)
@@ -282,7 +305,7 @@ def _summary(r: Training, final_eval: dict, throughput: dict, wall_time_s: float
         "global_batch_size": r.config.train.global_batch_size,
         "grad_accum_steps": r.plan.grad_accum_steps,
         "steps": int(r.global_step.numpy()),
-        "final_eval": {k: final_eval.get(k) for k in ("top1", "top5", "loss")},
+        "final_eval": {k: final_eval.get(k) for k in ("top1", "top5", "loss", "non_finite")},
         "train_images_per_sec": throughput["images_per_sec"],
         "input_wait_fraction": throughput["input_wait_fraction"],
         "input_images_per_sec": throughput["input_images_per_sec"],
