@@ -178,7 +178,8 @@ class TrainStep:
             lo = i * micro
             g, loss, correct = self._micro_step(images[lo : lo + micro], labels[lo : lo + micro])
             grads = [a + b for a, b in zip(grads, g)]
-            stats = [a + _value(v) for a, v in zip(stats, self.moving_stats)]
+            if self.averages_stats:  # else unused: no reads of every BatchNorm variable
+                stats = [a + _value(v) for a, v in zip(stats, self.moving_stats)]
             loss_sum += loss
             correct_sum += correct
         return grads, loss_sum, correct_sum, stats
