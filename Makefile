@@ -6,12 +6,16 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast install horovod bench
+.PHONY: demo test test-heavy test-fast install horovod bench
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
 test: install horovod
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
+
+# Everything, with the opt-in heavy tests too (tests/conftest.py: HEAVY_ENV).
+test-heavy: install horovod
+	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q --durations=25 tests
 
 # The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
 # cores, and no Horovod needed.

@@ -7,8 +7,6 @@ models users train: resnet18, densenet121 and efficientnet_b0 at small inputs.
 - the layers' own losses (regularizers) count once per update, whatever the split.
 """
 
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -19,18 +17,9 @@ from tfgpu.distribute import backends
 from tfgpu.step import TrainStep
 
 GLOBAL_BATCH, UPDATES, SIZE = 8, 2, 32  # keras.applications needs 32x32 at least
-# densenet121 traces for ~2 minutes on 2 cores (121 BatchNorm layers): it runs when
-# TFGPU_HEAVY_TESTS=1, and resnet18 and one keras.applications family always.
-MODELS = [
-    "resnet18",
-    "efficientnet_b0",
-    pytest.param(
-        "densenet121",
-        marks=pytest.mark.skipif(
-            not os.environ.get("TFGPU_HEAVY_TESTS"), reason="set TFGPU_HEAVY_TESTS=1 (~4 min)"
-        ),
-    ),
-]
+# densenet121 traces for ~2 minutes on 2 cores (121 BatchNorm layers): it is heavy (opt-in,
+# tests/conftest.py), and resnet18 and one keras.applications family always run.
+MODELS = ["resnet18", "efficientnet_b0", pytest.param("densenet121", marks=pytest.mark.heavy)]
 # Without sync the code path is the same for every family (the moving statistics of every
 # BatchNorm layer, whatever the network): resnet18 keeps the suite's time.
 UNSYNCED_MODELS = ["resnet18"]

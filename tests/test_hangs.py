@@ -81,9 +81,10 @@ def _ended(proc, started: float, output: Output) -> dict:
 
 
 def _wait_for_training(output: Output) -> None:
-    """Until the chief says it starts training (its start-up line)."""
+    """Until the chief enters the training loop (it says it traces the step): from then
+    on a signal no longer finds it at start-up."""
     deadline = time.time() + BOUND_S
-    while "crops resized" not in output.text and time.time() < deadline:
+    while "tracing the train step" not in output.text and time.time() < deadline:
         time.sleep(0.2)
 
 

@@ -117,6 +117,10 @@ def fit(training: Training, batches, actions, writer: RunWriter, input_ips=None)
     for action in actions:
         if action.at_start and action.due(state):
             action(state)
+    if not state.last:
+        # Tracing (and XLA compiling) the step takes from seconds to minutes for the big
+        # nets; say so, or the run looks stuck.
+        writer.info(f"step {state.step}: tracing the train step, the first window takes longer")
     while not state.last and not state.stopped:
         t = training.config.train
         n = (
