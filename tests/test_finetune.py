@@ -16,7 +16,7 @@ import tensorflow as tf
 from conftest import TINY_RUN, make_image_arrays
 from keras import layers
 
-from tfgpu import finetune, models, optim, pretrained, train
+from tfgpu import compat, finetune, models, optim, pretrained, train
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.convert import plan
 from tfgpu.convert.items import items_from_arrays
@@ -184,6 +184,29 @@ def test_an_unfrozen_backbone_starts_adam_as_a_new_optimizer():
     fresh.apply([grads[[id(v) for v in model.trainable_variables].index(id(kernel))]], [copy])
     np.testing.assert_allclose(kernel.numpy(), copy.numpy(), rtol=1e-6, atol=1e-8)
     assert [int(o.iterations.numpy()) for o in grouped.optimizers] == [4, 1]
+
+
+@pytest.mark.fast
+def test_ema_weights_leave_a_backbone_never_trained_as_it_is():
+    # The groups are built before --init_weights is loaded (build.build), so a frozen group's
+    # average holds the weights as built until its first update: evaluation must not use it.
+    config = _config(freeze="backbone", unfreeze_after_steps=3, ema_decay=0.5)
+    keras.utils.set_random_seed(0)
+    model = _stand_in()
+    grouped = finetune.build_optimizer(config, model, total_steps=10)
+    pretrained.freeze_backbone(model)
+    grouped.build(model.trainable_variables)
+    kernel = model.get_layer("efficientnetb0").get_layer("stem_conv").kernel
+    kernel.assign(kernel.numpy() + 1.0)  # as a weights file loaded after the build
+    loaded = kernel.numpy()
+    head = model.get_layer("logits").kernel
+    for i in range(2):
+        grouped.apply(_grads(model.trainable_variables, i), model.trainable_variables)
+    trained = head.numpy()
+    with compat.ema_weights(grouped):
+        np.testing.assert_array_equal(kernel.numpy(), loaded)
+        assert not np.array_equal(head.numpy(), trained)  # the head's average is swapped in
+    np.testing.assert_array_equal(head.numpy(), trained)
 
 
 def _batches(n, seed=0):
