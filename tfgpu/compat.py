@@ -34,11 +34,18 @@ class _OwnAllReduceMixin:
         return list(grads_and_vars)
 
 
+def _members(optimizer) -> list:
+    """The Keras optimizers of ``optimizer``: itself, or a ``finetune.GroupedOptimizer``'s."""
+    return list(getattr(optimizer, "optimizers", [optimizer]))
+
+
 def without_implicit_all_reduce(optimizer):
-    """Returns ``optimizer`` re-classed so that ``apply`` does not all-reduce again."""
-    cls = type(optimizer)
-    if not issubclass(cls, _OwnAllReduceMixin):
-        optimizer.__class__ = type(cls.__name__, (_OwnAllReduceMixin, cls), {})
+    """Returns ``optimizer`` re-classed (each of a group's) so that ``apply`` does not
+    all-reduce again."""
+    for member in _members(optimizer):
+        cls = type(member)
+        if not issubclass(cls, _OwnAllReduceMixin):
+            member.__class__ = type(cls.__name__, (_OwnAllReduceMixin, cls), {})
     return optimizer
 
 
@@ -46,12 +53,16 @@ def without_implicit_all_reduce(optimizer):
 def ema_weights(optimizer):
     """Inside, the trained variables hold their exponential moving averages (an optimizer
     built with ``use_ema``); outside, their trained values again. Keras exports only the
-    one-way ``finalize_variable_values``."""
-    if not optimizer.use_ema:
+    one-way ``finalize_variable_values``. An optimizer never applied (a group of a backbone
+    still frozen) has no average yet: its variables stay as they are."""
+    variables, averages = [], []
+    for member in _members(optimizer):
+        if member.use_ema and int(member.iterations.numpy()) > 0:
+            variables += member._trainable_variables
+            averages += member._model_variables_moving_average
+    if not variables:
         yield
         return
-    variables = optimizer._trainable_variables
-    averages = optimizer._model_variables_moving_average
     trained = [v.numpy() for v in variables]
     for var, average in zip(variables, averages):
         var.assign(average)
