@@ -90,6 +90,7 @@ def test_node_local_model_dirs_resume_from_the_chief_mwms(small_dataset, uninter
     assert len(hashes) == 1  # the non-chief ended identical, with no files of its own
 
 
+@pytest.mark.heavy  # the MWMS case above shows the contract; this one is the other backend
 def test_node_local_model_dirs_resume_from_the_chief_horovod(
     small_dataset, uninterrupted, tmp_path, horovodrun_tfgpu
 ):
@@ -173,6 +174,7 @@ def test_two_workers_then_one_process_ends_bit_identical(small_dataset, tmp_path
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.heavy  # the worker count changes in the tests beside it, both ways round here
 def test_one_process_then_two_workers(small_dataset, uninterrupted, tmp_path):
     _default(small_dataset, tmp_path / "run", 3)
     out = _two_workers(small_dataset, tmp_path / "run", 6)

@@ -235,7 +235,7 @@ def _train_steps(config, updates=3, batch=8):
 
 
 @pytest.mark.slow  # 4 short TrainStep runs: ~10 s
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("optimizer", [pytest.param("sgd", marks=pytest.mark.heavy), "adamw"])
 def test_groups_at_multiplier_1_step_bit_for_bit_as_one_optimizer(optimizer):
     plain, one = _train_steps(_config(optimizer=optimizer, layer_lr_decay=1.0))
     assert not isinstance(one, finetune.GroupedOptimizer)  # D = 1: the plain path itself
