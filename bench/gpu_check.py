@@ -1,0 +1,521 @@
+"""The first minutes on a GPU machine: is tfgpu as fast as it should be here, and is the step
+where it should be? One command, one table (~8 minutes on one GPU):
+
+    python bench/gpu_check.py [--reference=a100|v100|t4] [--time_budget_s=480]
+    python bench/gpu_check.py --dry_run      # every path on a CPU, in seconds (no figures)
+
+Rows:
+  <model> <setting>: images/s of tfgpu's train loop (``loops.make_train_loop`` over
+      ``build.build``'s step) on synthetic ImageNet-shaped batches, float32, mixed_float16 and
+      mixed_float16 + XLA, at the largest batch that fits (doubling from --start_batch up to
+      --max_batch; halving instead when the first one runs out of memory), next to NVIDIA's
+      published single-GPU training throughput for that model and precision and the ratio.
+      resnet50 always; then efficientnet_b0 and densenet121 while --time_budget_s lasts.
+  input pipeline: images/s of tfgpu's reader on a small generated TFRecord set with the
+      resize on the device (what --resize_on=auto does with a GPU): the reader alone, and the
+      reader plus the step's resize and preparation on the device.
+  ops with a GPU kernel: every op of the train step (``compat.ops_without_gpu_kernel``, the
+      check of tests/test_gpu_kernels.py) has a GPU kernel for its dtypes.
+  ops placed on the CPU: what TensorFlow's placer logged for the step's ops on this machine
+      (``tf.debugging.set_log_device_placement``), function inputs and outputs aside.
+  all-reduces per update: the backend's count of gradient all-reduces against the updates
+      run (what tests/test_step.py asserts), and on 2+ GPUs the collective ops in the loop's
+      graph: one NcclAllReduce per replica is one batched NCCL all-reduce per update.
+
+Without a GPU it prints one line and exits 2, unless --dry_run (tiny_cnn at 32x32, batches of
+2-4, 1-2 updates: every path runs, nothing is a measurement; GPU-only cells say "skipped: no
+GPU") or --allow_cpu (the real sizes on the CPU: slow). Exit 1 when a check fails.
+"""
+
+import argparse
+import collections
+import ctypes
+import dataclasses
+import gc
+import os
+import re
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from calibration import calibration  # noqa: E402
+
+MODELS = ("resnet50", "efficientnet_b0", "densenet121")
+SETTINGS = (  # (row name, dtype policy, XLA)
+    ("float32", "float32", False),
+    ("mixed_float16", "mixed_float16", False),
+    ("mixed_float16 + XLA", "mixed_float16", True),
+)
+NUM_CLASSES = 1000  # ImageNet's, as in NVIDIA's figures
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    images_per_sec: float
+    what: str  # the published configuration, for the table
+
+
+# NVIDIA's published training throughput on ONE GPU (images/s, ImageNet 224x224 from
+# TFRecords, XLA on in every figure they publish), from NVIDIA/DeepLearningExamples at master
+# (commit 729963dd, 2024), the newest version of each README:
+# - resnet50: TensorFlow/Classification/ConvNets/resnet50v1.5/README.md, "Training performance
+#   results" (TF1 20.06 container: their TensorFlow2 ConvNets hold no ResNet-50; this is the
+#   same ResNet-50 v1.5). A100 = DGX A100 40GB, TF32 for float32; V100 = DGX-1 V100 16GB.
+# - efficientnet_b0: TensorFlow2/Classification/ConvNets/efficientnet_v1/README.md, "Training
+#   performance results for EfficientNet v1-B0" (21.09-tf2 container, AutoAugment on the
+#   host). A100 = DGX A100 80GB, TF32 for float32; V100 = DGX-1 V100 32GB.
+# - densenet121: in none of their TensorFlow tables. T4: they publish T4 inference only.
+# Both tables publish float16 with XLA only: the mixed_float16 row without XLA is held
+# against that same figure, and says so.
+REFERENCES = {
+    "a100": {
+        ("resnet50", "float32"): Reference(909, "TF32+XLA b256, A100 40GB"),
+        ("resnet50", "mixed_float16"): Reference(2375, "AMP+XLA b256, A100 40GB"),
+        ("efficientnet_b0", "float32"): Reference(1209, "TF32+XLA b512, A100 80GB"),
+        ("efficientnet_b0", "mixed_float16"): Reference(3454, "AMP+XLA b1024, A100 80GB"),
+    },
+    "v100": {
+        ("resnet50", "float32"): Reference(412, "FP32+XLA b128, V100 16GB"),
+        ("resnet50", "mixed_float16"): Reference(1270, "AMP+XLA b256, V100 16GB"),
+        ("efficientnet_b0", "float32"): Reference(752, "FP32+XLA b256, V100 32GB"),
+        # NVIDIA's README: B0 gains little from AMP there, its CPU AutoAugment is the bound.
+        ("efficientnet_b0", "mixed_float16"): Reference(868, "AMP+XLA b512, V100 32GB"),
+    },
+    "t4": {},
+}
+
+
+@dataclasses.dataclass
+class Row:
+    check: str
+    measured: str
+    reference: str = "-"
+    ratio: str = "-"
+    notes: str = ""
+    ok: bool | None = None  # None: not a pass/fail check (or skipped)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    images_per_sec: float
+    batch: int
+    updates: int  # global_step after the run
+    all_reduces: int  # the backend's count of gradient all-reduces
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reference", default="a100", choices=sorted(REFERENCES))
+    p.add_argument("--time_budget_s", type=float, default=480.0, help="for the other models")
+    p.add_argument("--models", default=",".join(MODELS), help="the first always runs")
+    p.add_argument("--image_size", type=int, default=224)
+    p.add_argument("--start_batch", type=int, default=128)
+    p.add_argument("--max_batch", type=int, default=512)
+    p.add_argument("--warmup_steps", type=int, default=5, help="untimed: trace, compile, tune")
+    p.add_argument("--steps", type=int, default=20, help="timed updates per measurement")
+    p.add_argument("--input_batch", type=int, default=128)
+    p.add_argument("--input_images", type=int, default=512, help="generated JPEGs")
+    p.add_argument("--input_seconds", type=float, default=5.0)
+    p.add_argument("--cache_dir", default=os.path.expanduser("~/.cache/tfgpu/gpu_check"))
+    p.add_argument("--dry_run", action="store_true", help="every path on a CPU, tiny sizes")
+    p.add_argument("--allow_cpu", action="store_true", help="run the real sizes without GPU")
+    args = p.parse_args(argv)
+    if args.dry_run:  # tiny everything; the data goes to a temporary folder, not the cache
+        tiny = dict(image_size=32, start_batch=2, max_batch=4, warmup_steps=1, steps=1)
+        tiny.update(input_batch=4, input_images=16, input_seconds=0.3, cache_dir="")
+        args = argparse.Namespace(**{**vars(args), **tiny})
+    return args
+
+
+# --- TensorFlow's placement log --------------------------------------------------------
+
+PLACED = re.compile(r"^(?P<node>[^\s:][^:]*): \((?P<op>\w+)\): (?P<device>/\S+)$", re.M)
+# Where a function's inputs arrive and its outputs leave: placed with the data, not a kernel.
+BOUNDARY_OPS = frozenset({"_Arg", "_Retval", "_DeviceArg", "_DeviceRetval"})
+
+
+def log_placement_to_file() -> int:
+    """Before TensorFlow starts: turns on its placement log, whose lines TensorFlow prints to
+    the process's stdout (C's printf), and sends them to a temporary file; this script's own
+    output keeps going to the real stdout. Returns the file's descriptor (now fd 1)."""
+    import tensorflow as tf
+
+    real = os.dup(1)
+    log = tempfile.TemporaryFile()
+    os.dup2(log.fileno(), 1)
+    sys.stdout = os.fdopen(real, "w", buffering=1)
+    tf.debugging.set_log_device_placement(True)  # only read when the runtime starts
+    return 1
+
+
+def native_log_size(fd: int) -> int:
+    """Bytes TensorFlow has printed into the placement log so far (C buffers flushed)."""
+    ctypes.CDLL(None).fflush(None)
+    return os.fstat(fd).st_size
+
+
+def placed_ops(fd: int, start: int) -> list[tuple[str, str]]:
+    """(op type, device) of each op the placer logged after byte ``start`` of the log."""
+    end = native_log_size(fd)
+    text = os.pread(fd, end - start, start).decode(errors="replace")
+    return [(m["op"], m["device"]) for m in PLACED.finditer(text) if m["op"] not in BOUNDARY_OPS]
+
+
+# --- building and timing the train loop -------------------------------------------------
+
+
+def run_config(args, model: str, dtype: str, jit: bool, batch: int, **settings):
+    """The Config of one measured run: tfgpu's defaults but for the model, precision and
+    batch, synthetic batches unless ``settings`` name a data_dir; no checkpoints kept."""
+    from tfgpu.config import config_from, validate
+
+    base = dict(synthetic_data=True, num_classes=NUM_CLASSES)
+    base.update(settings)
+    return validate(
+        config_from(
+            model="tiny_cnn" if args.dry_run else model,
+            small_input=args.dry_run,
+            image_size=args.image_size,
+            dtype=dtype,
+            jit_compile=jit,
+            global_batch_size=batch,
+            train_steps=10**6,
+            model_dir=tempfile.mkdtemp(dir=args.work_dir),
+            **base,
+        )
+    )
+
+
+def build_training(config, strategy: str = "default"):
+    """``build.build`` of ``config`` on a fresh backend (its own all-reduce counter)."""
+    from tfgpu import build
+    from tfgpu.data.spec import load_spec
+    from tfgpu.distribute.backends import build_backend
+
+    return build.build(config, build_backend(strategy, config.dist), load_spec(config.data))
+
+
+def out_of_memory(error) -> bool:
+    import tensorflow as tf
+
+    return isinstance(error, tf.errors.ResourceExhaustedError) or "out of memory" in str(error)
+
+
+def measure(args, model: str, dtype: str, jit: bool, batch: int) -> Measured | None:
+    """Images/s of the train loop at ``batch`` (``--steps`` updates in one call, after an
+    untimed call of ``--warmup_steps``), or None when the device runs out of memory."""
+    import keras
+    import tensorflow as tf
+
+    from tfgpu import build, loops
+
+    keras.backend.clear_session()  # the previous run's objects go: its device memory is free
+    gc.collect()
+    try:
+        run = build_training(run_config(args, model, dtype, jit, batch))
+        loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
+        batches = build.train_batches(run, start_step=0)
+        loop(batches, tf.constant(args.warmup_steps))[0]["loss"].numpy()
+        start = time.perf_counter()
+        loop(batches, tf.constant(args.steps))[0]["loss"].numpy()
+        seconds = time.perf_counter() - start
+        counts = int(run.global_step.numpy()), int(run.backend.all_reduce_calls.numpy())
+    except tf.errors.OpError as error:
+        if not out_of_memory(error):
+            raise
+        return None
+    return Measured(args.steps * batch / seconds, batch, *counts)
+
+
+def largest_batch(fits, start: int, cap: int):
+    """``(b, fits(b))`` for the largest b tried that fits: doubling from ``start`` while 2b <=
+    ``cap``, or, when ``start`` does not fit, halving until one does; None if none does.
+    ``fits(b)`` returns a result, or None when b runs out of memory."""
+    b, best, halving = min(start, cap), None, False
+    while b >= 1:
+        result = fits(b)
+        if result is None:
+            if best is not None:
+                return best
+            b, halving = b // 2, True
+            continue
+        best = (b, result)
+        if halving or 2 * b > cap:
+            return best
+        b *= 2
+    return None
+
+
+# --- the rows ---------------------------------------------------------------------------
+
+
+def throughput_row(args, model: str, setting: tuple, measured, skipped: str = "") -> Row:
+    """One model x setting row: images/s at the batch found (``skipped``: why not measured),
+    NVIDIA's figure for --reference, the ratio."""
+    name, dtype, _ = setting
+    ref = REFERENCES[args.reference].get((model, dtype))
+    row = Row(f"{model} {name}", skipped or "out of memory at batch 1")
+    if measured is not None:
+        row.measured = f"{measured.images_per_sec:,.0f} img/s (batch {measured.batch})"
+    if ref is None:
+        row.reference = "n/a (not published)"
+    else:
+        row.reference = f"{ref.images_per_sec:,.0f} ({ref.what})"
+    if ref is not None and measured is not None and not args.dry_run:
+        row.ratio = f"{measured.images_per_sec / ref.images_per_sec:.2f}"
+    if args.dry_run and not skipped:
+        row.notes = f"dry run: tiny_cnn {args.image_size}x{args.image_size} on the CPU"
+    return row
+
+
+def search(args, model: str, setting: tuple, start: int):
+    """``largest_batch`` of ``model`` under ``setting`` (name, dtype, XLA) from ``start``."""
+    _, dtype, jit = setting
+    return largest_batch(lambda b: measure(args, model, dtype, jit, b), start, args.max_batch)
+
+
+def measure_model(args, model: str, starts=None, deadline=None, estimates=None):
+    """The three settings of ``model``. Without ``starts`` ({setting: batch}), each search
+    starts from the batch the previous one found (float16 activations take half the memory:
+    from twice float32's). With ``deadline``, a setting whose ``estimates`` [s] would pass it
+    is skipped. Returns (rows, {setting: Measured or None}, {setting: seconds taken})."""
+    rows, found, seconds = [], {}, {}
+    start = args.start_batch
+    for setting in SETTINGS:
+        name = setting[0]
+        check = f"{model} {name}"
+        start = starts[name] if starts else start
+        if deadline is not None and time.monotonic() + estimates[name] > deadline:
+            rows.append(throughput_row(args, model, setting, None, "skipped: --time_budget_s"))
+            continue
+        began = time.monotonic()
+        best = search(args, model, setting, start)
+        seconds[name] = time.monotonic() - began
+        found[name] = best[1] if best else None
+        rows.append(throughput_row(args, model, setting, found[name]))
+        print(f"  {check}: {rows[-1].measured} ({seconds[name]:.0f} s)", flush=True)
+        if best and not starts:
+            start = best[0] * 2 if name == "float32" else best[0]
+    return rows, found, seconds
+
+
+def all_reduce_row(measured: Measured) -> Row:
+    """One gradient all-reduce per update, as the backend counted them in a measured run."""
+    ok = measured.all_reduces == measured.updates > 0
+    text = f"{measured.all_reduces / max(measured.updates, 1):g} per update "
+    text += f"({measured.all_reduces} in {measured.updates} updates, one device)"
+    return Row("gradient all-reduces per update", text if ok else "FAIL: " + text, ok=ok)
+
+
+def collective_ops(concrete) -> collections.Counter:
+    """Op types of the collectives in a concrete function's graph and its functions."""
+    graph_def = concrete.graph.as_graph_def()
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    names = ("Nccl", "Collective", "Horovod")
+    return collections.Counter(n.op for n in nodes if n.op.startswith(names))
+
+
+def replicated_loop(args, replicas: int, all_reduce_alg: str, run_updates: int):
+    """A mirrored train loop over ``replicas`` devices (every GPU; 2 logical CPU devices in a
+    dry run), mixed_float16, 32 images a replica (2 in a dry run): (collective ops in its
+    graph, updates run, gradient all-reduces counted)."""
+    import keras
+    import tensorflow as tf
+
+    from tfgpu import build, loops
+
+    batch = replicas * (2 if args.dry_run else 32)
+    config = run_config(
+        args, MODELS[0], "mixed_float16", False, batch, strategy="mirrored",
+        all_reduce_alg=all_reduce_alg,
+    )  # fmt: skip
+    run = build_training(config, "mirrored")
+    loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
+    batches = build.train_batches(run, start_step=0)
+    ops = collective_ops(loop.get_concrete_function(batches, tf.constant(1)))
+    if run_updates:
+        loop(batches, tf.constant(run_updates))[0]["loss"].numpy()
+    counts = int(run.global_step.numpy()), int(run.backend.all_reduce_calls.numpy())
+    keras.backend.clear_session()
+    return ops, *counts
+
+
+def nccl_row(args, num_gpus: int) -> Row:
+    """On 2+ GPUs: the collectives of a mirrored loop (one NcclAllReduce per replica is one
+    batched NCCL all-reduce per update) and its all-reduce count."""
+    name = "NCCL all-reduce, 2+ GPUs"
+    if num_gpus == 1 or (num_gpus == 0 and not args.dry_run):
+        return Row(name, f"skipped: {num_gpus} GPU (needs 2+)" if num_gpus else "skipped: no GPU")
+    if num_gpus == 0:  # dry run: NCCL traced (it cannot run on CPUs), the count from auto
+        ops, _, _ = replicated_loop(args, 2, "nccl", 0)
+        _, updates, reduces = replicated_loop(args, 2, "auto", 2)
+        note = "dry run, 2 logical CPU devices: traced with --all_reduce_alg=nccl: "
+        note += f"{dict(ops)}; run with auto: {reduces} all-reduces in {updates} updates"
+        return Row(name, "skipped: no GPU", notes=note)
+    n = num_gpus
+    ops, updates, reduces = replicated_loop(args, n, "auto", 2)
+    ok = ops.get("NcclAllReduce", 0) == n and reduces == updates
+    text = f"{ops.get('NcclAllReduce', 0)} NcclAllReduce ops for {n} replicas; "
+    text += f"{reduces} all-reduces in {updates} updates"
+    return Row(name, text if ok else "FAIL: " + text, notes=f"collectives: {dict(ops)}", ok=ok)
+
+
+def step_rows(args, log_fd: int, num_gpus: int) -> list[Row]:
+    """The step as it trains on a GPU machine (mixed_float16, generated JPEGs, crops resized
+    on the device): its ops' GPU kernels, where the placer put them, and the input rate."""
+    import keras
+    import tensorflow as tf
+
+    from tfgpu import build, compat
+    from input_pipeline import build_data
+
+    cache = args.cache_dir or tempfile.mkdtemp(dir=args.work_dir)
+    data_dir, _ = build_data(cache, args.input_images)
+    config = run_config(
+        args, MODELS[0], "mixed_float16", False, args.input_batch, synthetic_data=False,
+        data_dir=data_dir, num_classes=10, resize_on="device", in_memory="off",
+    )  # fmt: skip
+    training = build_training(config)
+    batches = build.train_batches(training, start_step=0)
+    batch = next(batches)
+    update = tf.function(training.step.update)
+    missing = compat.ops_without_gpu_kernel(update, batch)  # traces it
+    start = native_log_size(log_fd)
+    update(batch)  # its first call places every op: the placer logs each
+    rows = [kernel_row(missing), placement_row(placed_ops(log_fd, start), num_gpus)]
+    rows.append(input_row(args, training, batches))
+    keras.backend.clear_session()
+    return rows
+
+
+def kernel_row(missing: set) -> Row:
+    if missing:
+        text = "FAIL: none for " + ", ".join(sorted(missing))
+        return Row("train step ops with a GPU kernel", text, ok=False)
+    return Row("train step ops with a GPU kernel", "all", notes="kernel registry", ok=True)
+
+
+def placement_row(placed: list, num_gpus: int) -> Row:
+    name = "train step ops placed on the CPU"
+    on_cpu = sorted({op for op, device in placed if ":CPU:" in device})
+    if not placed:
+        return Row(name, "n/a: TensorFlow logged no placement")
+    count = sum(":CPU:" in device for _, device in placed)
+    if not num_gpus:
+        note = f"placement log read: {count} of {len(placed)} ops on a CPU, as there is no GPU"
+        return Row(name, "skipped: no GPU", notes=note)
+    if on_cpu:
+        return Row(name, f"FAIL: {count} of {len(placed)}: {', '.join(on_cpu)}", ok=False)
+    return Row(name, f"0 of {len(placed)}", notes="function inputs/outputs aside", ok=True)
+
+
+def input_row(args, training, batches) -> Row:
+    """Images/s of the reader alone (``build.probe_input``) and of the reader plus the step's
+    resize and preparation on the device (``step.unpack``, ``step.prepare``) on ``batches``,
+    the training's distributed train batches."""
+    import tensorflow as tf
+
+    from tfgpu import build
+
+    make = build.train_maker(training, 0)
+    alone = build.probe_input(training, make, args.input_seconds)
+    step = training.step
+
+    @tf.function
+    def on_device(batch):
+        images, _ = step.prepare(step.unpack(batch))
+        return tf.reduce_sum(images)  # the whole resize, not a part the graph could prune
+
+    on_device(next(batches)).numpy()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < args.input_seconds or not count:
+        on_device(next(batches)).numpy()
+        count += 1
+    rate = count * training.plan.replica_batch / (time.perf_counter() - start)
+    text = f"{rate:,.0f} img/s (reader alone {alone:,.0f})"
+    note = f"{args.input_images} generated JPEGs 350-500 px, batch {args.input_batch}, "
+    note += f"{len(os.sched_getaffinity(0))} host cores"
+    return Row("input pipeline, resize on device", text, "n/a (not published)", notes=note)
+
+
+# --- the run ----------------------------------------------------------------------------
+
+
+def device_names() -> str:
+    """ "GPU:0 <name> (compute X.Y), ..." or the CPU devices when there is no GPU."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "no GPU; " + ", ".join(d.name for d in tf.config.list_logical_devices("CPU"))
+    names = []
+    for gpu in gpus:
+        details = tf.config.experimental.get_device_details(gpu)
+        cc = ".".join(str(v) for v in details.get("compute_capability", ()))
+        names.append(f"{gpu.name.split(':', 1)[1]} {details.get('device_name', '?')} ({cc})")
+    return ", ".join(names)
+
+
+def print_table(rows: list[Row], reference: str) -> None:
+    print(
+        "\nNVIDIA: DeepLearningExamples' published training images/s on one GPU, ImageNet from "
+        "TFRecords, XLA on (REFERENCES in bench/gpu_check.py names the tables)"
+    )
+    print(f"| check | measured | NVIDIA, 1x {reference.upper()} | measured / NVIDIA | notes |")
+    print("|---|---|---|---:|---|")
+    for r in rows:
+        print(f"| {r.check} | {r.measured} | {r.reference} | {r.ratio} | {r.notes} |")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:  # XLA only has to run there: compile without LLVM's optimizations
+        os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    log_fd = log_placement_to_file()
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")  # retracing notes: each measurement builds a new loop
+    from tfgpu.distribute import devices
+
+    devices.configure_devices(2 if args.dry_run else 1)  # dry run: 2 replicas for mirrored
+    num_gpus = len(tf.config.list_physical_devices("GPU"))
+    if not num_gpus and not (args.dry_run or args.allow_cpu):
+        print("gpu_check: no GPU is visible to TensorFlow (--dry_run or --allow_cpu to go on)")
+        return 2
+    started = time.monotonic()
+    print(f"calibration: {calibration()}")
+    print(f"devices: {device_names()}; TF {tf.__version__}" + (" (DRY RUN)" * args.dry_run))
+    with tempfile.TemporaryDirectory() as work_dir:
+        args.work_dir = work_dir
+        rows = run_checks(args, log_fd, num_gpus, started)
+    print_table(rows, args.reference)
+    print(f"\n{time.monotonic() - started:.0f} s in all")
+    return 1 if any(r.ok is False for r in rows) else 0
+
+
+def run_checks(args, log_fd: int, num_gpus: int, started: float) -> list[Row]:
+    """Every row: the step and input checks first (cheap), the first model (it also gives the
+    all-reduce count), 2+ GPUs, then the other models while --time_budget_s lasts."""
+    first, *others = args.models.split(",")
+    print("train step and input pipeline ...", flush=True)
+    checks = step_rows(args, log_fd, num_gpus)
+    print(f"{first} ({time.monotonic() - started:.0f} s) ...", flush=True)
+    rows, found, seconds = measure_model(args, first)
+    if found["float32"] is not None:
+        checks.append(all_reduce_row(found["float32"]))
+    print(f"all-reduces on 2+ devices ({time.monotonic() - started:.0f} s) ...", flush=True)
+    checks.append(nccl_row(args, num_gpus))
+    starts = {name: (m.batch if m else args.start_batch) for name, m in found.items()}
+    deadline = started + args.time_budget_s
+    for model in others:
+        print(f"{model} ({time.monotonic() - started:.0f} s) ...", flush=True)
+        rows += measure_model(args, model, starts, deadline, seconds)[0]
+    return rows + checks
+
+
+if __name__ == "__main__":
+    sys.exit(main())
