@@ -38,8 +38,6 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from calibration import calibration  # noqa: E402
@@ -51,6 +49,7 @@ SETTINGS = (  # (row name, dtype policy, XLA)
     ("mixed_float16 + XLA", "mixed_float16", True),
 )
 NUM_CLASSES = 1000  # ImageNet's, as in NVIDIA's figures
+GO_ON = "--dry_run or --allow_cpu to go on without one"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +116,7 @@ def parse_args(argv):
     p.add_argument("--max_batch", type=int, default=512)
     p.add_argument("--warmup_steps", type=int, default=5, help="untimed: trace, compile, tune")
     p.add_argument("--steps", type=int, default=20, help="timed updates per measurement")
-    p.add_argument("--input_batch", type=int, default=128)
+    p.add_argument("--input_batch", type=int, default=64, help="also the step checks' batch")
     p.add_argument("--input_images", type=int, default=512, help="generated JPEGs")
     p.add_argument("--input_seconds", type=float, default=5.0)
     p.add_argument("--cache_dir", default=os.path.expanduser("~/.cache/tfgpu/gpu_check"))
@@ -131,6 +130,11 @@ def parse_args(argv):
     return args
 
 
+def first_model(args) -> str:
+    """The model of the step checks and of the 2+ GPU run: the first of --models."""
+    return args.models.split(",")[0]
+
+
 # --- TensorFlow's placement log --------------------------------------------------------
 
 PLACED = re.compile(r"^(?P<node>[^\s:][^:]*): \((?P<op>\w+)\): (?P<device>/\S+)$", re.M)
@@ -139,11 +143,12 @@ BOUNDARY_OPS = frozenset({"_Arg", "_Retval", "_DeviceArg", "_DeviceRetval"})
 
 
 def log_placement_to_file() -> int:
-    """Before TensorFlow starts: turns on its placement log, whose lines TensorFlow prints to
-    the process's stdout (C's printf), and sends them to a temporary file; this script's own
-    output keeps going to the real stdout. Returns the file's descriptor (now fd 1)."""
-    import tensorflow as tf
+    """Before TensorFlow's runtime starts: turns on its placement log, whose lines TensorFlow
+    prints to the process's stdout (C's printf), and sends them to a temporary file; this
+    script's own output keeps going to the real stdout. Returns the file's descriptor (fd 1)."""
+    from tfgpu import startup
 
+    tf = startup.import_tensorflow()  # without its start-up notices
     real = os.dup(1)
     log = tempfile.TemporaryFile()
     os.dup2(log.fileno(), 1)
@@ -200,9 +205,13 @@ def build_training(config, strategy: str = "default"):
 
 
 def out_of_memory(error) -> bool:
+    """Whether a TensorFlow error is the device running out of memory (XLA and cuDNN may
+    report it as another error type, with these words)."""
     import tensorflow as tf
 
-    return isinstance(error, tf.errors.ResourceExhaustedError) or "out of memory" in str(error)
+    text = str(error).lower()
+    oom = "out of memory" in text or "oom when allocating" in text
+    return isinstance(error, tf.errors.ResourceExhaustedError) or oom
 
 
 def measure(args, model: str, dtype: str, jit: bool, batch: int) -> Measured | None:
@@ -330,7 +339,7 @@ def replicated_loop(args, replicas: int, all_reduce_alg: str, run_updates: int):
 
     batch = replicas * (2 if args.dry_run else 32)
     config = run_config(
-        args, MODELS[0], "mixed_float16", False, batch, strategy="mirrored",
+        args, first_model(args), "mixed_float16", False, batch, strategy="mirrored",
         all_reduce_alg=all_reduce_alg,
     )  # fmt: skip
     run = build_training(config, "mirrored")
@@ -376,7 +385,7 @@ def step_rows(args, log_fd: int, num_gpus: int) -> list[Row]:
     cache = args.cache_dir or tempfile.mkdtemp(dir=args.work_dir)
     data_dir, _ = build_data(cache, args.input_images)
     config = run_config(
-        args, MODELS[0], "mixed_float16", False, args.input_batch, synthetic_data=False,
+        args, first_model(args), "mixed_float16", False, args.input_batch, synthetic_data=False,
         data_dir=data_dir, num_classes=10, resize_on="device", in_memory="off",
     )  # fmt: skip
     training = build_training(config)
@@ -457,7 +466,8 @@ def device_names() -> str:
         details = tf.config.experimental.get_device_details(gpu)
         cc = ".".join(str(v) for v in details.get("compute_capability", ()))
         names.append(f"{gpu.name.split(':', 1)[1]} {details.get('device_name', '?')} ({cc})")
-    return ", ".join(names)
+    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    return ", ".join(names) + f"; TF32 {'on' if tf32 else 'off'} (float32 on Ampere and later)"
 
 
 def print_table(rows: list[Row], reference: str) -> None:
@@ -475,6 +485,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run:  # XLA only has to run there: compile without LLVM's optimizations
         os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    from tfgpu import startup
+
+    if not (args.dry_run or args.allow_cpu or startup.has_nvidia_driver()):
+        print(f"gpu_check: no GPU is visible (no NVIDIA driver); {GO_ON}")
+        return 2
     log_fd = log_placement_to_file()
     import tensorflow as tf
 
@@ -484,7 +499,7 @@ def main(argv=None) -> int:
     devices.configure_devices(2 if args.dry_run else 1)  # dry run: 2 replicas for mirrored
     num_gpus = len(tf.config.list_physical_devices("GPU"))
     if not num_gpus and not (args.dry_run or args.allow_cpu):
-        print("gpu_check: no GPU is visible to TensorFlow (--dry_run or --allow_cpu to go on)")
+        print(f"gpu_check: no GPU is visible to TensorFlow (is its CUDA installed?); {GO_ON}")
         return 2
     started = time.monotonic()
     print(f"calibration: {calibration()}")
@@ -505,8 +520,9 @@ def run_checks(args, log_fd: int, num_gpus: int, started: float) -> list[Row]:
     checks = step_rows(args, log_fd, num_gpus)
     print(f"{first} ({time.monotonic() - started:.0f} s) ...", flush=True)
     rows, found, seconds = measure_model(args, first)
-    if found["float32"] is not None:
-        checks.append(all_reduce_row(found["float32"]))
+    runs = [m for m in found.values() if m is not None]
+    if runs:  # the all-reduce count of one device comes with the first measured run
+        checks.append(all_reduce_row(runs[0]))
     print(f"all-reduces on 2+ devices ({time.monotonic() - started:.0f} s) ...", flush=True)
     checks.append(nccl_row(args, num_gpus))
     starts = {name: (m.batch if m else args.start_batch) for name, m in found.items()}

@@ -64,9 +64,9 @@ def test_the_dry_run_prints_every_row_and_exits_0():
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
     out = _gpu_check()
     assert out.returncode == 2
-    assert out.stdout.strip().splitlines() == [
-        "gpu_check: no GPU is visible to TensorFlow (--dry_run or --allow_cpu to go on)"
-    ]
+    [line] = out.stdout.strip().splitlines()
+    assert line.startswith("gpu_check: no GPU is visible")
+    assert line.endswith("--dry_run or --allow_cpu to go on without one")
 
 
 def _load_gpu_check():
