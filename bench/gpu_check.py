@@ -175,24 +175,27 @@ def placed_ops(fd: int, start: int) -> list[tuple[str, str]]:
 
 def run_config(args, model: str, dtype: str, jit: bool, batch: int, **settings):
     """The Config of one measured run: tfgpu's defaults but for the model, precision and
-    batch, synthetic batches unless ``settings`` name a data_dir; no checkpoints kept."""
-    from tfgpu.config import config_from, validate
+    batch, synthetic batches unless ``settings`` name a data_dir; no checkpoints kept;
+    resolved for this machine as ``train.run`` resolves it."""
+    import tensorflow as tf
 
-    base = dict(synthetic_data=True, num_classes=NUM_CLASSES)
+    from tfgpu.config import config_from, resolve, validate
+
+    # A small rate: random labels must not drive a timed run to NaN (the loop would stop).
+    base = dict(synthetic_data=True, num_classes=NUM_CLASSES, learning_rate=0.01)
     base.update(settings)
-    return validate(
-        config_from(
-            model="tiny_cnn" if args.dry_run else model,
-            small_input=args.dry_run,
-            image_size=args.image_size,
-            dtype=dtype,
-            jit_compile=jit,
-            global_batch_size=batch,
-            train_steps=10**6,
-            model_dir=tempfile.mkdtemp(dir=args.work_dir),
-            **base,
-        )
+    config = config_from(
+        model="tiny_cnn" if args.dry_run else model,
+        small_input=args.dry_run,
+        image_size=args.image_size,
+        dtype=dtype,
+        jit_compile=jit,
+        global_batch_size=batch,
+        train_steps=10**6,
+        model_dir=tempfile.mkdtemp(dir=args.work_dir),
+        **base,
     )
+    return resolve(validate(config), has_gpu=bool(tf.config.list_logical_devices("GPU")))
 
 
 def build_training(config, strategy: str = "default"):
@@ -216,7 +219,8 @@ def out_of_memory(error) -> bool:
 
 def measure(args, model: str, dtype: str, jit: bool, batch: int) -> Measured | None:
     """Images/s of the train loop at ``batch`` (``--steps`` updates in one call, after an
-    untimed call of ``--warmup_steps``), or None when the device runs out of memory."""
+    untimed call of ``--warmup_steps``; counted from the updates it ran, as a non-finite loss
+    stops it), or None when the device runs out of memory."""
     import keras
     import tensorflow as tf
 
@@ -229,7 +233,7 @@ def measure(args, model: str, dtype: str, jit: bool, batch: int) -> Measured | N
         loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
         batches = build.train_batches(run, start_step=0)
         loop(batches, tf.constant(args.warmup_steps))[0]["loss"].numpy()
-        start = time.perf_counter()
+        before, start = int(run.global_step.numpy()), time.perf_counter()
         loop(batches, tf.constant(args.steps))[0]["loss"].numpy()
         seconds = time.perf_counter() - start
         counts = int(run.global_step.numpy()), int(run.backend.all_reduce_calls.numpy())
@@ -237,7 +241,7 @@ def measure(args, model: str, dtype: str, jit: bool, batch: int) -> Measured | N
         if not out_of_memory(error):
             raise
         return None
-    return Measured(args.steps * batch / seconds, batch, *counts)
+    return Measured((counts[0] - before) * batch / seconds, batch, *counts)
 
 
 def largest_batch(fits, start: int, cap: int):
