@@ -1,15 +1,16 @@
 """The first minutes on a GPU machine: is tfgpu as fast as it should be here, and is the step
-where it should be? One command, one table (~8 minutes on one GPU):
+where it should be? One command, one table, meant to take at most ~8 minutes on one GPU:
 
     python bench/gpu_check.py [--reference=a100|v100|t4] [--time_budget_s=480]
-    python bench/gpu_check.py --dry_run      # every path on a CPU, in seconds (no figures)
+    python bench/gpu_check.py --dry_run      # every path on a CPU, tiny sizes (no figures)
 
 Rows:
   <model> <setting>: images/s of tfgpu's train loop (``loops.make_train_loop`` over
       ``build.build``'s step) on synthetic ImageNet-shaped batches, float32, mixed_float16 and
       mixed_float16 + XLA, at the largest batch that fits (doubling from --start_batch up to
-      --max_batch; halving instead when the first one runs out of memory), next to NVIDIA's
-      published single-GPU training throughput for that model and precision and the ratio.
+      --max_batch; halving instead when the first one runs out of memory; mixed_float16 from
+      twice float32's batch, XLA at mixed_float16's), next to NVIDIA's published single-GPU
+      training throughput for that model and precision, and the ratio.
       resnet50 always; then efficientnet_b0 and densenet121 while --time_budget_s lasts.
   input pipeline: images/s of tfgpu's reader on a small generated TFRecord set with the
       resize on the device (what --resize_on=auto does with a GPU): the reader alone, and the
@@ -24,15 +25,18 @@ Rows:
 
 Without a GPU it prints one line and exits 2, unless --dry_run (tiny_cnn at 32x32, batches of
 2-4, 1-2 updates: every path runs, nothing is a measurement; GPU-only cells say "skipped: no
-GPU") or --allow_cpu (the real sizes on the CPU: slow). Exit 1 when a check fails.
+GPU") or --allow_cpu (the real sizes on the CPU: slow). Exit 1 when a check fails or raises
+(its row says FAIL and the error; the table still comes out).
 """
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import tempfile
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -118,6 +122,11 @@ def parse_args(argv):
     p.add_argument("--dry_run", action="store_true", help="every path on a CPU, tiny sizes")
     p.add_argument("--allow_cpu", action="store_true", help="run the real sizes without GPU")
     args = p.parse_args(argv)
+    from tfgpu import models  # its registry's names need no TensorFlow
+
+    unknown = sorted(set(args.models.split(",")) - set(models.MODELS))
+    if unknown:
+        p.error(f"--models: {', '.join(unknown)} not in tfgpu's registry")
     if args.dry_run:  # tiny everything; the data goes to a temporary folder, not the cache
         tiny = dict(image_size=32, start_batch=2, max_batch=4, warmup_steps=1, steps=1)
         tiny.update(input_batch=4, input_images=16, input_seconds=0.3, cache_dir="")
@@ -152,34 +161,33 @@ def throughput_row(args, model: str, setting: tuple, measured, skipped: str = ""
     return row
 
 
-def search(args, model: str, setting: tuple, start: int):
+def search(args, model: str, setting: tuple, start: int, cap: int):
     """``largest_batch`` of ``model`` under ``setting`` (name, dtype, XLA) from ``start``."""
     _, dtype, jit = setting
-    return largest_batch(lambda b: measure(args, model, dtype, jit, b), start, args.max_batch)
+    return largest_batch(lambda b: measure(args, model, dtype, jit, b), start, cap)
 
 
-def measure_model(args, model: str, starts=None, deadline=None, estimates=None):
-    """The three settings of ``model``. Without ``starts`` ({setting: batch}), each search
-    starts from the batch the previous one found (float16 activations take half the memory:
-    from twice float32's). With ``deadline``, a setting whose ``estimates`` [s] would pass it
-    is skipped. Returns (rows, {setting: Measured or None}, {setting: seconds taken})."""
+def measure_model(args, model: str, start: int, deadline=None, estimates=None):
+    """The three settings of ``model``, each search from what the one before found: float32
+    from ``start``, mixed_float16 from twice float32's batch (float16 activations take half
+    the memory), XLA at mixed_float16's (capped there: those two rows share a batch). With
+    ``deadline``, a setting whose ``estimates`` [s] would pass it is skipped. Returns (rows,
+    {setting: Measured or None}, {setting: seconds taken})."""
     rows, found, seconds = [], {}, {}
-    start = args.start_batch
+    cap = args.max_batch
     for setting in SETTINGS:
         name = setting[0]
-        check = f"{model} {name}"
-        start = starts[name] if starts else start
-        if deadline is not None and time.monotonic() + estimates[name] > deadline:
+        if deadline is not None and time.monotonic() + estimates.get(name, math.inf) > deadline:
             rows.append(throughput_row(args, model, setting, None, "skipped: --time_budget_s"))
             continue
         began = time.monotonic()
-        best = search(args, model, setting, start)
+        best = search(args, model, setting, start, cap)
         seconds[name] = time.monotonic() - began
         found[name] = best[1] if best else None
         rows.append(throughput_row(args, model, setting, found[name]))
-        print(f"  {check}: {rows[-1].measured} ({seconds[name]:.0f} s)", flush=True)
-        if best and not starts:
-            start = best[0] * 2 if name == "float32" else best[0]
+        print(f"  {rows[-1].check}: {rows[-1].measured} ({seconds[name]:.0f} s)", flush=True)
+        if best:
+            start, cap = (2 * best[0], cap) if name == "float32" else (best[0], best[0])
     return rows, found, seconds
 
 
@@ -309,20 +317,46 @@ def run_checks(args, log_fd: int, num_gpus: int, started: float) -> list[Row]:
     all-reduce count), 2+ GPUs, then the other models while --time_budget_s lasts."""
     first, *others = args.models.split(",")
     print("train step and input pipeline ...", flush=True)
-    checks = step_rows(args, log_fd, num_gpus)
+    checks = guarded("train step checks", step_rows, args, log_fd, num_gpus)
     print(f"{first} ({time.monotonic() - started:.0f} s) ...", flush=True)
-    rows, found, seconds = measure_model(args, first)
+    try:
+        rows, found, seconds = measure_model(args, first, args.start_batch)
+    except Exception as error:  # the checks still get their table; the others no estimate
+        rows, found, seconds = [error_row(f"{first} (all settings)", error)], {}, {}
     runs = [m for m in found.values() if m is not None]
     if runs:  # the all-reduce count of one device comes with the first measured run
         checks.append(all_reduce_row(runs[0]))
     print(f"all-reduces on 2+ devices ({time.monotonic() - started:.0f} s) ...", flush=True)
-    checks.append(nccl_row(args, num_gpus))
-    starts = {name: (m.batch if m else args.start_batch) for name, m in found.items()}
+    checks += guarded("NCCL all-reduce, 2+ GPUs", lambda: [nccl_row(args, num_gpus)])
+    start = found["float32"].batch if found.get("float32") else args.start_batch
     deadline = started + args.time_budget_s
     for model in others:
         print(f"{model} ({time.monotonic() - started:.0f} s) ...", flush=True)
-        rows += measure_model(args, model, starts, deadline, seconds)[0]
+        rows += guarded(
+            f"{model} (all settings)", other_model_rows, args, model, start, deadline, seconds
+        )
     return rows + checks
+
+
+def other_model_rows(args, model: str, start: int, deadline: float, estimates: dict) -> list:
+    """The rows of ``measure_model`` for a model after the first, within the budget."""
+    return measure_model(args, model, start, deadline, estimates)[0]
+
+
+def guarded(name: str, rows, *args) -> list[Row]:
+    """``rows(*args)``, or when it raises, one row that names the error (its traceback goes
+    to stderr) so that the table still comes out."""
+    try:
+        return rows(*args)
+    except Exception as error:  # any failure is a finding of the check: say it, go on
+        return [error_row(name, error)]
+
+
+def error_row(name: str, error: Exception) -> Row:
+    """A failed row naming ``error`` (its traceback goes to stderr)."""
+    traceback.print_exception(error)
+    first_line = (str(error).strip().splitlines() or [""])[0][:200]
+    return Row(name, f"FAIL: {type(error).__name__}: {first_line}", ok=False)
 
 
 if __name__ == "__main__":
