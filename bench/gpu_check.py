@@ -88,7 +88,7 @@ REFERENCES = {
         ("resnet50", "float32"): Reference(412, "FP32+XLA b128, V100 16GB"),
         ("resnet50", "mixed_float16"): Reference(1270, "AMP+XLA b256, V100 16GB"),
         ("efficientnet_b0", "float32"): Reference(752, "FP32+XLA b256, V100 32GB"),
-        # NVIDIA's README: B0 gains little from AMP there, its CPU AutoAugment is the bound.
+        # NVIDIA's known issue: B0 gains little from AMP, its AutoAugment on the CPU binds.
         ("efficientnet_b0", "mixed_float16"): Reference(868, "AMP+XLA b512, V100 32GB"),
     },
     "t4": {},
