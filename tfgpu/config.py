@@ -424,11 +424,14 @@ def resolve(config: Config, has_gpu: bool) -> Config:
     ``--resize_on=auto``: on the device when it is a GPU that does the float work. Else the
     resize would run on CPU cores, where the step's gather-based resize costs ~10x the host's
     ResizeBilinear (measured: 2.7 vs 0.25 ms of CPU per image, bench/README.md). Synthetic
-    batches are uint8 like real ones: their float work is always on the device.
+    batches are uint8 like real ones: their float work is always on the device; they are
+    made at --image_size, so there is nothing to resize (the step must not expect crops).
     """
     d = config.data
     preprocess_on = "device" if d.synthetic_data else d.preprocess_on
     resize_on = d.resize_on
-    if resize_on == "auto":
+    if d.synthetic_data:
+        resize_on = "host"
+    elif resize_on == "auto":
         resize_on = "device" if has_gpu and preprocess_on == "device" else "host"
     return config.with_settings(preprocess_on=preprocess_on, resize_on=resize_on)
