@@ -108,9 +108,10 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Training:
     tracked["skipped_updates"] = skipped_updates
     if loss_scale:
         tracked.update(loss_scale=loss_scale.scale, good_steps=loss_scale.good_steps)
-    if best:  # only then: checkpoints of runs without it restore as before
-        tracked.update(best.tracked())
-    checkpoints = Checkpoints(tracked, backend, config.model_dir, config.train.keep_checkpoints)
+    optional = best.tracked() if best else {}  # only then: older checkpoints restore as before
+    tracked.update(optional)
+    keep = config.train.keep_checkpoints
+    checkpoints = Checkpoints(tracked, backend, config.model_dir, keep, optional=optional)
     if best:
         best.checkpoint = checkpoints.checkpoint
     parts = (model, step, global_step, skipped_updates, checkpoints, best, init_line)
