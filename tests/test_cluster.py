@@ -233,7 +233,7 @@ def test_the_chief_logs_the_slowest_worker_per_window(small_dataset, tmp_path):
     busy = ["taskset", "-c", "1", sys.executable, "-c", "while True: pass"]
     hogs = [subprocess.Popen(busy) for _ in range(3)]  # a third of the core is left to it
     try:
-        run = dict(RUN, train_steps=30, log_every_steps=5, steps_per_loop=5, in_memory="off")
+        run = dict(RUN, train_steps=20, log_every_steps=4, steps_per_loop=4, in_memory="off")
         run["deterministic"] = False  # TensorFlow refuses the clock it needs under determinism
         cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=multi_worker_mirrored"]
         procs = [
@@ -255,8 +255,8 @@ def test_the_chief_logs_the_slowest_worker_per_window(small_dataset, tmp_path):
         assert p.returncode == 0, err[-3000:]
     records = [json.loads(line) for line in open(tmp_path / "w0" / "metrics.jsonl")]
     windows = [r for r in records if r["split"] == "train"][1:]  # the first includes tracing
-    assert len(windows) == 5 and all("slowest_worker" in r for r in windows)
+    assert len(windows) == 4 and all("slowest_worker" in r for r in windows)
     slow = [r for r in windows if r["slowest_worker"] == 1]
-    assert len(slow) >= 4, windows
+    assert len(slow) >= 3, windows
     assert all(r["slowest_compute_s"] > r["median_compute_s"] for r in slow), windows
     assert "slowest worker 1:" in outs[0][0]
