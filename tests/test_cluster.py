@@ -182,6 +182,7 @@ def test_one_process_then_two_workers(small_dataset, uninterrupted, tmp_path):
     _assert_same(final_weights(tmp_path / "run"), uninterrupted)
 
 
+@pytest.mark.heavy  # the worker count changes above; this changes the backend too
 def test_horovod_then_multi_worker_mirrored(
     small_dataset, uninterrupted, tmp_path, horovodrun_tfgpu
 ):

@@ -364,6 +364,7 @@ def test_a_restarted_trainer_rejoins_its_job(procs, small_dataset, tmp_path):
     assert summary(run_dir)["steps"] == 200
 
 
+@pytest.mark.heavy  # 80-120 s; a killed worker (above) shows the service survives a loss
 def test_a_dispatcher_restarted_on_its_work_dir_is_survived(procs, small_dataset, tmp_path):
     port, journal = free_ports(1)[0], f"--work_dir={tmp_path / 'journal'}"
     dispatcher = service(procs, "--role=dispatcher", f"--port={port}", journal)

@@ -190,6 +190,7 @@ def test_multi_worker_survivor_stops_with_clear_error_then_resumes(small_dataset
     _resumes_and_finishes([sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", *flags])
 
 
+@pytest.mark.heavy  # the MWMS survivor above shows it; test_hangs names a frozen rank
 def test_horovod_survivor_stops_with_clear_error_then_resumes(
     small_dataset, tmp_path, horovodrun_tfgpu
 ):

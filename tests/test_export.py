@@ -35,7 +35,10 @@ LOADER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("name", ["resnet18", "efficientnet_b0"])
+# efficientnet_b0 (a keras.applications backbone, 60-80 s) is heavy; resnet18 always runs.
+@pytest.mark.parametrize(
+    "name", ["resnet18", pytest.param("efficientnet_b0", marks=pytest.mark.heavy)]
+)
 def test_exported_model_predicts_the_same_without_tfgpu(tmp_path, name):
     model = models.build_model(name, num_classes=5, image_size=32, small_input=True)
     images = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
