@@ -166,3 +166,19 @@ def test_a_resumed_worker_deletes_only_its_own_copies(tmp_path):
     assert [e["step"] for e in worker.kept] == [6]
     assert {n.split(".")[0] for n in os.listdir(tmp_path / "scratch")} == {"ckpt-6"}  # 4's gone
     assert not (tmp_path / "worker1" / "best").exists()  # only the chief writes best/
+
+
+@pytest.mark.fast
+def test_best_checkpoint_is_found_in_the_model_dir_by_name(tmp_path):
+    # best.json holds the path the run wrote: relative to where it started, or moved since.
+    from tfgpu.best import best_checkpoint
+
+    (tmp_path / "moved" / "best").mkdir(parents=True)
+    doc = {
+        "metric": "top1",
+        "mode": "max",
+        "kept": [{"step": 4, "checkpoint": "runs/ft/best/ckpt-4"}],
+    }
+    (tmp_path / "moved" / "best" / "best.json").write_text(json.dumps(doc))
+    assert best_checkpoint(str(tmp_path / "moved")) == str(tmp_path / "moved" / "best" / "ckpt-4")
+    assert best_checkpoint(str(tmp_path / "nothing")) == ""

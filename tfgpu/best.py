@@ -124,9 +124,13 @@ class Best:
 
 
 def best_checkpoint(model_dir: str) -> str:
-    """The path of the best kept checkpoint of ``model_dir`` (best/best.json), or ""."""
+    """The path of the best kept checkpoint of ``model_dir`` (best/best.json), or "". It is
+    looked for in ``model_dir/best/`` by its name: the path in best.json is the one the run
+    wrote, relative to where it started when its --model_dir was, stale once the folder moved."""
     try:
         kept = read_json(os.path.join(model_dir, BEST_DIR, BEST_FILE)).get("kept", [])
     except ValueError:
         return ""
-    return kept[0]["checkpoint"] if kept else ""
+    return (
+        os.path.join(model_dir, BEST_DIR, os.path.basename(kept[0]["checkpoint"])) if kept else ""
+    )
