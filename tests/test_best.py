@@ -55,6 +55,18 @@ def test_unknown_best_metric_is_named():
         validate(config_from(best_metric="acc", eval_every_steps=2))
 
 
+def test_keep_best_may_be_added_to_a_run_that_had_none(small_dataset, tmp_path, capsys):
+    """A run resumed with --keep_best from checkpoints written without it: the model and
+    optimizer come back, the best so far starts from this run."""
+    train.run(_config(small_dataset, tmp_path, train_steps=2, eval_every_steps=0))
+    summary = train.run(_config(small_dataset, tmp_path, train_steps=4, keep_best=1))
+    out = capsys.readouterr().out
+    assert "at step 2" in out and "it holds no best_step, best_value, evals_since_best" in out
+    assert summary["steps"] == 4
+    with open(os.path.join(tmp_path, "best", "best.json"), encoding="utf-8") as f:
+        assert [e["step"] for e in json.load(f)["kept"]] == [4]
+
+
 def test_keep_best_resumes_with_its_best_and_exports_it(small_dataset, tmp_path):
     # Run 1: evaluations at 2 and 4 (the final one); run 2 resumes at 4 and goes on to 8.
     settings = dict(keep_best=2, best_metric="loss", export_best=True)

@@ -90,6 +90,7 @@ def test_node_local_model_dirs_resume_from_the_chief_mwms(small_dataset, uninter
     assert len(hashes) == 1  # the non-chief ended identical, with no files of its own
 
 
+@pytest.mark.heavy  # the MWMS case above shows the contract; this one is the other backend
 def test_node_local_model_dirs_resume_from_the_chief_horovod(
     small_dataset, uninterrupted, tmp_path, horovodrun_tfgpu
 ):
@@ -196,6 +197,7 @@ def test_two_workers_then_one_process_ends_bit_identical(small_dataset, tmp_path
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.heavy  # the worker count changes in the tests beside it, both ways round here
 def test_one_process_then_two_workers(small_dataset, uninterrupted, tmp_path):
     _default(small_dataset, tmp_path / "run", 3)
     out = _two_workers(small_dataset, tmp_path / "run", 6)
@@ -254,7 +256,7 @@ def test_the_chief_logs_the_slowest_worker_per_window(small_dataset, tmp_path):
     busy = ["taskset", "-c", "1", sys.executable, "-c", "while True: pass"]
     hogs = [subprocess.Popen(busy) for _ in range(3)]  # a third of the core is left to it
     try:
-        run = dict(RUN, train_steps=30, log_every_steps=5, steps_per_loop=5, in_memory="off")
+        run = dict(RUN, train_steps=20, log_every_steps=4, steps_per_loop=4, in_memory="off")
         run["deterministic"] = False  # TensorFlow refuses the clock it needs under determinism
         cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=multi_worker_mirrored"]
         procs = [
@@ -276,8 +278,8 @@ def test_the_chief_logs_the_slowest_worker_per_window(small_dataset, tmp_path):
         assert p.returncode == 0, err[-3000:]
     records = [json.loads(line) for line in open(tmp_path / "w0" / "metrics.jsonl")]
     windows = [r for r in records if r["split"] == "train"][1:]  # the first includes tracing
-    assert len(windows) == 5 and all("slowest_worker" in r for r in windows)
+    assert len(windows) == 4 and all("slowest_worker" in r for r in windows)
     slow = [r for r in windows if r["slowest_worker"] == 1]
-    assert len(slow) >= 4, windows
+    assert len(slow) >= 3, windows
     assert all(r["slowest_compute_s"] > r["median_compute_s"] for r in slow), windows
     assert "slowest worker 1:" in outs[0][0]

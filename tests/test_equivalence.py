@@ -55,7 +55,7 @@ def test_mirrored_two_replicas_equals_default(small_dataset, reference, tmp_path
     _assert_same(weights, reference)
 
 
-@pytest.mark.parametrize("accum", [2, 4])
+@pytest.mark.parametrize("accum", [pytest.param(2, marks=pytest.mark.heavy), 4])
 def test_gradient_accumulation_equals_default_one_all_reduce_per_update(
     small_dataset, reference, tmp_path, accum
 ):

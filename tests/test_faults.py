@@ -166,6 +166,13 @@ def test_skip_non_finite_counts_skipped_updates(small_dataset, tmp_path):
         ),
         (["--strategy=horovod"], {}, "--strategy=horovod must run under horovodrun"),
         (["--model_dir=/proc/tfgpu-run"], {}, "--model_dir=/proc/tfgpu-run is not writable"),
+        (["--unfreeze_after_steps=10"], {}, "--unfreeze_after_steps unfreezes a frozen backbone"),
+        (
+            ["--model=tiny_cnn", "--layer_lr_decay=0.8"],
+            {},
+            "--layer_lr_decay=0.8 is for models with a backbone in blocks",
+        ),
+        (["--backbone_lr_multiplier=2"], {}, "--backbone_lr_multiplier=2.0 must be in (0, 1]"),
     ],
 )
 def test_bad_flags_and_environment_are_one_clear_line(flags, env, expected, tmp_path):

@@ -2,58 +2,27 @@
 its dtypes, or TensorFlow quietly runs it on the CPU (a uint8 gather did, once).
 
 The Linux TensorFlow wheel registers its GPU kernels whether or not a GPU is present, so the
-kernel registry answers exactly; function bodies (the accumulation loop, the skip cond) are
-walked too.
+kernel registry answers exactly (``tfgpu.compat.ops_without_gpu_kernel``, which
+bench/gpu_check.py runs too); function bodies (the accumulation loop, the skip cond) are walked
+too.
 """
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.framework import kernels
 
 from tfgpu import build, models
+from tfgpu.compat import gpu_kernels, ops_without_gpu_kernel
 from tfgpu.config import config_from
 from tfgpu.data import host_ops
 from tfgpu.distribute import backends
 from tfgpu.step import DynamicLossScale
 
-_KERNELS: dict = {}
-
-
-def _gpu_kernels(op_type: str) -> list:
-    if op_type not in _KERNELS:
-        listed = kernels.get_registered_kernels_for_op(op_type).kernel
-        _KERNELS[op_type] = [k for k in listed if k.device_type in ("GPU", "DEFAULT")]
-    return _KERNELS[op_type]
-
-
-def _has_gpu_kernel(node) -> bool:
-    def allows(constraint):
-        types = constraint.allowed_values.list.type
-        return (
-            constraint.name not in node.attr
-            or not types
-            or node.attr[constraint.name].type in types
-        )
-
-    return any(all(allows(c) for c in k.constraint) for k in _gpu_kernels(node.op))
-
-
-def ops_without_gpu_kernel(fn, *args) -> set:
-    """{op type [dtypes]} of the nodes of ``fn``'s graph and its functions with no GPU kernel."""
-    graph_def = fn.get_concrete_function(*args).graph.as_graph_def()
-    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-    return {
-        f"{n.op}{sorted(tf.dtypes.as_dtype(v.type).name for v in n.attr.values() if v.type)}"
-        for n in nodes
-        if not _has_gpu_kernel(n)
-    }
-
 
 @pytest.fixture(autouse=True)
 def gpu_kernels_registered():
-    if not _gpu_kernels("GatherV2"):
+    if not gpu_kernels("GatherV2"):
         pytest.skip("this TensorFlow build registers no GPU kernels")
     yield
     keras.mixed_precision.set_global_policy("float32")

@@ -60,6 +60,7 @@ def test_help_returns_without_tensorflow(flag, shown):
         (["--global_batch_size=10", "--grad_accum_steps=3"], "does not divide"),
         (["--global_batch_size=abc"], "global_batch_size"),
         (["--no_such_flag"], "no_such_flag"),
+        (["--model=densenet121", "--layer_lr_decay=0"], "--layer_lr_decay=0.0 must be in (0, 1]"),
     ],
 )
 def test_a_bad_flag_is_reported_without_tensorflow(argv, message):

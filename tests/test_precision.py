@@ -165,8 +165,8 @@ def test_xla_step_takes_un_resized_crops_and_matches_the_plain_one():
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
 
 
-def _resize_on(resize_on, has_gpu, preprocess_on="device"):
-    config = config_from(resize_on=resize_on, preprocess_on=preprocess_on)
+def _resize_on(resize_on, has_gpu, preprocess_on="device", **settings):
+    config = config_from(resize_on=resize_on, preprocess_on=preprocess_on, **settings)
     return resolve(config, has_gpu).data.resize_on
 
 
@@ -178,3 +178,7 @@ def test_resize_on_auto_is_device_only_with_a_gpu():
     assert _resize_on("host", has_gpu=True) == "host"
     # With the float work in tf.data the resize would run there too, on the CPU.
     assert _resize_on("auto", has_gpu=True, preprocess_on="host") == "host"
+    # Synthetic batches are made at --image_size: a step expecting crops would find none
+    # (--synthetic_data on a GPU machine stopped with KeyError: 'pixels').
+    assert _resize_on("auto", has_gpu=True, synthetic_data=True) == "host"
+    assert _resize_on("device", has_gpu=True, synthetic_data=True) == "host"

@@ -25,7 +25,9 @@ At a step where several are due they run in the order of ``default_actions``, an
    ``at_start`` is also asked before the first update, so that a resumed run which had
    stopped early stops again instead of training on;
 5. **checkpoint** after those: a checkpoint of step S holds everything step S knew;
-6. **preemption** last: when a signal came, the checkpoint it needs is written after
+6. **unfreeze** (--unfreeze_after_steps) after those: it changes what the next updates
+   train, nothing this step owed;
+7. **preemption** last: when a signal came, the checkpoint it needs is written after
    everything else this step owed, and the run stops with all of it on disk.
 
 Actions at the last step are left to ``train.run`` (final checkpoint, evaluation, export),
@@ -234,6 +236,33 @@ class SaveCheckpoint(Action):
         self._checkpoints.save()
 
 
+class Unfreeze(Action):
+    """--unfreeze_after_steps=N: at the boundary after update N the backbone becomes trainable
+    (``finetune.unfreeze``); asked at the start too, so that a run resumed past N trains it
+    from its first update (which layers train is not in the checkpoint: it follows the step)."""
+
+    at_start = True
+
+    def __init__(self, after: int):
+        self.after, self._done = after, False
+
+    def next_stop(self, step: int) -> int | None:
+        return self.after if step < self.after else None
+
+    def due(self, state: LoopState) -> bool:
+        return not self._done and state.step >= self.after and not state.last
+
+    def __call__(self, state: LoopState) -> None:
+        from tfgpu import finetune  # noqa: PLC0415 (TensorFlow: only when training)
+
+        finetune.unfreeze(state.training)
+        self._done = True
+        state.writer.info(
+            f"step {state.step}: backbone unfrozen (its BatchNorm back in training mode); "
+            "every layer trains from the next update on"
+        )
+
+
 class StopOnPreemption(Action):
     """After every loop call: when SIGTERM/SIGINT came (on any worker), saves a checkpoint
     and raises Preempted."""
@@ -272,6 +301,8 @@ def default_actions(training, evaluate, guard=None) -> list[Action]:
     actions += [
         SaveCheckpoint(t.checkpoint_every_steps, training.checkpoints),
     ]
+    if training.config.model.unfreeze_after_steps:
+        actions.append(Unfreeze(training.config.model.unfreeze_after_steps))
     if guard is not None:
         actions.append(StopOnPreemption(guard, training.checkpoints))
     return actions

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from tfgpu import models, optim, pretrained
+from tfgpu import finetune, models, pretrained
 from tfgpu.best import Best
 from tfgpu.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch, tracks_best
@@ -67,7 +67,7 @@ class Training:
     skipped_updates: tf.Variable
     checkpoints: Checkpoints
     best: Best | None = None  # the best evaluation so far (--keep_best, --early_stop_patience)
-    init_line: str = ""  # where --init_weights came from, printed at start-up
+    init_line: str = ""  # where --init_weights came from, how it fine-tunes: start-up lines
 
     @property
     def optimizer(self):
@@ -88,11 +88,11 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Training:
             config.model.small_input,
             drop_path_rate=config.model.drop_path_rate,
         )
-        if config.model.freeze == "backbone":  # before the optimizer sees what it trains
+        # Its groups (fine-tuning flags) hold every variable that trains at some point: made
+        # before the freeze, which hides the backbone's from the step until it unfreezes.
+        optimizer = finetune.build_optimizer(config, model, plan.total_steps)
+        if config.model.freeze == "backbone":
             pretrained.freeze_backbone(model)
-        optimizer = optim.build_for_run(
-            config.optim, config.train.global_batch_size, plan.total_steps
-        )
         loss_scale = DynamicLossScale() if config.model.dtype == "mixed_float16" else None
         step = build_step(config, model, optimizer, backend, spec.num_classes, loss_scale)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -102,13 +102,16 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Training:
     if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
         fresh = models.load_initial_weights(model, config.model.init_weights)
         init_line = _init_line(config, model, fresh)
+    tuning = finetune.describe(config, step.optimizer, plan.total_steps)
+    init_line = "\n".join(line for line in (init_line, tuning) if line)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
     if loss_scale:
         tracked.update(loss_scale=loss_scale.scale, good_steps=loss_scale.good_steps)
-    if best:  # only then: checkpoints of runs without it restore as before
-        tracked.update(best.tracked())
-    checkpoints = Checkpoints(tracked, backend, config.model_dir, config.train.keep_checkpoints)
+    optional = best.tracked() if best else {}  # only then: older checkpoints restore as before
+    tracked.update(optional)
+    keep = config.train.keep_checkpoints
+    checkpoints = Checkpoints(tracked, backend, config.model_dir, keep, optional=optional)
     if best:
         best.checkpoint = checkpoints.checkpoint
     parts = (model, step, global_step, skipped_updates, checkpoints, best, init_line)
@@ -123,6 +126,8 @@ def _init_line(config: Config, model, fresh: list) -> str:
         line += f"; new (not in the file): {', '.join(fresh)} ({model.output_shape[-1]} classes)"
     if m.freeze == "backbone":
         line += "; backbone frozen (its BatchNorm in inference mode), training the head only"
+        if m.unfreeze_after_steps:
+            line += f" for {m.unfreeze_after_steps} updates"
     return line + " (a checkpoint in --model_dir, if any, replaces them)"
 
 

@@ -17,11 +17,14 @@ from tfgpu.errors import CheckpointError, op_error_cause
 
 
 class Checkpoints:
-    """Saves and restores ``tracked`` (name -> trackable) for one run."""
+    """Saves and restores ``tracked`` (name -> trackable) for one run. ``optional`` names the
+    entries a checkpoint may lack, written by the same run before a flag added them (the best
+    so far of --keep_best): they keep their initial values, and the restore says so."""
 
-    def __init__(self, tracked: dict, backend, model_dir: str, keep: int):
+    def __init__(self, tracked: dict, backend, model_dir: str, keep: int, optional=()):
         self.directory = os.path.join(model_dir, "checkpoints")
         self.checkpoint = tf.train.Checkpoint(**tracked)
+        self._tracked, self._optional = tracked, frozenset(optional)
         self._backend = backend
         self._model = tracked["model"]
         self._step = tracked["step"]
@@ -50,12 +53,17 @@ class Checkpoints:
         paths = list(reversed(state.all_model_checkpoint_paths)) if state else []
         for path in paths:
             try:
-                self.checkpoint.restore(path).assert_existing_objects_matched()
+                missing = self._restore(path)
             except DAMAGED as err:
                 reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
                 _warn(f"checkpoint {path} does not read back ({reason}); trying an older one")
                 continue
             log(f"resumed from {path} at step {int(self._step.numpy())}")
+            if missing:
+                log(
+                    f"  (it holds no {', '.join(missing)}: written before the flags that add "
+                    "them; they start from this run)"
+                )
             return ""
         if paths:
             return (
@@ -63,6 +71,18 @@ class Checkpoints:
                 "damaged); move them away to start over"
             )
         return ""
+
+    def _restore(self, path: str) -> list[str]:
+        """Restores ``path``, every entry it must hold matched; returns the optional entries
+        it lacks (restored from the others alone)."""
+        present = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+        missing = sorted(name for name in self._optional if name not in present)
+        checkpoint = self.checkpoint
+        if missing:
+            kept = {k: v for k, v in self._tracked.items() if k not in missing}
+            checkpoint = tf.train.Checkpoint(**kept)
+        checkpoint.restore(path).assert_existing_objects_matched()
+        return missing
 
     def save(self, final: bool = False) -> None:
         """Writes a checkpoint. A failed write (disk full, ...) is reported loudly, in words:

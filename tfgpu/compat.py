@@ -22,6 +22,7 @@ PRIVATE_NAMES = (
     ("keras.src.layers.normalization.batch_normalization", "BatchNormalization._moments"),
     ("tensorflow.python.distribute.cross_device_ops", "CollectiveAllReduce._all_reduce"),
     ("tensorflow.python.distribute.distribute_lib", "ReplicaContext._replica_id"),
+    ("tensorflow.python.framework.kernels", "get_registered_kernels_for_op"),
 )
 
 
@@ -34,11 +35,18 @@ class _OwnAllReduceMixin:
         return list(grads_and_vars)
 
 
+def _members(optimizer) -> list:
+    """The Keras optimizers of ``optimizer``: itself, or a ``finetune.GroupedOptimizer``'s."""
+    return list(getattr(optimizer, "optimizers", [optimizer]))
+
+
 def without_implicit_all_reduce(optimizer):
-    """Returns ``optimizer`` re-classed so that ``apply`` does not all-reduce again."""
-    cls = type(optimizer)
-    if not issubclass(cls, _OwnAllReduceMixin):
-        optimizer.__class__ = type(cls.__name__, (_OwnAllReduceMixin, cls), {})
+    """Returns ``optimizer`` re-classed (each of a group's) so that ``apply`` does not
+    all-reduce again."""
+    for member in _members(optimizer):
+        cls = type(member)
+        if not issubclass(cls, _OwnAllReduceMixin):
+            member.__class__ = type(cls.__name__, (_OwnAllReduceMixin, cls), {})
     return optimizer
 
 
@@ -46,12 +54,16 @@ def without_implicit_all_reduce(optimizer):
 def ema_weights(optimizer):
     """Inside, the trained variables hold their exponential moving averages (an optimizer
     built with ``use_ema``); outside, their trained values again. Keras exports only the
-    one-way ``finalize_variable_values``."""
-    if not optimizer.use_ema:
+    one-way ``finalize_variable_values``. An optimizer never applied (a group of a backbone
+    still frozen) has no average yet: its variables stay as they are."""
+    variables, averages = [], []
+    for member in _members(optimizer):
+        if member.use_ema and int(member.iterations.numpy()) > 0:
+            variables += member._trainable_variables
+            averages += member._model_variables_moving_average
+    if not variables:
         yield
         return
-    variables = optimizer._trainable_variables
-    averages = optimizer._model_variables_moving_average
     trained = [v.numpy() for v in variables]
     for var, average in zip(variables, averages):
         var.assign(average)
@@ -174,3 +186,47 @@ def set_horovod_termination_grace(seconds: float) -> None:
     import horovod.runner.common.util.safe_shell_exec as safe_shell_exec
 
     safe_shell_exec.GRACEFUL_TERMINATION_TIME_S = seconds
+
+
+_GPU_KERNELS: dict = {}  # op type -> its GPU (and device-independent) kernel definitions
+
+
+def gpu_kernels(op_type: str) -> list:
+    """The kernels registered for ``op_type`` that can run on a GPU ("GPU" or "DEFAULT"
+    device type). The Linux TensorFlow wheel registers its GPU kernels whether or not a GPU
+    is present, so this answers exactly on a CPU-only machine too; TF exports no reader."""
+    if op_type not in _GPU_KERNELS:
+        from tensorflow.python.framework import kernels
+
+        listed = kernels.get_registered_kernels_for_op(op_type).kernel
+        _GPU_KERNELS[op_type] = [k for k in listed if k.device_type in ("GPU", "DEFAULT")]
+    return _GPU_KERNELS[op_type]
+
+
+def _has_gpu_kernel(node) -> bool:
+    """Whether some GPU kernel of ``node`` (a NodeDef) accepts its dtype attributes."""
+
+    def allows(constraint):
+        types = constraint.allowed_values.list.type
+        return (
+            constraint.name not in node.attr
+            or not types
+            or node.attr[constraint.name].type in types
+        )
+
+    return any(all(allows(c) for c in k.constraint) for k in gpu_kernels(node.op))
+
+
+def ops_without_gpu_kernel(fn, *args) -> set:
+    """{"OpType['dtype', ...]"} of the nodes of ``fn``'s graph (a tf.function, traced for
+    ``args``) and of its functions (loop and cond bodies, XLA-compiled parts) that have no
+    GPU kernel for their dtypes: TensorFlow would quietly run those on the CPU."""
+    import tensorflow as tf
+
+    graph_def = fn.get_concrete_function(*args).graph.as_graph_def()
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return {
+        f"{n.op}{sorted(tf.dtypes.as_dtype(v.type).name for v in n.attr.values() if v.type)}"
+        for n in nodes
+        if not _has_gpu_kernel(n)
+    }

@@ -49,6 +49,12 @@ class ModelConfig:
         "with their stored statistics (inference mode).",
         choices=("none", "backbone"),
     )
+    unfreeze_after_steps: int = setting(
+        0,
+        "With --freeze=backbone: after N updates the backbone trains too, its BatchNorm back in "
+        "training mode (0: never). Its optimizer state starts then, as a new optimizer's (Adam's "
+        "bias correction counts from there); the learning-rate schedule runs on.",
+    )
     dtype: str = setting(
         "float32",
         "float32, mixed_float16 (dynamic loss scaling) or mixed_bfloat16.",
@@ -89,6 +95,20 @@ class OptimConfig:
         choices=optim.SCHEDULES,
     )
     warmup_steps: int = setting(0, "Linear learning-rate warmup, in optimizer updates.")
+    backbone_lr_multiplier: float = setting(
+        1.0,
+        "Learning rate of the backbone (every layer before the head, logits) relative to the "
+        "head's, in (0, 1] (1: off); with --layer_lr_decay=D a block at depth d trains at "
+        "lr * M * D^d.",
+    )
+    layer_lr_decay: float = setting(
+        1.0,
+        "Layer-wise learning-rate decay D in (0, 1] (1: off): the head (logits) trains at the "
+        "learning rate, a block at depth d (d blocks before the head) at lr * D^d. Blocks by "
+        "layer name, depth 1 first: EfficientNet(V2) top (top_conv, top_bn), blockN .. block1, "
+        "stem; DenseNet conv5 (last dense block and bn), conv4 (with its transition pool4) .. "
+        "conv2, conv1 (stem); ResNet stage4 .. stage1, stem.",
+    )
     label_smoothing: float = setting(0.0, "Label smoothing of the cross-entropy.")
     clip_norm: float = setting(0.0, "Clip the all-reduced gradients to this global norm (0: off).")
     ema_decay: float = setting(
@@ -245,6 +265,7 @@ def validate(config: Config) -> Config:
             f"--max_skipped_updates={config.optim.max_skipped_updates} must not be negative"
         )
     _check_model(config.model)
+    _check_finetune(config.model, config.optim)
     if config.deterministic and config.model.jit_compile:
         raise ConfigError(
             "--deterministic and --jit_compile do not go together: XLA has no deterministic "
@@ -273,6 +294,31 @@ def _check_model(m: ModelConfig) -> None:
         )
     if not (m.drop_path_rate == -1.0 or 0.0 <= m.drop_path_rate < 1.0):
         raise ConfigError(f"--drop_path_rate={m.drop_path_rate} must be in [0, 1), or -1")
+
+
+def _check_finetune(m: ModelConfig, o: OptimConfig) -> None:
+    if m.unfreeze_after_steps < 0:
+        raise ConfigError(f"--unfreeze_after_steps={m.unfreeze_after_steps} must not be negative")
+    if m.unfreeze_after_steps and m.freeze != "backbone":
+        raise ConfigError(
+            "--unfreeze_after_steps unfreezes a frozen backbone: add --freeze=backbone"
+        )
+    scaled = []
+    for name in ("backbone_lr_multiplier", "layer_lr_decay"):
+        value = getattr(o, name)
+        if not 0.0 < value <= 1.0:
+            raise ConfigError(f"--{name}={value} must be in (0, 1] (1: off)")
+        scaled += [f"--{name}={value}"] if value != 1.0 else []
+    if scaled and not models.has_blocks(m.name):
+        raise ConfigError(
+            f"{scaled[0]} is for models with a backbone in blocks (densenet*, efficientnet*, "
+            f"resnet*), not --model={m.name}"
+        )
+    if scaled and m.freeze == "backbone" and not m.unfreeze_after_steps:
+        raise ConfigError(
+            f"{scaled[0]} sets the backbone's learning rate, but --freeze=backbone never trains "
+            "it: add --unfreeze_after_steps=N"
+        )
 
 
 def _check_train(t: TrainConfig) -> None:
@@ -378,11 +424,14 @@ def resolve(config: Config, has_gpu: bool) -> Config:
     ``--resize_on=auto``: on the device when it is a GPU that does the float work. Else the
     resize would run on CPU cores, where the step's gather-based resize costs ~10x the host's
     ResizeBilinear (measured: 2.7 vs 0.25 ms of CPU per image, bench/README.md). Synthetic
-    batches are uint8 like real ones: their float work is always on the device.
+    batches are uint8 like real ones: their float work is always on the device; they are
+    made at --image_size, so there is nothing to resize (the step must not expect crops).
     """
     d = config.data
     preprocess_on = "device" if d.synthetic_data else d.preprocess_on
     resize_on = d.resize_on
-    if resize_on == "auto":
+    if d.synthetic_data:
+        resize_on = "host"
+    elif resize_on == "auto":
         resize_on = "device" if has_gpu and preprocess_on == "device" else "host"
     return config.with_settings(preprocess_on=preprocess_on, resize_on=resize_on)

@@ -16,16 +16,18 @@ from tfgpu.step import TrainStep
 def make_train_loop(
     step: TrainStep, global_step: tf.Variable, skipped_updates: tf.Variable, max_skipped: int = 0
 ):
-    """``loop(iterator, num_steps) -> (totals, first_bad, diverged)``: ``num_steps`` updates in
-    one tf.function call. ``totals`` sums the ``StepMetrics`` (and "steps") of the applied
-    updates only, counts the skipped ones ("skipped_updates"), and sums "input_wait_s", the
-    seconds spent waiting for batches; ``first_bad`` is the first non-finite step, -1 if none.
-    The step's "grad_norm" and "clipped" are summed like the rest; "weight_norm" (the global
-    norm of the trainable weights) and "loss_scale" (float16) are their values at the end.
-    Without skipping, the loop stops at that step. With skipping, it stops after
-    ``max_skipped`` (0: never) skipped updates in a row, counting under float16 only those at
-    the loss scale's floor (``DynamicLossScale.at_floor``: halving cannot help any more);
-    ``diverged`` is then that step, else -1."""
+    """``loop(iterator, num_steps, variant=0) -> (totals, first_bad, diverged)``: ``num_steps``
+    updates in one tf.function call; ``variant`` is the step's ``TrainStep.variant``, a Python
+    int: tf.function traces anew for a new one, so a step whose trainable layers changed (an
+    unfrozen backbone) runs as traced for them. ``totals`` sums the ``StepMetrics`` (and
+    "steps") of the applied updates only, counts the skipped ones ("skipped_updates"), and sums
+    "input_wait_s", the seconds spent waiting for batches; ``first_bad`` is the first non-finite
+    step, -1 if none. The step's "grad_norm" and "clipped" are summed like the rest;
+    "weight_norm" (the global norm of the trainable weights) and "loss_scale" (float16) are
+    their values at the end. Without skipping, the loop stops at that step. With skipping, it
+    stops after ``max_skipped`` (0: never) skipped updates in a row, counting under float16 only
+    those at the loss scale's floor (``DynamicLossScale.at_floor``: halving cannot help any
+    more); ``diverged`` is then that step, else -1."""
     keys = (*STEP_METRICS, "steps")
     clock = _clock()
     # Skipped updates in a row (at the floor); not checkpointed: a resumed run counts afresh.
@@ -33,7 +35,8 @@ def make_train_loop(
     loss_scale = step.loss_scale
 
     @tf.function
-    def loop(iterator, num_steps):
+    def loop(iterator, num_steps, variant=0):
+        del variant  # only a key of the trace
         totals = {k: tf.constant(0.0) for k in keys}
         skipped = tf.constant(0.0)
         waited = tf.constant(0.0, tf.float64)

@@ -125,3 +125,10 @@ def has_backbone(name: str) -> bool:
     """True for registry models built around a keras.applications backbone (DenseNets,
     EfficientNets): those --init_weights=imagenet and --freeze=backbone apply to."""
     return name in MODELS and MODELS[name][0] == "application"
+
+
+def has_blocks(name: str) -> bool:
+    """True for registry models whose layers before the head split into blocks (the
+    application models and the ResNets, not tiny_cnn): those --backbone_lr_multiplier and
+    --layer_lr_decay apply to (``finetune.BLOCK_RULES``)."""
+    return name in MODELS and MODELS[name][0] in ("application", "resnet")

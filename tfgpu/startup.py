@@ -35,7 +35,8 @@ def _is_noise(line: str, has_driver: bool) -> bool:
     return not has_driver and bool(_NO_DRIVER.search(line))
 
 
-def _has_nvidia_driver() -> bool:
+def has_nvidia_driver() -> bool:
+    """Whether an NVIDIA kernel driver is loaded: without one TensorFlow sees no GPU."""
     return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidiactl")
 
 
@@ -67,7 +68,7 @@ def import_tensorflow():
             os.dup2(saved, 2)
             os.close(saved)
             captured.seek(0)
-            has_driver = _has_nvidia_driver()
+            has_driver = has_nvidia_driver()
             kept = [
                 line
                 for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True)

@@ -113,20 +113,34 @@ class TrainStep:
         # Float16 overflows are expected (that is what the loss scale probes); elsewhere a
         # non-finite update is skipped only when asked, else the loop stops at it.
         self.skips_non_finite = skip_non_finite or loss_scale is not None
-        self.moving_stats = batchnorm.moving_statistics(model)
-        # Averaged in the all-reduce when more than one forward pass moved them per update.
-        self.averages_stats = bool(self.moving_stats) and (
-            backend.num_replicas > 1 or grad_accum_steps > 1
-        )
         self.sync_batchnorm = sync_batchnorm
         if sync_batchnorm:
             batchnorm.synchronize(model, backend.sum_over_replicas)
-        self._gradients = (
-            tf.function(self._gradients, jit_compile=True) if jit_compile else self._gradients
-        )
+        self.jit_compile = jit_compile
+        self.variant = 0  # what the loop's tf.function traces for: see trainable_changed
+        self._follow_trainable()
         with backend.scope():
             # Built here: variables cannot be created inside the cond that may skip an update.
             self.optimizer.build(model.trainable_variables)
+
+    def _follow_trainable(self) -> None:
+        """What depends on which layers train: the BatchNorm statistics that training moves,
+        and the (XLA-compiled) gradient function that computes them."""
+        self.moving_stats = batchnorm.moving_statistics(self.model)
+        # Averaged in the all-reduce when more than one forward pass moved them per update.
+        self.averages_stats = bool(self.moving_stats) and (
+            self.backend.num_replicas > 1 or self.grad_accum_steps > 1
+        )
+        self._compute_gradients = (
+            tf.function(self._gradients, jit_compile=True) if self.jit_compile else self._gradients
+        )
+
+    def trainable_changed(self) -> None:
+        """Call at a loop boundary after layers were frozen or unfrozen (``finetune.unfreeze``):
+        the step follows the model's trainable layers again, and ``variant`` changes, so that
+        the loop traces it anew (Keras reads ``trainable`` when the step is traced)."""
+        self._follow_trainable()
+        self.variant += 1
 
     def _loss(self, logits, targets):
         """Summed cross-entropy of a micro-batch, over the global batch size.
@@ -193,7 +207,7 @@ class TrainStep:
         if self.unpack is not None:
             batch = self.unpack(batch)
         start = [tf.identity(_value(v)) for v in self.moving_stats]
-        grads, loss, correct, stats = self._gradients(batch, start)
+        grads, loss, correct, stats = self._compute_gradients(batch, start)
         # The only gradient synchronization of the update: after the last micro-batch. The
         # moving statistics travel with it, each replica's share of their mean.
         share = 1.0 / (self.backend.num_replicas * self.grad_accum_steps)

@@ -129,7 +129,7 @@ def fit(training: Training, batches, actions, writer: RunWriter, input_ips=None)
             - state.step
         )
         phase("train", state.step)
-        totals, first_bad, diverged = loop(batches, tf.constant(n))
+        totals, first_bad, diverged = loop(batches, tf.constant(n), training.step.variant)
         if int(first_bad) >= 0 and not training.step.skips_non_finite:
             raise NonFiniteLoss(f"non-finite loss or gradients at step {int(first_bad)}")
         if int(diverged) >= 0:
