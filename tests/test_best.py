@@ -132,3 +132,65 @@ def test_early_stop_ends_cleanly_and_stays_stopped(small_dataset, tmp_path):
     # The same command again resumes at 6 and stops at once: the count is in the checkpoint.
     again = train.run(config)
     assert again["steps"] == 6 and again["stopped"] == "early_stop"
+
+
+class _Worker:
+    """A backend's verbs that ``best.Best`` uses, for one worker of two; ``chief_kept`` is
+    what the chief's best.json lists (the all-gather gives every worker the chief's)."""
+
+    def __init__(self, is_chief: bool, scratch, chief_kept: list):
+        self.is_chief, self._scratch, self._kept = is_chief, str(scratch), chief_kept
+
+    def checkpoint_dir(self, directory: str) -> str:
+        return directory if self.is_chief else self._scratch
+
+    def all_gather_bytes(self, blob: bytes) -> list:
+        return [json.dumps(self._kept).encode(), blob]
+
+
+def _best(tmp_path, model_dir, is_chief: bool, chief_kept: list):
+    import tensorflow as tf
+
+    from tfgpu.best import Best
+
+    train = _config("", model_dir, keep_best=1, best_metric="loss").train
+    (tmp_path / "scratch").mkdir(exist_ok=True)
+    best = Best(train, _Worker(is_chief, tmp_path / "scratch", chief_kept), str(model_dir))
+    best.checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    return best
+
+
+@pytest.mark.fast
+def test_a_resumed_worker_deletes_only_its_own_copies(tmp_path):
+    # After a resume every worker's kept list is the chief's; on a shared disk a non-chief
+    # that dropped an entry deleted the chief's files (and one of the two deletes failed).
+    chief_dir = tmp_path / "chief"
+    (chief_dir / "best").mkdir(parents=True)
+    for suffix in (".index", ".data-00000-of-00001"):
+        (chief_dir / "best" / f"ckpt-2{suffix}").write_bytes(b"x")
+    kept = [dict(step=2, loss=1.0, top1=0.5, top5=1.0, checkpoint=str(chief_dir / "best/ckpt-2"))]
+    worker = _best(tmp_path, tmp_path / "worker1", False, kept)
+    worker.resume(4)
+    assert [e["step"] for e in worker.kept] == [2]
+    for step, loss in ((4, 0.5), (6, 0.25)):  # each better: the previous one is dropped
+        assert worker.observe(step, {"loss": loss, "top1": 0.5, "top5": 1.0})
+    assert sorted(os.listdir(chief_dir / "best")) == ["ckpt-2.data-00000-of-00001", "ckpt-2.index"]
+    assert [e["step"] for e in worker.kept] == [6]
+    assert {n.split(".")[0] for n in os.listdir(tmp_path / "scratch")} == {"ckpt-6"}  # 4's gone
+    assert not (tmp_path / "worker1" / "best").exists()  # only the chief writes best/
+
+
+@pytest.mark.fast
+def test_best_checkpoint_is_found_in_the_model_dir_by_name(tmp_path):
+    # best.json holds the path the run wrote: relative to where it started, or moved since.
+    from tfgpu.best import best_checkpoint
+
+    (tmp_path / "moved" / "best").mkdir(parents=True)
+    doc = {
+        "metric": "top1",
+        "mode": "max",
+        "kept": [{"step": 4, "checkpoint": "runs/ft/best/ckpt-4"}],
+    }
+    (tmp_path / "moved" / "best" / "best.json").write_text(json.dumps(doc))
+    assert best_checkpoint(str(tmp_path / "moved")) == str(tmp_path / "moved" / "best" / "ckpt-4")
+    assert best_checkpoint(str(tmp_path / "nothing")) == ""

@@ -104,6 +104,29 @@ def test_node_local_model_dirs_resume_from_the_chief_horovod(
     _assert_same(final_weights(tmp_path / "rank0"), uninterrupted)
 
 
+def test_best_and_early_stop_under_two_workers(small_dataset, tmp_path):
+    """--keep_best and --early_stop_patience with 2 workers, each with its own --model_dir:
+    every worker stops at the same step (one that went on would wait forever in a collective)
+    and exits 0 with the same weights; only the chief's --model_dir has best/. top5 of 4
+    classes is 1.0 at every evaluation, so none is better than the first (at step 2) and,
+    with patience 1, the run stops at the second: step 4 of the 20 planned."""
+    best = dict(keep_best=1, best_metric="top5", early_stop_patience=1, eval_every_steps=2)
+    dirs = [tmp_path / "w0", tmp_path / "w1"]
+    flags = dict(RUN, train_steps=20, input_probe_s=0, **best)
+    runs = _mwms([cli_flags(flags, data_dir=small_dataset, model_dir=d) for d in dirs])
+    for out in runs:
+        assert out.returncode == 0, out.stderr[-3000:]
+    ended = [re.findall(r"worker (\d)/2 weights_sha256 (\w+)", out.stdout) for out in runs]
+    assert [worker for ((worker, _),) in ended] == ["0", "1"]
+    assert len({sha for ((_, sha),) in ended}) == 1  # the same updates, so the same stop
+    summary = json.load(open(dirs[0] / "summary.json"))
+    assert summary["stopped"] == "early_stop" and summary["stopped_at_step"] == 4
+    assert summary["steps"] == 4 and "early stop at step 4" in runs[0].stdout
+    (kept,) = json.load(open(dirs[0] / "best" / "best.json"))["kept"]
+    assert kept["step"] == 2 and os.path.exists(kept["checkpoint"] + ".index")
+    assert os.listdir(dirs[1]) == []  # no best/, nor anything else: only the chief writes
+
+
 def _error_lines(out) -> list:
     return [line for line in out.stderr.splitlines() if line.startswith("tfgpu: error:")]
 

@@ -1,16 +1,20 @@
 """python -m tfgpu.evaluate: the run's own evaluation, on any checkpoint and split."""
 
+import itertools
 import json
 import os
 
+import numpy as np
 import pytest
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.errors import CheckpointError, run_command
 from tfgpu.evaluate import evaluate
+from tfgpu.results import confusion_image
 
-pytestmark = pytest.mark.slow  # one training run of ~15 s on 2 cores
+# Slow by the tiers' rule (it trains: one run of ~15 s on 2 cores), but for the fast test of
+# the image alone.
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +68,11 @@ def test_latest_reproduces_the_final_evaluation(trained_run, tmp_path):
     assert correct / 24 == pytest.approx(result["top1"])
     assert written["class_names"] == ["a", "b", "c", "d"]
     assert "confusion matrix" in lines[0] and "top1" in lines[0]
+    # The matrix as a TensorBoard image, in the run's tensorboard/evaluate/, at its step.
+    images = _images(os.path.join(model_dir, "tensorboard", "evaluate"))
+    image = images[("confusion_matrix/validation", 6)]
+    np.testing.assert_array_equal(image, confusion_image(matrix))
+    assert image.shape == (512, 512, 3) and "Images tab" in lines[-1]
 
 
 def test_best_checkpoint_reproduces_its_evaluation(trained_run):
@@ -75,13 +84,17 @@ def test_best_checkpoint_reproduces_its_evaluation(trained_run):
     assert result["top1"] == best["top1"]
 
 
-def test_other_split_and_exported_model(trained_run, small_dataset):
+def test_other_split_and_exported_model(trained_run, small_dataset, tmp_path):
     model_dir, _ = trained_run
     on_train = evaluate(model_dir, split="train", log=lambda _: None)
     assert on_train["num_examples"] == 96 and on_train["split"] == "train"
     exported = os.path.join(model_dir, "export", "model.keras")
-    from_file = evaluate(checkpoint=exported, data_dir=small_dataset, log=lambda _: None)
+    tensorboard = str(tmp_path / "tb")  # --tensorboard_dir: a .keras file has no run of its own
+    from_file = evaluate(
+        checkpoint=exported, data_dir=small_dataset, log=lambda _: None, tensorboard_dir=tensorboard
+    )
     assert from_file["step"] is None and from_file["num_examples"] == 24
+    assert list(_images(tensorboard)) == [("confusion_matrix/validation", 0)]
 
 
 def test_errors_are_one_line(trained_run, tmp_path, capsys):
@@ -94,6 +107,43 @@ def test_errors_are_one_line(trained_run, tmp_path, capsys):
     code = run_command(evaluate, str(tmp_path / "nothing"), prog="tfgpu-evaluate")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "holds no config.json" in err[0]
+    # A TensorBoard folder that cannot be made is one warning; the results are still given.
+    (tmp_path / "a-file").write_text("")
+    result = evaluate(model_dir, log=lambda _: None, tensorboard_dir=str(tmp_path / "a-file/tb"))
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert "WARNING: no TensorBoard image" in warning and result["num_examples"] == 24
+
+
+def _images(logdir) -> dict:
+    """{(tag, step): the decoded image} of every image summary in ``logdir``."""
+    import tensorflow as tf
+
+    found = {}
+    for path in tf.io.gfile.glob(os.path.join(logdir, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == "images":
+                    width, height, png = tf.make_ndarray(value.tensor)  # TensorBoard's layout
+                    image = tf.io.decode_png(png).numpy()
+                    assert image.shape[:2] == (int(height), int(width))
+                    found[(value.tag, event.step)] = image
+    return found
+
+
+@pytest.mark.fast
+def test_confusion_image_is_a_heat_map_of_the_row_shares():
+    matrix = [[4, 0, 0], [1, 2, 1], [0, 0, 0]]  # a perfect class, a mixed one, an empty one
+    image = confusion_image(matrix)
+    side = 512 // 3
+    assert image.shape == (3 * side, 3 * side, 3) and image.dtype == np.uint8
+    centres = image[side // 2 :: side, side // 2 :: side].astype(int).sum(axis=-1)
+    shares = np.array([[1, 0, 0], [0.25, 0.5, 0.25], [0, 0, 0]])
+    # Brighter exactly where the share is larger: the perfect class's diagonal is white.
+    for a, b in itertools.product(np.ndindex(3, 3), repeat=2):
+        assert np.sign(centres[a] - centres[b]) == np.sign(shares[a] - shares[b]), (a, b)
+    assert centres[0, 0] == 3 * 255 and centres[2].max() == 0
+    assert (image[side, :] == 64).all()  # cells outlined
+    assert confusion_image(np.eye(1000)).shape == (1000, 1000, 3)  # a pixel per cell
 
 
 def test_predict_agrees_with_the_evaluation(trained_run):

@@ -88,6 +88,36 @@ def test_freeze_backbone_trains_the_head_only_with_frozen_batchnorm():
     np.testing.assert_array_equal(bn.moving_mean.numpy(), before)
 
 
+@SLOW
+def test_a_restored_checkpoint_normalizes_with_its_statistics(tmp_path):
+    # EfficientNet's Normalization computes with constants made from its variables; after a
+    # tf.train.Checkpoint restore (tfgpu.evaluate, predict, a resumed run) they must be the
+    # restored ones, not those the fresh model was built with.
+    import tensorflow as tf
+
+    from tfgpu.checkpoints import refresh_derived_state
+
+    trained = _model()
+    norm = _normalization(trained)
+    norm.adapt_variance.assign(norm.adapt_variance * 2.0)  # as the ImageNet fold changes it
+    norm.finalize_state()
+    path = tf.train.Checkpoint(model=trained).write(str(tmp_path / "ckpt"))
+    restored = _model()
+    tf.train.Checkpoint(model=restored).read(path).assert_existing_objects_matched()
+    refresh_derived_state(restored)
+    images = np.random.default_rng(0).uniform(0, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_array_equal(_normalization(restored)(images), norm(images))
+
+
+def _normalization(model):
+    (norm,) = [
+        layer
+        for layer in pretrained.backbone_of(model).layers
+        if isinstance(layer, keras.layers.Normalization)
+    ]
+    return norm
+
+
 @pytest.mark.fast
 def test_resnets_and_tiny_cnn_have_no_imagenet_start():
     with pytest.raises(ConfigError, match="v1.5"):

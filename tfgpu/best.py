@@ -43,6 +43,7 @@ class Best:
         self.stale = tf.Variable(0, dtype=tf.int64, trainable=False)  # evaluations since best
         self.kept: list[dict] = []
         self.checkpoint = None  # the run's tf.train.Checkpoint, set by build()
+        self._scratch: dict = {}  # step -> the copy a non-chief wrote (in its scratch dir)
 
     def tracked(self) -> dict:
         """What the run's checkpoints save of it."""
@@ -90,14 +91,27 @@ class Best:
             return
         prefix = os.path.join(self._backend.checkpoint_dir(self.directory), f"ckpt-{step}")
         entry["checkpoint"] = self.checkpoint.write(prefix)
+        if not self._backend.is_chief:
+            self._scratch[step] = entry["checkpoint"]
         for dropped in ranked[self.keep :]:
-            for path in glob.glob(glob.escape(dropped["checkpoint"]) + ".*"):
-                os.remove(path)
+            self._remove(dropped)
         self.kept = ranked[: self.keep]
         if self._backend.is_chief:
             os.makedirs(self.directory, exist_ok=True)
             doc = {"metric": self.metric, "mode": self.mode, "kept": self.kept}
             write_json(os.path.join(self.directory, BEST_FILE), doc)
+
+    def _remove(self, entry: dict) -> None:
+        """Deletes a dropped checkpoint's files: the chief its own, in best/ (by name: the
+        path in a resumed list may be relative to where an earlier run started), another
+        worker only the scratch copy it wrote (a resumed list is the chief's, whose files on
+        a shared disk are the chief's to delete: were both to delete them, one would fail)."""
+        if self._backend.is_chief:
+            prefix = os.path.join(self.directory, os.path.basename(entry["checkpoint"]))
+        else:
+            prefix = self._scratch.pop(entry["step"], "")
+        for path in glob.glob(glob.escape(prefix) + ".*") if prefix else ():
+            os.remove(path)
 
     def summary(self) -> dict:
         """summary.json's "best": the metric, its best value and the step that reached it."""
@@ -110,9 +124,13 @@ class Best:
 
 
 def best_checkpoint(model_dir: str) -> str:
-    """The path of the best kept checkpoint of ``model_dir`` (best/best.json), or ""."""
+    """The path of the best kept checkpoint of ``model_dir`` (best/best.json), or "". It is
+    looked for in ``model_dir/best/`` by its name: the path in best.json is the one the run
+    wrote, relative to where it started when its --model_dir was, stale once the folder moved."""
     try:
         kept = read_json(os.path.join(model_dir, BEST_DIR, BEST_FILE)).get("kept", [])
     except ValueError:
         return ""
-    return kept[0]["checkpoint"] if kept else ""
+    return (
+        os.path.join(model_dir, BEST_DIR, os.path.basename(kept[0]["checkpoint"])) if kept else ""
+    )

@@ -26,6 +26,7 @@ class Checkpoints:
         self.checkpoint = tf.train.Checkpoint(**tracked)
         self._tracked, self._optional = tracked, frozenset(optional)
         self._backend = backend
+        self._model = tracked["model"]
         self._step = tracked["step"]
         self._variables = _variables(tracked.values())
         self._manager = tf.train.CheckpointManager(
@@ -43,6 +44,7 @@ class Checkpoints:
         if failure:
             raise CheckpointError(failure)
         self._backend.broadcast_from_chief(self._variables)
+        refresh_derived_state(self._model)
         return int(self._step.numpy())
 
     def _restore_newest(self, log) -> str:
@@ -98,6 +100,24 @@ class Checkpoints:
             if final:
                 raise CheckpointError(message) from None
             _warn(message)
+
+
+def refresh_derived_state(model) -> None:
+    """After ``model``'s variables were restored or assigned: Keras layers that compute with
+    tensors derived from their variables recompute them (``finalize_state``: EfficientNet's
+    Normalization keeps its mean and variance as constants made from its variables). Keras'
+    own loaders do this; tf.train.Checkpoint does not, and the layer would go on using the
+    values it was built with."""
+    for layer in _nested_layers(model):
+        finalize = getattr(layer, "finalize_state", None)
+        if callable(finalize):
+            finalize()
+
+
+def _nested_layers(model):
+    for layer in getattr(model, "layers", ()):
+        yield layer
+        yield from _nested_layers(layer)
 
 
 # What a truncated or corrupted checkpoint raises while it is read (a truncated .data file:

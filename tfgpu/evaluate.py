@@ -1,15 +1,18 @@
 """``python -m tfgpu.evaluate`` (``tfgpu-evaluate``): a trained run's checkpoint on a split.
 
     python -m tfgpu.evaluate --model_dir=runs/r50 [--checkpoint=latest|best|PATH|FILE.keras]
-        [--data_dir=OTHER] [--split=validation] [--output=eval.json]
+        [--data_dir=OTHER] [--split=validation] [--output=eval.json] [--tensorboard_dir=DIR]
 
 Top-1, top-5, loss, per-class accuracy and the confusion matrix, printed and (``--output``)
-written as JSON. It is the run's own evaluation (``train.Evaluator``: the run's Config, data
-spec, registry model, ``pipeline.make_eval_dataset`` and ``loops.make_eval_step``, EMA weights
-when the run kept them), so on the same checkpoint and split it gives the run's numbers.
+written as JSON; the confusion matrix also as a TensorBoard image, in the run's
+``tensorboard/evaluate/`` (or ``--tensorboard_dir``). It is the run's own evaluation
+(``train.Evaluator``: the run's Config, data spec, registry model, ``pipeline.make_eval_dataset``
+and ``loops.make_eval_step``, EMA weights when the run kept them), so on the same checkpoint
+and split it gives the run's numbers.
 """
 
 import os
+import sys
 
 from absl import app, flags
 
@@ -40,6 +43,17 @@ def define_flags() -> None:
         flags.DEFINE_integer("eval_batch_size", 0, "Images per batch (0: the run's).")
 
 
+def define_own_flags() -> None:
+    """The flags of tfgpu.evaluate alone (not tfgpu.predict's, which shares the others)."""
+    if "tensorboard_dir" not in FLAGS:
+        flags.DEFINE_string(
+            "tensorboard_dir",
+            "",
+            "Where to write the confusion matrix as a TensorBoard image (default: the run's "
+            "tensorboard/evaluate/; without --model_dir, nowhere unless given).",
+        )
+
+
 def evaluate(
     model_dir: str = "",
     checkpoint: str = "latest",
@@ -48,8 +62,11 @@ def evaluate(
     output: str = "",
     eval_batch_size: int = 0,
     log=print,
+    tensorboard_dir: str = "",
 ) -> dict:
-    """Evaluates as the command does; returns the results (what ``--output`` holds)."""
+    """Evaluates as the command does; returns the results (what ``--output`` holds). The
+    confusion matrix image goes to ``tensorboard_dir``, by default ``model_dir``'s
+    tensorboard/evaluate/ (none without either)."""
     if not model_dir and not (checkpoint.endswith(".keras") and data_dir):
         raise UsageError("give --model_dir, or --checkpoint=FILE.keras with --data_dir")
     config, path = use.config_and_checkpoint(
@@ -83,7 +100,38 @@ def evaluate(
     if output:
         write_json(os.path.expanduser(output), report)
         log(f"written to {output}")
+    _write_image(report, tensorboard_dir or _default_tensorboard_dir(model_dir), log)
     return report
+
+
+def _default_tensorboard_dir(model_dir: str) -> str:
+    """Where the image goes without --tensorboard_dir: the run's tensorboard/evaluate/."""
+    from tfgpu.results import EVALUATE_TB
+
+    if not model_dir:
+        return ""
+    return os.path.join(os.path.expanduser(model_dir), "tensorboard", EVALUATE_TB)
+
+
+def _write_image(report: dict, logdir: str, log) -> None:
+    """The confusion matrix as a TensorBoard image in ``logdir`` (nothing when empty). A
+    folder that cannot be written is a warning: the results are printed and written already."""
+    if not logdir:
+        return
+    import tensorflow as tf
+
+    from tfgpu.errors import op_error_cause
+    from tfgpu.results import write_confusion_image
+
+    logdir = os.path.expanduser(logdir)
+    matrix, names = report["confusion_matrix"], report["class_names"]
+    try:
+        write_confusion_image(logdir, matrix, names, report["split"], report["step"] or 0)
+    except (tf.errors.OpError, OSError) as err:
+        why = op_error_cause(err)
+        print(f"tfgpu-evaluate: WARNING: no TensorBoard image: {logdir}: {why}", file=sys.stderr)
+        return
+    log(f"confusion matrix image in {logdir} (tensorboard --logdir {logdir}, Images tab)")
 
 
 def format_report(r: dict) -> str:
@@ -122,12 +170,14 @@ def _command() -> None:
         FLAGS.split,
         FLAGS.output,
         FLAGS.eval_batch_size,
+        tensorboard_dir=FLAGS.tensorboard_dir,
     )
 
 
 def run():
     """Console-script entry point (``tfgpu-evaluate``)."""
     define_flags()
+    define_own_flags()
     app.run(main)
 
 

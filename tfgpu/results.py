@@ -2,8 +2,9 @@
 
 config.json, metrics.jsonl (one JSON object per logged step or evaluation), summary.csv (one
 row per evaluation, as timm's), tensorboard/ (train/ and eval/ scalars; at its top the run's
-settings as hparams and its final metrics), summary.json, final.weights.h5 and export/
-(model.keras and a SavedModel taking uint8).
+settings as hparams and its final metrics; evaluate/: what ``tfgpu.evaluate`` writes later,
+the confusion matrix as an image), summary.json, final.weights.h5 and export/ (model.keras
+and a SavedModel taking uint8).
 """
 
 import csv
@@ -14,6 +15,7 @@ import sys
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfgpu.files import write_json
@@ -177,6 +179,44 @@ class RunWriter:
 
 
 SUMMARY_CSV = ("step", "epoch", "top1", "top5", "loss", "learning_rate", "images_per_sec")
+
+# tensorboard/<this>: tfgpu.evaluate's own TensorBoard run, beside the run's train/ and eval/
+# (never into eval/, which a run still training may be writing).
+EVALUATE_TB = "evaluate"
+
+
+def confusion_image(matrix, max_side: int = 512) -> np.ndarray:
+    """A confusion matrix (counts; rows: true class, columns: predicted) as a heat map, uint8
+    [C*s, C*s, 3]: each cell an s x s square (s = max_side // C, at least 1), its value the
+    share of the row's examples (0 for a class without any), in black-red-yellow-white
+    (brightness, R+G+B, grows with the share; a class always right has a white diagonal
+    cell). Cells of 8 pixels or more are outlined in dark grey, so that equal ones stay apart."""
+    counts = np.asarray(matrix, np.float64)
+    shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+    # The "hot" colour map: red rises over the first third, then green, then blue.
+    rgb = np.round(255 * np.clip(3 * shares[..., None] - np.arange(3), 0, 1)).astype(np.uint8)
+    side = max(1, max_side // max(len(counts), 1))
+    pixels = np.repeat(np.repeat(rgb, side, axis=0), side, axis=1)
+    if side >= 8:
+        pixels[::side], pixels[:, ::side] = 64, 64
+    return pixels
+
+
+def write_confusion_image(logdir: str, matrix, class_names, split: str, step: int) -> None:
+    """``confusion_image(matrix)`` as TensorBoard image ``confusion_matrix/<split>`` at
+    ``step`` (the checkpoint's update) in ``logdir``; its description names the classes in
+    order, as TensorBoard shows it beside the image."""
+    listed = ", ".join(f"{i}: {n}" for i, n in enumerate(class_names[:100]))
+    more = f", ... ({len(class_names)} classes)" if len(class_names) > 100 else ""
+    description = (
+        "Rows: true class, columns: predicted; each row is the share of that class's examples "
+        f"(black 0, red, yellow, white 1). Classes in order: {listed}{more}"
+    )
+    writer = tf.summary.create_file_writer(logdir)
+    with writer.as_default():
+        image = confusion_image(matrix)[None]
+        tf.summary.image(f"confusion_matrix/{split}", image, step=step, description=description)
+    writer.close()
 
 
 def format_progress(record: dict, total_steps: int, global_batch: int) -> str:

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tfgpu import compat
 from tfgpu.actions import LoopState, default_actions, eval_context, phase
 from tfgpu.build import Training, build, probe_input, train_batches, train_maker
+from tfgpu.checkpoints import refresh_derived_state
 from tfgpu.config import Config, resolve
 from tfgpu.data import broken, memory, pipeline
 from tfgpu.data import spec as data_spec
@@ -255,10 +256,12 @@ def _export(r: Training, writer: RunWriter) -> None:
     best = r.best.kept[0]
     last = [keras.ops.convert_to_numpy(w) for w in r.model.weights]
     tf.train.Checkpoint(model=r.model).read(best["checkpoint"]).expect_partial()
+    refresh_derived_state(r.model)
     writer.info(f"export: the best model by {r.best.metric}, step {best['step']}")
     export_model(r.model, directory, config.data.image_size)
     for weight, value in zip(r.model.weights, last):
         weight.assign(value)
+    refresh_derived_state(r.model)
 
 
 def _agreed_spec(config: Config, backend, heartbeat: str) -> tuple:

@@ -102,7 +102,7 @@ def load(config: Config, path: str) -> Trained:
     import tensorflow as tf
 
     from tfgpu.build import build
-    from tfgpu.checkpoints import DAMAGED
+    from tfgpu.checkpoints import DAMAGED, refresh_derived_state
     from tfgpu.data.spec import load_spec
     from tfgpu.distribute import backends
 
@@ -126,6 +126,7 @@ def load(config: Config, path: str) -> Trained:
     except DAMAGED as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise CheckpointError(f"{path} does not fit the run's model: {reason}") from None
+    refresh_derived_state(r.model)  # EfficientNet's Normalization: the restored statistics
     step = int(r.global_step.numpy())
     return Trained(config, backend, spec, r.model, r.optimizer, step, r.plan.eval_global_batch)
 
