@@ -250,6 +250,7 @@ def test_fewer_shards_than_workers_and_fewer_eval_examples_than_replicas(tmp_pat
     assert "4 replica(s)" in out.stdout and out.stdout.count("(3 examples)") == 2
 
 
+@pytest.mark.heavy  # ~95 s on a starved core: a diagnostic, not a contract
 def test_the_chief_logs_the_slowest_worker_per_window(small_dataset, tmp_path):
     """A straggler made for real: worker 1 shares its CPU core with three busy loops."""
     if len(os.sched_getaffinity(0)) < 2:

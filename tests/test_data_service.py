@@ -346,6 +346,7 @@ def test_a_worker_killed_mid_run_does_not_end_training(procs, small_dataset, tmp
     assert workers[0].proc.poll() is None
 
 
+@pytest.mark.heavy  # 80 s; the killed service worker above keeps the fault-tolerance claim
 def test_a_restarted_trainer_rejoins_its_job(procs, small_dataset, tmp_path):
     """Killed with SIGKILL after a checkpoint, the same command on the same --model_dir names
     the same job, resumes from the checkpoint and finishes through the service."""

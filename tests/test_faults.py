@@ -97,6 +97,7 @@ def test_sigterm_checkpoints_exits_75_and_the_resumed_run_is_exact(
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
+@pytest.mark.heavy  # 86 s; SIGTERM (above) and a damaged newest checkpoint (below) stay
 def test_kill_9_while_checkpointing_every_step_resumes_from_a_complete_one(
     small_dataset, uninterrupted, tmp_path
 ):
