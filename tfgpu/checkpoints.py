@@ -26,7 +26,7 @@ class Checkpoints:
         self.checkpoint = tf.train.Checkpoint(**tracked)
         self._tracked, self._optional = tracked, frozenset(optional)
         self._backend = backend
-        self._model = tracked["model"]
+        self._model = tracked.get("model")  # None: no Keras model among them
         self._step = tracked["step"]
         self._variables = _variables(tracked.values())
         self._manager = tf.train.CheckpointManager(
@@ -44,7 +44,8 @@ class Checkpoints:
         if failure:
             raise CheckpointError(failure)
         self._backend.broadcast_from_chief(self._variables)
-        refresh_derived_state(self._model)
+        if self._model is not None:
+            refresh_derived_state(self._model)
         return int(self._step.numpy())
 
     def _restore_newest(self, log) -> str:
