@@ -160,17 +160,24 @@ def test_each_block_updates_as_with_its_own_learning_rate(optimizer, weight_deca
     assert {m for _, _, m in references.values()} == {1.0, 0.25, 0.125, 0.0625, 0.03125}
 
 
+def _frozen_with_groups(config):
+    """(the stand-in model with its backbone frozen, its GroupedOptimizer built on it), as
+    build.build makes them: the groups before the freeze."""
+    keras.utils.set_random_seed(0)
+    model = _stand_in()
+    grouped = finetune.build_optimizer(config, model, total_steps=10)
+    pretrained.freeze_backbone(model)
+    grouped.build(model.trainable_variables)
+    return model, grouped
+
+
 @pytest.mark.fast
 def test_an_unfrozen_backbone_starts_adam_as_a_new_optimizer():
     # 3 updates of the head alone, then everything: the backbone's first Adam update is a new
     # Adam's first (bias correction from its own count), not one with moments from zero at
     # update 4 of a shared count (0.58x as large here; ~3x after thousands of updates).
     config = _config(freeze="backbone", unfreeze_after_steps=3, weight_decay=0.0)
-    keras.utils.set_random_seed(0)
-    model = _stand_in()
-    grouped = finetune.build_optimizer(config, model, total_steps=10)
-    pretrained.freeze_backbone(model)
-    grouped.build(model.trainable_variables)
+    model, grouped = _frozen_with_groups(config)
     for i in range(3):
         grouped.apply(_grads(model.trainable_variables, i), model.trainable_variables)
     assert [int(o.iterations.numpy()) for o in grouped.optimizers] == [3, 0]
@@ -191,11 +198,7 @@ def test_ema_weights_leave_a_backbone_never_trained_as_it_is():
     # The groups are built before --init_weights is loaded (build.build), so a frozen group's
     # average holds the weights as built until its first update: evaluation must not use it.
     config = _config(freeze="backbone", unfreeze_after_steps=3, ema_decay=0.5)
-    keras.utils.set_random_seed(0)
-    model = _stand_in()
-    grouped = finetune.build_optimizer(config, model, total_steps=10)
-    pretrained.freeze_backbone(model)
-    grouped.build(model.trainable_variables)
+    model, grouped = _frozen_with_groups(config)
     kernel = model.get_layer("efficientnetb0").get_layer("stem_conv").kernel
     kernel.assign(kernel.numpy() + 1.0)  # as a weights file loaded after the build
     loaded = kernel.numpy()
