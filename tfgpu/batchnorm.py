@@ -75,8 +75,8 @@ def _synced_moments(sum_over_replicas):
     runs through whichever backend runs the step."""
 
     def moments(x, axes):
-        x = tf.cast(x, tf.float32)  # Keras hands float32 already; stated, not assumed
-        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), tf.float32)
+        x = tf.cast(x, tf.float64 if x.dtype == tf.float64 else tf.float32)
+        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
         total = sum_over_replicas(tf.concat([tf.reduce_sum(x, axes), tf.reshape(count, [1])], 0))
         n = total[-1]
         mean = total[:-1] / n

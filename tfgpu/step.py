@@ -149,7 +149,8 @@ class TrainStep:
         """
         num_classes = logits.shape[-1]
         if targets.dtype.is_integer:
-            targets = tf.one_hot(targets, num_classes)
+            targets = tf.one_hot(targets, num_classes, dtype=logits.dtype)
+        targets = tf.cast(targets, logits.dtype)
         if self.label_smoothing:
             targets = targets * (1 - self.label_smoothing) + self.label_smoothing / num_classes
         per_example = tf.nn.softmax_cross_entropy_with_logits(targets, logits)
@@ -158,18 +159,20 @@ class TrainStep:
     def _micro_step(self, images, labels):
         """One micro-batch: (gradients, summed loss, correct count)."""
         with tf.GradientTape() as tape:
-            logits = tf.cast(self.model(images, training=True), tf.float32)
+            logits = _at_least_float32(self.model(images, training=True))
             loss = self._loss(logits, labels)
             if self.model.losses:  # this micro-batch's share of the once-per-update penalty
-                share = tf.cast(tf.shape(labels)[0], tf.float32) / self.global_batch_size
-                loss += tf.add_n([tf.cast(x, tf.float32) for x in self.model.losses]) * share
+                share = tf.cast(tf.shape(labels)[0], loss.dtype) / self.global_batch_size
+                loss += tf.add_n([tf.cast(x, loss.dtype) for x in self.model.losses]) * share
             scaled = loss * self.loss_scale.scale if self.loss_scale else loss
         grads = tape.gradient(scaled, self.model.trainable_variables)
         hard = labels if labels.dtype.is_integer else tf.argmax(labels, -1, tf.int32)
         correct = tf.reduce_sum(
             tf.cast(tf.equal(tf.argmax(logits, -1, tf.int32), hard), tf.float32)
         )
-        return [tf.cast(g, tf.float32) for g in grads], loss, correct
+        variables = self.model.trainable_variables
+        grads = [tf.cast(g, _value(v).dtype) for g, v in zip(grads, variables)]
+        return grads, tf.cast(loss, tf.float32), correct
 
     def _gradients(self, batch: dict, start_stats: list):
         """This replica's share of the update: k micro-batches -> (summed float32 gradients,
@@ -220,7 +223,7 @@ class TrainStep:
             new = stats if self.averages_stats else [_value(v) for v in self.moving_stats]
             batchnorm.average_update(self.moving_stats, start, new, finite)
         # The global norm of the all-reduced gradients, before clipping (which reuses it).
-        norm = tf.linalg.global_norm(grads) if self.extra_metrics else None
+        norm = _global_norm(grads) if self.extra_metrics else None
         grads = clip_by_global_norm(grads, self.clip_norm, norm)
         # Examples whose image was broken (weight 0: zero targets, no gradient).
         skipped = tf.reduce_sum(1.0 - batch["weight"])
@@ -255,6 +258,16 @@ class TrainStep:
             self.optimizer.apply, args=(grads, self.model.trainable_variables)
         )
         return tf.constant(True)
+
+
+def _global_norm(grads) -> tf.Tensor:
+    """The float32 global norm of ``grads`` (float64 ones too: exactness tests)."""
+    return tf.linalg.global_norm([tf.cast(g, tf.float32) for g in grads])
+
+
+def _at_least_float32(tensor):
+    """float16/bfloat16 -> float32; float32 and float64 (exactness tests) as they are."""
+    return tensor if tensor.dtype in (tf.float32, tf.float64) else tf.cast(tensor, tf.float32)
 
 
 def _value(variable):
