@@ -1,7 +1,8 @@
-"""BatchNorm models under the strategies that start processes: resnet18 trained by 2
-multi_worker_mirrored workers and by 2 Horovod ranks ends with the same weights on every
-process, equal to mirrored x2 (without --sync_batchnorm) or to one device (with it); and the
-checkpoint the 2 workers wrote, evaluated by one process, gives their top-1."""
+"""BatchNorm models under the strategies that start processes: resnet18 and efficientnet_b0
+(keras.applications) trained by 2 multi_worker_mirrored workers and by 2 Horovod ranks end with
+the same weights on every process, equal to mirrored x2 (without --sync_batchnorm) or to one
+device (with it); and the checkpoint the 2 workers wrote, evaluated by one process, gives their
+top-1."""
 
 import shutil
 import subprocess
@@ -24,7 +25,16 @@ BN_RUN = dict(
     steps_per_loop=2,
     log_every_steps=2,
     checkpoint_every_steps=STEPS,
+    drop_path_rate=0.0,  # EfficientNet's stochastic depth draws its masks per replica
 )
+# Without sync the code path is the same for every family: resnet18 alone. With it, one model
+# of each family; efficientnet_b0's cases are heavy (its sync collective across replicas runs
+# in the default tier, tests/test_batchnorm.py).
+SYNC_CASES = [
+    pytest.param("resnet18", False, id="resnet18-nosync"),
+    pytest.param("resnet18", True, id="resnet18-sync"),
+    pytest.param("efficientnet_b0", True, id="efficientnet_b0-sync"),
+]
 
 
 def _assert_close(weights, reference, atol=1e-5):
@@ -43,17 +53,19 @@ def _in_process(data_dir, model_dir, **settings):
 
 @pytest.fixture(scope="module")
 def references(small_dataset, tmp_path_factory):
-    """``references(sync_batchnorm)``: the final weights of the run it must equal, made once
-    when first asked for: one device of 16 with sync, mirrored x2 (each replica normalizing
-    its 8) without it."""
+    """``references(model, sync_batchnorm)``: the final weights of the run it must equal, made
+    once when first asked for: one device of 16 with sync, mirrored x2 (each replica
+    normalizing its 8) without it."""
     root, made = tmp_path_factory.mktemp("bn-references"), {}
 
-    def reference(sync: bool):
-        if sync not in made:
+    def reference(model: str, sync: bool):
+        if (model, sync) not in made:
             strategy = "default" if sync else "mirrored"
-            summary, made[sync] = _in_process(small_dataset, root / strategy, strategy=strategy)
+            model_dir = root / f"{model}-{strategy}"
+            summary, weights = _in_process(small_dataset, model_dir, model=model, strategy=strategy)
             assert summary["num_replicas"] == (1 if sync else 2)
-        return made[sync]
+            made[model, sync] = weights
+        return made[model, sync]
 
     return reference
 
@@ -62,33 +74,36 @@ def references(small_dataset, tmp_path_factory):
 def test_without_sync_two_replicas_are_not_one_device(references):
     """The contract is about the spread, not magic: without sync 2 replicas of 8 normalize
     differently from one device of 16."""
-    one_device, mirrored = references(True), references(False)
+    one_device, mirrored = references("resnet18", True), references("resnet18", False)
     assert max(float(np.abs(a - b).max()) for a, b in zip(one_device, mirrored)) > 1e-4
 
 
 def _two_processes(cmd, model_dir, reference):
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(_fingerprints(out.stdout)) == 1, "the processes ended with different weights"
     _assert_close(final_weights(model_dir), reference)
     return out
 
 
-# Each case starts 2 processes (60-140 s on 2 cores with its reference). The default run
-# keeps the moving statistics averaged without sync under Horovod, where each rank drifted
-# apart before; the other three cases are heavy (the sync collective is shown across
+# Each case starts 2 processes (60-140 s on 2 cores with its reference; efficientnet_b0 more).
+# The default run keeps the moving statistics averaged without sync under Horovod, where each
+# rank drifted apart before; the other cases are heavy (the sync collective is shown across
 # replicas in test_batchnorm.py).
 @pytest.mark.heavy
-@pytest.mark.parametrize("sync", [False, True])
-def test_multi_worker_batchnorm_equals_its_reference(small_dataset, references, tmp_path, sync):
+@pytest.mark.timeout(900)  # efficientnet_b0: two traces per process on 2 shared cores
+@pytest.mark.parametrize("model,sync", SYNC_CASES)
+def test_multi_worker_batchnorm_equals_its_reference(
+    small_dataset, references, tmp_path, model, sync
+):
     cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
-    flags = dict(BN_RUN, sync_batchnorm=sync, strategy="multi_worker_mirrored")
+    flags = dict(BN_RUN, model=model, sync_batchnorm=sync, strategy="multi_worker_mirrored")
     cmd += cli_flags(flags, data_dir=small_dataset, model_dir=tmp_path / "run")
-    _two_processes(cmd, tmp_path / "run", references(sync))
-    _one_process_evaluates_the_same(small_dataset, tmp_path)
+    _two_processes(cmd, tmp_path / "run", references(model, sync))
+    _one_process_evaluates_the_same(small_dataset, tmp_path, model)
 
 
-def _one_process_evaluates_the_same(data_dir, tmp_path):
+def _one_process_evaluates_the_same(data_dir, tmp_path, model):
     """The 2 workers' last checkpoint, restored by one process (no update left to do),
     evaluates to the 2 workers' final top-1 and loss."""
     import json
@@ -97,19 +112,26 @@ def _one_process_evaluates_the_same(data_dir, tmp_path):
         two_workers = json.load(f)["final_eval"]
     alone = tmp_path / "alone"
     shutil.copytree(tmp_path / "run" / "checkpoints", alone / "checkpoints")
-    summary, _ = _in_process(data_dir, alone, strategy="default")
+    summary, _ = _in_process(data_dir, alone, model=model, strategy="default")
     assert summary["steps"] == STEPS
     assert summary["final_eval"]["top1"] == two_workers["top1"]
     assert abs(summary["final_eval"]["loss"] - two_workers["loss"]) < 1e-5
 
 
-@pytest.mark.parametrize("sync", [False, pytest.param(True, marks=pytest.mark.heavy)])
+# The default run keeps resnet18 without sync (each rank drifted apart before); the rest heavy.
+HOROVOD_CASES = [SYNC_CASES[0]] + [
+    pytest.param(*p.values, marks=pytest.mark.heavy, id=p.id) for p in SYNC_CASES[1:]
+]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("model,sync", HOROVOD_CASES)
 def test_horovod_batchnorm_equals_its_reference(
-    small_dataset, references, tmp_path, horovodrun_tfgpu, sync
+    small_dataset, references, tmp_path, horovodrun_tfgpu, model, sync
 ):
-    flags = dict(BN_RUN, sync_batchnorm=sync, strategy="horovod")
+    flags = dict(BN_RUN, model=model, sync_batchnorm=sync, strategy="horovod")
     cmd = list(horovodrun_tfgpu) + cli_flags(
         flags, data_dir=small_dataset, model_dir=tmp_path / "run"
     )
-    _two_processes(cmd, tmp_path / "run", references(sync))
-    _one_process_evaluates_the_same(small_dataset, tmp_path)
+    _two_processes(cmd, tmp_path / "run", references(model, sync))
+    _one_process_evaluates_the_same(small_dataset, tmp_path, model)
