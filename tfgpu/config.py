@@ -57,7 +57,8 @@ class ModelConfig:
     )
     dtype: str = setting(
         "float32",
-        "float32, mixed_float16 (dynamic loss scaling) or mixed_bfloat16.",
+        "float32, mixed_float16 (dynamic loss scaling), mixed_bfloat16, or float64 (slow: for "
+        "numerical checks, e.g. that two strategies agree beyond float32's rounding).",
         choices=models.DTYPES,
     )
     jit_compile: bool = setting(False, "Compile the train step with XLA.")

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from tfgpu import compat
 from tfgpu.schema import STEP_METRICS
-from tfgpu.step import TrainStep
+from tfgpu.step import TrainStep, global_norm
 
 
 def make_train_loop(
@@ -73,7 +73,7 @@ def make_train_loop(
         totals = dict(totals, skipped_updates=skipped, input_wait_s=tf.cast(waited, tf.float32))
         if step.extra_metrics:  # as they are at the call's end (results.Window keeps the last)
             weights = [v.value for v in step.model.trainable_variables]
-            totals["weight_norm"] = tf.linalg.global_norm(weights)
+            totals["weight_norm"] = global_norm(weights)
         if loss_scale is not None:
             totals["loss_scale"] = tf.identity(loss_scale.scale)
         return totals, first_bad, diverged

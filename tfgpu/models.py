@@ -7,7 +7,7 @@ import os
 
 from tfgpu.settings import ConfigError
 
-DTYPES = ("float32", "mixed_float16", "mixed_bfloat16")  # Keras mixed-precision policies
+DTYPES = ("float32", "mixed_float16", "mixed_bfloat16", "float64")  # Keras dtype policies
 
 
 def _resnet(depths, block):

@@ -21,8 +21,10 @@ def _normalize(x):
 
 
 def _head(x, num_classes: int):
-    # Logits stay float32 under mixed precision, so the softmax and loss are computed exactly.
-    return layers.Dense(num_classes, dtype="float32", name="logits")(x)
+    # Logits stay float32 under mixed precision, so the softmax and loss are computed exactly;
+    # a float64 model (--dtype=float64) keeps them float64.
+    wide = "float64" if keras.config.dtype_policy().name == "float64" else "float32"
+    return layers.Dense(num_classes, dtype=wide, name="logits")(x)
 
 
 def build_tiny_cnn(num_classes: int, image_size: int, small_input: bool = True) -> keras.Model:

@@ -66,8 +66,11 @@ def clip_by_global_norm(grads, clip_norm: float, norm=None):
     ``norm``: their global norm, when already known."""
     if not clip_norm:
         return grads
-    clipped, _ = tf.clip_by_global_norm(grads, clip_norm, use_norm=norm)
-    return clipped
+    norm = global_norm(grads) if norm is None else norm
+    # tf.clip_by_global_norm's arithmetic, with the scale cast to each gradient's dtype.
+    scale = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm)
+    scale = tf.where(tf.math.is_finite(norm), scale, float("nan"))
+    return [g * tf.cast(scale, g.dtype) for g in grads]
 
 
 class TrainStep:
@@ -223,7 +226,7 @@ class TrainStep:
             new = stats if self.averages_stats else [_value(v) for v in self.moving_stats]
             batchnorm.average_update(self.moving_stats, start, new, finite)
         # The global norm of the all-reduced gradients, before clipping (which reuses it).
-        norm = _global_norm(grads) if self.extra_metrics else None
+        norm = global_norm(grads) if self.extra_metrics else None
         grads = clip_by_global_norm(grads, self.clip_norm, norm)
         # Examples whose image was broken (weight 0: zero targets, no gradient).
         skipped = tf.reduce_sum(1.0 - batch["weight"])
@@ -260,9 +263,9 @@ class TrainStep:
         return tf.constant(True)
 
 
-def _global_norm(grads) -> tf.Tensor:
-    """The float32 global norm of ``grads`` (float64 ones too: exactness tests)."""
-    return tf.linalg.global_norm([tf.cast(g, tf.float32) for g in grads])
+def global_norm(tensors) -> tf.Tensor:
+    """The float32 global norm of ``tensors`` (float64 ones too: ``--dtype=float64``)."""
+    return tf.linalg.global_norm([tf.cast(t, tf.float32) for t in tensors])
 
 
 def _at_least_float32(tensor):
