@@ -381,3 +381,37 @@ def test_randaugment_training_mirrored_equals_default(small_dataset, tmp_path):
     assert_mirrored_equals_default(
         small_dataset, tmp_path, augment_policy="randaugment", random_erasing=0.25
     )
+
+
+@pytest.mark.fast
+def test_the_steps_pre_xla_stage_equals_the_batch_fn(photos):
+    """``device_ops.augmented`` (what the step runs before XLA) then the batch fn = the batch
+    fn on the raw batch (what --preprocess_on=host runs)."""
+    images = tf.cast(_images(photos, 4, 32), tf.uint8)
+    batch = {"image": images, "label": tf.range(4), "flip": tf.constant([True, False] * 2)}
+    data = dataclasses.replace(AUG, image_size=32, mixup_alpha=0.0)
+    batch |= {"weight": tf.ones([4])} | _draws(data, range(4))
+    fn = device_ops.make_batch_fn("uint8", 4, data)
+    for a, b in zip(fn(device_ops.augmented(batch)), fn(batch)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.slow  # builds and XLA-compiles a train step (~10 s on 2 shared cores)
+def test_a_policy_trains_under_jit_compile(photos):
+    """ImageProjectiveTransformV3 has no XLA kernel: the step applies the policy before XLA."""
+    import keras
+
+    from tfgpu import build, models
+    from tfgpu.distribute import backends
+
+    config = config_from(
+        image_size=32, augment_policy="trivialaugment", global_batch_size=4, jit_compile=True
+    )
+    model = models.build_model("tiny_cnn", 4, 32)
+    backend = backends.build_backend("default")
+    step = build.build_step(config, model, keras.optimizers.SGD(0.1), backend, 4)
+    batch = {"image": tf.cast(_images(photos, 4, 32), tf.uint8), "label": tf.range(4)}
+    batch |= {"flip": tf.zeros([4], tf.bool), "weight": tf.ones([4])}
+    batch |= _draws(config.data, range(4))
+    metrics, finite = tf.function(step.update)(batch)
+    assert bool(finite) and float(metrics["count"]) == 4

@@ -76,11 +76,9 @@ def histograms(images):
 def _auto_contrast_lut(hist, levels):
     """``ImageOps.autocontrast`` (cutoff 0): each channel stretched from its [lo, hi] to
     [0, 255]; float64 as PIL's Python floats, so the truncation agrees."""
-    present = hist > 0
-    lo = tf.cast(tf.argmax(tf.cast(present, tf.int32), -1), tf.float64)[..., None]
-    hi = (
-        255.0 - tf.cast(tf.argmax(tf.cast(present[..., ::-1], tf.int32), -1), tf.float64)[..., None]
-    )
+    present = tf.cast(hist > 0, tf.float32)  # ArgMax has no GPU kernel for int32
+    lo = tf.cast(tf.argmax(present, -1), tf.float64)[..., None]
+    hi = 255.0 - tf.cast(tf.argmax(present[..., ::-1], -1), tf.float64)[..., None]
     scale = 255.0 / tf.maximum(hi - lo, 1.0)
     stretched = tf.clip_by_value(tf.floor(tf.cast(levels, tf.float64) * scale - lo * scale), 0, 255)
     return tf.where(hi > lo, tf.cast(stretched, tf.float32), levels)
@@ -89,13 +87,13 @@ def _auto_contrast_lut(hist, levels):
 def _equalize_lut(hist, levels):
     """``ImageOps.equalize``: PIL's integer formula per channel, lut[i] = (step // 2 +
     pixels below i) // step, step = (pixels - pixels of the top level) // 255."""
-    present = hist > 0
-    top = 255 - tf.argmax(tf.cast(present[..., ::-1], tf.int32), -1, output_type=tf.int32)
+    present = tf.cast(hist > 0, tf.float32)  # ArgMax has no GPU kernel for int32
+    top = 255 - tf.argmax(present[..., ::-1], -1, output_type=tf.int32)
     last = tf.gather(hist, top, batch_dims=2)[..., None]
     step = (tf.reduce_sum(hist, -1, keepdims=True) - last) // 255
     below = tf.cumsum(hist, -1, exclusive=True)
     lut = tf.cast((step // 2 + below) // tf.maximum(step, 1), tf.float32)
-    keep = (step > 0) & (tf.reduce_sum(tf.cast(present, tf.int32), -1, keepdims=True) > 1)
+    keep = (step > 0) & (tf.reduce_sum(present, -1, keepdims=True) > 1)
     return tf.where(keep, tf.minimum(lut, 255.0), levels)
 
 
@@ -233,19 +231,19 @@ def _hash32(x):
     return tf.bitwise.bitwise_xor(x, _shift(x, 16))
 
 
-def pixel_noise(seeds, height: int, width: int):
+def pixel_noise(seeds, height, width):
     """seeds int64 [N, 2] -> float32 [N, H, W, 3] standard normal noise that depends only on
     each image's seed and the pixel's (y, x, channel): a counter hash and Box-Muller, since
     stateless random ops take one seed per call, not one per image."""
     low = tf.bitwise.bitwise_and(seeds, _MASK32)
     key = _hash32(tf.bitwise.bitwise_xor(_hash32(low[:, 0]), low[:, 1]))
     key = tf.bitwise.bitwise_xor(key, tf.bitwise.bitwise_and(_shift(seeds[:, 0], 32), _MASK32))
-    index = tf.range(height * width * 3, dtype=tf.int64)
+    index = tf.range(tf.cast(height * width * 3, tf.int64))
     bits = _hash32(tf.bitwise.bitwise_xor(_hash32(index)[None], key[:, None]))
     u1 = (tf.cast(_shift(bits, 16), tf.float32) + 0.5) / 65536.0
     u2 = (tf.cast(tf.bitwise.bitwise_and(bits, 0xFFFF), tf.float32) + 0.5) / 65536.0
     z = tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos(2.0 * math.pi * u2)
-    return tf.reshape(z, [-1, height, width, 3])
+    return tf.reshape(z, tf.stack([-1, height, width, 3]))
 
 
 def erase(images, box, seeds):
@@ -253,7 +251,7 @@ def erase(images, box, seeds):
     [N, 4] (y0, x0, y1, x1; empty: not erased), seeds int64 [N, 2] -> the images with each
     box filled with per-pixel normal noise, in pixels: ImageNet mean + std x N(0, 1), i.e.
     timm's N(0, 1) after the model's ImageNet normalization."""
-    height, width = images.shape[1], images.shape[2]
+    height, width = tf.shape(images)[1], tf.shape(images)[2]
     ys = tf.range(height)[None, :, None]
     xs = tf.range(width)[None, None, :]
     b = [box[:, i, None, None] for i in range(4)]

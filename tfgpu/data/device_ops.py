@@ -26,7 +26,7 @@ def apply_flip(images: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
 
 
 def to_float(images: tf.Tensor) -> tf.Tensor:
-    """uint8 [0, 255] -> float32 [0, 255]; the model's first layer normalizes."""
+    """uint8 (or float) [0, 255] -> float32 [0, 255]; the model's first layer normalizes."""
     return tf.cast(images, tf.float32)
 
 
@@ -83,6 +83,19 @@ def resized(batch: dict, image_size: int) -> dict:
     ``image`` [N, S, S, 3] in place of ``pixels`` and ``sizes`` (``resize_flat``)."""
     rest = {k: v for k, v in batch.items() if k not in ("pixels", "sizes")}
     return {**rest, "image": resize_flat(batch["pixels"], batch["sizes"], image_size)}
+
+
+def augmented(batch: dict) -> dict:
+    """A "uint8" batch (uint8 or already float images) with policy or erasing draws ->
+    the same batch with float32 images flipped and augmented (``augment.apply``), no flips
+    left and no draws, so ``make_batch_fn`` does not apply them again.
+
+    The step runs this before XLA (``TrainStep``'s ``unpack``): ImageProjectiveTransformV3 has
+    no XLA kernel, and under ``--jit_compile`` XLA compiles the rest of the preparation.
+    """
+    images = augment.apply(apply_flip(to_float(batch["image"]), batch["flip"]), batch)
+    rest = {k: v for k, v in batch.items() if k not in ("augment", "erase")}
+    return {**rest, "image": images, "flip": tf.zeros_like(batch["flip"])}
 
 
 def train_batch(batch: dict) -> tuple[tf.Tensor, tf.Tensor]:
