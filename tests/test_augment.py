@@ -322,11 +322,14 @@ def test_pixel_noise_is_normal_and_per_seed():
 @pytest.mark.parametrize(
     "settings, message",
     [
-        (dict(randaugment_magnitude=31), "--randaugment_magnitude=31"),
-        (dict(randaugment_magnitude=-1), "--randaugment_magnitude=-1"),
+        (dict(augment_policy="randaugment", randaugment_magnitude=31), "magnitude=31 must"),
+        (dict(augment_policy="randaugment", randaugment_magnitude=-1), "magnitude=-1 must"),
         (dict(random_erasing=1.5), "--random_erasing=1.5"),
         (dict(augment_policy="randaugment", randaugment_ops=0), "--randaugment_ops=0"),
-        (dict(randaugment_magnitude_std=-0.5), "--randaugment_magnitude_std=-0.5"),
+        (dict(augment_policy="randaugment", randaugment_magnitude_std=-0.5), "std=-0.5 must"),
+        # An old flagfile (RandAugment on by --randaugment_ops, M in [0, 1]) is refused.
+        (dict(randaugment_ops=2, randaugment_magnitude=0.5), "needs --augment_policy"),
+        (dict(augment_policy="autoaugment", randaugment_ops=3), "--randaugment_ops=3 needs"),
     ],
 )
 def test_bad_settings_are_one_line_config_errors(settings, message):

@@ -5,7 +5,7 @@ section as it is: no copy, no renaming.
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from tfgpu.data import AUGMENT_POLICIES, IN_MEMORY, PREPROCESS_ON, RESIZE_ON
 from tfgpu.settings import ConfigError, positive, setting
@@ -203,6 +203,15 @@ def _check_augment(d: DataConfig) -> None:
         )
     if not 0 <= d.random_erasing <= 1:
         raise ConfigError(f"--random_erasing={d.random_erasing} must be in [0, 1]")
+    # RandAugment was once on by --randaugment_ops alone, with M in [0, 1]: such a flagfile
+    # must not quietly train without it.
+    defaults = {f.name: f.default for f in fields(DataConfig)}
+    for name in ("randaugment_ops", "randaugment_magnitude", "randaugment_magnitude_std"):
+        if d.augment_policy != "randaugment" and getattr(d, name) != defaults[name]:
+            raise ConfigError(
+                f"--{name}={getattr(d, name)} needs --augment_policy=randaugment (M is on "
+                "timm's 0..10 scale)"
+            )
 
 
 def _check_data_service(d: DataConfig) -> None:
