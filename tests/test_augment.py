@@ -244,6 +244,24 @@ def test_same_seed_same_images_other_epoch_others(photos, name):
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_policy_equals_its_draws_applied_one_by_one_with_pillow(photos, name):
+    """The slots chain as timm's ops do: each image's drawn ops, applied in order by Pillow,
+    give what the batch gives (a grey level apart, up to the fill's edge, as the ops)."""
+    data = _policy(name)
+    draws = _draws(data, range(12))
+    images = _images(photos, 12)
+    out = augment.apply(images, draws).numpy().astype(int)
+    ops, args = draws["augment"]["op"].numpy(), draws["augment"]["arg"].numpy()
+    for i in range(12):
+        reference = images.numpy()[i].astype(np.uint8)
+        for op, arg in zip(ops[i], args[i]):
+            reference = _pil(reference, int(op), float(arg))
+        diff = np.abs(out[i] - reference.astype(int)).max(-1)
+        assert (diff > 2).mean() < 0.03, (i, ops[i], args[i])
+
+
+@pytest.mark.fast
 def test_magnitude_zero_ops_that_should_be_the_identity_are():
     """RandAugment at M=0 (no noise): Rotate, Shear, Translate by 0 and SolarizeAdd of 0 leave
     the image exactly as it was."""
