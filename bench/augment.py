@@ -12,6 +12,9 @@ inside the step, on the accelerator by default; here the same 2 CPU cores). Kera
 per batch, its own random generator, no draws to carry (``num_ops=2, factor=0.9``: about
 timm's n2 m9). Contenders take turns, ``--seconds`` each, ``--rounds`` times, in one process;
 the table gives median images/s [range] and the median of per-round ratios to Keras.
+
+Then the host's share alone: host CPU ms per example of the draws (with the flip's, in a
+parallel tf.data map of draws only, no images), for each policy and for the flip alone.
 """
 
 import argparse
@@ -76,15 +79,12 @@ def keras_step(images):
     return lambda: apply(images)
 
 
-def contenders(batch: int, size: int) -> dict:
-    """{name: step function}, each traced and warm."""
-    import tensorflow as tf
-
+def policies(size: int) -> dict:
+    """{name: DataConfig} of the contenders that are tfgpu policies."""
     from tfgpu.data.config import DataConfig
 
-    images = tf.constant(photos(batch, size))
     base = DataConfig(image_size=size)
-    policies = {
+    return {
         "randaugment (n2, m9, mstd 0.5)": dataclasses.replace(base, augment_policy="randaugment"),
         "trivialaugment (wide)": dataclasses.replace(base, augment_policy="trivialaugment"),
         "autoaugment (original)": dataclasses.replace(base, augment_policy="autoaugment"),
@@ -92,12 +92,42 @@ def contenders(batch: int, size: int) -> dict:
             base, augment_policy="randaugment", random_erasing=0.25
         ),
     }
-    steps = {name: policy_step(data, images, batch) for name, data in policies.items()}
+
+
+def contenders(batch: int, size: int) -> dict:
+    """{name: step function}, each traced and warm."""
+    import tensorflow as tf
+
+    images = tf.constant(photos(batch, size))
+    steps = {name: policy_step(data, images, batch) for name, data in policies(size).items()}
     steps[KERAS] = keras_step(images)
     for step in steps.values():
         for _ in range(WARMUP_STEPS):
             step().numpy()
     return steps
+
+
+def draw_cost(data, batch: int, seconds: float) -> float:
+    """Host CPU ms per example of ``data``'s draws and the flip's, in a parallel tf.data map
+    as the train pipeline makes them, batched (no images)."""
+    import tensorflow as tf
+
+    from tfgpu.data import augment, host_ops
+
+    def draw(position):
+        seed = host_ops.example_seed(0, tf.constant(0), position)
+        return augment.draw(host_ops.stream_keys(seed), [], data) | {
+            "flip": host_ops.draw_flip(seed)
+        }
+
+    ds = tf.data.Dataset.counter().map(draw, num_parallel_calls=tf.data.AUTOTUNE)
+    batches = iter(ds.batch(batch).prefetch(tf.data.AUTOTUNE))
+    next(batches)
+    count, cpu, start = 0, time.process_time(), time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        next(batches)
+        count += batch
+    return (time.process_time() - cpu) / count * 1e3
 
 
 def time_step(step, batch: int, seconds: float) -> float:
@@ -134,6 +164,11 @@ def main() -> None:
             f"| {name} | {statistics.median(values):,.0f} [{min(values):,.0f}-{max(values):,.0f}]"
             f" | {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] |"
         )
+    print("\n| host draws (with the flip's) | host CPU ms per example |\n|---|---:|")
+    from tfgpu.data.config import DataConfig
+
+    for name, data in {"flip only": DataConfig(), **policies(args.image_size)}.items():
+        print(f"| {name} | {draw_cost(data, args.batch, args.seconds):.3f} |")
     print("\ncalibration:", calibration())
 
 
