@@ -15,7 +15,8 @@ Magnitudes are timm's (``timm/data/auto_augment.py``):
   of timm's 15 ops, applied with probability 0.5, magnitude M (``--randaugment_magnitude``,
   0..10 scale) + N(0, ``--randaugment_magnitude_std``) clipped to [0, max(10, M)]: timm's
   ``rand-m9-mstd0.5`` by default (M > 10 is timm's ``mmax``), arguments negated half the
-  time for signed ops.
+  time for signed ops. Not offered: timm's uniform magnitudes (mstd > 100), its op weights
+  (``w0``) and its ``inc`` variants.
 - ``trivialaugment``: TrivialAugmentWide (Mueller & Hutter 2021, torchvision's ranges): one of
   14 ops (identity included), a uniform bin of 31 magnitudes, fill 128.
 - ``autoaugment``: timm's ``original`` ImageNet policy (Cubuk et al. 2019): one of its 25
