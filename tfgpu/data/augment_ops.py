@@ -16,10 +16,11 @@ batched stages, each the identity for images whose op belongs to another stage:
   batch, an affine matrix per image (the identity for the others), fill 128 as timm; bilinear
   (timm picks bilinear or bicubic at random; TensorFlow's op has no bicubic).
 
-Every op is masked, not partitioned by op (``tf.dynamic_partition``): the shapes stay static,
-so the stages compile under XLA (``--jit_compile`` compiles the step's preparation too), and
-each image's result is exact integer arithmetic or a per-pixel formula, so it never depends
-on the other images of the batch.
+Every op is masked, not partitioned by op (``tf.dynamic_partition``): the shapes stay static
+(no group sizes that change every batch), a slot costs the same whatever its images drew, and
+each image's result is exact integer arithmetic or a per-pixel formula, so it never depends on
+the other images of the batch. The transform has no XLA kernel: under ``--jit_compile`` the
+step applies the policy before XLA (``device_ops.augmented``).
 """
 
 import math
