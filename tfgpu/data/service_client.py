@@ -25,9 +25,10 @@ the name must change whenever the stream would. Iterator checkpoints are not sup
 the service, so a rejoined job continues where the job is, not at the restored step.
 
 Determinism (``--deterministic``): each example's crop, flip, augmentation and MixUp/CutMix
-draws are still a function of (seed, epoch, position), and each batch holds consecutive positions of one epoch;
-which epochs the workers take, and the order in which their batches reach the step, are the
-service's. Runs with the same flags need not end with the same weights, nor resume exactly.
+draws are still a function of (seed, epoch, position), and each batch holds consecutive
+positions of one epoch; which epochs the workers take, and the order in which their batches
+reach the step, are the service's. Runs with the same flags need not end with the same
+weights, nor resume exactly.
 """
 
 import hashlib
