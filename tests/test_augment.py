@@ -436,3 +436,28 @@ def test_a_policy_trains_under_jit_compile(photos):
     batch |= _draws(config.data, range(4))
     metrics, finite = tf.function(step.update)(batch)
     assert bool(finite) and float(metrics["count"]) == 4
+
+
+@pytest.mark.slow  # an in-process tf.data service (dispatcher, worker): ~5 s
+def test_policy_draws_travel_through_the_data_service(small_dataset):
+    """A tf.data service worker makes the same draws as the local pipeline: the first batch
+    through the service, augmented, equals the local one."""
+    from tfgpu.data import service_client as service
+
+    svc = tf.data.experimental.service
+    dispatcher = svc.DispatchServer()
+    target = dispatcher.target.split("://")[1]
+    worker = svc.WorkerServer(svc.WorkerConfig(dispatcher_address=target))
+    try:
+        spec = data_spec.load_data_spec(small_dataset)
+        kw = dict(batch_size=8, global_batch_size=8, **ORDER)
+        local = next(iter(train_ds(spec, AUG, InputShard(1, 0), 8, 8, **ORDER)))
+        ds = service.make_train_dataset(spec, AUG, InputShard(1, 0), **kw)
+        ds = ds.apply(svc.distribute(service.PROCESSING_MODE, dispatcher.target, job_name="aug"))
+        remote = next(iter(ds))
+        fn = device_ops.make_batch_fn("uint8", 4, AUG)
+        for a, b in zip(fn(remote), fn(local)):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    finally:
+        worker.stop()
+        dispatcher.stop()
