@@ -135,7 +135,7 @@ def test_geometric_ops_equal_pillow_but_at_the_fill_edge(applied, photos, index)
     diff = np.abs(applied[1][index].astype(int) - reference).max(-1)
     near_fill = binary_dilation(np.all(reference == 128, -1), iterations=2)
     assert (diff > 1).mean() < 0.02
-    assert (diff[~near_fill] > 1).sum() <= 4  # isolated: a rounding on either side of .5
+    assert (diff[~near_fill] > 1).mean() < 0.001  # isolated: rounding on either side of .5
 
 
 def _timm_arg(name: str, magnitude: float, sign: float) -> float:
