@@ -356,6 +356,18 @@ def test_bad_settings_are_one_line_config_errors(settings, message):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.fast
+def test_a_run_from_before_the_policies_still_loads_for_evaluation(tmp_path):
+    """Its config.json holds RandAugment's old settings (on by --randaugment_ops, M in [0, 1])
+    and no --augment_policy: evaluation and prediction read it, without the policy."""
+    from tfgpu import files, use
+
+    old = {"model": "tiny_cnn", "randaugment_ops": 0, "randaugment_magnitude": 0.5}
+    files.write_json(str(tmp_path / "config.json"), old)
+    data = use.run_config(str(tmp_path)).data
+    assert data.augment_policy == "none" and data.randaugment_magnitude == 9.0
+
+
 AUG = DataConfig(
     image_size=32,
     shuffle_buffer=16,
