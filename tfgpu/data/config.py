@@ -123,8 +123,8 @@ class DataConfig:
     )
     augment_policy: str = setting(
         "none",
-        "Per-example augmentation policy after the crop and flip (README: Augmentation): "
-        "randaugment (timm's rand-mM-nN-mstdS), trivialaugment (TrivialAugmentWide), "
+        "Per-example augmentation policy after the crop and flip (README: Augmentation "
+        "policies): randaugment (timm's rand-mM-nN-mstdS), trivialaugment (TrivialAugmentWide), "
         "autoaugment (the original ImageNet policy), none. Drawn per example from (seed, "
         "epoch, position), applied where --preprocess_on says: split-invariant.",
         choices=AUGMENT_POLICIES,
