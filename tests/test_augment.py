@@ -473,3 +473,12 @@ def test_policy_draws_travel_through_the_data_service(small_dataset):
     finally:
         worker.stop()
         dispatcher.stop()
+
+
+@pytest.mark.fast
+def test_the_start_up_line_names_the_policy():
+    assert augment.describe(DataConfig()) == ""
+    assert augment.describe(_policy("randaugment", random_erasing=0.25)) == (
+        "randaugment n2 m9 mstd0.5, random erasing 0.25"
+    )
+    assert augment.describe(_policy("trivialaugment")) == "trivialaugment"

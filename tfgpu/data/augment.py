@@ -126,6 +126,20 @@ def num_slots(data) -> int:
     return {"none": 0, "randaugment": data.randaugment_ops, "trivialaugment": 1}.get(policy, 2)
 
 
+def describe(data) -> str:
+    """The start-up line's words, e.g. "randaugment n2 m9 mstd0.5, random erasing 0.25";
+    empty without a policy or erasing."""
+    words = []
+    if data.augment_policy == "randaugment":
+        m, std = data.randaugment_magnitude, data.randaugment_magnitude_std
+        words.append(f"randaugment n{data.randaugment_ops} m{m:g} mstd{std:g}")
+    elif data.augment_policy != "none":
+        words.append(data.augment_policy)
+    if data.random_erasing > 0:
+        words.append(f"random erasing {data.random_erasing:g}")
+    return ", ".join(words)
+
+
 def _arguments(rows, choice, level, sign):
     """The op ids and arguments of ``choice`` (indices into ``rows``, the table above) at
     ``level`` in [0, 1] with ``sign`` (+-1): (int32, float32), shaped as ``choice``."""
