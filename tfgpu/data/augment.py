@@ -18,7 +18,8 @@ Magnitudes are timm's (``timm/data/auto_augment.py``):
   time for signed ops. Not offered: timm's uniform magnitudes (mstd > 100), its op weights
   (``w0``) and its ``inc`` variants.
 - ``trivialaugment``: TrivialAugmentWide (Mueller & Hutter 2021, torchvision's ranges): one of
-  14 ops (identity included), a uniform bin of 31 magnitudes, fill 128.
+  14 ops (identity included), a uniform bin of 31 magnitudes; bilinear and fill 128 as the
+  other policies (torchvision's defaults are nearest and 0).
 - ``autoaugment``: timm's ``original`` ImageNet policy (Cubuk et al. 2019): one of its 25
   sub-policies, each op applied with its probability at its fixed magnitude.
 
