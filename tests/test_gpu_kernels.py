@@ -15,7 +15,8 @@ import tensorflow as tf
 from tfgpu import build, models
 from tfgpu.compat import gpu_kernels, ops_without_gpu_kernel
 from tfgpu.config import config_from
-from tfgpu.data import host_ops
+from tfgpu.data import augment, host_ops
+from tfgpu.data.config import DataConfig
 from tfgpu.distribute import backends
 from tfgpu.step import DynamicLossScale
 
@@ -52,7 +53,8 @@ def _batch(resize_on: str, image_size: int = 32) -> dict:
         host_ops.draw_mixing(tf.constant([1, i], tf.int64), image_size, 0.4, 1.0) for i in range(4)
     ]
     batch["mix"] = {k: tf.stack([d[k] for d in draws]) for k in draws[0]}  # MixUp and CutMix
-    return batch
+    policy = DataConfig(image_size=image_size, augment_policy="randaugment", random_erasing=0.5)
+    return batch | augment.draw(lambda s: tf.constant([2, s], tf.int64), [4], policy)
 
 
 @pytest.mark.parametrize(
@@ -72,6 +74,8 @@ def test_every_op_of_the_train_step_has_a_gpu_kernel(model_name, dtype, accumula
         resize_on=resize_on,
         mixup_alpha=0.4,
         cutmix_alpha=1.0,
+        augment_policy="randaugment",
+        random_erasing=0.5,
         global_batch_size=4,
         grad_accum_steps=accumulation,
     )

@@ -13,7 +13,7 @@ from tfgpu import finetune, models, pretrained
 from tfgpu.best import Best
 from tfgpu.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch, tracks_best
-from tfgpu.data import device_ops, memory, pipeline
+from tfgpu.data import augment, device_ops, memory, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import Backend
 from tfgpu.step import DynamicLossScale, TrainStep
@@ -131,6 +131,11 @@ def _init_line(config: Config, model, fresh: list) -> str:
     return line + " (a checkpoint in --model_dir, if any, replaces them)"
 
 
+def _then(first, second):
+    """``second`` after ``first`` (None: nothing to do first)."""
+    return second if first is None else lambda batch: second(first(batch))
+
+
 def build_step(config: Config, model, optimizer, backend, num_classes: int, loss_scale=None):
     """The TrainStep for batches of the layout the train pipeline makes."""
     layout = pipeline.train_layout(config.data)
@@ -138,6 +143,8 @@ def build_step(config: Config, model, optimizer, backend, num_classes: int, loss
     if layout == "packed":  # resized first, outside XLA; then the "uint8" path on floats
         unpack = lambda batch: device_ops.resized(batch, config.data.image_size)  # noqa: E731
         layout = "uint8"
+    if layout == "uint8" and augment.num_slots(config.data) + config.data.random_erasing > 0:
+        unpack = _then(unpack, device_ops.augmented)  # outside XLA too, see augmented
     return TrainStep(
         model,
         optimizer,

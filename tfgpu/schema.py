@@ -23,6 +23,20 @@ class MixDraws(TypedDict):
     use_cut: Tensor  # bool [N]: CutMix (else MixUp)
 
 
+class AugmentDraws(TypedDict):
+    """Each example's policy ops (present only with --augment_policy), L = ops per image."""
+
+    op: Tensor  # int32 [N, L]: augment_ops ids, applied in order (0: the identity)
+    arg: Tensor  # float32 [N, L]: each op's argument (degrees, bits, factor, ...)
+
+
+class EraseDraws(TypedDict):
+    """Each example's random-erasing draw (present only with --random_erasing)."""
+
+    box: Tensor  # int32 [N, 4]: y0, x0, y1, x1 (empty: not erased)
+    seed: Tensor  # int64 [N, 2]: the stateless seed of the box's noise
+
+
 class TrainBatch(TypedDict, total=False):
     """Layout "uint8": crops resized on the host; the float work runs in the step."""
 
@@ -31,6 +45,8 @@ class TrainBatch(TypedDict, total=False):
     flip: Tensor  # bool [N]
     weight: Tensor  # float32 [N]: 0 for a broken image (no loss, no gradient)
     mix: MixDraws
+    augment: AugmentDraws
+    erase: EraseDraws
 
 
 class PackedTrainBatch(TypedDict, total=False):
@@ -42,6 +58,8 @@ class PackedTrainBatch(TypedDict, total=False):
     flip: Tensor
     weight: Tensor
     mix: MixDraws
+    augment: AugmentDraws
+    erase: EraseDraws
 
 
 class FloatTrainBatch(TypedDict):

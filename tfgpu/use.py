@@ -33,6 +33,8 @@ def run_config(model_dir: str, **overrides) -> Config:
         if not values:
             raise UsageError(f"--model_dir={model_dir} holds no config.json (not a tfgpu run)")
         values = {k: v for k, v in values.items() if k in SETTINGS and k not in RUN_ONLY}
+        if "augment_policy" not in values:  # before the policies: RandAugment's old meanings
+            values = {k: v for k, v in values.items() if not k.startswith("randaugment_")}
         values["model_dir"] = os.path.expanduser(model_dir)
     values.update(strategy="default", logical_cpu_devices=0, init_weights="")
     if overrides.get("data_dir"):  # another dataset of the same classes

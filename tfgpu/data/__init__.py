@@ -7,6 +7,8 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
   memory.py      small images: the train split decoded once into memory, batches cut from it
   host_ops.py    per-example work on the host: check, decode the crop window, draw the dice
   device_ops.py  per-batch float work, inside the step on the accelerator: resize, flip, mix
+  augment.py     augmentation policies (RandAugment, TrivialAugment, AutoAugment, erasing):
+                 per-example draws on the host, applied to the batch by augment_ops.py
   broken.py      records that fail to decode, named once (shard and index)
   service_client.py  --data_service: the train pipeline run by tf.data service workers
   service_server.py  the service itself (dispatcher, workers): tfgpu-data-service
@@ -17,3 +19,4 @@ This file holds the choices ``config.py`` checks before TensorFlow starts.
 PREPROCESS_ON = ("device", "host")
 RESIZE_ON = ("auto", "host", "device")
 IN_MEMORY = ("auto", "on", "off")
+AUGMENT_POLICIES = ("none", "randaugment", "trivialaugment", "autoaugment")

@@ -5,9 +5,9 @@ section as it is: no copy, no renaming.
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from tfgpu.data import IN_MEMORY, PREPROCESS_ON, RESIZE_ON
+from tfgpu.data import AUGMENT_POLICIES, IN_MEMORY, PREPROCESS_ON, RESIZE_ON
 from tfgpu.settings import ConfigError, positive, setting
 
 
@@ -75,8 +75,8 @@ class DataConfig:
     )
     preprocess_on: str = setting(
         "device",
-        "device: flip, cast, RandAugment, MixUp/CutMix run inside the step on the accelerator "
-        "(uint8 crosses over); host: they run in tf.data.",
+        "device: flip, cast, the augmentation policy, MixUp/CutMix run inside the step on the "
+        "accelerator (uint8 crosses over); host: they run in tf.data.",
         choices=PREPROCESS_ON,
     )
     resize_on: str = setting(
@@ -121,12 +121,30 @@ class DataConfig:
         "CutMix Beta(alpha, alpha) (0: off); with --mixup_alpha each example picks one of the "
         "two at random.",
     )
-    randaugment_ops: int = setting(
-        0,
-        "RandAugment operations per image (0: off); keras.layers.RandAugment, not "
-        "split-invariant under --deterministic.",
+    augment_policy: str = setting(
+        "none",
+        "Per-example augmentation policy after the crop and flip (README: Augmentation "
+        "policies): randaugment (timm's rand-mM-nN-mstdS), trivialaugment (TrivialAugmentWide), "
+        "autoaugment (the original ImageNet policy), none. Drawn per example from (seed, "
+        "epoch, position), applied where --preprocess_on says: split-invariant.",
+        choices=AUGMENT_POLICIES,
     )
-    randaugment_magnitude: float = setting(0.5, "RandAugment factor in [0, 1].")
+    randaugment_ops: int = setting(2, "--augment_policy=randaugment: ops per image (timm's n).")
+    randaugment_magnitude: float = setting(
+        9.0,
+        "--augment_policy=randaugment: magnitude M on timm's 0..10 scale (timm's m; above 10 "
+        "as timm's mmax), at most 30.",
+    )
+    randaugment_magnitude_std: float = setting(
+        0.5,
+        "--augment_policy=randaugment: std of the normal noise added to M per op (timm's "
+        "mstd; 0: fixed M).",
+    )
+    random_erasing: float = setting(
+        0.0,
+        "Probability of timm's RandomErasing (its --reprob, --remode=pixel: one box of 2% to 1/3 "
+        "of the image filled with per-pixel normal noise), after the policy (0: off).",
+    )
     data_service: str = setting(
         "",
         "grpc://HOST:PORT of a tf.data service dispatcher (tfgpu-data-service): its "
@@ -166,10 +184,34 @@ def check_data(d: DataConfig) -> None:
         raise ConfigError(f"--in_memory_mb={d.in_memory_mb} must not be negative")
     if not 0 < d.crop_min_area <= 1 or not 0 < d.eval_crop_fraction <= 1:
         raise ConfigError("--crop_min_area and --eval_crop_fraction must be in (0, 1]")
+    _check_augment(d)
     if d.data_dir and not os.path.isdir(os.path.expanduser(d.data_dir)):
         raise ConfigError(f"--data_dir={d.data_dir} is not a directory")
     if d.data_service:
         _check_data_service(d)
+
+
+def _check_augment(d: DataConfig) -> None:
+    """The policy's and random erasing's numbers are in their ranges."""
+    if d.augment_policy == "randaugment" and not 1 <= d.randaugment_ops <= 15:
+        raise ConfigError(f"--randaugment_ops={d.randaugment_ops} must be in 1..15")
+    if not 0 <= d.randaugment_magnitude <= 30:
+        raise ConfigError(f"--randaugment_magnitude={d.randaugment_magnitude} must be in 0..30")
+    if d.randaugment_magnitude_std < 0:
+        raise ConfigError(
+            f"--randaugment_magnitude_std={d.randaugment_magnitude_std} must not be negative"
+        )
+    if not 0 <= d.random_erasing <= 1:
+        raise ConfigError(f"--random_erasing={d.random_erasing} must be in [0, 1]")
+    # RandAugment was once on by --randaugment_ops alone, with M in [0, 1]: such a flagfile
+    # must not quietly train without it.
+    defaults = {f.name: f.default for f in fields(DataConfig)}
+    for name in ("randaugment_ops", "randaugment_magnitude", "randaugment_magnitude_std"):
+        if d.augment_policy != "randaugment" and getattr(d, name) != defaults[name]:
+            raise ConfigError(
+                f"--{name}={getattr(d, name)} needs --augment_policy=randaugment (M is on "
+                "timm's 0..10 scale)"
+            )
 
 
 def _check_data_service(d: DataConfig) -> None:

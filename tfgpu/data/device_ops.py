@@ -2,8 +2,9 @@
 the accelerator (``--preprocess_on=device``, the default) or as a tf.data map (``host``).
 
 Batches arrive as uint8 (a quarter of float32's host-to-device traffic) with the random
-choices already drawn on the host (``host_ops.py``: flip, MixUp/CutMix draws), so what an
-example becomes depends only on (seed, epoch, position); here they are applied.
+choices already drawn on the host (``host_ops.py``: flip, MixUp/CutMix draws; ``augment.py``:
+the policy's ops and arguments, erase boxes), so what an example becomes depends only on
+(seed, epoch, position); here they are applied.
 Normalization belongs to the model (its first layer), so exported models take plain pixels.
 With ``--resize_on=device`` the training crops arrive un-resized (the "packed" layout of
 ``schema.PackedTrainBatch``) and the bilinear resize runs here too, first (``resize_flat``).
@@ -14,10 +15,9 @@ per-replica batch must be even, ``check_mixing_batch``) and mixing runs before t
 micro-batches, so pairs never depend on the split.
 """
 
-import keras
 import tensorflow as tf
 
-from tfgpu.data import host_ops
+from tfgpu.data import augment, host_ops
 
 
 def apply_flip(images: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
@@ -26,7 +26,7 @@ def apply_flip(images: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
 
 
 def to_float(images: tf.Tensor) -> tf.Tensor:
-    """uint8 [0, 255] -> float32 [0, 255]; the model's first layer normalizes."""
+    """uint8 (or float) [0, 255] -> float32 [0, 255]; the model's first layer normalizes."""
     return tf.cast(images, tf.float32)
 
 
@@ -85,6 +85,19 @@ def resized(batch: dict, image_size: int) -> dict:
     return {**rest, "image": resize_flat(batch["pixels"], batch["sizes"], image_size)}
 
 
+def augmented(batch: dict) -> dict:
+    """A "uint8" batch (uint8 or already float images) with policy or erasing draws ->
+    the same batch with float32 images flipped and augmented (``augment.apply``), no flips
+    left and no draws, so ``make_batch_fn`` does not apply them again.
+
+    The step runs this before XLA (``TrainStep``'s ``unpack``): ImageProjectiveTransformV3 has
+    no XLA kernel, and under ``--jit_compile`` XLA compiles the rest of the preparation.
+    """
+    images = augment.apply(apply_flip(to_float(batch["image"]), batch["flip"]), batch)
+    rest = {k: v for k, v in batch.items() if k not in ("augment", "erase")}
+    return {**rest, "image": images, "flip": tf.zeros_like(batch["flip"])}
+
+
 def train_batch(batch: dict) -> tuple[tf.Tensor, tf.Tensor]:
     """A "uint8" batch {image, label, flip} -> (float images, int labels): the step's
     default preparation when no other is given (no mixing, no broken images)."""
@@ -136,19 +149,11 @@ def check_mixing_batch(per_replica_batch: int) -> None:
 def make_batch_fn(layout: str, num_classes: int, data):
     """``fn(batch) -> (float images [N,S,S,3], soft targets [N,K])`` for batches of
     ``layout`` ("uint8", "packed" or "float", see ``schema``), as ``data`` (a
-    config.DataConfig) says: flip, RandAugment, MixUp/CutMix.
-
-    RandAugment (``--randaugment_ops``) uses ``keras.layers.RandAugment``, whose random
-    choices come from Keras' own generator per batch: it does NOT honour the determinism
-    contract (the result depends on how the global batch is split) and is off by default.
+    config.DataConfig) says: flip, the augmentation policy and random erasing (their draws
+    ride in the batch, ``augment.apply``), MixUp/CutMix.
     """
     if layout == "float":
         return lambda batch: (batch["image"], batch["target"])  # done in tf.data already
-    rand_augment = None
-    if data.randaugment_ops:
-        rand_augment = keras.layers.RandAugment(
-            value_range=(0, 255), num_ops=data.randaugment_ops, factor=data.randaugment_magnitude
-        )
 
     def fn(batch):
         if layout == "packed":
@@ -157,9 +162,7 @@ def make_batch_fn(layout: str, num_classes: int, data):
             # Cast first: float has a GPU kernel for every op here, uint8 not always, and
             # TensorFlow would quietly run such an op on the CPU (tests/test_gpu_kernels.py).
             images = to_float(batch["image"])
-        images = apply_flip(images, batch["flip"])
-        if rand_augment is not None:
-            images = tf.cast(rand_augment(images, training=True), tf.float32)
+        images = augment.apply(apply_flip(images, batch["flip"]), batch)
         targets = soft_targets(batch["label"], batch["weight"], num_classes)
         if data.mixing:
             images, targets = mix_batch(images, targets, **batch["mix"])

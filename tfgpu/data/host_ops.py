@@ -8,6 +8,9 @@ import tensorflow as tf
 
 # Each random choice of an example gets its own stream of the example's stateless seed.
 _FLIP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X = 1, 2, 3, 4, 5, 6
+# The augmentation policies' draws (augment.py): from 16 on, clear of these and of the
+# in-memory path's epoch streams (memory.py, 1-8), which the policies share.
+AUGMENT_STREAMS = tuple(range(16, 26))
 
 
 def example_seed(seed: int, epoch: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
@@ -18,6 +21,12 @@ def example_seed(seed: int, epoch: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
 
 def _stream(seed: tf.Tensor, k: int) -> tf.Tensor:
     return seed + tf.constant([0, k << 40], tf.int64)
+
+
+def stream_keys(seed: tf.Tensor):
+    """``key(stream) -> seed`` of an example's streams (an example seed), for draws made
+    elsewhere (``augment.draw``)."""
+    return lambda k: _stream(seed, k)
 
 
 def random_crop_window(shape, seed, min_area: float):

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.data import broken, device_ops, host_ops, pipeline
+from tfgpu.data import augment, broken, device_ops, host_ops, pipeline
 from tfgpu.data.spec import DataError, DataSpec
 from tfgpu.distribute import InputShard
 
@@ -210,7 +210,7 @@ def epoch_draws(epoch, n: int, data, seed: int) -> dict:
     draws = {"index": index, "flip": tf.logical_and(flip, data.random_flip), "offset": offset}
     if data.mixing:
         draws["mix"] = mixing_draws(key, n, data.image_size, data.mixup_alpha, data.cutmix_alpha)
-    return draws
+    return draws | augment.draw(key, [n], data)
 
 
 def mixing_draws(key, n: int, image_size: int, mixup_alpha: float, cutmix_alpha: float) -> dict:
@@ -290,8 +290,9 @@ def cut_batch(arrays, draws: dict, size: int) -> dict:
         "flip": draws["flip"],
         "weight": tf.gather(weights, index),
     }
-    if "mix" in draws:
-        batch["mix"] = draws["mix"]
+    for name in ("mix", "augment", "erase"):
+        if name in draws:
+            batch[name] = draws[name]
     return batch
 
 

@@ -8,15 +8,15 @@ weight-0 examples so every replica and worker runs the same number of steps.
 Every function takes ``data``, the run's ``config.DataConfig`` as it is, and the run-wide
 ``seed`` and ``deterministic``. Randomness is drawn on the host from stateless seeds keyed by
 (seed, epoch, position in the epoch), so what an example becomes never depends on how the
-global batch is split. The host only draws the dice; the float work (flip, cast,
-normalization) runs on the accelerator, see ``device_ops.py``.
+global batch is split. The host only draws the dice; the float work (flip, cast, the
+augmentation policy, MixUp/CutMix) runs on the accelerator, see ``device_ops.py``.
 """
 
 import os
 
 import tensorflow as tf
 
-from tfgpu.data import broken, device_ops, host_ops
+from tfgpu.data import augment, broken, device_ops, host_ops
 from tfgpu.data.spec import DataSpec
 from tfgpu.distribute import InputShard
 
@@ -60,7 +60,8 @@ def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
     or, with ``--resize_on=device``, of a "packed" one {pixels, sizes [2] (h, w), ...}:
     ``pixels`` are the un-resized crop packed into int64 words (``host_ops.pack_pixels``),
     wrapped in a scalar variant for ``_flat_batches``. With MixUp/CutMix, also the example's
-    ``mix`` draws (``host_ops.draw_mixing``)."""
+    ``mix`` draws (``host_ops.draw_mixing``); with a policy or erasing, its ``augment`` and
+    ``erase`` draws (``augment.draw``)."""
     example_seed = host_ops.example_seed(seed, example["epoch"], example["position"])
     window = lambda s: host_ops.random_crop_window(s, example_seed, data.crop_min_area)
     min_side = _dct_min_side(data)
@@ -80,7 +81,7 @@ def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
         out["mix"] = host_ops.draw_mixing(
             example_seed, data.image_size, data.mixup_alpha, data.cutmix_alpha
         )
-    return out
+    return out | augment.draw(host_ops.stream_keys(example_seed), [], data)
 
 
 def _dct_min_side(data) -> int:
@@ -338,7 +339,8 @@ def make_eval_dataset(
 
 def make_synthetic_dataset(batch_size: int, num_classes: int, data) -> tf.data.Dataset:
     """One fixed random "uint8" batch, repeated: times the model and the step without any
-    I/O (with MixUp/CutMix draws that leave the images as they are, when those are on)."""
+    I/O (with MixUp/CutMix and augmentation draws that leave the images as they are, when
+    those are on)."""
     size = data.image_size
     images = tf.random.stateless_uniform(
         [batch_size, size, size, 3], seed=[0, 1], maxval=256, dtype=tf.int32
@@ -357,4 +359,5 @@ def make_synthetic_dataset(batch_size: int, num_classes: int, data) -> tf.data.D
             "cut_box": tf.zeros([batch_size, 4], tf.int32),
             "use_cut": tf.zeros([batch_size], tf.bool),
         }
+    batch |= augment.identity_draws(batch_size, data)
     return tf.data.Dataset.from_tensors(batch).repeat().prefetch(AUTOTUNE)

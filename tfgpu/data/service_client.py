@@ -24,10 +24,11 @@ job. A job found by name is rejoined as it is, whatever dataset the new client s
 the name must change whenever the stream would. Iterator checkpoints are not supported through
 the service, so a rejoined job continues where the job is, not at the restored step.
 
-Determinism (``--deterministic``): each example's crop, flip and MixUp/CutMix draws are still a
-function of (seed, epoch, position), and each batch holds consecutive positions of one epoch;
-which epochs the workers take, and the order in which their batches reach the step, are the
-service's. Runs with the same flags need not end with the same weights, nor resume exactly.
+Determinism (``--deterministic``): each example's crop, flip, augmentation and MixUp/CutMix
+draws are still a function of (seed, epoch, position), and each batch holds consecutive
+positions of one epoch; which epochs the workers take, and the order in which their batches
+reach the step, are the service's. Runs with the same flags need not end with the same
+weights, nor resume exactly.
 """
 
 import hashlib
