@@ -97,3 +97,29 @@ def test_schedule_warms_up_then_decays_to_zero():
     step = schedules.WarmupDecay(1.0, total_steps=100, decay="step")
     assert [round(float(step(s)), 6) for s in (0, 30, 60, 95)] == [1.0, 0.1, 0.01, 0.001]
     assert optim.scaled_learning_rate(0.1, 1024, True) == pytest.approx(0.4)
+
+
+def _loss_and_logit_grads(step, logits, targets):
+    logits = tf.Variable(logits)
+    with tf.GradientTape() as tape:
+        loss = step._loss(logits, tf.constant(targets))
+    return loss.numpy(), tape.gradient(loss, logits).numpy()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_a_broken_example_adds_no_loss_and_no_gradient(smoothing):
+    """An all-zero target row (a broken image) adds nothing, also under label smoothing: the
+    fused cross-entropy's gradient (softmax - target) assumes rows of mass 1."""
+    backend = backends.build_backend("default")
+    with backend.scope():
+        model = models.build_model("tiny_cnn", num_classes=3, image_size=16)
+        opt = optim.build_optimizer("sgd", 0.01)
+        step = TrainStep(model, opt, backend, global_batch_size=2, label_smoothing=smoothing)
+    logits = np.array([[1.0, 2.0, 0.5], [0.3, -1.0, 2.0]], np.float32)
+    good = np.array([[0.0, 1.0, 0.0]], np.float32)
+    loss, grads = _loss_and_logit_grads(step, logits, np.concatenate([good, np.zeros((1, 3))]))
+    alone, alone_grads = _loss_and_logit_grads(step, logits[:1], good)
+    assert loss == pytest.approx(alone, rel=1e-6)
+    np.testing.assert_array_equal(grads[1], 0.0)
+    np.testing.assert_allclose(grads[:1], alone_grads, rtol=1e-6)

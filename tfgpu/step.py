@@ -99,6 +99,7 @@ class TrainStep:
         unpack=None,
         jit_compile: bool = False,
         sync_batchnorm: bool = False,
+        class_weights=None,
     ):
         self.model = model
         self.optimizer = compat.without_implicit_all_reduce(optimizer)
@@ -106,6 +107,8 @@ class TrainStep:
         self.global_batch_size = global_batch_size
         self.grad_accum_steps = grad_accum_steps
         self.label_smoothing = label_smoothing
+        # [K] weight of each class's share of a target (``data/balance.py``); None: off.
+        self.class_weights = None if class_weights is None else tf.constant(class_weights)
         self.clip_norm = clip_norm
         self.loss_scale = loss_scale
         self.prepare = prepare
@@ -148,16 +151,23 @@ class TrainStep:
     def _loss(self, logits, targets):
         """Summed cross-entropy of a micro-batch, over the global batch size.
 
-        ``targets`` are int labels [N] or soft labels [N, C] (MixUp/CutMix).
+        ``targets`` are int labels [N] or soft labels [N, C] (MixUp/CutMix; an all-zero row
+        is a broken image, which must add nothing). Label smoothing moves a share of each
+        row's own mass, so a zero row stays zero. With class weights, class c's share of a
+        target counts w_c times: an example's term is fixed before any split of the batch.
         """
         num_classes = logits.shape[-1]
         if targets.dtype.is_integer:
             targets = tf.one_hot(targets, num_classes, dtype=logits.dtype)
         targets = tf.cast(targets, logits.dtype)
+        mass = tf.reduce_sum(targets, -1, keepdims=True)  # 1; 0 when broken
         if self.label_smoothing:
-            targets = targets * (1 - self.label_smoothing) + self.label_smoothing / num_classes
-        per_example = tf.nn.softmax_cross_entropy_with_logits(targets, logits)
-        return tf.reduce_sum(per_example) / self.global_batch_size
+            smooth = self.label_smoothing
+            targets = targets * (1 - smooth) + mass * (smooth / num_classes)
+        if self.class_weights is not None:
+            targets = targets * tf.cast(self.class_weights, logits.dtype)
+            mass = tf.reduce_sum(targets, -1, keepdims=True)  # the example's weight
+        return tf.reduce_sum(_cross_entropy(targets, mass, logits)) / self.global_batch_size
 
     def _micro_step(self, images, labels):
         """One micro-batch: (gradients, summed loss, correct count)."""
@@ -261,6 +271,18 @@ class TrainStep:
             self.optimizer.apply, args=(grads, self.model.trainable_variables)
         )
         return tf.constant(True)
+
+
+def _cross_entropy(targets, mass, logits):
+    """[N] -sum_c targets * log softmax(logits) for targets [N, C] of any row sums ``mass``
+    [N, 1] (0 for a broken image, a class weight, ...).
+
+    The fused op's gradient is softmax - targets, right only for rows that sum to 1 (a zero
+    row got the gradient softmax, not 0): it is given the rows scaled to 1, and the loss is
+    scaled back, which keeps its kernel (and its numbers for rows of mass 1).
+    """
+    unit = targets / tf.where(mass > 0, mass, tf.ones_like(mass))
+    return tf.nn.softmax_cross_entropy_with_logits(unit, logits) * mass[:, 0]
 
 
 def global_norm(tensors) -> tf.Tensor:

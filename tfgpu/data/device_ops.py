@@ -132,8 +132,9 @@ def mix_batch(images, targets, mix_lam, cut_box, use_cut):
 
 
 def soft_targets(labels, weight, num_classes: int) -> tf.Tensor:
-    """One-hot [N, K] float targets; weight-0 (broken) examples get all-zero rows, which give
-    zero loss and zero gradient in a softmax cross-entropy."""
+    """One-hot [N, K] float targets; weight-0 (broken) examples get all-zero rows, to which
+    the step's cross-entropy gives zero loss and zero gradient (``step._cross_entropy``: the
+    fused op alone would give them the gradient softmax)."""
     return tf.one_hot(labels, num_classes) * weight[:, None]
 
 
