@@ -13,7 +13,7 @@ from tfgpu import finetune, models, pretrained
 from tfgpu.best import Best
 from tfgpu.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch, tracks_best
-from tfgpu.data import augment, device_ops, memory, pipeline
+from tfgpu.data import augment, balance, device_ops, memory, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import Backend
 from tfgpu.step import DynamicLossScale, TrainStep
@@ -79,6 +79,7 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Training:
     under the backend's scope (``Checkpoints.restore`` then gives every worker the chief's
     values)."""
     plan = make_plan(config, spec.num_train, backend.num_replicas)
+    class_weights, balance_line = _class_balance(config, spec)
     keras.mixed_precision.set_global_policy(config.model.dtype)
     with backend.scope():
         model = models.build_model(
@@ -94,7 +95,9 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Training:
         if config.model.freeze == "backbone":
             pretrained.freeze_backbone(model)
         loss_scale = DynamicLossScale() if config.model.dtype == "mixed_float16" else None
-        step = build_step(config, model, optimizer, backend, spec.num_classes, loss_scale)
+        step = build_step(
+            config, model, optimizer, backend, spec.num_classes, loss_scale, class_weights
+        )
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
         skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
         best = Best(config.train, backend, config.model_dir) if tracks_best(config.train) else None
@@ -103,7 +106,7 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Training:
         fresh = models.load_initial_weights(model, config.model.init_weights)
         init_line = _init_line(config, model, fresh)
     tuning = finetune.describe(config, step.optimizer, plan.total_steps)
-    init_line = "\n".join(line for line in (init_line, tuning) if line)
+    init_line = "\n".join(line for line in (balance_line, init_line, tuning) if line)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
     if loss_scale:
@@ -116,6 +119,25 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Training:
         best.checkpoint = checkpoints.checkpoint
     parts = (model, step, global_step, skipped_updates, checkpoints, best, init_line)
     return Training(config, backend, spec, plan, *parts)
+
+
+def _class_balance(config: Config, spec: data_spec.DataSpec) -> tuple:
+    """(--class_weights' float [K] weights or None, the start-up line on class balance).
+    Balanced sampling that the split's path cannot do is a ConfigError naming why."""
+    data, lines = config.data, []
+    if data.balanced_sampling:
+        decision = memory.decide(spec, data)
+        if not decision.use:  # the streaming reader has no random access by class
+            raise ConfigError(
+                "--balanced_sampling needs the train split in memory (--in_memory; README: "
+                f"Class balance), and here: {decision.reason}"
+            )
+        lines.append(balance.describe_sampling(data.sampling_power))
+    names = data_spec.class_names(spec)
+    weights = balance.class_weights(config.optim.class_weights, spec.data_dir, names)
+    if weights is not None:
+        lines.append(balance.describe_weights(config.optim.class_weights, weights, names))
+    return weights, "; ".join(lines)
 
 
 def _init_line(config: Config, model, fresh: list) -> str:
@@ -136,8 +158,11 @@ def _then(first, second):
     return second if first is None else lambda batch: second(first(batch))
 
 
-def build_step(config: Config, model, optimizer, backend, num_classes: int, loss_scale=None):
-    """The TrainStep for batches of the layout the train pipeline makes."""
+def build_step(
+    config: Config, model, optimizer, backend, num_classes: int, loss_scale=None, class_weights=None
+):
+    """The TrainStep for batches of the layout the train pipeline makes (``class_weights``:
+    float [K], or None)."""
     layout = pipeline.train_layout(config.data)
     unpack = None
     if layout == "packed":  # resized first, outside XLA; then the "uint8" path on floats
@@ -159,7 +184,15 @@ def build_step(config: Config, model, optimizer, backend, num_classes: int, loss
         unpack=unpack,
         jit_compile=config.model.jit_compile,
         sync_batchnorm=config.model.sync_batchnorm,
+        class_weights=_in_dtype(class_weights, config.model.dtype),
     )
+
+
+def _in_dtype(weights, dtype: str):
+    """Class weights in the loss' dtype: float64 for --dtype=float64, else float32."""
+    if weights is None:
+        return None
+    return weights.astype("float64" if dtype == "float64" else "float32")
 
 
 def train_maker(training: Training, start_step: int):

@@ -11,6 +11,7 @@ No TensorFlow here (nor in the modules whose choices it reads): ``--help`` and a
 must not wait for TensorFlow's start-up.
 """
 
+import os
 from dataclasses import dataclass, field
 
 from tfgpu import models, optim
@@ -111,6 +112,13 @@ class OptimConfig:
         "conv2, conv1 (stem); ResNet stage4 .. stage1, stem.",
     )
     label_smoothing: float = setting(0.0, "Label smoothing of the cross-entropy.")
+    class_weights: str = setting(
+        "",
+        "Weight each example's loss by its class (README: Class balance). auto: inverse "
+        "frequency from the train split's per-class counts in dataset_info.json, normalized so "
+        "the mean weight over training examples is 1; or a JSON file {class name or index: "
+        "weight} (classes not in it: 1). Empty: off. Evaluation stays unweighted.",
+    )
     clip_norm: float = setting(0.0, "Clip the all-reduced gradients to this global norm (0: off).")
     ema_decay: float = setting(
         0.0, "Keep an exponential moving average of the weights with this decay (0: off)."
@@ -267,6 +275,7 @@ def validate(config: Config) -> Config:
         )
     _check_model(config.model)
     _check_finetune(config.model, config.optim)
+    _check_class_weights(config.optim)
     if config.deterministic and config.model.jit_compile:
         raise ConfigError(
             "--deterministic and --jit_compile do not go together: XLA has no deterministic "
@@ -319,6 +328,17 @@ def _check_finetune(m: ModelConfig, o: OptimConfig) -> None:
         raise ConfigError(
             f"{scaled[0]} sets the backbone's learning rate, but --freeze=backbone never trains "
             "it: add --unfreeze_after_steps=N"
+        )
+
+
+def _check_class_weights(o: OptimConfig) -> None:
+    """--class_weights is empty, auto or a file (what it holds is checked against the
+    dataset's classes when the run is built: ``data/balance.py``)."""
+    value = o.class_weights
+    if value not in ("", "auto") and not os.path.isfile(os.path.expanduser(value)):
+        raise ConfigError(
+            f"--class_weights={value}: no such file (auto, or a JSON file of class name or "
+            "index -> weight)"
         )
 
 

@@ -17,6 +17,9 @@ from tfgpu.errors import CheckpointError, UsageError
 from tfgpu.files import read_json
 
 RUN_ONLY = ("num_replicas",)  # keys of config.json that are not settings
+# Training-only settings left out: evaluation is unweighted and reads each example once, and
+# a run's --class_weights file need not exist where its model is used.
+TRAINING_ONLY = ("class_weights", "balanced_sampling", "sampling_power")
 
 
 def run_config(model_dir: str, **overrides) -> Config:
@@ -32,7 +35,8 @@ def run_config(model_dir: str, **overrides) -> Config:
             raise UsageError(str(err)) from None
         if not values:
             raise UsageError(f"--model_dir={model_dir} holds no config.json (not a tfgpu run)")
-        values = {k: v for k, v in values.items() if k in SETTINGS and k not in RUN_ONLY}
+        dropped = RUN_ONLY + TRAINING_ONLY
+        values = {k: v for k, v in values.items() if k in SETTINGS and k not in dropped}
         if "augment_policy" not in values:  # before the policies: RandAugment's old meanings
             values = {k: v for k, v in values.items() if not k.startswith("randaugment_")}
         values["model_dir"] = os.path.expanduser(model_dir)

@@ -145,6 +145,18 @@ class DataConfig:
         "Probability of timm's RandomErasing (its --reprob, --remode=pixel: one box of 2% to 1/3 "
         "of the image filled with per-pixel normal noise), after the policy (0: off).",
     )
+    balanced_sampling: bool = setting(
+        False,
+        "Draw each training position's class with probability proportional to "
+        "count^(1 - --sampling_power), then an example of that class uniformly (with "
+        "replacement), statelessly from (seed, epoch, position); needs the train split in "
+        "memory (--in_memory). README: Class balance.",
+    )
+    sampling_power: float = setting(
+        1.0,
+        "--balanced_sampling: p(class) proportional to count^(1 - power), in [0, 1]: 1 draws "
+        "classes uniformly, 0 at their natural frequencies.",
+    )
     data_service: str = setting(
         "",
         "grpc://HOST:PORT of a tf.data service dispatcher (tfgpu-data-service): its "
@@ -185,6 +197,7 @@ def check_data(d: DataConfig) -> None:
     if not 0 < d.crop_min_area <= 1 or not 0 < d.eval_crop_fraction <= 1:
         raise ConfigError("--crop_min_area and --eval_crop_fraction must be in (0, 1]")
     _check_augment(d)
+    _check_sampling(d)
     if d.data_dir and not os.path.isdir(os.path.expanduser(d.data_dir)):
         raise ConfigError(f"--data_dir={d.data_dir} is not a directory")
     if d.data_service:
@@ -211,6 +224,28 @@ def _check_augment(d: DataConfig) -> None:
             raise ConfigError(
                 f"--{name}={getattr(d, name)} needs --augment_policy=randaugment (M is on "
                 "timm's 0..10 scale)"
+            )
+
+
+def _check_sampling(d: DataConfig) -> None:
+    """--sampling_power is in [0, 1] and set only with --balanced_sampling, which needs the
+    in-memory path (whether the split fits is known when it is loaded: ``balance.py``)."""
+    if not 0 <= d.sampling_power <= 1:
+        raise ConfigError(f"--sampling_power={d.sampling_power} must be in [0, 1]")
+    if not d.balanced_sampling:
+        if d.sampling_power != 1.0:
+            raise ConfigError(f"--sampling_power={d.sampling_power} needs --balanced_sampling")
+        return
+    why = {
+        "--in_memory=off": d.in_memory == "off",
+        "--data_service": bool(d.data_service),
+        "--synthetic_data": d.synthetic_data,
+    }
+    for flag, on in why.items():
+        if on:
+            raise ConfigError(
+                f"--balanced_sampling and {flag} do not go together: balanced sampling needs "
+                "the train split in memory (--in_memory; README: Class balance)"
             )
 
 

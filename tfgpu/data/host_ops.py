@@ -9,7 +9,7 @@ import tensorflow as tf
 # Each random choice of an example gets its own stream of the example's stateless seed.
 _FLIP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X = 1, 2, 3, 4, 5, 6
 # The augmentation policies' draws (augment.py): from 16 on, clear of these and of the
-# in-memory path's epoch streams (memory.py, 1-8), which the policies share.
+# in-memory path's epoch streams (memory.py, 1-10), which the policies share.
 AUGMENT_STREAMS = tuple(range(16, 26))
 
 

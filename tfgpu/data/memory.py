@@ -33,15 +33,17 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.data import augment, broken, device_ops, host_ops, pipeline
+from tfgpu.data import augment, balance, broken, device_ops, host_ops, pipeline
 from tfgpu.data.spec import DataError, DataSpec
 from tfgpu.distribute import InputShard
 
 AUTOTUNE = tf.data.AUTOTUNE
 MB = 1 << 20
 
-# Streams of an epoch's stateless key, one per vector drawn for the whole epoch.
+# Streams of an epoch's stateless key, one per vector drawn for the whole epoch (the
+# policies' draws share the key, from host_ops.AUGMENT_STREAMS on).
 _ORDER, _FLIP, _CROP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X = range(1, 9)
+_CLASS, _MEMBER = 9, 10  # --balanced_sampling: each position's class, then its example
 
 
 AUTO_MAX_SIDE = 64  # --in_memory=auto takes small images only (CIFAR, digits, MNIST-like)
@@ -195,14 +197,17 @@ def _epoch_key(seed: int, epoch: tf.Tensor, stream: int) -> tf.Tensor:
     return tf.stack([tf.cast(seed, tf.int64) * 1_000_003 + epoch, tf.constant(-stream, tf.int64)])
 
 
-def epoch_draws(epoch, n: int, data, seed: int) -> dict:
+def epoch_draws(epoch, n: int, data, seed: int, sampler: dict | None = None) -> dict:
     """Everything random of epoch ``epoch``, as vectors over its ``n`` positions: {index of
     the example at each position int64 [n], flip bool [n], offset int32 [n, 2] (crop y, x in
     [0, 2 * --crop_padding]), and with MixUp/CutMix ``mix`` (``mixing_draws``)}. Drawn once
-    per epoch, from keys of (seed, epoch): position p's draws depend on (seed, epoch, p)."""
+    per epoch, from keys of (seed, epoch): position p's draws depend on (seed, epoch, p).
+    The index is a permutation, or with a ``sampler`` (``class_sampler``) balanced draws."""
     key = lambda stream: _epoch_key(seed, epoch, stream)  # noqa: E731
     index = tf.range(n, dtype=tf.int64)
-    if data.shuffle_buffer > 1:  # as on the per-example path, 0 or 1 keeps the files' order
+    if sampler is not None:
+        index = balanced_index(key, n, sampler)
+    elif data.shuffle_buffer > 1:  # as on the per-example path, 0 or 1 keeps the files' order
         index = tf.random.experimental.stateless_shuffle(index, seed=key(_ORDER))
     flip = tf.random.stateless_uniform([n], key(_FLIP)) < 0.5
     span = 2 * data.crop_padding + 1
@@ -211,6 +216,32 @@ def epoch_draws(epoch, n: int, data, seed: int) -> dict:
     if data.mixing:
         draws["mix"] = mixing_draws(key, n, data.image_size, data.mixup_alpha, data.cutmix_alpha)
     return draws | augment.draw(key, [n], data)
+
+
+def class_sampler(mem: InMemory, power: float) -> dict:
+    """--balanced_sampling's tables for ``balanced_index``, from the split in memory: its
+    usable examples (weight > 0) grouped by class, and the classes' cumulative probabilities
+    (p(class) proportional to count^(1 - ``power``), ``balance.sampling_probabilities``)."""
+    labels, weights = mem.labels.numpy(), mem.weights.numpy()
+    members, starts, counts = balance.class_pools(labels, weights, mem.num_classes)
+    if not counts.sum():
+        raise DataError("--balanced_sampling: the train split holds no usable examples")
+    cdf = balance.cumulative(balance.sampling_probabilities(counts, power))
+    tables = {"members": members, "starts": starts, "counts": counts, "cdf": cdf}
+    return {k: tf.constant(v) for k, v in tables.items()}
+
+
+def balanced_index(key, n: int, sampler: dict) -> tf.Tensor:
+    """int64 [n]: the example at each of an epoch's ``n`` positions under balanced sampling:
+    a class by inverse CDF of one uniform draw, then one of its examples by another, both
+    from the epoch's stateless keys (with replacement: a position depends on (seed, epoch,
+    position) only, so resume and every split of the batch see the same examples)."""
+    u = tf.random.stateless_uniform([n], key(_CLASS), dtype=tf.float64)
+    cls = tf.searchsorted(sampler["cdf"], u, side="right")
+    count = tf.gather(sampler["counts"], cls)
+    v = tf.random.stateless_uniform([n], key(_MEMBER), dtype=tf.float64)
+    within = tf.minimum(tf.cast(v * tf.cast(count, tf.float64), tf.int64), count - 1)
+    return tf.gather(sampler["members"], tf.gather(sampler["starts"], cls) + within)
 
 
 def mixing_draws(key, n: int, image_size: int, mixup_alpha: float, cutmix_alpha: float) -> dict:
@@ -241,7 +272,9 @@ def mixing_draws(key, n: int, image_size: int, mixup_alpha: float, cutmix_alpha:
     }
 
 
-def _draw_batches(n: int, data, seed: int, batch_size: int, start_index: int) -> tf.data.Dataset:
+def _draw_batches(
+    n: int, data, seed: int, batch_size: int, start_index: int, sampler=None
+) -> tf.data.Dataset:
     """The endless stream of ``epoch_draws`` cut into batches of ``batch_size`` positions from
     global position ``start_index`` on: positions run on across epoch boundaries, as the
     per-example path counts them (a batch may end one epoch and begin the next)."""
@@ -249,7 +282,8 @@ def _draw_batches(n: int, data, seed: int, batch_size: int, start_index: int) ->
 
     def epoch(e):
         begin = tf.where(e == first_epoch, skip, 0)
-        return tf.nest.map_structure(lambda v: v[begin:], epoch_draws(e, n, data, seed))
+        draws = epoch_draws(e, n, data, seed, sampler)
+        return tf.nest.map_structure(lambda v: v[begin:], draws)
 
     # rebatch cuts the epochs' vectors into batches with slice copies, not row by row.
     return tf.data.Dataset.counter(first_epoch).map(epoch).rebatch(batch_size, drop_remainder=True)
@@ -337,7 +371,8 @@ def make_train_dataset(
         )
     if data.mixing:
         device_ops.check_mixing_batch(batch_size)
-    draws = _draw_batches(mem.num_examples, data, seed, batch_size, start_index)
+    sampler = class_sampler(mem, data.sampling_power) if data.balanced_sampling else None
+    draws = _draw_batches(mem.num_examples, data, seed, batch_size, start_index, sampler)
     if shard.count > 1:
         per_global = global_batch_size // batch_size
         per_pipeline = per_global // shard.count

@@ -1,0 +1,272 @@
+"""Class balance (tfgpu/data/balance.py): --class_weights in the loss, exact under replicas and
+accumulation; --balanced_sampling's stateless draws (frequencies, repeatability, resume); and
+the effect on an imbalanced split, in tfgpu.evaluate's per-class accuracy."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import TINY_RUN, assert_mirrored_equals_default, final_weights, make_image_arrays
+
+from tfgpu import models, optim, train
+from tfgpu.config import config_from, validate
+from tfgpu.convert import plan
+from tfgpu.convert.items import items_from_arrays
+from tfgpu.data import balance, memory
+from tfgpu.data import spec as data_spec
+from tfgpu.data.config import DataConfig
+from tfgpu.distribute import InputShard, backends
+from tfgpu.errors import ConfigError
+from tfgpu.evaluate import evaluate
+from tfgpu.recordformat import INFO_FILE
+from tfgpu.step import TrainStep
+
+TRAIN_COUNTS = (60, 24, 8, 4)  # classes a, b, c, d
+NAMES = ["a", "b", "c", "d"]
+
+
+@pytest.fixture(scope="module")
+def imbalanced(tmp_path_factory) -> str:
+    """A converted dataset like conftest's small_dataset, its train split imbalanced
+    (60/24/8/4 examples of classes a-d), its validation split balanced (8 each)."""
+    out = str(tmp_path_factory.mktemp("imbalanced"))
+    images, labels = make_image_arrays(400, seed=5)
+    train_idx, val_idx = [], []
+    for c, n in enumerate(TRAIN_COUNTS):
+        of_c = np.flatnonzero(labels == c)
+        train_idx += list(of_c[:n])
+        val_idx += list(of_c[n : n + 8])
+    items = items_from_arrays(images, labels, prefix="imbalanced")
+    plan.write_dataset(
+        {"train": [items[i] for i in train_idx], "validation": [items[i] for i in val_idx]},
+        class_names=NAMES,
+        output_dir=out,
+        source="tests",
+        num_shards={"train": 2, "validation": 1},
+    )
+    return out
+
+
+# --- the weights' arithmetic ----------------------------------------------------------
+
+
+@pytest.mark.fast
+def test_auto_weights_are_inverse_frequency_with_mean_one_over_examples(imbalanced):
+    counts = balance.train_class_counts(imbalanced, 4)
+    np.testing.assert_array_equal(counts, TRAIN_COUNTS)
+    w = balance.class_weights("auto", imbalanced, NAMES)
+    n = np.array(TRAIN_COUNTS, float)
+    np.testing.assert_allclose(w, n.sum() / (4 * n))  # 96 / (4 n_c): 0.4, 1, 3, 6
+    assert (w * n).sum() / n.sum() == pytest.approx(1.0)
+    # A class without train examples weighs 1 and leaves the mean at 1.
+    np.testing.assert_allclose(balance.inverse_frequency([30, 0, 10]), [2 / 3, 1, 2])
+
+
+@pytest.mark.fast
+def test_auto_without_per_class_counts_is_one_line_naming_the_file(imbalanced, tmp_path):
+    """An info file from before the counts (or not the converter's) still reads; auto says
+    which file lacks them."""
+    with open(os.path.join(imbalanced, INFO_FILE), encoding="utf-8") as f:
+        info = json.load(f)
+    del info["splits"]["train"]["per_class"]
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in os.listdir(imbalanced):
+        if name != INFO_FILE:
+            os.symlink(os.path.join(imbalanced, name), old / name)
+    (old / INFO_FILE).write_text(json.dumps(info))
+    assert data_spec.load_data_spec(str(old)).num_train == 96  # still readable
+    with pytest.raises(ConfigError, match=f"--class_weights=auto .*{old / INFO_FILE}") as err:
+        balance.class_weights("auto", str(old), NAMES)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.fast
+def test_weights_file_by_name_or_index_and_its_errors(tmp_path):
+    good = tmp_path / "w.json"
+    good.write_text(json.dumps({"a": 0.5, "3": 4, "c": 0}))
+    np.testing.assert_array_equal(balance.class_weights(str(good), "", NAMES), [0.5, 1, 0, 4])
+    bad = {
+        '{"e": 1}': "'e' is not a class",
+        '{"4": 1}': "'4' is not a class",
+        '{"a": -1}': "'a' is -1, not a finite number >= 0",
+        '{"a": "2"}': "'a' is '2', not a finite number",
+        '{"a": true}': "'a' is True, not a finite number",
+        '{"a": NaN}': "not a finite number",
+        '{"a": 1, "0": 2}': "class 'a' is given twice",
+        "[1, 2]": "not an object",
+        "{oops": "not readable JSON",
+    }
+    for text, message in bad.items():
+        good.write_text(text)
+        with pytest.raises(ConfigError, match=f"--class_weights={good}: .*{message}") as err:
+            balance.class_weights(str(good), "", NAMES)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="no such file"):
+        balance.class_weights(str(tmp_path / "missing.json"), "", NAMES)
+
+
+@pytest.mark.fast
+def test_flags_are_checked_before_tensorflow_runs(tmp_path):
+    def check(**kw):
+        with pytest.raises(ConfigError) as err:
+            validate(config_from(**kw))
+        return str(err.value)
+
+    assert "no such file" in check(class_weights=str(tmp_path / "none.json"))
+    assert "needs --balanced_sampling" in check(sampling_power=0.5)
+    assert "in [0, 1]" in check(balanced_sampling=True, sampling_power=1.5)
+    assert "needs the train split in memory" in check(balanced_sampling=True, in_memory="off")
+    validate(config_from(class_weights="auto", balanced_sampling=True, sampling_power=0.0))
+
+
+@pytest.mark.fast
+def test_per_example_loss_weighs_each_class_share_of_the_target():
+    """Hard labels weigh w_y; a mixed target lam e_a + (1 - lam) e_b weighs each part by its
+    class (in all lam w_a + (1 - lam) w_b); a broken row adds nothing; the sum is over the
+    global batch, whatever the weights sum to."""
+    w = np.array([0.5, 2.0, 1.0], np.float32)
+    backend = backends.build_backend("default")
+    with backend.scope():
+        model = models.build_model("tiny_cnn", num_classes=3, image_size=16)
+        opt = optim.build_optimizer("sgd", 0.01)
+        step = TrainStep(model, opt, backend, global_batch_size=4, class_weights=w)
+    logits = tf.constant([[1.0, 2.0, 0.5], [0.3, -1.0, 2.0], [0.0, 0.1, 0.2]])
+    nll = -tf.nn.log_softmax(logits).numpy()
+    targets = np.array([[0, 1, 0], [0.3, 0, 0.7], [0, 0, 0]], np.float32)
+    expected = (2.0 * nll[0, 1] + 0.3 * 0.5 * nll[1, 0] + 0.7 * 1.0 * nll[1, 2]) / 4
+    assert step._loss(logits, tf.constant(targets)).numpy() == pytest.approx(expected, 1e-6)
+    hard = step._loss(logits[:2], tf.constant([1, 2])).numpy()
+    assert hard == pytest.approx((2.0 * nll[0, 1] + 1.0 * nll[1, 2]) / 4, rel=1e-6)
+
+
+# --- balanced sampling ----------------------------------------------------------------
+
+BALANCED = DataConfig(image_size=32, in_memory="on", balanced_sampling=True)
+
+
+@pytest.fixture(scope="module")
+def mem(imbalanced):
+    return memory.load(data_spec.load_data_spec(imbalanced), BALANCED)
+
+
+def _stream(mem, data=BALANCED, batch=16, seed=3, start_index=0):
+    return memory.make_train_dataset(
+        mem,
+        data,
+        InputShard(1, 0),
+        batch_size=batch,
+        global_batch_size=batch,
+        seed=seed,
+        deterministic=True,
+        start_index=start_index,
+    )
+
+
+def _labels(ds, batches):
+    return np.concatenate([b["label"].numpy() for b in ds.take(batches)])
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("power", [1.0, 0.5, 0.0])
+def test_class_frequencies_match_the_target_within_a_binomial_bound(mem, power):
+    """p(class) ~ n^(1 - power) over 60 epochs of the 96-example split (5,760 draws): every
+    class within 4.5 standard deviations of its expected count."""
+    data = DataConfig(image_size=32, in_memory="on", balanced_sampling=True, sampling_power=power)
+    labels = _labels(_stream(mem, data, batch=96), 60)
+    p = np.array(TRAIN_COUNTS, float) ** (1 - power)
+    p /= p.sum()
+    counts, draws = np.bincount(labels, minlength=4), len(labels)
+    bound = 4.5 * np.sqrt(draws * p * (1 - p))
+    assert (np.abs(counts - draws * p) < bound).all(), (counts, draws * p)
+
+
+@pytest.mark.fast
+def test_the_tables_draw_each_example_of_a_class_and_never_a_broken_one():
+    labels = np.array([0, 1, 0, 2, 0, 1])
+    weights = np.array([1, 1, 0, 1, 1, 1], np.float32)  # example 2 is broken
+    members, starts, counts = balance.class_pools(labels, weights, 4)
+    np.testing.assert_array_equal(members, [0, 4, 1, 5, 3])
+    np.testing.assert_array_equal(counts, [2, 2, 1, 0])
+    np.testing.assert_array_equal(starts, [0, 2, 4, 5])
+    p = balance.sampling_probabilities(counts, 1.0)
+    np.testing.assert_allclose(p, [1 / 3, 1 / 3, 1 / 3, 0])
+    assert balance.cumulative(p)[2:].tolist() == [1.0, 1.0]
+    key = lambda stream: tf.constant([11, -stream], tf.int64)  # noqa: E731
+    tables = {"members": members, "starts": starts, "counts": counts, "cdf": balance.cumulative(p)}
+    index = memory.balanced_index(key, 30_000, {k: tf.constant(v) for k, v in tables.items()})
+    seen = np.bincount(index.numpy(), minlength=6)
+    assert seen[2] == 0 and seen[3] == pytest.approx(10_000, rel=0.05)
+    assert seen[0] == pytest.approx(5_000, rel=0.07) and seen[5] == pytest.approx(5_000, rel=0.07)
+
+
+@pytest.mark.fast
+def test_same_seed_same_sequence_and_resume_equals_uninterrupted(mem):
+    """Batches of 16 over 96 positions per epoch: batch 9 starts mid-epoch 1."""
+    a = [b["image"].numpy() for b in _stream(mem).take(14)]
+    b = [b["image"].numpy() for b in _stream(mem).take(14)]
+    resumed = [b["image"].numpy() for b in _stream(mem, start_index=9 * 16).take(5)]
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert all(np.array_equal(x, y) for x, y in zip(a[9:], resumed))
+    other = [b["image"].numpy() for b in _stream(mem, seed=4).take(14)]
+    assert not all(np.array_equal(x, y) for x, y in zip(a, other))
+    by_8 = np.concatenate([b["label"].numpy() for b in _stream(mem, batch=8).take(28)])
+    np.testing.assert_array_equal(by_8, np.concatenate([_labels(_stream(mem), 14)]))
+
+
+@pytest.mark.fast
+def test_the_streaming_path_is_a_one_line_error(imbalanced):
+    """The per-example reader has no random access by class: refused when the run is built."""
+    config = validate(
+        config_from(data_dir=imbalanced, image_size=96, balanced_sampling=True, model="tiny_cnn")
+    )
+    from tfgpu import build
+
+    with pytest.raises(ConfigError, match="--balanced_sampling needs the train split in memory"):
+        build._class_balance(config, data_spec.load_data_spec(imbalanced))
+
+
+# --- training -------------------------------------------------------------------------
+
+
+def test_class_weights_default_equals_mirrored_equals_accumulation(imbalanced, tmp_path):
+    """--class_weights=auto with balanced sampling at power 0.5: 2 mirrored replicas and 2
+    micro-batches end where one device does."""
+    flags = dict(class_weights="auto", balanced_sampling=True, sampling_power=0.5)
+    assert_mirrored_equals_default(imbalanced, tmp_path, **flags)
+    values = dict(TINY_RUN, **flags, grad_accum_steps=2, strategy="default")
+    config = config_from(data_dir=imbalanced, model_dir=str(tmp_path / "accum"), **values)
+    train.run(validate(config))
+    for a, b in zip(final_weights(tmp_path / "accum"), final_weights(tmp_path / "default")):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def _train_and_evaluate(data_dir, model_dir, **kw) -> dict:
+    values = dict(
+        TINY_RUN,
+        train_steps=30,
+        optimizer="adam",
+        learning_rate=0.003,
+        steps_per_loop=10,
+        log_every_steps=10,
+        input_probe_s=0.0,
+    )
+    config = config_from(data_dir=data_dir, model_dir=str(model_dir), **dict(values, **kw))
+    train.run(validate(config))
+    return evaluate(str(model_dir), log=lambda _: None)
+
+
+def test_balancing_lifts_the_rare_classes_in_the_per_class_accuracy(imbalanced, tmp_path):
+    """On the 60/24/8/4 split, 30 updates: the rare classes c and d (on a balanced
+    validation split) are learnt with class weights or balanced sampling, far less without."""
+    plain = _train_and_evaluate(imbalanced, tmp_path / "plain")
+    weighted = _train_and_evaluate(imbalanced, tmp_path / "weighted", class_weights="auto")
+    sampled = _train_and_evaluate(imbalanced, tmp_path / "sampled", balanced_sampling=True)
+    rare = lambda report: np.mean(report["per_class_accuracy"][2:])  # noqa: E731
+    print(
+        {k: r["per_class_accuracy"] for k, r in (("plain", plain), ("w", weighted), ("s", sampled))}
+    )
+    assert rare(weighted) >= rare(plain) + 0.25
+    assert rare(sampled) >= rare(plain) + 0.25
