@@ -246,11 +246,12 @@ def test_class_weights_default_equals_mirrored_equals_accumulation(imbalanced, t
 def _train_and_evaluate(data_dir, model_dir, **kw) -> dict:
     values = dict(
         TINY_RUN,
-        train_steps=30,
+        train_steps=60,
         optimizer="adam",
         learning_rate=0.003,
-        steps_per_loop=10,
-        log_every_steps=10,
+        random_flip=False,  # a flip turns a quadrant image of class a into one of b
+        steps_per_loop=20,
+        log_every_steps=20,
         input_probe_s=0.0,
     )
     config = config_from(data_dir=data_dir, model_dir=str(model_dir), **dict(values, **kw))
@@ -258,15 +259,15 @@ def _train_and_evaluate(data_dir, model_dir, **kw) -> dict:
     return evaluate(str(model_dir), log=lambda _: None)
 
 
-def test_balancing_lifts_the_rare_classes_in_the_per_class_accuracy(imbalanced, tmp_path):
-    """On the 60/24/8/4 split, 30 updates: the rare classes c and d (on a balanced
-    validation split) are learnt with class weights or balanced sampling, far less without."""
+def test_balancing_lifts_the_rarest_class_in_the_per_class_accuracy(imbalanced, tmp_path):
+    """On the 60/24/8/4 split, 60 updates: tfgpu.evaluate's per-class accuracy on the balanced
+    validation split shows class d (4 train examples) missed without balancing, and learnt
+    with class weights or with balanced sampling (measured: plain 1, 1, 1, 0; both others
+    1, 1, 1, 1)."""
     plain = _train_and_evaluate(imbalanced, tmp_path / "plain")
     weighted = _train_and_evaluate(imbalanced, tmp_path / "weighted", class_weights="auto")
     sampled = _train_and_evaluate(imbalanced, tmp_path / "sampled", balanced_sampling=True)
-    rare = lambda report: np.mean(report["per_class_accuracy"][2:])  # noqa: E731
-    print(
-        {k: r["per_class_accuracy"] for k, r in (("plain", plain), ("w", weighted), ("s", sampled))}
-    )
-    assert rare(weighted) >= rare(plain) + 0.25
-    assert rare(sampled) >= rare(plain) + 0.25
+    assert plain["per_class_accuracy"][3] <= 0.25
+    assert weighted["per_class_accuracy"][3] >= 0.75
+    assert sampled["per_class_accuracy"][3] >= 0.75
+    assert min(weighted["per_class_accuracy"] + sampled["per_class_accuracy"]) >= 0.5
