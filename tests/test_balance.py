@@ -231,16 +231,30 @@ def test_the_streaming_path_is_a_one_line_error(imbalanced):
 # --- training -------------------------------------------------------------------------
 
 
-def test_class_weights_default_equals_mirrored_equals_accumulation(imbalanced, tmp_path):
-    """--class_weights=auto with balanced sampling at power 0.5: 2 mirrored replicas and 2
-    micro-batches end where one device does."""
+def test_class_weights_default_equals_mirrored_equals_accumulation_and_resume(
+    imbalanced, tmp_path, monkeypatch
+):
+    """--class_weights=auto with balanced sampling at power 0.5: 2 mirrored replicas, 2
+    micro-batches, and a run stopped after 3 updates (mid-epoch) then resumed, all end where
+    one uninterrupted device does."""
     flags = dict(class_weights="auto", balanced_sampling=True, sampling_power=0.5)
     assert_mirrored_equals_default(imbalanced, tmp_path, **flags)
-    values = dict(TINY_RUN, **flags, grad_accum_steps=2, strategy="default")
-    config = config_from(data_dir=imbalanced, model_dir=str(tmp_path / "accum"), **values)
-    train.run(validate(config))
-    for a, b in zip(final_weights(tmp_path / "accum"), final_weights(tmp_path / "default")):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    reference = final_weights(tmp_path / "default")
+
+    def run(name, **kw):
+        values = dict(TINY_RUN, **flags, strategy="default", **kw)
+        config = config_from(data_dir=imbalanced, model_dir=str(tmp_path / name), **values)
+        return train.run(validate(config))
+
+    run("accum", grad_accum_steps=2)
+    assert run("resumed", train_steps=3)["steps"] == 3
+    lines = []
+    monkeypatch.setattr("tfgpu.results.RunWriter.info", lambda self, line: lines.append(line))
+    assert run("resumed")["steps"] == 6
+    assert any(line.startswith("resumed from") and "at step 3" in line for line in lines)
+    for name in ("accum", "resumed"):
+        for a, b in zip(final_weights(tmp_path / name), reference):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
 def _train_and_evaluate(data_dir, model_dir, **kw) -> dict:
