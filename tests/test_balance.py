@@ -142,6 +142,19 @@ def test_per_example_loss_weighs_each_class_share_of_the_target():
     assert hard == pytest.approx((2.0 * nll[0, 1] + 1.0 * nll[1, 2]) / 4, rel=1e-6)
 
 
+@pytest.mark.fast
+def test_evaluation_and_prediction_read_a_run_without_its_class_balance(tmp_path):
+    """Evaluation is unweighted: a run's weights file need not exist where it is evaluated."""
+    from tfgpu import files, use
+
+    run = {"model": "tiny_cnn", "class_weights": str(tmp_path / "gone.json")}
+    run |= {"balanced_sampling": True, "sampling_power": 0.5, "in_memory": "off"}
+    files.write_json(str(tmp_path / "config.json"), run)
+    config = use.run_config(str(tmp_path))
+    assert config.optim.class_weights == "" and not config.data.balanced_sampling
+    assert config.data.sampling_power == 1.0
+
+
 # --- balanced sampling ----------------------------------------------------------------
 
 BALANCED = DataConfig(image_size=32, in_memory="on", balanced_sampling=True)

@@ -78,9 +78,11 @@ def test_every_op_of_the_train_step_has_a_gpu_kernel(model_name, dtype, accumula
         random_erasing=0.5,
         global_batch_size=4,
         grad_accum_steps=accumulation,
+        label_smoothing=0.1,
     )
     loss_scale = DynamicLossScale() if dtype == "mixed_float16" else None
     optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
     backend = backends.build_backend("default")
-    step = build.build_step(config, model, optimizer, backend, 4, loss_scale)
+    class_weights = np.array([0.5, 1.0, 2.0, 1.0])  # --class_weights' path in the loss
+    step = build.build_step(config, model, optimizer, backend, 4, loss_scale, class_weights)
     assert ops_without_gpu_kernel(tf.function(step.update), _batch(resize_on)) == set()
