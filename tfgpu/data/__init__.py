@@ -9,6 +9,8 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
   device_ops.py  per-batch float work, inside the step on the accelerator: resize, flip, mix
   augment.py     augmentation policies (RandAugment, TrivialAugment, AutoAugment, erasing):
                  per-example draws on the host, applied to the batch by augment_ops.py
+  balance.py     class balance: --class_weights' weights (applied by the step's loss) and
+                 balanced sampling's class probabilities (drawn by memory.py); no TensorFlow
   broken.py      records that fail to decode, named once (shard and index)
   service_client.py  --data_service: the train pipeline run by tf.data service workers
   service_server.py  the service itself (dispatcher, workers): tfgpu-data-service
