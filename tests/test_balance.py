@@ -66,8 +66,8 @@ def test_auto_weights_are_inverse_frequency_with_mean_one_over_examples(imbalanc
 
 @pytest.mark.fast
 def test_auto_without_per_class_counts_is_one_line_naming_the_file(imbalanced, tmp_path):
-    """An info file from before the counts (or not the converter's) still reads; auto says
-    which file lacks them."""
+    """An info file without the counts (another tool's) still reads; auto says which file
+    lacks them."""
     with open(os.path.join(imbalanced, INFO_FILE), encoding="utf-8") as f:
         info = json.load(f)
     del info["splits"]["train"]["per_class"]

@@ -29,8 +29,8 @@ from tfgpu.recordformat import INFO_FILE
 def train_class_counts(data_dir: str, num_classes: int) -> np.ndarray | None:
     """int64 [num_classes]: the train split's examples per class as ``data_dir``'s
     dataset_info.json lists them (``splits.train.per_class``, by class name, in the order of
-    ``class_names``); None when it holds no such counts (no info file, or one written before
-    the converter stored them)."""
+    ``class_names``); None when it holds no such counts (no info file, or one another tool
+    wrote without them)."""
     path = os.path.join(data_dir, INFO_FILE) if data_dir else ""
     info = read_json(path) if path and os.path.isfile(path) else {}
     per_class = info.get("splits", {}).get("train", {}).get("per_class")
