@@ -287,7 +287,7 @@ def test_unfrozen_under_mirrored_the_backbone_trains_and_replicas_stay_equal():
     loop(batches, tf.constant(2), step.variant)
     _assert_equal(_weights(model), initial, backbone)  # frozen: weights and statistics
     finetune.unfreeze(SimpleNamespace(model=model, optimizer=optimizer, step=step))
-    assert len(step.moving_stats) == 8  # the backbone's 4 BatchNorm layers train now
+    assert len(step.moving_stats.variables) == 8  # the backbone's 4 BatchNorm layers train now
     loop(batches, tf.constant(2), step.variant)
     assert loop.experimental_get_tracing_count() == 2
     trained = _weights(model)

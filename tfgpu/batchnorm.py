@@ -86,8 +86,65 @@ def _synced_moments(sum_over_replicas):
     return moments
 
 
+class MovingStats:
+    """The BatchNorm moving statistics that a train step moves, and how one update moves them:
+    micro-batches from the update's start values, their sum, each replica's share of the mean
+    in the all-reduce, the mean assigned after it (``TrainStep.replica_step`` asks, in order).
+
+    Built from the model's trainable layers (``moving_statistics``) at the step's construction
+    and again when they change (``TrainStep.trainable_changed``).
+    """
+
+    def __init__(self, model, num_replicas: int, grad_accum_steps: int, skips_non_finite: bool):
+        self.variables = moving_statistics(model)
+        # Averaged in the all-reduce when more than one forward pass moved them per update.
+        self.averaged = bool(self.variables) and (num_replicas > 1 or grad_accum_steps > 1)
+        self.grad_accum_steps = grad_accum_steps
+        self.share = 1.0 / (num_replicas * grad_accum_steps)
+        self.skips_non_finite = skips_non_finite
+
+    def start(self) -> list:
+        """The values before the update (tensors): each micro-batch starts from them."""
+        return [tf.identity(_value(v)) for v in self.variables]
+
+    def zeros(self, start: list) -> list:
+        """The empty sum of the micro-batches' statistics, shaped as ``start``."""
+        return [tf.zeros_like(s) for s in start]
+
+    def restart(self, start: list) -> None:
+        """Before each of k > 1 micro-batches: the statistics back to the update's ``start``."""
+        if self.grad_accum_steps > 1 and self.averaged:
+            for var, value in zip(self.variables, start):
+                var.assign(value)
+
+    def add(self, summed: list) -> list:
+        """``summed`` plus the statistics the last micro-batch left; as it is when they are
+        not averaged (no reads of every BatchNorm variable)."""
+        if not self.averaged:
+            return summed
+        return [a + _value(v) for a, v in zip(summed, self.variables)]
+
+    def shares(self, summed: list) -> list:
+        """This replica's share of the mean of ``summed``, to add to the all-reduce; [] when
+        the statistics are not averaged."""
+        return [s * self.share for s in summed] if self.averaged else []
+
+    def update(self, start: list, reduced: list, finite) -> None:
+        """After the all-reduce: the statistics become ``reduced`` (the all-reduced
+        ``shares``), or stay as the forward pass left them when not averaged; back to
+        ``start`` when the update is not ``finite``."""
+        if self.variables and (self.averaged or self.skips_non_finite):
+            new = reduced if self.averaged else [_value(v) for v in self.variables]
+            average_update(self.variables, start, new, finite)
+
+
 def average_update(stats: list, start: list, summed: list, finite) -> None:
     """Assigns to ``stats`` the all-reduced ``summed`` values (already the mean over replicas
     and micro-batches), or back the update's ``start`` values when it was not ``finite``."""
     for var, before, value in zip(stats, start, summed):
         var.assign(tf.where(finite, value, before))
+
+
+def _value(variable):
+    """The tf.Variable (or its replica's component) behind a Keras variable."""
+    return variable.value if hasattr(variable, "value") else variable

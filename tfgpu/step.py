@@ -132,10 +132,8 @@ class TrainStep:
     def _follow_trainable(self) -> None:
         """What depends on which layers train: the BatchNorm statistics that training moves,
         and the (XLA-compiled) gradient function that computes them."""
-        self.moving_stats = batchnorm.moving_statistics(self.model)
-        # Averaged in the all-reduce when more than one forward pass moved them per update.
-        self.averages_stats = bool(self.moving_stats) and (
-            self.backend.num_replicas > 1 or self.grad_accum_steps > 1
+        self.moving_stats = batchnorm.MovingStats(
+            self.model, self.backend.num_replicas, self.grad_accum_steps, self.skips_non_finite
         )
         self._compute_gradients = (
             tf.function(self._gradients, jit_compile=True) if self.jit_compile else self._gradients
@@ -195,21 +193,19 @@ class TrainStep:
         k = self.grad_accum_steps
         micro = tf.shape(labels)[0] // k
         grads = [tf.zeros_like(_value(v)) for v in self.model.trainable_variables]
-        stats = [tf.zeros_like(s) for s in start_stats]
+        stats = self.moving_stats.zeros(start_stats)
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
         # k == 1 runs without a loop: XLA on CPU runs convolutions inside a while loop ~70x
         # slower (measured, bench/models.py); k > 1 is a tf.while_loop, traced once whatever k,
         # except with --sync_batchnorm: MirroredStrategy's all-reduce (a merge_call) cannot sit
         # in a while loop, so the k micro-batches are traced one after the other.
         for i in range(k) if k == 1 or self.sync_batchnorm else tf.range(k):
-            if k > 1 and self.averages_stats:
-                for var, value in zip(self.moving_stats, start_stats):
-                    var.assign(value)
+            # Each micro-batch normalizes with its own statistics, from the update's start.
+            self.moving_stats.restart(start_stats)
             lo = i * micro
             g, loss, correct = self._micro_step(images[lo : lo + micro], labels[lo : lo + micro])
             grads = [a + b for a, b in zip(grads, g)]
-            if self.averages_stats:  # else unused: no reads of every BatchNorm variable
-                stats = [a + _value(v) for a, v in zip(stats, self.moving_stats)]
+            stats = self.moving_stats.add(stats)
             loss_sum += loss
             correct_sum += correct
         return grads, loss_sum, correct_sum, stats
@@ -222,19 +218,17 @@ class TrainStep:
         """
         if self.unpack is not None:
             batch = self.unpack(batch)
-        start = [tf.identity(_value(v)) for v in self.moving_stats]
+        start = self.moving_stats.start()
         grads, loss, correct, stats = self._compute_gradients(batch, start)
         # The only gradient synchronization of the update: after the last micro-batch. The
         # moving statistics travel with it, each replica's share of their mean.
-        share = 1.0 / (self.backend.num_replicas * self.grad_accum_steps)
-        stats = [s * share for s in stats] if self.averages_stats else []
-        grads, stats = self.backend.all_reduce_sum(grads, extra=stats)
+        extra = self.moving_stats.shares(stats)
+        grads, stats = self.backend.all_reduce_sum(grads, extra=extra)
         if self.loss_scale:
             grads = [g / self.loss_scale.scale for g in grads]
         finite = all_finite(grads)
-        if self.moving_stats and (self.averages_stats or self.skips_non_finite):
-            new = stats if self.averages_stats else [_value(v) for v in self.moving_stats]
-            batchnorm.average_update(self.moving_stats, start, new, finite)
+        # Their mean, everywhere; a skipped update restores the update's start values.
+        self.moving_stats.update(start, stats, finite)
         # The global norm of the all-reduced gradients, before clipping (which reuses it).
         norm = global_norm(grads) if self.extra_metrics else None
         grads = clip_by_global_norm(grads, self.clip_norm, norm)
