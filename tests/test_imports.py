@@ -80,6 +80,7 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
         "tfgpu.data.service_server",
         "tfgpu.models",
         "tfgpu.optim",
+        "tfgpu.best",
         "tfgpu.distribute",
         "tfgpu.distribute.env",
         "tfgpu.launch",

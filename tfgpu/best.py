@@ -12,6 +12,9 @@ written with ``tf.train.Checkpoint.write``) listed in ``best/best.json``, best f
 Every worker takes part in writing one (reading sync-on-read variables is collective; the
 others write to scratch, ``Backend.checkpoint_dir``); only the chief writes best.json. Every
 worker decides alike: the evaluation is all-reduced, and the kept list is the chief's.
+
+The settings are checked here too, before TensorFlow starts (``check_best``, called by
+``config.validate``): TensorFlow is imported only when a run builds its ``Best``.
 """
 
 import glob
@@ -19,19 +22,53 @@ import json
 import math
 import os
 
-import tensorflow as tf
-
-from tfgpu.config import BEST_METRICS, TrainConfig, best_metric
+from tfgpu.errors import ConfigError
 from tfgpu.files import read_json, write_json
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
+BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
+
+
+def best_metric(t) -> str:
+    """The metric that decides "best" of ``t`` (the run's ``config.train``): --best_metric, top1
+    when not set."""
+    return t.best_metric or "top1"
+
+
+def tracks_best(t) -> bool:
+    """True when the run keeps its best evaluation (in its checkpoints)."""
+    return bool(t.keep_best or t.early_stop_patience or t.export_best or t.best_metric)
+
+
+def check_best(t) -> None:
+    """Raises a ConfigError for a best-checkpoint setting of ``t`` (the run's ``config.train``)
+    that cannot work: an unknown metric, a negative count, no evaluations to compare."""
+    if t.best_metric and t.best_metric not in BEST_METRICS:
+        raise ConfigError(
+            f"--best_metric={t.best_metric!r} is unknown; choose from {', '.join(BEST_METRICS)}"
+        )
+    if t.keep_best < 0 or t.early_stop_patience < 0:
+        raise ConfigError("--keep_best and --early_stop_patience must not be negative")
+    if tracks_best(t) and not (t.eval_every_steps or t.eval_every_epochs):
+        given = [
+            f"--{name}"
+            for name in ("keep_best", "best_metric", "early_stop_patience", "export_best")
+            if getattr(t, name)
+        ]
+        raise ConfigError(
+            f"{', '.join(given)} need(s) evaluations during training: set --eval_every_steps "
+            "or --eval_every_epochs"
+        )
 
 
 class Best:
     """The run's best evaluation and its kept checkpoints."""
 
-    def __init__(self, train: TrainConfig, backend, model_dir: str):
+    def __init__(self, train, backend, model_dir: str):
+        """``train``: the run's ``config.train``."""
+        import tensorflow as tf  # noqa: PLC0415 (the settings' checks above import without it)
+
         self.metric = best_metric(train)
         self.mode = BEST_METRICS[self.metric]
         self.keep = train.keep_best or (1 if train.export_best else 0)  # the best, to export

@@ -10,9 +10,9 @@ import keras
 import tensorflow as tf
 
 from tfgpu import finetune, models, pretrained
-from tfgpu.best import Best
+from tfgpu.best import Best, tracks_best
 from tfgpu.checkpoints import Checkpoints
-from tfgpu.config import Config, ConfigError, split_batch, tracks_best
+from tfgpu.config import Config, ConfigError, split_batch
 from tfgpu.data import augment, balance, device_ops, memory, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import Backend

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 
 from tfgpu import models, optim
+from tfgpu.best import check_best
 from tfgpu.data.config import DataConfig, check_data
 from tfgpu.distribute.config import DistConfig
 from tfgpu.settings import ConfigError, collect, positive, replace_settings, setting
@@ -274,7 +275,7 @@ def validate(config: Config) -> Config:
             f"--max_skipped_updates={config.optim.max_skipped_updates} must not be negative"
         )
     _check_model(config.model)
-    _check_finetune(config.model, config.optim)
+    models.check_finetune(config.model, config.optim)
     _check_class_weights(config.optim)
     if config.deterministic and config.model.jit_compile:
         raise ConfigError(
@@ -306,31 +307,6 @@ def _check_model(m: ModelConfig) -> None:
         raise ConfigError(f"--drop_path_rate={m.drop_path_rate} must be in [0, 1), or -1")
 
 
-def _check_finetune(m: ModelConfig, o: OptimConfig) -> None:
-    if m.unfreeze_after_steps < 0:
-        raise ConfigError(f"--unfreeze_after_steps={m.unfreeze_after_steps} must not be negative")
-    if m.unfreeze_after_steps and m.freeze != "backbone":
-        raise ConfigError(
-            "--unfreeze_after_steps unfreezes a frozen backbone: add --freeze=backbone"
-        )
-    scaled = []
-    for name in ("backbone_lr_multiplier", "layer_lr_decay"):
-        value = getattr(o, name)
-        if not 0.0 < value <= 1.0:
-            raise ConfigError(f"--{name}={value} must be in (0, 1] (1: off)")
-        scaled += [f"--{name}={value}"] if value != 1.0 else []
-    if scaled and not models.has_blocks(m.name):
-        raise ConfigError(
-            f"{scaled[0]} is for models with a backbone in blocks (densenet*, efficientnet*, "
-            f"resnet*), not --model={m.name}"
-        )
-    if scaled and m.freeze == "backbone" and not m.unfreeze_after_steps:
-        raise ConfigError(
-            f"{scaled[0]} sets the backbone's learning rate, but --freeze=backbone never trains "
-            "it: add --unfreeze_after_steps=N"
-        )
-
-
 def _check_class_weights(o: OptimConfig) -> None:
     """--class_weights is empty, auto or a file (what it holds is checked against the
     dataset's classes when the run is built: ``data/balance.py``)."""
@@ -360,42 +336,10 @@ def _check_train(t: TrainConfig) -> None:
         raise ConfigError("set --eval_every_steps or --eval_every_epochs, not both")
     if t.train_steps and t.epochs:
         raise ConfigError("set --train_steps or --epochs, not both")
-    _check_best(t)
+    check_best(t)
     profile_window(t)
     if t.profile_all_workers and not t.profile_steps:
         raise ConfigError("--profile_all_workers needs --profile_steps=A:B")
-
-
-BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
-
-
-def best_metric(t: TrainConfig) -> str:
-    """The metric that decides "best" (--best_metric, top1 when not set)."""
-    return t.best_metric or "top1"
-
-
-def tracks_best(t: TrainConfig) -> bool:
-    """True when the run keeps its best evaluation (in its checkpoints)."""
-    return bool(t.keep_best or t.early_stop_patience or t.export_best or t.best_metric)
-
-
-def _check_best(t: TrainConfig) -> None:
-    if t.best_metric and t.best_metric not in BEST_METRICS:
-        raise ConfigError(
-            f"--best_metric={t.best_metric!r} is unknown; choose from {', '.join(BEST_METRICS)}"
-        )
-    if t.keep_best < 0 or t.early_stop_patience < 0:
-        raise ConfigError("--keep_best and --early_stop_patience must not be negative")
-    if tracks_best(t) and not (t.eval_every_steps or t.eval_every_epochs):
-        given = [
-            f"--{name}"
-            for name in ("keep_best", "best_metric", "early_stop_patience", "export_best")
-            if getattr(t, name)
-        ]
-        raise ConfigError(
-            f"{', '.join(given)} need(s) evaluations during training: set --eval_every_steps "
-            "or --eval_every_epochs"
-        )
 
 
 def profile_window(train: TrainConfig) -> tuple[int, int] | None:

@@ -35,6 +35,9 @@ meant for N updates: for a steady gradient, Adam's steps then reach 3.4x the lea
 (N=300) to 6.6x (N=5,000) over the next dozen updates, where a pretrained backbone wants small
 ones. At the loop boundary after update N, ``Unfreeze`` (``actions.py``) makes the backbone
 trainable and the step traces anew for it (``TrainStep.trainable_changed``).
+
+These settings are checked before TensorFlow starts, against the model registry
+(``models.check_finetune``).
 """
 
 import re

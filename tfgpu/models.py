@@ -1,6 +1,7 @@
 """The model registry: a small dict, name -> (network family, its arguments); ``nets.py``
 builds them. No Keras at import: ``config.py`` checks ``--model`` against this registry
-before TensorFlow starts.
+before TensorFlow starts, and the settings that hold only for some families (``has_backbone``,
+``check_finetune``: ``finetune.py``'s settings).
 """
 
 import os
@@ -132,3 +133,30 @@ def has_blocks(name: str) -> bool:
     application models and the ResNets, not tiny_cnn): those --backbone_lr_multiplier and
     --layer_lr_decay apply to (``finetune.BLOCK_RULES``)."""
     return name in MODELS and MODELS[name][0] in ("application", "resnet")
+
+
+def check_finetune(m, o) -> None:
+    """Raises a ConfigError for a fine-tuning setting of ``m`` and ``o`` (the run's
+    ``config.model`` and ``config.optim``) that cannot work (``finetune.py`` uses them)."""
+    if m.unfreeze_after_steps < 0:
+        raise ConfigError(f"--unfreeze_after_steps={m.unfreeze_after_steps} must not be negative")
+    if m.unfreeze_after_steps and m.freeze != "backbone":
+        raise ConfigError(
+            "--unfreeze_after_steps unfreezes a frozen backbone: add --freeze=backbone"
+        )
+    scaled = []
+    for name in ("backbone_lr_multiplier", "layer_lr_decay"):
+        value = getattr(o, name)
+        if not 0.0 < value <= 1.0:
+            raise ConfigError(f"--{name}={value} must be in (0, 1] (1: off)")
+        scaled += [f"--{name}={value}"] if value != 1.0 else []
+    if scaled and not has_blocks(m.name):
+        raise ConfigError(
+            f"{scaled[0]} is for models with a backbone in blocks (densenet*, efficientnet*, "
+            f"resnet*), not --model={m.name}"
+        )
+    if scaled and m.freeze == "backbone" and not m.unfreeze_after_steps:
+        raise ConfigError(
+            f"{scaled[0]} sets the backbone's learning rate, but --freeze=backbone never trains "
+            "it: add --unfreeze_after_steps=N"
+        )
