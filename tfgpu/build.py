@@ -133,11 +133,18 @@ def _class_balance(config: Config, spec: data_spec.DataSpec) -> tuple:
                 f"Class balance), and here: {decision.reason}"
             )
         lines.append(balance.describe_sampling(data.sampling_power))
-    names = data_spec.class_names(spec)
-    weights = balance.class_weights(config.optim.class_weights, spec.data_dir, names)
+    weights = class_weights_for(config, spec)
     if weights is not None:
+        names = data_spec.class_names(spec)
         lines.append(balance.describe_weights(config.optim.class_weights, weights, names))
     return weights, "; ".join(lines)
+
+
+def class_weights_for(config: Config, spec: data_spec.DataSpec):
+    """--class_weights' float64 [K] weights for the dataset of ``spec``, or None when off; a
+    ConfigError names a file that does not fit it (``balance.class_weights``)."""
+    names = data_spec.class_names(spec)
+    return balance.class_weights(config.optim.class_weights, spec.data_dir, names)
 
 
 def _init_line(config: Config, model, fresh: list) -> str:

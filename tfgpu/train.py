@@ -19,9 +19,9 @@ import tensorflow as tf
 
 from tfgpu import compat
 from tfgpu.actions import LoopState, default_actions, eval_context, phase
-from tfgpu.build import Training, build, probe_input, train_batches, train_maker
+from tfgpu.build import Training, build, class_weights_for, probe_input, train_batches, train_maker
 from tfgpu.checkpoints import refresh_derived_state
-from tfgpu.config import Config, resolve
+from tfgpu.config import Config, ConfigError, resolve
 from tfgpu.data import augment, broken, memory, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, env, heartbeats
@@ -268,18 +268,21 @@ def _export(r: Training, writer: RunWriter) -> None:
 
 def _agreed_spec(config: Config, backend, heartbeat: str) -> tuple:
     """(this worker's data spec, every worker's fingerprint), once every worker has a spec
-    and all agree on it, on the settings and on the tfgpu version (``consensus.agree``). A
-    worker that cannot read its data still takes part, so that every worker stops with the
-    same line, naming it. ``heartbeat``: where this worker's heartbeats are heard."""
-    spec, error = None, ""
+    and all agree on it, on the settings, on the tfgpu version and on the class weights each
+    read (``consensus.agree``). A worker that cannot read its data or its class weights still
+    takes part, so that every worker stops with the same line, naming it. ``heartbeat``:
+    where this worker's heartbeats are heard."""
+    spec, weights, error = None, None, ""
     try:
         spec = data_spec.load_spec(config.data)
-    except data_spec.DataError as err:
+        weights = class_weights_for(config, spec)
+    except (data_spec.DataError, ConfigError) as err:
         if backend.num_workers == 1:
             raise
         error = str(err)
     summary = spec.summary() if spec else None
-    mine = consensus.fingerprint(config.shared(), summary, error)
+    weights = None if weights is None else weights.tolist()
+    mine = consensus.fingerprint(config.shared(), summary, error, weights)
     return spec, consensus.agree(backend, dict(mine, heartbeat=heartbeat))
 
 

@@ -1,9 +1,10 @@
-"""Workers agree before they train: the same settings, tfgpu version and data, or they all
-stop with one line naming the first difference and who holds it.
+"""Workers agree before they train: the same settings, tfgpu version, data and class weights,
+or they all stop with one line naming the first difference and who holds it.
 
 No TensorFlow here: the comparison is plain data; ``backend.all_gather_bytes`` moves it.
 """
 
+import hashlib
 import json
 import os
 import socket
@@ -25,17 +26,31 @@ def this_worker() -> str:
     return f"{socket.gethostname()}, pid {os.getpid()}"
 
 
-def fingerprint(settings: dict, data: dict | None, error: str = "") -> dict:
+def fingerprint(
+    settings: dict, data: dict | None, error: str = "", class_weights: list | None = None
+) -> dict:
     """What must be equal on every worker: ``settings`` (flag -> value, per-node ones left
-    out), the tfgpu version and ``data`` (the data spec's shard names and counts); plus this
-    worker's address and, when it could not get this far, its ``error``."""
+    out), the tfgpu version, ``data`` (the data spec's shard names and counts) and the
+    ``class_weights`` this worker resolved (floats, None when off); plus this worker's
+    address and, when it could not get this far, its ``error``."""
     return {
         "where": this_worker(),
         "error": error,
         "tfgpu": __version__,
         "settings": settings,
         "data": data,
+        # Each worker reads --class_weights=FILE on its own machine: equal flags can still
+        # name different files, whose weights would make the replicas' gradients differ.
+        "class_weights": _digest(class_weights),
     }
+
+
+def _digest(values: list | None) -> str | None:
+    """A short sha256 of ``values`` (floats, exact through JSON), None for None."""
+    if values is None:
+        return None
+    text = json.dumps([float(v) for v in values])
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def agree(backend, mine: dict) -> list:
@@ -61,6 +76,7 @@ def disagreement(fingerprints: list) -> str:
     checks += [
         (f"the data's {k}", lambda f, k=k: (f["data"] or {}).get(k)) for k in first["data"] or {}
     ]
+    checks += [("the class weights (--class_weights)", lambda f: f.get("class_weights"))]
     for label, get in checks:
         values = [get(f) for f in fingerprints]
         if any(v != values[0] for v in values):
