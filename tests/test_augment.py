@@ -482,3 +482,18 @@ def test_the_start_up_line_names_the_policy():
         "randaugment n2 m9 mstd0.5, random erasing 0.25"
     )
     assert augment.describe(_policy("trivialaugment")) == "trivialaugment"
+
+
+@pytest.mark.fast
+def test_histograms_by_sorting_equal_bincount_and_pil_eagerly_and_in_tf_data(photos):
+    """The two ways of counting (bincount; sort and look up, for --deterministic on a GPU)
+    agree exactly with each other and with Pillow's histogram, eagerly and in a tf.data map."""
+    images = tf.constant(np.stack(photos), tf.float32)
+    expected = np.stack([np.reshape(Image.fromarray(p).histogram(), [3, 256]) for p in photos])
+    for sorted_counts in (False, True):
+        eager = A.histograms(images, sorted_counts=sorted_counts)
+        mapped = tf.data.Dataset.from_tensors(images).map(
+            lambda x, s=sorted_counts: A.histograms(x, sorted_counts=s)
+        )
+        np.testing.assert_array_equal(eager.numpy(), expected)
+        np.testing.assert_array_equal(next(iter(mapped)).numpy(), expected)

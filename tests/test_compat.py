@@ -54,3 +54,11 @@ def test_coordination_service_config_has_the_fields_we_set():
     fields = set(coordination_config_pb2.CoordinationServiceConfig.DESCRIPTOR.fields_by_name)
     wanted = {"cluster_register_timeout_in_ms", "cluster_register_with_barrier"}
     assert wanted | {"heartbeat_timeout_in_ms", "coordinated_job_list"} <= fields
+
+
+def test_the_ops_a_gpu_refuses_under_determinism_are_still_registered_ops():
+    """A renamed op would make ``ops_refused_under_gpu_determinism`` silently miss it."""
+    from tensorflow.python.framework import op_def_registry
+
+    for op in compat.GPU_DETERMINISM_REFUSED:
+        assert op_def_registry.get(op) is not None, op

@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 from tfgpu import build, models
-from tfgpu.compat import gpu_kernels, ops_without_gpu_kernel
+from tfgpu.compat import gpu_kernels, ops_refused_under_gpu_determinism, ops_without_gpu_kernel
 from tfgpu.config import config_from
-from tfgpu.data import augment, host_ops
+from tfgpu.data import augment, augment_ops, host_ops
 from tfgpu.data.config import DataConfig
 from tfgpu.distribute import backends
 from tfgpu.step import DynamicLossScale
@@ -86,3 +86,16 @@ def test_every_op_of_the_train_step_has_a_gpu_kernel(model_name, dtype, accumula
     class_weights = np.array([0.5, 1.0, 2.0, 1.0])  # --class_weights' path in the loss
     step = build.build_step(config, model, optimizer, backend, 4, loss_scale, class_weights)
     assert ops_without_gpu_kernel(tf.function(step.update), _batch(resize_on)) == set()
+
+
+def test_under_determinism_the_histograms_use_no_op_a_gpu_refuses():
+    """--deterministic on a GPU: Equalize's and AutoContrast's histograms count by sorting,
+    since the GPU refuses Bincount under op determinism (the check sees the bincount path)."""
+    images = tf.zeros([2, 8, 8, 3])
+
+    def counted(sorted_counts):
+        return tf.function(lambda x: augment_ops.histograms(x, sorted_counts=sorted_counts))
+
+    assert ops_refused_under_gpu_determinism(counted(False), images) == {"DenseBincount"}
+    assert ops_refused_under_gpu_determinism(counted(True), images) == set()
+    assert ops_without_gpu_kernel(counted(True), images) == set()

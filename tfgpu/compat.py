@@ -217,16 +217,43 @@ def _has_gpu_kernel(node) -> bool:
     return any(all(allows(c) for c in k.constraint) for k in gpu_kernels(node.op))
 
 
+def _graph_nodes(fn, *args) -> list:
+    """The NodeDefs of ``fn``'s graph (a tf.function, traced for ``args``) and of its
+    functions (loop and cond bodies, XLA-compiled parts)."""
+    graph_def = fn.get_concrete_function(*args).graph.as_graph_def()
+    return list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+
+
 def ops_without_gpu_kernel(fn, *args) -> set:
-    """{"OpType['dtype', ...]"} of the nodes of ``fn``'s graph (a tf.function, traced for
-    ``args``) and of its functions (loop and cond bodies, XLA-compiled parts) that have no
-    GPU kernel for their dtypes: TensorFlow would quietly run those on the CPU."""
+    """{"OpType['dtype', ...]"} of the nodes of ``fn``'s graph and functions (``_graph_nodes``)
+    that have no GPU kernel for their dtypes: TensorFlow would quietly run those on the CPU."""
     import tensorflow as tf
 
-    graph_def = fn.get_concrete_function(*args).graph.as_graph_def()
-    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
     return {
         f"{n.op}{sorted(tf.dtypes.as_dtype(v.type).name for v in n.attr.values() if v.type)}"
-        for n in nodes
+        for n in _graph_nodes(fn, *args)
         if not _has_gpu_kernel(n)
     }
+
+
+# Ops whose GPU kernel raises "Determinism is not yet supported" under op determinism, as the
+# TensorFlow 2.21 library's own messages name them (read from its shared objects; the Python
+# side exports no list). Segment reductions and depthwise/crop-resize gradients raise only for
+# some dtypes or cuDNN versions and are left out.
+GPU_DETERMINISM_REFUSED = frozenset(
+    {
+        "Bincount",
+        "DenseBincount",
+        "Dilation2DBackpropFilter",
+        "Dilation2DBackpropInput",
+        "MaxPoolGradWithArgmax",
+        "FakeQuantWithMinMaxVarsGradient",
+        "FakeQuantWithMinMaxVarsPerChannelGradient",
+    }
+)
+
+
+def ops_refused_under_gpu_determinism(fn, *args) -> set:
+    """The op types of ``fn``'s graph and functions that a GPU refuses to run under op
+    determinism (``--deterministic``): GPU_DETERMINISM_REFUSED."""
+    return {n.op for n in _graph_nodes(fn, *args)} & GPU_DETERMINISM_REFUSED

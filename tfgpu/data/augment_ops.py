@@ -27,6 +27,8 @@ import math
 
 import tensorflow as tf
 
+from tfgpu import compat
+
 # Op ids, as the batch carries them ("augment" "op"); IDENTITY leaves an image as it is.
 (
     IDENTITY,
@@ -74,17 +76,38 @@ def grey(images):
     return tf.floor((weighted + 32768.0) / 65536.0)
 
 
-def histograms(images):
-    """int32 [N, 3, 256]: each image's per-channel histogram, one bincount over the batch
-    (each value offset by 256 x (image x 3 + channel)). Hand-written because TensorFlow has
-    no batched histogram op (``tf.histogram_fixed_width`` counts one tensor as a whole)."""
+def histograms(images, sorted_counts: bool | None = None):
+    """int32 [N, 3, 256]: each image's per-channel histogram. Hand-written because TensorFlow
+    has no batched histogram op (``tf.histogram_fixed_width`` counts one tensor as a whole).
+
+    One bincount over the batch (each value offset by 256 x (image x 3 + channel)), except
+    under op determinism (``--deterministic``) with a GPU, where TensorFlow refuses Bincount
+    (its atomics): there each channel is sorted and the bin edges looked up (``sorted_counts``;
+    None: decided so). Both count exactly the same; on a CPU sorting is ~30x slower (1.1 s
+    against 0.04 s for 64 images of 224^2, measured), and Bincount is deterministic there."""
     n = images.shape[0] or tf.shape(images)[0]  # static when known: XLA needs the length
+    if sorted_counts is None:
+        sorted_counts = compat.op_determinism_enabled() and bool(
+            tf.config.list_logical_devices("GPU")
+        )
+    if sorted_counts:
+        return _histograms_by_sorting(images, n)
     offset = tf.reshape(tf.range(n * 3) * 256, [-1, 1, 1, 3])
     values = tf.cast(images, tf.int32) + offset
     counts = tf.raw_ops.DenseBincount(  # the raw op: XLA needs the size as it is, not a max
         input=tf.reshape(values, [-1]), size=n * 768, weights=tf.zeros([0], tf.int32)
     )
     return tf.reshape(counts, [n, 3, 256])
+
+
+def _histograms_by_sorting(images, n):
+    """The histograms from each channel's sorted values: count of bin b = (first position
+    of a value > b) - (first position of a value >= b), every op deterministic on a GPU."""
+    rows = tf.reshape(tf.transpose(tf.cast(images, tf.int32), [0, 3, 1, 2]), [n * 3, -1])
+    ordered = tf.sort(rows, axis=-1)
+    edges = tf.broadcast_to(tf.range(257, dtype=tf.int32), [n * 3, 257])
+    first = tf.searchsorted(ordered, edges, side="left")  # [rows, 257]: first >= edge
+    return tf.reshape(first[:, 1:] - first[:, :-1], [n, 3, 256])
 
 
 def _auto_contrast_lut(hist, levels):
