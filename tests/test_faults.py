@@ -33,6 +33,9 @@ RUN = dict(
     checkpoint_every_steps=10,
     export=False,
     crop_min_area=0.5,
+    # A policy's draws depend on the epoch too: 120 updates are 20 epochs, resumed mid-way.
+    augment_policy="trivialaugment",
+    random_erasing=0.25,
 )
 
 
