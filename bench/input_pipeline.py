@@ -1,7 +1,10 @@
 """How fast does the host hand 224x224 uint8 random-resized-crop batches to the accelerator?
 
-Writes >= 1,000 ImageNet-like JPEGs (350-500 px, quality 90, smooth random fields with
-texture) once into a cache dir, as TFRecords and as an image folder, then measures in ONE
+Writes >= 1,000 JPEGs once into a cache dir, as TFRecords and as an image folder: with
+--image_set=smooth (default) ImageNet-like ones (350-500 px, quality 90, smooth random fields
+with texture, ~75 KB), with photo lighter, real-photo ones (cuts of scikit-learn's two sample
+photographs, ~480x355, quality 75, ~37 KB), with both the two sets side by side in each
+round. Then it measures in ONE
 run, round-robin (the machine is shared: ratios come from side-by-side rounds; the table gives
 medians over rounds and their range, and each tf contender's host CPU ms per image):
 
@@ -51,29 +54,69 @@ def fake_photo(rng: np.random.Generator) -> Image.Image:
     return Image.fromarray((out + 128).clip(0, 255).astype(np.uint8))
 
 
-def build_data(cache_dir: str, num_images: int) -> tuple[str, str]:
-    """(tfrecord dir, image-folder dir) holding the same JPEG bytes; built once."""
+def photo_sources() -> list:
+    """The two real photographs scikit-learn ships (china.jpg, flower.jpg, 427x640)."""
+    from sklearn.datasets import load_sample_images
+
+    return [Image.fromarray(a) for a in load_sample_images().images]
+
+
+def real_photo(rng: np.random.Generator, sources: list) -> Image.Image:
+    """A ~480x355 cut of a real photograph (random crop of 60-100% of its width, rescaled,
+    maybe mirrored, colour gains and a brightness shift, light grain): at quality 75 these
+    weigh ~35-40 KB, like everyday web photos, and their content is a photo's, not noise."""
+    source = sources[int(rng.integers(len(sources)))]
+    width = int(rng.integers(440, 521))
+    height = int(round(width * rng.uniform(0.70, 0.78)))
+    cut_h = min(source.height, int(source.width * rng.uniform(0.6, 1.0) * height / width))
+    cut_w = int(cut_h * width / height)
+    x = int(rng.integers(0, source.width - cut_w + 1))
+    y = int(rng.integers(0, source.height - cut_h + 1))
+    image = source.crop((x, y, x + cut_w, y + cut_h)).resize((width, height), Image.BICUBIC)
+    if rng.random() < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    pixels = np.asarray(image, np.float32) * rng.uniform(0.8, 1.2, 3) + rng.uniform(-20, 20)
+    # Grain (sensor noise, per pixel, all channels alike): without it ~29 KB, with 7 ~37 KB.
+    pixels += rng.normal(0, 7, (height, width, 1))
+    return Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
+
+
+# name -> (how each image is made, JPEG quality, sub-directory of --cache_dir)
+IMAGE_SETS = {
+    "smooth": ("smooth random fields, 350-500 px, ~75 KB", 90, ""),
+    "photo": ("cuts of real photos, ~480x355, ~37 KB", 75, "photo"),
+}
+
+
+def build_data(cache_dir: str, num_images: int, image_set: str = "smooth") -> tuple[str, str]:
+    """(tfrecord dir, image-folder dir) holding the same JPEG bytes of ``image_set``
+    (``IMAGE_SETS``); built once. Prints the mean file size when it builds them."""
     import tensorflow as tf
 
     from tfgpu import recordformat
 
+    _, quality, sub = IMAGE_SETS[image_set]
+    cache_dir = os.path.join(cache_dir, sub)
     tfr, folder = os.path.join(cache_dir, "tfrecords"), os.path.join(cache_dir, "folder")
     done = os.path.join(cache_dir, f"done-{num_images}")
     if os.path.exists(done):
         return tfr, folder
     os.makedirs(tfr, exist_ok=True)
     rng = np.random.default_rng(0)
+    sources = photo_sources() if image_set == "photo" else None
     num_shards = 16
     writers = [
         tf.io.TFRecordWriter(os.path.join(tfr, f"train-{i:05d}-of-{num_shards:05d}.tfrecord"))
         for i in range(num_shards)
     ]
+    total = 0
     for i in range(num_images):
         label = i % NUM_CLASSES
-        image = fake_photo(rng)
+        image = real_photo(rng, sources) if sources else fake_photo(rng)
         buf = io.BytesIO()
-        image.save(buf, "JPEG", quality=90)
+        image.save(buf, "JPEG", quality=quality)
         data = buf.getvalue()
+        total += len(data)
         os.makedirs(os.path.join(folder, f"class{label}"), exist_ok=True)
         with open(os.path.join(folder, f"class{label}", f"{i:05d}.jpg"), "wb") as f:
             f.write(data)
@@ -83,8 +126,15 @@ def build_data(cache_dir: str, num_images: int) -> tuple[str, str]:
         )
     for w in writers:
         w.close()
+    print(f"{image_set}: {num_images} JPEGs, mean {total / num_images / 1000:.1f} KB", flush=True)
     open(done, "w").close()
     return tfr, folder
+
+
+def mean_file_kb(folder: str) -> float:
+    """Mean size of the JPEGs under ``folder``, in KB (1,000 bytes)."""
+    sizes = [e.stat().st_size for d in os.scandir(folder) for e in os.scandir(d.path)]
+    return sum(sizes) / max(len(sizes), 1) / 1000
 
 
 def tf_sources(tfr_dir: str, folder: str, batch: int, shuffle_buffer: int = 1024) -> dict:
@@ -138,7 +188,7 @@ def tf_sources(tfr_dir: str, folder: str, batch: int, shuffle_buffer: int = 1024
         )
 
     return {
-        "(a) decode-only ceiling": decode_only,
+        CEILING: decode_only,
         OURS: tfgpu("device", "device"),
         "tfgpu, resize on host (default without GPU)": tfgpu("device", "host"),
         "tfgpu, all on host (--preprocess_on=host)": tfgpu("host", "host"),
@@ -148,6 +198,15 @@ def tf_sources(tfr_dir: str, folder: str, batch: int, shuffle_buffer: int = 1024
 
 # What tfgpu runs on a GPU machine (--resize_on=auto): resize, flip and cast in the step.
 OURS = "tfgpu, resize on device (default with GPU)"
+CEILING = "(a) decode-only ceiling"
+# --contenders: short name -> the table's name
+CONTENDERS = {
+    "a": CEILING,
+    "device": OURS,
+    "host": "tfgpu, resize on host (default without GPU)",
+    "all_host": "tfgpu, all on host (--preprocess_on=host)",
+    "b": "(b) keras image_dataset_from_directory",
+}
 WARMUP_BATCHES = 3  # excluded from timing, the same for every contender (torch too)
 
 
@@ -211,7 +270,7 @@ def print_table(results: dict, cpu: dict, command: str) -> None:
     """Median images/s per contender; ratios are medians of per-round ratios (each round runs
     the contenders side by side), with their range over rounds."""
     median = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
-    ceiling = results["(a) decode-only ceiling"]
+    ceiling = results[CEILING]
     ours = results[OURS]
     print(f"\n`{command}`\n")
     print(
@@ -230,33 +289,50 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num_images", type=int, default=1000)
     parser.add_argument("--cache_dir", default=os.path.expanduser("~/.cache/tfgpu/bench_input"))
+    parser.add_argument("--image_set", default="smooth", choices=(*IMAGE_SETS, "both"))
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--seconds", type=float, default=6.0, help="~ per measurement")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--torch_python", default="", help="a python with torch+torchvision")
     parser.add_argument("--shuffle_buffer", type=int, default=1024, help="tfgpu's (default 10000)")
+    parser.add_argument(
+        "--contenders", default=",".join(CONTENDERS), help="comma list of " + ",".join(CONTENDERS)
+    )
     args = parser.parse_args()
     print("calibration:", calibration(), flush=True)
-    tfr, folder = build_data(args.cache_dir, args.num_images)
-    sources = tf_sources(tfr, folder, args.batch, args.shuffle_buffer)
+    sets = list(IMAGE_SETS) if args.image_set == "both" else [args.image_set]
+    # The ceiling and tfgpu's device path are what every ratio is against: always measured.
+    keep = {CEILING, OURS} | {CONTENDERS[k] for k in args.contenders.split(",")}
+    runs = {}  # image set -> (sources, folder)
+    for image_set in sets:
+        tfr, folder = build_data(args.cache_dir, args.num_images, image_set)
+        print(f"{image_set}: {IMAGE_SETS[image_set][0]}; mean file {mean_file_kb(folder):.1f} KB")
+        sources = tf_sources(tfr, folder, args.batch, args.shuffle_buffer)
+        runs[image_set] = ({k: v for k, v in sources.items() if k in keep}, folder)
     use_torch = torch_available(args.torch_python)
     if not use_torch:
         print("(c) skipped: no --torch_python with torch and torchvision")
-    results = {name: [] for name in sources}
-    cpu = {name: [] for name in sources}
-    if use_torch:
-        results["(c) torch DataLoader + torchvision"] = []
+    results = {s: {name: [] for name in runs[s][0]} for s in sets}
+    cpu = {s: {name: [] for name in runs[s][0]} for s in sets}
     for r in range(args.rounds):
-        for name, make in sources.items():
-            rate, ms = time_tf(make, args.seconds)
-            results[name].append(rate)
-            cpu[name].append(ms)
-        if use_torch:
-            name = "(c) torch DataLoader + torchvision"
-            results[name].append(time_torch(args.torch_python, folder, args.batch, args.seconds))
-        print(f"round {r + 1}: " + json.dumps({k: round(v[-1]) for k, v in results.items()}))
-    print_table(results, cpu, "python " + " ".join(sys.argv))
-    print_handover_bytes(sources[OURS])
+        # Each round: every set, every contender, side by side; the order flips every round.
+        for image_set in sets if r % 2 == 0 else sets[::-1]:
+            sources, folder = runs[image_set]
+            for name in list(sources) if r % 2 == 0 else list(sources)[::-1]:
+                rate, ms = time_tf(sources[name], args.seconds)
+                results[image_set][name].append(rate)
+                cpu[image_set][name].append(ms)
+            if use_torch:
+                name = "(c) torch DataLoader + torchvision"
+                rate = time_torch(args.torch_python, folder, args.batch, args.seconds)
+                results[image_set].setdefault(name, []).append(rate)
+            rounded = {k: round(v[-1]) for k, v in results[image_set].items()}
+            print(f"round {r + 1} {image_set}: " + json.dumps(rounded), flush=True)
+    for image_set in sets:
+        print(f"\n{image_set}: {IMAGE_SETS[image_set][0]}")
+        print_table(results[image_set], cpu[image_set], "python " + " ".join(sys.argv))
+        if OURS in runs[image_set][0]:
+            print_handover_bytes(runs[image_set][0][OURS])
 
 
 def print_handover_bytes(make, num_batches: int = 8) -> None:
