@@ -229,6 +229,120 @@ def time_tf(make, seconds: float) -> tuple[float, float]:
     return count * per_batch / wall, cpu / (count * per_batch) * 1e3
 
 
+# --- where the CPU goes: the device path cut after each stage (--breakdown) ------------------
+
+
+def stage_prefixes(spec, cfg, batch: int, seed: int = 0) -> dict:
+    """stage name -> function making tfgpu's device path (``--resize_on=device``) cut after
+    that stage: each prefix is the one before plus one stage, so differences of CPU per image
+    are what each stage costs. The last one is ``make_train_dataset`` itself."""
+    import tensorflow as tf
+
+    from tfgpu.data import broken, host_ops, pipeline
+    from tfgpu.distribute import InputShard
+
+    options = pipeline.dataset_options(False, cfg)
+    report = broken.reporter(spec.train_files)
+
+    def records():
+        return pipeline._train_records(spec.train_files, cfg, spec, 0, seed, False)
+
+    def upto(stage: int):
+        """The per-example map of ``decode_train_example``, cut after ``stage`` (1: window)."""
+
+        def fn(example):
+            example_seed = host_ops.example_seed(seed, example["epoch"], example["position"])
+            encoded = example["encoded"]
+            window = host_ops.random_crop_window(
+                tf.image.extract_jpeg_shape(encoded), example_seed, cfg.crop_min_area
+            )
+            out = {"window": window, "label": example["label"]}
+            if stage >= 2:
+                out["image"] = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+            if stage >= 3:
+                image = out.pop("image")
+                out["pixels"] = pipeline._to_variant(host_ops.pack_pixels(image))
+                out["sizes"] = tf.shape(image)[:2]
+            if stage >= 4:
+                out["flip"] = host_ops.draw_flip(example_seed)
+                out["weight"] = broken.weight(example["valid"], example["origin"], report)
+            return out
+
+        return lambda: records().map(fn, num_parallel_calls=AUTOTUNE, deterministic=False)
+
+    def batched():
+        return pipeline._flat_batches(upto(4)(), batch, False)
+
+    def whole():
+        return pipeline.make_train_dataset(
+            spec, cfg, InputShard(1, 0), batch_size=batch, global_batch_size=batch, seed=seed,
+            deterministic=False,
+        )  # fmt: skip
+
+    prefixes = {
+        "read, parse, check, shuffle (records)": records,
+        "+ crop-window draw (jpeg shape, sample box)": upto(1),
+        "+ fused decode-and-crop": upto(2),
+        "+ pack crop into int64 words (variant)": upto(3),
+        "+ flip draw, weight/broken bookkeeping": upto(4),
+        "+ batch, concatenate words": batched,
+        "= make_train_dataset (conds, prefetch, options)": whole,
+    }
+    batched_ones = (batched, whole)
+    return {
+        name: (lambda m=make: m().with_options(options), make in batched_ones)
+        for name, make in prefixes.items()
+    }
+
+
+AUTOTUNE = -1  # tf.data.AUTOTUNE, without importing TensorFlow at module level
+
+
+def cpu_per_image(make, num_images: int, per_element: int, warmup: int = 2048) -> float:
+    """Process CPU µs per image to pull ``num_images`` through a fresh ``make()``, after
+    ``warmup`` images (start-up, the first blocks read ahead), inside a ``tf.function`` loop:
+    no Python per element, so stages as cheap as tens of µs show."""
+    import tensorflow as tf
+
+    iterator = iter(make())
+
+    @tf.function
+    def drain(count):
+        for _ in tf.range(count):
+            next(iterator)
+
+    drain(tf.constant(max(1, warmup // per_element)))
+    count = max(1, num_images // per_element)
+    start = time.process_time()
+    drain(tf.constant(count))
+    return (time.process_time() - start) / (count * per_element) * 1e6
+
+
+def breakdown(runs: dict, batch: int, rounds: int, num_images: int) -> None:
+    """Prints, per image set, each stage's CPU µs per image (differences of cumulative
+    prefixes, ``stage_prefixes``) beside the decode-only ceiling's, medians of rounds."""
+    measured = {s: {name: [] for name in stages} for s, stages in runs.items()}
+    for r in range(rounds):
+        for image_set, stages in runs.items() if r % 2 == 0 else list(runs.items())[::-1]:
+            names = list(stages) if r % 2 == 0 else list(stages)[::-1]
+            for name in names:
+                per_element = batch if stages[name][1] else 1
+                measured[image_set][name].append(
+                    cpu_per_image(stages[name][0], num_images, per_element)
+                )
+        print(f"breakdown round {r + 1} done", flush=True)
+    median = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    for image_set, stages in measured.items():
+        print(f"\n{image_set}: CPU µs per image, median of {rounds} rounds [range]\n")
+        print("| stage | cumulative µs/img | this stage µs/img |\n|---|---:|---:|")
+        before = None
+        for name, values in stages.items():
+            m = median(values)
+            step = "" if before is None or name == CEILING else f"{m - before:+.0f}"
+            print(f"| {name} | {m:.0f} [{min(values):.0f}-{max(values):.0f}] | {step} |")
+            before = before if name == CEILING else m
+
+
 TORCH_SCRIPT = r"""
 import json, os, sys, time, torch
 from torchvision import datasets, transforms
@@ -293,8 +407,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--seconds", type=float, default=6.0, help="~ per measurement")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--breakdown_images", type=int, default=4000, help="per measurement")
     parser.add_argument("--torch_python", default="", help="a python with torch+torchvision")
     parser.add_argument("--shuffle_buffer", type=int, default=1024, help="tfgpu's (default 10000)")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="instead: CPU per image of each stage of the device path, and of the ceiling",
+    )
     parser.add_argument(
         "--contenders", default=",".join(CONTENDERS), help="comma list of " + ",".join(CONTENDERS)
     )
@@ -309,6 +429,8 @@ def main() -> None:
         print(f"{image_set}: {IMAGE_SETS[image_set][0]}; mean file {mean_file_kb(folder):.1f} KB")
         sources = tf_sources(tfr, folder, args.batch, args.shuffle_buffer)
         runs[image_set] = ({k: v for k, v in sources.items() if k in keep}, folder)
+    if args.breakdown:
+        return run_breakdown(args, sets)
     use_torch = torch_available(args.torch_python)
     if not use_torch:
         print("(c) skipped: no --torch_python with torch and torchvision")
@@ -333,6 +455,21 @@ def main() -> None:
         print_table(results[image_set], cpu[image_set], "python " + " ".join(sys.argv))
         if OURS in runs[image_set][0]:
             print_handover_bytes(runs[image_set][0][OURS])
+
+
+def run_breakdown(args, sets: list) -> None:
+    """--breakdown: the ceiling and ``stage_prefixes`` on each image set, ``breakdown``."""
+    from tfgpu.data.config import DataConfig
+    from tfgpu.data.spec import load_data_spec
+
+    cfg = DataConfig(image_size=224, shuffle_buffer=args.shuffle_buffer, resize_on="device")
+    runs = {}
+    for image_set in sets:
+        tfr, folder = build_data(args.cache_dir, args.num_images, image_set)
+        spec = load_data_spec(tfr, num_classes=NUM_CLASSES)
+        ceiling = tf_sources(tfr, folder, args.batch, args.shuffle_buffer)[CEILING]
+        runs[image_set] = {CEILING: (ceiling, True), **stage_prefixes(spec, cfg, args.batch)}
+    breakdown(runs, args.batch, args.rounds, args.breakdown_images)
 
 
 def print_handover_bytes(make, num_batches: int = 8) -> None:
