@@ -137,7 +137,39 @@ def mean_file_kb(folder: str) -> float:
     return sum(sizes) / max(len(sizes), 1) / 1000
 
 
-def tf_sources(tfr_dir: str, folder: str, batch: int, shuffle_buffer: int = 1024) -> dict:
+def import_before(revision: str):
+    """tfgpu as it was at git ``revision``, importable beside this one as ``tfgpu_before``
+    (its files taken with ``git archive``, their imports renamed): old and new pipelines then
+    run side by side in one process, rounds alternating."""
+    import importlib
+    import re
+    import tarfile
+    import tempfile
+
+    if "tfgpu_before" in sys.modules:
+        return sys.modules["tfgpu_before"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    where = tempfile.mkdtemp(prefix="tfgpu-before-")
+    archive = subprocess.run(
+        ["git", "-C", root, "archive", revision, "tfgpu"], capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(where, filter="data")
+    os.rename(os.path.join(where, "tfgpu"), os.path.join(where, "tfgpu_before"))
+    for folder, _, files in os.walk(os.path.join(where, "tfgpu_before")):
+        for name in (f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as f:
+                text = re.sub(r"\b(from|import) tfgpu\b", r"\1 tfgpu_before", f.read())
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+    sys.path.insert(0, where)
+    return importlib.import_module("tfgpu_before")
+
+
+def tf_sources(
+    tfr_dir: str, folder: str, batch: int, shuffle_buffer: int = 1024, before: str = ""
+) -> dict:
     """name -> function making a fresh endless tf.data pipeline of (batched) elements."""
     import keras
     import tensorflow as tf
@@ -187,8 +219,23 @@ def tf_sources(tfr_dir: str, folder: str, batch: int, shuffle_buffer: int = 1024
             deterministic=False,
         )
 
+    def tfgpu_before():
+        import_before(before)
+        from tfgpu_before.data import pipeline as old
+        from tfgpu_before.data.config import DataConfig as OldConfig
+        from tfgpu_before.data.spec import load_data_spec as old_spec
+        from tfgpu_before.distribute import InputShard as OldShard
+
+        c = OldConfig(image_size=224, shuffle_buffer=shuffle_buffer, resize_on="device")
+        s = old_spec(tfr_dir, num_classes=NUM_CLASSES)
+        return lambda: old.make_train_dataset(
+            s, c, OldShard(1, 0), batch_size=batch, global_batch_size=batch, seed=0,
+            deterministic=False,
+        )  # fmt: skip
+
     return {
         CEILING: decode_only,
+        **({f"tfgpu at {before}, resize on device": tfgpu_before()} if before else {}),
         OURS: tfgpu("device", "device"),
         "tfgpu, resize on host (default without GPU)": tfgpu("device", "host"),
         "tfgpu, all on host (--preprocess_on=host)": tfgpu("host", "host"),
@@ -411,6 +458,9 @@ def main() -> None:
     parser.add_argument("--torch_python", default="", help="a python with torch+torchvision")
     parser.add_argument("--shuffle_buffer", type=int, default=1024, help="tfgpu's (default 10000)")
     parser.add_argument(
+        "--before", default="", help="git revision: its device path runs beside this one"
+    )
+    parser.add_argument(
         "--breakdown",
         action="store_true",
         help="instead: CPU per image of each stage of the device path, and of the ceiling",
@@ -427,8 +477,9 @@ def main() -> None:
     for image_set in sets:
         tfr, folder = build_data(args.cache_dir, args.num_images, image_set)
         print(f"{image_set}: {IMAGE_SETS[image_set][0]}; mean file {mean_file_kb(folder):.1f} KB")
-        sources = tf_sources(tfr, folder, args.batch, args.shuffle_buffer)
-        runs[image_set] = ({k: v for k, v in sources.items() if k in keep}, folder)
+        sources = tf_sources(tfr, folder, args.batch, args.shuffle_buffer, args.before)
+        keep_set = keep | {k for k in sources if k.startswith("tfgpu at ")}
+        runs[image_set] = ({k: v for k, v in sources.items() if k in keep_set}, folder)
     if args.breakdown:
         return run_breakdown(args, sets)
     use_torch = torch_available(args.torch_python)
