@@ -108,7 +108,7 @@ def decode_eval_example(record: dict, data, spec: DataSpec, report=None) -> dict
     [S,S,3], label, weight (0: broken image, named by ``report``)}."""
     example = spec.parse(record["record"])
     image, valid = decode_eval_image(example["encoded"], data)
-    weight = broken.weight(valid, record["origin"], report)
+    weight = broken.weight(valid, _origin(record), report)
     return {"image": image, "label": example["label"], "weight": weight}
 
 
@@ -125,7 +125,7 @@ def make_named_eval_dataset(spec: DataSpec, data, batch_size: int) -> tf.data.Da
         stored = b""
         if spec.parser is None:  # tfgpu's (and TF's ImageNet) schema holds the file name
             stored = tf.io.parse_single_example(record["record"], feature)["image/filename"]
-        origin = record["origin"]
+        origin = _origin(record)
         where = tf.strings.join(
             [
                 tf.gather(names, tf.bitwise.right_shift(origin, 32)),
@@ -143,7 +143,11 @@ def make_named_eval_dataset(spec: DataSpec, data, batch_size: int) -> tf.data.Da
 
 def _records(files, data, deterministic: bool, epoch_seed=None) -> tf.data.Dataset:
     """Parallel interleave over ``files``, their order shuffled by ``epoch_seed`` when given:
-    {record, origin (``broken.origin``: which file, which record)}."""
+    {record, file (its index in ``files``), index (in the file)}; ``_origin`` makes them one.
+
+    Each record is zipped with its file and index, not mapped: a map per record cost ~60 µs
+    of host CPU per image on ~37 KB photos, about as much as reading and parsing them
+    (bench/README.md)."""
     names = tf.constant(list(files))
     order = tf.range(len(files), dtype=tf.int64)
     if epoch_seed is not None:
@@ -154,7 +158,10 @@ def _records(files, data, deterministic: bool, epoch_seed=None) -> tf.data.Datas
         ds = tf.data.TFRecordDataset(tf.gather(names, index), buffer_size=1 << 20)
         # load_data_spec has already named truncated shards; here they end at the break.
         ds = ds.ignore_errors() if data.skip_truncated_shards else ds
-        return ds.enumerate().map(lambda i, r: {"record": r, "origin": broken.origin(index, i)})
+        file = tf.data.Dataset.from_tensors(index).repeat()
+        return tf.data.Dataset.zip(
+            {"record": ds, "file": file, "index": tf.data.Dataset.range(1 << 62)}
+        )
 
     return tf.data.Dataset.from_tensor_slices(order).interleave(
         read,
@@ -163,6 +170,11 @@ def _records(files, data, deterministic: bool, epoch_seed=None) -> tf.data.Datas
         num_parallel_calls=AUTOTUNE,
         deterministic=deterministic,
     )
+
+
+def _origin(record: dict) -> tf.Tensor:
+    """``broken.origin`` of records of ``_records`` (one, or a block of them)."""
+    return broken.origin(record["file"], record["index"])
 
 
 def _blocks(ds, size: int, epoch_seed, shuffle: bool, spec: DataSpec) -> tf.data.Dataset:
@@ -179,9 +191,9 @@ def _blocks(ds, size: int, epoch_seed, shuffle: bool, spec: DataSpec) -> tf.data
     def parsed(i, block):
         example = spec.parse(block["record"])
         example["valid"] = host_ops.looks_whole(example["encoded"])
-        example["origin"] = block["origin"]
+        example["origin"] = _origin(block)
         if shuffle:
-            order = tf.range(tf.shape(block["origin"])[0])
+            order = tf.range(tf.shape(block["index"])[0])
             order = tf.random.experimental.stateless_shuffle(order, seed=epoch_seed + [0, i + 1])
             example = {k: tf.gather(v, order) for k, v in example.items()}
         return i, example
