@@ -17,3 +17,4 @@ This file holds the choices ``config.py`` checks before TensorFlow starts.
 PREPROCESS_ON = ("device", "host")
 RESIZE_ON = ("auto", "host", "device")
 IN_MEMORY = ("auto", "on", "off")
+DCT_SCALED_DECODE = ("off", "auto", "on")

@@ -63,13 +63,13 @@ def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
     ``mix`` draws (``host_ops.draw_mixing``)."""
     example_seed = host_ops.example_seed(seed, example["epoch"], example["position"])
     window = lambda s: host_ops.random_crop_window(s, example_seed, data.crop_min_area)
-    min_side = _dct_min_side(data)
+    dct = _dct(data)
     encoded, valid = example["encoded"], example["valid"]
     if data.resize_on == "device":
-        pixels, sizes = host_ops.decode_window_packed(encoded, valid, window, min_side)
+        pixels, sizes = host_ops.decode_window_packed(encoded, valid, window, **dct)
         out = {"pixels": _to_variant(pixels), "sizes": sizes}
     else:
-        image = host_ops.decode_window_resized(encoded, valid, window, data.image_size, min_side)
+        image = host_ops.decode_window_resized(encoded, valid, window, data.image_size, **dct)
         out = {"image": image}
     out |= {
         "label": example["label"],
@@ -83,9 +83,11 @@ def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
     return out
 
 
-def _dct_min_side(data) -> int:
-    """``decode_crop``'s ``min_side``: the output size with ``--dct_scaled_decode``, else 0."""
-    return data.image_size if data.dct_scaled_decode else 0
+def _dct(data) -> dict:
+    """``decode_crop``'s ``min_side`` (the output size with ``--dct_scaled_decode``, else 0)
+    and ``dct_mode``."""
+    on = data.dct_scaled_decode != "off"
+    return {"min_side": data.image_size if on else 0, "dct_mode": data.dct_scaled_decode}
 
 
 def decode_eval_image(encoded: tf.Tensor, data) -> tuple:
@@ -98,7 +100,7 @@ def decode_eval_image(encoded: tf.Tensor, data) -> tuple:
         valid,
         lambda s: host_ops.center_crop_window(s, data.eval_crop_fraction),
         data.image_size,
-        _dct_min_side(data),
+        **_dct(data),
     )
     return image, valid
 
