@@ -308,7 +308,7 @@ def stage_prefixes(spec, cfg, batch: int, seed: int = 0) -> dict:
                 out["image"] = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
             if stage >= 3:
                 image = out.pop("image")
-                out["pixels"] = pipeline._to_variant(host_ops.pack_pixels(image))
+                out["pixels"] = pipeline._to_variant(tf.reshape(image, [-1]))
                 out["sizes"] = tf.shape(image)[:2]
             if stage >= 4:
                 out["flip"] = host_ops.draw_flip(example_seed)
@@ -330,9 +330,9 @@ def stage_prefixes(spec, cfg, batch: int, seed: int = 0) -> dict:
         "read, parse, check, shuffle (records)": records,
         "+ crop-window draw (jpeg shape, sample box)": upto(1),
         "+ fused decode-and-crop": upto(2),
-        "+ pack crop into int64 words (variant)": upto(3),
+        "+ crop into a variant (flat uint8)": upto(3),
         "+ flip draw, weight/broken bookkeeping": upto(4),
-        "+ batch, concatenate words": batched,
+        "+ batch, pad and join the crops into int64 words": batched,
         "= make_train_dataset (conds, prefetch, options)": whole,
     }
     batched_ones = (batched, whole)

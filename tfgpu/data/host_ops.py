@@ -172,9 +172,10 @@ def pack_pixels(image: tf.Tensor) -> tf.Tensor:
 
 
 def decode_window_packed(encoded, valid, crop_window_fn, min_side: int = 0, dct_mode="on"):
-    """For ``--resize_on=device``: (the crop window's pixels un-resized, packed by
-    ``pack_pixels``, size [2] int32 (h, w)) of one encoded image; one black pixel unless
-    ``valid`` (``looks_whole``). The device resizes the batch (``device_ops.resize_flat``).
+    """For ``--resize_on=device``: (the crop window's pixels un-resized, uint8 [h * w * 3],
+    size [2] int32 (h, w)) of one encoded image; one black pixel unless ``valid``
+    (``looks_whole``). The batch pads and packs them (``pipeline._flat_batches``, the words of
+    ``pack_pixels``) and the device resizes it (``device_ops.resize_flat``).
     ``min_side``, ``dct_mode``: see ``decode_crop``.
     """
     image = tf.cond(
@@ -182,7 +183,7 @@ def decode_window_packed(encoded, valid, crop_window_fn, min_side: int = 0, dct_
         lambda: decode_crop(encoded, crop_window_fn, min_side, dct_mode),
         lambda: tf.zeros([1, 1, 3], tf.uint8),
     )
-    return pack_pixels(image), tf.shape(image)[:2]
+    return tf.reshape(image, [-1]), tf.shape(image)[:2]
 
 
 def _beta(seed, alpha):

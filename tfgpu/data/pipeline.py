@@ -58,9 +58,9 @@ def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
     """One training example {epoch, position, encoded, label, valid} (``_train_records``) ->
     one row of a "uint8" batch {image uint8 [S,S,3], label, flip, weight (0: broken image)}
     or, with ``--resize_on=device``, of a "packed" one {pixels, sizes [2] (h, w), ...}:
-    ``pixels`` are the un-resized crop packed into int64 words (``host_ops.pack_pixels``),
-    wrapped in a scalar variant for ``_flat_batches``. With MixUp/CutMix, also the example's
-    ``mix`` draws (``host_ops.draw_mixing``)."""
+    ``pixels`` are the un-resized crop's uint8 pixels, flat, wrapped in a scalar variant for
+    ``_flat_batches`` (which packs the batch into int64 words). With MixUp/CutMix, also the
+    example's ``mix`` draws (``host_ops.draw_mixing``)."""
     example_seed = host_ops.example_seed(seed, example["epoch"], example["position"])
     window = lambda s: host_ops.random_crop_window(s, example_seed, data.crop_min_area)
     dct = _dct(data)
@@ -296,31 +296,37 @@ def _to_variant(words: tf.Tensor) -> tf.Tensor:
 
 
 def _flat_batches(ds: tf.data.Dataset, batch_size: int, deterministic: bool) -> tf.data.Dataset:
-    """Batches examples whose packed ``pixels`` (variants, ``_to_variant``) differ in length:
-    the batch's ``pixels`` become one int64 vector, the crops one after the other, no padding
+    """Batches examples whose ``pixels`` (uint8 crops, flat, in variants: ``_to_variant``)
+    differ in length: the batch's ``pixels`` become one int64 vector, each crop zero-padded to
+    whole 8-pixel groups as ``host_ops.pack_pixels`` packs it, the crops one after the other
     (``sizes`` say where each crop ends).
 
-    What ``Dataset.ragged_batch`` does, by hand because it is slow here: it copies uint8 byte
-    by byte and its concatenation runs on one thread (0.5 ms of host CPU per image, as much as
-    the resize it saves). Int64 words, concatenated by a parallel map. Each crop is taken out
-    of its variant on its own (no copy) and the lot joined by one ``tf.concat``: decoding the
-    batch of variants in one ``RaggedTensorFromVariant`` copied ~5x slower (measured: ~110 vs
-    ~25 µs of host CPU per image, bench/README.md). The rows of ``padded_batch`` cost as much
-    and up to 4x the bytes.
+    What ``Dataset.ragged_batch`` does, by hand because it is slow here (its concatenation
+    copies uint8 byte by byte on one thread: 0.5 ms of host CPU per image, as much as the resize
+    it saves). Here each crop is taken out of its variant (no copy) and the crops and their
+    paddings are joined by one ``tf.concat`` (memcpy per piece), then bitcast to int64: one
+    copy of the pixels. Measured (bench/README.md), per image: one ``RaggedTensorFromVariant``
+    over the batch ~110 µs of host CPU, padded int64 words per crop joined by ``tf.concat``
+    ~30-50, this ~15. The rows of ``padded_batch`` cost as much and up to 4x the bytes.
     """
+    group = 3 * host_ops.WORD_PIXELS  # bytes
 
-    def words(variant):
+    def crop(variant):
         return tf.raw_ops.RaggedTensorFromVariant(
             encoded_ragged=variant,
             input_ragged_rank=0,
             output_ragged_rank=0,
-            Tvalues=tf.int64,
+            Tvalues=tf.uint8,
             Tsplits=tf.int64,
         ).output_dense_values
 
     def concat(batch):
-        crops = tf.unstack(batch["pixels"], num=batch_size)
-        return {**batch, "pixels": tf.concat([words(v) for v in crops], 0)}
+        pieces = []
+        for variant in tf.unstack(batch["pixels"], num=batch_size):
+            flat = crop(variant)
+            pieces += [flat, tf.zeros([tf.math.floormod(-tf.size(flat), group)], tf.uint8)]
+        words = tf.bitcast(tf.reshape(tf.concat(pieces, 0), [-1, 8]), tf.int64)
+        return {**batch, "pixels": words}
 
     ds = ds.batch(batch_size, drop_remainder=True)
     return ds.map(concat, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
