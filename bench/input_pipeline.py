@@ -19,6 +19,12 @@ medians over rounds and their range, and each tf contender's host CPU ms per ima
        num_workers = cores; run with --torch_python (a venv with torch); skipped otherwise
 
     python bench/input_pipeline.py [--torch_python=/tmp/torchenv/bin/python]
+    python bench/input_pipeline.py --image_set=both --batch=64 --before=REV   # old vs new
+    python bench/input_pipeline.py --image_set=both --batch=64 --breakdown    # CPU by stage
+
+--before=REV adds tfgpu's device path as it was at git revision REV (imported beside this one
+as ``tfgpu_before``), side by side in the same rounds. --breakdown measures instead the CPU
+per image of each stage of the device path (``stage_prefixes``) beside the ceiling's.
 """
 
 import argparse
@@ -207,8 +213,10 @@ def tf_sources(
         )
         return ds.prefetch(tf.data.AUTOTUNE).repeat()
 
-    def tfgpu(preprocess_on, resize_on="host"):
-        c = dataclasses.replace(cfg, preprocess_on=preprocess_on, resize_on=resize_on)
+    def tfgpu(preprocess_on, resize_on="host", dct="off"):
+        c = dataclasses.replace(
+            cfg, preprocess_on=preprocess_on, resize_on=resize_on, dct_scaled_decode=dct
+        )
         return lambda: pipeline.make_train_dataset(
             spec,
             c,
@@ -239,6 +247,9 @@ def tf_sources(
         OURS: tfgpu("device", "device"),
         "tfgpu, resize on host (default without GPU)": tfgpu("device", "host"),
         "tfgpu, all on host (--preprocess_on=host)": tfgpu("host", "host"),
+        DCT_AUTO: tfgpu("device", "device", "auto"),
+        "tfgpu, resize on device, --dct_scaled_decode=on": tfgpu("device", "device", "on"),
+        "tfgpu, resize on host, --dct_scaled_decode=auto": tfgpu("device", "host", "auto"),
         "(b) keras image_dataset_from_directory": keras_folder,
     }
 
@@ -253,7 +264,12 @@ CONTENDERS = {
     "host": "tfgpu, resize on host (default without GPU)",
     "all_host": "tfgpu, all on host (--preprocess_on=host)",
     "b": "(b) keras image_dataset_from_directory",
+    "dct_auto": "tfgpu, resize on device, --dct_scaled_decode=auto",
+    "dct_on": "tfgpu, resize on device, --dct_scaled_decode=on",
+    "host_dct_auto": "tfgpu, resize on host, --dct_scaled_decode=auto",
 }
+DCT_AUTO = CONTENDERS["dct_auto"]
+DEFAULT_CONTENDERS = "a,device,host,all_host,b"
 WARMUP_BATCHES = 3  # excluded from timing, the same for every contender (torch too)
 
 
@@ -467,7 +483,7 @@ def main() -> None:
         help="instead: CPU per image of each stage of the device path, and of the ceiling",
     )
     parser.add_argument(
-        "--contenders", default=",".join(CONTENDERS), help="comma list of " + ",".join(CONTENDERS)
+        "--contenders", default=DEFAULT_CONTENDERS, help="comma list of " + ",".join(CONTENDERS)
     )
     args = parser.parse_args()
     print("calibration:", calibration(), flush=True)
