@@ -236,16 +236,19 @@ def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_
 
 @pytest.mark.slow  # 5 s (2 shared cores)
 def test_dct_scaled_decode_hands_over_large_crops_at_a_smaller_scale(small_dataset):
-    """Same crop windows (same seed); with --dct_scaled_decode those >= 2x the output on both
-    sides arrive decoded at 1/2 or 1/4 scale, never below the output size."""
+    """Same crop windows (same seed); with --dct_scaled_decode=on or auto those >= 2x the
+    output on both sides arrive decoded at 1/2 or 1/4 scale, never below the output size, the
+    others at full scale."""
     spec = data_spec.load_data_spec(small_dataset)
-    sizes = {}
-    for dct in (False, True):
-        cfg = DataConfig(image_size=8, crop_min_area=0.3, resize_on="device", dct_scaled_decode=dct)
-        sizes[dct] = next(iter(train_ds(spec, cfg, InputShard(1, 0), 8, 8, seed=1)))["sizes"]
-    full, scaled = sizes[False].numpy(), sizes[True].numpy()
-    ratio = np.where(full.min(1) >= 32, 4, np.where(full.min(1) >= 16, 2, 1))
-    assert (ratio > 1).any()
+    sizes, S = {}, 12  # the output side: windows of the 40x40 images are ~1x to 3x it
+    for dct in ("off", "on", "auto"):
+        cfg = DataConfig(image_size=S, crop_min_area=0.1, resize_on="device", dct_scaled_decode=dct)
+        sizes[dct] = next(iter(train_ds(spec, cfg, InputShard(1, 0), 16, 16, seed=1)))["sizes"]
+    full, scaled = sizes["off"].numpy(), sizes["on"].numpy()
+    ratio = np.where(full.min(1) >= 4 * S, 4, np.where(full.min(1) >= 2 * S, 2, 1))
+    assert (ratio > 1).any() and (ratio == 1).any()
     expected = -(-full // ratio[:, None])  # + 1 where the window is widened to whole pixels
     assert ((scaled >= expected) & (scaled <= expected + 1)).all(), (full, scaled)
-    assert (scaled.min(1) >= 8).all()
+    assert (scaled.min(1) >= S).all()
+    np.testing.assert_array_equal(sizes["auto"].numpy(), scaled)  # the same, chosen per example
+    assert DataConfig(dct_scaled_decode=True).dct_scaled_decode == "on"  # an older config.json

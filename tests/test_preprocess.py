@@ -1,6 +1,7 @@
 """Device-side ops: same result eagerly and in tf.data; MixUp/CutMix independent of the split."""
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -68,8 +69,10 @@ def test_large_jpeg_windows_decode_at_a_dct_scale_like_an_antialiased_resize():
         ([0, 0, 1000, 1200], 130, (250, 300)),  # >= 8x on one side only: 1/4
         ([0, 0, 1000, 1200], 120, (125, 150)),  # >= 8x: 1/8
     ]
-    for window, min_side, shape in cases:
-        fn = lambda e, w=window, m=min_side: host_ops.decode_crop(e, lambda _: tf.constant(w), m)
+    for (window, min_side, shape), mode in itertools.product(cases, ("on", "auto")):
+        fn = lambda e, w=window, m=min_side, d=mode: host_ops.decode_crop(  # noqa: E731
+            e, lambda _: tf.constant(w), m, d
+        )
         eager, graph = _eager_and_graph(fn, encoded)
         _assert_same(eager, graph)
         assert eager.shape == shape + (3,)

@@ -98,7 +98,9 @@ def _scaled_window(window, shape, ratio: int):
     return tf.concat([start, end - start], 0)
 
 
-def decode_crop(encoded: tf.Tensor, crop_window_fn, min_side: int = 0) -> tf.Tensor:
+def decode_crop(
+    encoded: tf.Tensor, crop_window_fn, min_side: int = 0, dct_mode: str = "on"
+) -> tf.Tensor:
     """Decodes only the window ``crop_window_fn(shape)`` picks: fused for JPEG (rows below the
     window are never decoded, columns outside skip the IDCT), sliced otherwise.
 
@@ -106,8 +108,10 @@ def decode_crop(encoded: tf.Tensor, crop_window_fn, min_side: int = 0) -> tf.Ten
     on both sides is decoded at that DCT scale, still >= ``min_side``: less to decode and
     copy (1600x1200 photos: -15-20% host CPU per image), and the IDCT's scaling averages like
     an antialiased resize (within ~1-2.5/255 of one, tested). Keeps the crops of large photos
-    small for ``--resize_on=device``. The choice costs one Case op per image (~3% on
-    ImageNet-sized images, where it applies to 0.1% of crops): ``--dct_scaled_decode``.
+    small for ``--resize_on=device``. ``dct_mode`` "on": every JPEG window goes through the
+    choice of scale (a Case op of four decodes, ~3% on ImageNet-sized images, where it
+    applies to 0.1% of crops); "auto": only windows that qualify do, the others take the plain
+    fused decode after one comparison (``--dct_scaled_decode``).
     """
 
     def jpeg():
@@ -122,6 +126,9 @@ def decode_crop(encoded: tf.Tensor, crop_window_fn, min_side: int = 0) -> tf.Ten
             return at(1)()
         smaller = tf.minimum(window[2], window[3])
         index = tf.add_n([tf.cast(smaller >= r * min_side, tf.int32) for r in _RATIOS[1:]])
+        if dct_mode == "auto":  # decided per example; most windows are under 2x the output
+            scaled = lambda: tf.switch_case(index - 1, [at(r) for r in _RATIOS[1:]])  # noqa: E731
+            return tf.cond(index > 0, scaled, at(1))
         return tf.switch_case(index, [at(r) for r in _RATIOS])
 
     def other():
@@ -144,12 +151,14 @@ def resize_uint8(image: tf.Tensor, image_size: int) -> tf.Tensor:
     return tf.cast(resized + 0.5, tf.uint8)
 
 
-def decode_window_resized(encoded, valid, crop_window_fn, image_size: int, min_side: int = 0):
+def decode_window_resized(
+    encoded, valid, crop_window_fn, image_size: int, min_side: int = 0, dct_mode: str = "on"
+):
     """The uint8 [S, S, 3] image of one encoded image; zeros unless ``valid``
-    (``looks_whole``). ``min_side``: see ``decode_crop``."""
+    (``looks_whole``). ``min_side``, ``dct_mode``: see ``decode_crop``."""
     return tf.cond(
         valid,
-        lambda: resize_uint8(decode_crop(encoded, crop_window_fn, min_side), image_size),
+        lambda: resize_uint8(decode_crop(encoded, crop_window_fn, min_side, dct_mode), image_size),
         lambda: tf.zeros([image_size, image_size, 3], tf.uint8),
     )
 
@@ -171,18 +180,19 @@ def pack_pixels(image: tf.Tensor) -> tf.Tensor:
     return tf.bitcast(tf.reshape(flat, [-1, 8]), tf.int64)
 
 
-def decode_window_packed(encoded, valid, crop_window_fn, min_side: int = 0):
-    """For ``--resize_on=device``: (the crop window's pixels un-resized, packed by
-    ``pack_pixels``, size [2] int32 (h, w)) of one encoded image; one black pixel unless
-    ``valid`` (``looks_whole``). The device resizes the batch (``device_ops.resize_flat``).
-    ``min_side``: see ``decode_crop``.
+def decode_window_packed(encoded, valid, crop_window_fn, min_side: int = 0, dct_mode="on"):
+    """For ``--resize_on=device``: (the crop window's pixels un-resized, uint8 [h * w * 3],
+    size [2] int32 (h, w)) of one encoded image; one black pixel unless ``valid``
+    (``looks_whole``). The batch pads and packs them (``pipeline._flat_batches``, the words of
+    ``pack_pixels``) and the device resizes it (``device_ops.resize_flat``).
+    ``min_side``, ``dct_mode``: see ``decode_crop``.
     """
     image = tf.cond(
         valid,
-        lambda: decode_crop(encoded, crop_window_fn, min_side),
+        lambda: decode_crop(encoded, crop_window_fn, min_side, dct_mode),
         lambda: tf.zeros([1, 1, 3], tf.uint8),
     )
-    return pack_pixels(image), tf.shape(image)[:2]
+    return tf.reshape(image, [-1]), tf.shape(image)[:2]
 
 
 def _beta(seed, alpha):

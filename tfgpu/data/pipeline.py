@@ -58,19 +58,19 @@ def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
     """One training example {epoch, position, encoded, label, valid} (``_train_records``) ->
     one row of a "uint8" batch {image uint8 [S,S,3], label, flip, weight (0: broken image)}
     or, with ``--resize_on=device``, of a "packed" one {pixels, sizes [2] (h, w), ...}:
-    ``pixels`` are the un-resized crop packed into int64 words (``host_ops.pack_pixels``),
-    wrapped in a scalar variant for ``_flat_batches``. With MixUp/CutMix, also the example's
-    ``mix`` draws (``host_ops.draw_mixing``); with a policy or erasing, its ``augment`` and
-    ``erase`` draws (``augment.draw``)."""
+    ``pixels`` are the un-resized crop's uint8 pixels, flat, wrapped in a scalar variant for
+    ``_flat_batches`` (which packs the batch into int64 words). With MixUp/CutMix, also the
+    example's ``mix`` draws (``host_ops.draw_mixing``); with a policy or erasing, its
+    ``augment`` and ``erase`` draws (``augment.draw``)."""
     example_seed = host_ops.example_seed(seed, example["epoch"], example["position"])
     window = lambda s: host_ops.random_crop_window(s, example_seed, data.crop_min_area)
-    min_side = _dct_min_side(data)
+    dct = _dct(data)
     encoded, valid = example["encoded"], example["valid"]
     if data.resize_on == "device":
-        pixels, sizes = host_ops.decode_window_packed(encoded, valid, window, min_side)
+        pixels, sizes = host_ops.decode_window_packed(encoded, valid, window, **dct)
         out = {"pixels": _to_variant(pixels), "sizes": sizes}
     else:
-        image = host_ops.decode_window_resized(encoded, valid, window, data.image_size, min_side)
+        image = host_ops.decode_window_resized(encoded, valid, window, data.image_size, **dct)
         out = {"image": image}
     out |= {
         "label": example["label"],
@@ -84,9 +84,11 @@ def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
     return out | augment.draw(host_ops.stream_keys(example_seed), [], data)
 
 
-def _dct_min_side(data) -> int:
-    """``decode_crop``'s ``min_side``: the output size with ``--dct_scaled_decode``, else 0."""
-    return data.image_size if data.dct_scaled_decode else 0
+def _dct(data) -> dict:
+    """``decode_crop``'s ``min_side`` (the output size with ``--dct_scaled_decode``, else 0)
+    and ``dct_mode``."""
+    on = data.dct_scaled_decode != "off"
+    return {"min_side": data.image_size if on else 0, "dct_mode": data.dct_scaled_decode}
 
 
 def decode_eval_image(encoded: tf.Tensor, data) -> tuple:
@@ -99,7 +101,7 @@ def decode_eval_image(encoded: tf.Tensor, data) -> tuple:
         valid,
         lambda s: host_ops.center_crop_window(s, data.eval_crop_fraction),
         data.image_size,
-        _dct_min_side(data),
+        **_dct(data),
     )
     return image, valid
 
@@ -109,7 +111,7 @@ def decode_eval_example(record: dict, data, spec: DataSpec, report=None) -> dict
     [S,S,3], label, weight (0: broken image, named by ``report``)}."""
     example = spec.parse(record["record"])
     image, valid = decode_eval_image(example["encoded"], data)
-    weight = broken.weight(valid, record["origin"], report)
+    weight = broken.weight(valid, _origin(record), report)
     return {"image": image, "label": example["label"], "weight": weight}
 
 
@@ -126,7 +128,7 @@ def make_named_eval_dataset(spec: DataSpec, data, batch_size: int) -> tf.data.Da
         stored = b""
         if spec.parser is None:  # tfgpu's (and TF's ImageNet) schema holds the file name
             stored = tf.io.parse_single_example(record["record"], feature)["image/filename"]
-        origin = record["origin"]
+        origin = _origin(record)
         where = tf.strings.join(
             [
                 tf.gather(names, tf.bitwise.right_shift(origin, 32)),
@@ -144,7 +146,11 @@ def make_named_eval_dataset(spec: DataSpec, data, batch_size: int) -> tf.data.Da
 
 def _records(files, data, deterministic: bool, epoch_seed=None) -> tf.data.Dataset:
     """Parallel interleave over ``files``, their order shuffled by ``epoch_seed`` when given:
-    {record, origin (``broken.origin``: which file, which record)}."""
+    {record, file (its index in ``files``), index (in the file)}; ``_origin`` makes them one.
+
+    Each record is zipped with its file and index, not mapped: a map per record cost ~60 µs
+    of host CPU per image on ~37 KB photos, about as much as reading and parsing them
+    (bench/README.md)."""
     names = tf.constant(list(files))
     order = tf.range(len(files), dtype=tf.int64)
     if epoch_seed is not None:
@@ -155,7 +161,10 @@ def _records(files, data, deterministic: bool, epoch_seed=None) -> tf.data.Datas
         ds = tf.data.TFRecordDataset(tf.gather(names, index), buffer_size=1 << 20)
         # load_data_spec has already named truncated shards; here they end at the break.
         ds = ds.ignore_errors() if data.skip_truncated_shards else ds
-        return ds.enumerate().map(lambda i, r: {"record": r, "origin": broken.origin(index, i)})
+        file = tf.data.Dataset.from_tensors(index).repeat()
+        return tf.data.Dataset.zip(
+            {"record": ds, "file": file, "index": tf.data.Dataset.range(1 << 62)}
+        )
 
     return tf.data.Dataset.from_tensor_slices(order).interleave(
         read,
@@ -164,6 +173,11 @@ def _records(files, data, deterministic: bool, epoch_seed=None) -> tf.data.Datas
         num_parallel_calls=AUTOTUNE,
         deterministic=deterministic,
     )
+
+
+def _origin(record: dict) -> tf.Tensor:
+    """``broken.origin`` of records of ``_records`` (one, or a block of them)."""
+    return broken.origin(record["file"], record["index"])
 
 
 def _blocks(ds, size: int, epoch_seed, shuffle: bool, spec: DataSpec) -> tf.data.Dataset:
@@ -180,9 +194,9 @@ def _blocks(ds, size: int, epoch_seed, shuffle: bool, spec: DataSpec) -> tf.data
     def parsed(i, block):
         example = spec.parse(block["record"])
         example["valid"] = host_ops.looks_whole(example["encoded"])
-        example["origin"] = block["origin"]
+        example["origin"] = _origin(block)
         if shuffle:
-            order = tf.range(tf.shape(block["origin"])[0])
+            order = tf.range(tf.shape(block["index"])[0])
             order = tf.random.experimental.stateless_shuffle(order, seed=epoch_seed + [0, i + 1])
             example = {k: tf.gather(v, order) for k, v in example.items()}
         return i, example
@@ -283,25 +297,37 @@ def _to_variant(words: tf.Tensor) -> tf.Tensor:
 
 
 def _flat_batches(ds: tf.data.Dataset, batch_size: int, deterministic: bool) -> tf.data.Dataset:
-    """Batches examples whose packed ``pixels`` (variants, ``_to_variant``) differ in length:
-    the batch's ``pixels`` become one int64 vector, the crops one after the other, no padding
+    """Batches examples whose ``pixels`` (uint8 crops, flat, in variants: ``_to_variant``)
+    differ in length: the batch's ``pixels`` become one int64 vector, each crop zero-padded to
+    whole 8-pixel groups as ``host_ops.pack_pixels`` packs it, the crops one after the other
     (``sizes`` say where each crop ends).
 
-    What ``Dataset.ragged_batch`` does, by hand because it is slow here: it copies uint8 byte
-    by byte and its concatenation runs on one thread (0.5 ms of host CPU per image, as much as
-    the resize it saves). Int64 words, concatenated by a parallel map: ~0.15 (measured,
-    bench/README.md). The rows of ``padded_batch`` cost as much and up to 4x the bytes.
+    What ``Dataset.ragged_batch`` does, by hand because it is slow here (its concatenation
+    copies uint8 byte by byte on one thread: 0.5 ms of host CPU per image, as much as the resize
+    it saves). Here each crop is taken out of its variant (no copy) and the crops and their
+    paddings are joined by one ``tf.concat`` (memcpy per piece), then bitcast to int64: one
+    copy of the pixels. Measured (bench/README.md), per image: one ``RaggedTensorFromVariant``
+    over the batch ~110 µs of host CPU, padded int64 words per crop joined by ``tf.concat``
+    ~30-50, this ~15. The rows of ``padded_batch`` cost as much and up to 4x the bytes.
     """
+    group = 3 * host_ops.WORD_PIXELS  # bytes
 
-    def concat(batch):
-        flat = tf.raw_ops.RaggedTensorFromVariant(
-            encoded_ragged=batch["pixels"],
+    def crop(variant):
+        return tf.raw_ops.RaggedTensorFromVariant(
+            encoded_ragged=variant,
             input_ragged_rank=0,
-            output_ragged_rank=1,
-            Tvalues=tf.int64,
+            output_ragged_rank=0,
+            Tvalues=tf.uint8,
             Tsplits=tf.int64,
         ).output_dense_values
-        return {**batch, "pixels": flat}
+
+    def concat(batch):
+        pieces = []
+        for variant in tf.unstack(batch["pixels"], num=batch_size):
+            flat = crop(variant)
+            pieces += [flat, tf.zeros([tf.math.floormod(-tf.size(flat), group)], tf.uint8)]
+        words = tf.bitcast(tf.reshape(tf.concat(pieces, 0), [-1, 8]), tf.int64)
+        return {**batch, "pixels": words}
 
     ds = ds.batch(batch_size, drop_remainder=True)
     return ds.map(concat, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
