@@ -105,7 +105,7 @@ class MovingStats:
 
     def start(self) -> list:
         """The values before the update (tensors): each micro-batch starts from them."""
-        return [tf.identity(_value(v)) for v in self.variables]
+        return [tf.identity(compat.tf_variable(v)) for v in self.variables]
 
     def zeros(self, start: list) -> list:
         """The empty sum of the micro-batches' statistics, shaped as ``start``."""
@@ -122,7 +122,7 @@ class MovingStats:
         not averaged (no reads of every BatchNorm variable)."""
         if not self.averaged:
             return summed
-        return [a + _value(v) for a, v in zip(summed, self.variables)]
+        return [a + compat.tf_variable(v) for a, v in zip(summed, self.variables)]
 
     def shares(self, summed: list) -> list:
         """This replica's share of the mean of ``summed``, to add to the all-reduce; [] when
@@ -134,7 +134,7 @@ class MovingStats:
         ``shares``), or stay as the forward pass left them when not averaged; back to
         ``start`` when the update is not ``finite``."""
         if self.variables and (self.averaged or self.skips_non_finite):
-            new = reduced if self.averaged else [_value(v) for v in self.variables]
+            new = reduced if self.averaged else [compat.tf_variable(v) for v in self.variables]
             average_update(self.variables, start, new, finite)
 
 
@@ -143,8 +143,3 @@ def average_update(stats: list, start: list, summed: list, finite) -> None:
     and micro-batches), or back the update's ``start`` values when it was not ``finite``."""
     for var, before, value in zip(stats, start, summed):
         var.assign(tf.where(finite, value, before))
-
-
-def _value(variable):
-    """The tf.Variable (or its replica's component) behind a Keras variable."""
-    return variable.value if hasattr(variable, "value") else variable

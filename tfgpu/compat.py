@@ -74,6 +74,12 @@ def ema_weights(optimizer):
             var.assign(value)
 
 
+def tf_variable(variable):
+    """The tf.Variable (or its replica's component) behind a Keras variable; a tf.Variable as
+    it is. The train step and the BatchNorm bookkeeping read and sum these inside replicas."""
+    return variable.value if hasattr(variable, "value") else variable
+
+
 def set_batchnorm_moments(layer, moments) -> None:
     """Makes the BatchNormalization ``layer`` take its batch moments (in training) from
     ``moments(x, axes) -> (mean, variance)``, ``axes`` being every axis but the channels'.

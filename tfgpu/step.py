@@ -182,7 +182,7 @@ class TrainStep:
             tf.cast(tf.equal(tf.argmax(logits, -1, tf.int32), hard), tf.float32)
         )
         variables = self.model.trainable_variables
-        grads = [tf.cast(g, _value(v).dtype) for g, v in zip(grads, variables)]
+        grads = [tf.cast(g, compat.tf_variable(v).dtype) for g, v in zip(grads, variables)]
         return grads, tf.cast(loss, tf.float32), correct
 
     def _gradients(self, batch: dict, start_stats: list):
@@ -192,7 +192,7 @@ class TrainStep:
         images, labels = self.prepare(batch)
         k = self.grad_accum_steps
         micro = tf.shape(labels)[0] // k
-        grads = [tf.zeros_like(_value(v)) for v in self.model.trainable_variables]
+        grads = [tf.zeros_like(compat.tf_variable(v)) for v in self.model.trainable_variables]
         stats = self.moving_stats.zeros(start_stats)
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
         # k == 1 runs without a loop: XLA on CPU runs convolutions inside a while loop ~70x
@@ -287,8 +287,3 @@ def global_norm(tensors) -> tf.Tensor:
 def _at_least_float32(tensor):
     """float16/bfloat16 -> float32; float32 and float64 (exactness tests) as they are."""
     return tensor if tensor.dtype in (tf.float32, tf.float64) else tf.cast(tensor, tf.float32)
-
-
-def _value(variable):
-    """The tf.Variable (or its replica's component) behind a Keras variable."""
-    return variable.value if hasattr(variable, "value") else variable
