@@ -137,8 +137,8 @@ def test_per_example_loss_weighs_each_class_share_of_the_target():
     nll = -tf.nn.log_softmax(logits).numpy()
     targets = np.array([[0, 1, 0], [0.3, 0, 0.7], [0, 0, 0]], np.float32)
     expected = (2.0 * nll[0, 1] + 0.3 * 0.5 * nll[1, 0] + 0.7 * 1.0 * nll[1, 2]) / 4
-    assert step._loss(logits, tf.constant(targets)).numpy() == pytest.approx(expected, 1e-6)
-    hard = step._loss(logits[:2], tf.constant([1, 2])).numpy()
+    assert step.loss(logits, tf.constant(targets)).numpy() == pytest.approx(expected, 1e-6)
+    hard = step.loss(logits[:2], tf.constant([1, 2])).numpy()
     assert hard == pytest.approx((2.0 * nll[0, 1] + 1.0 * nll[1, 2]) / 4, rel=1e-6)
 
 

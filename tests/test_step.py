@@ -102,7 +102,7 @@ def test_schedule_warms_up_then_decays_to_zero():
 def _loss_and_logit_grads(step, logits, targets):
     logits = tf.Variable(logits)
     with tf.GradientTape() as tape:
-        loss = step._loss(logits, tf.constant(targets))
+        loss = step.loss(logits, tf.constant(targets))
     return loss.numpy(), tape.gradient(loss, logits).numpy()
 
 

@@ -15,7 +15,7 @@ under replicas and accumulation).
 
 import tensorflow as tf
 
-from tfgpu import batchnorm, compat
+from tfgpu import batchnorm, compat, losses
 from tfgpu.data import device_ops
 from tfgpu.distribute import Backend
 from tfgpu.errors import NonFiniteLoss  # noqa: F401  (raised by the loop, caught by main)
@@ -106,9 +106,7 @@ class TrainStep:
         self.backend = backend
         self.global_batch_size = global_batch_size
         self.grad_accum_steps = grad_accum_steps
-        self.label_smoothing = label_smoothing
-        # [K] weight of each class's share of a target (``data/balance.py``); None: off.
-        self.class_weights = None if class_weights is None else tf.constant(class_weights)
+        self.loss = losses.Loss(global_batch_size, label_smoothing, class_weights)
         self.clip_norm = clip_norm
         self.loss_scale = loss_scale
         self.prepare = prepare
@@ -146,32 +144,11 @@ class TrainStep:
         self._follow_trainable()
         self.variant += 1
 
-    def _loss(self, logits, targets):
-        """Summed cross-entropy of a micro-batch, over the global batch size.
-
-        ``targets`` are int labels [N] or soft labels [N, C] (MixUp/CutMix; an all-zero row
-        is a broken image, which must add nothing). Label smoothing moves a share of each
-        row's own mass, so a zero row stays zero. With class weights, class c's share of a
-        target counts w_c times: an example's term is fixed before any split of the batch.
-        """
-        num_classes = logits.shape[-1]
-        if targets.dtype.is_integer:
-            targets = tf.one_hot(targets, num_classes, dtype=logits.dtype)
-        targets = tf.cast(targets, logits.dtype)
-        mass = tf.reduce_sum(targets, -1, keepdims=True)  # 1; 0 when broken
-        if self.label_smoothing:
-            smooth = self.label_smoothing
-            targets = targets * (1 - smooth) + mass * (smooth / num_classes)
-        if self.class_weights is not None:
-            targets = targets * tf.cast(self.class_weights, logits.dtype)
-            mass = tf.reduce_sum(targets, -1, keepdims=True)  # the example's weight
-        return tf.reduce_sum(_cross_entropy(targets, mass, logits)) / self.global_batch_size
-
     def _micro_step(self, images, labels):
         """One micro-batch: (gradients, summed loss, correct count)."""
         with tf.GradientTape() as tape:
             logits = _at_least_float32(self.model(images, training=True))
-            loss = self._loss(logits, labels)
+            loss = self.loss(logits, labels)
             if self.model.losses:  # this micro-batch's share of the once-per-update penalty
                 share = tf.cast(tf.shape(labels)[0], loss.dtype) / self.global_batch_size
                 loss += tf.add_n([tf.cast(x, loss.dtype) for x in self.model.losses]) * share
@@ -265,18 +242,6 @@ class TrainStep:
             self.optimizer.apply, args=(grads, self.model.trainable_variables)
         )
         return tf.constant(True)
-
-
-def _cross_entropy(targets, mass, logits):
-    """[N] -sum_c targets * log softmax(logits) for targets [N, C] of any row sums ``mass``
-    [N, 1] (0 for a broken image, a class weight, ...).
-
-    The fused op's gradient is softmax - targets, right only for rows that sum to 1 (a zero
-    row got the gradient softmax, not 0): it is given the rows scaled to 1, and the loss is
-    scaled back, which keeps its kernel (and its numbers for rows of mass 1).
-    """
-    unit = targets / tf.where(mass > 0, mass, tf.ones_like(mass))
-    return tf.nn.softmax_cross_entropy_with_logits(unit, logits) * mass[:, 0]
 
 
 def global_norm(tensors) -> tf.Tensor:

@@ -133,7 +133,7 @@ def mix_batch(images, targets, mix_lam, cut_box, use_cut):
 
 def soft_targets(labels, weight, num_classes: int) -> tf.Tensor:
     """One-hot [N, K] float targets; weight-0 (broken) examples get all-zero rows, to which
-    the step's cross-entropy gives zero loss and zero gradient (``step._cross_entropy``: the
+    the step's cross-entropy gives zero loss and zero gradient (``losses._cross_entropy``: the
     fused op alone would give them the gradient softmax)."""
     return tf.one_hot(labels, num_classes) * weight[:, None]
 
