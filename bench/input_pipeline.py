@@ -45,12 +45,14 @@ from calibration import calibration  # noqa: E402
 from PIL import Image  # noqa: E402
 
 NUM_CLASSES = 10
+IMAGE_SIZE = 224  # the crops' side (--image_size)
 
 
-def fake_photo(rng: np.random.Generator) -> Image.Image:
-    """A 350-500 px image of smooth random fields at four scales plus grain: JPEG sizes and
-    decode cost close to ImageNet photos (~75 KB at quality 90), unlike flat colour."""
-    h, w = (int(v) for v in rng.integers(350, 501, size=2))
+def fake_photo(rng: np.random.Generator, low: int = 350, high: int = 500) -> Image.Image:
+    """A ``low``-``high`` px image of smooth random fields at four scales plus grain: JPEG sizes
+    and decode cost close to ImageNet photos (~75 KB at quality 90 for 350-500 px), unlike
+    flat colour."""
+    h, w = (int(v) for v in rng.integers(low, high + 1, size=2))
     out = np.zeros((h, w, 3), np.float32)
     for cells, amp in ((4, 80), (16, 40), (64, 25), (160, 20)):
         small = (rng.normal(0, 1, (cells, cells, 3)) * 40 + 128).clip(0, 255).astype(np.uint8)
@@ -87,11 +89,29 @@ def real_photo(rng: np.random.Generator, sources: list) -> Image.Image:
     return Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
 
 
-# name -> (how each image is made, JPEG quality, sub-directory of --cache_dir)
+# name -> (how each image is made, JPEG quality, sub-directory of --cache_dir, most images)
 IMAGE_SETS = {
-    "smooth": ("smooth random fields, 350-500 px, ~75 KB", 90, ""),
-    "photo": ("cuts of real photos, ~480x355, ~37 KB", 75, "photo"),
+    "smooth": ("smooth random fields, 350-500 px, ~75 KB", 90, "", None),
+    "photo": ("cuts of real photos, ~480x355, ~37 KB", 75, "photo", None),
+    # Large photos, where --dct_scaled_decode pays; 300 of them (~0.5 MB each) are enough.
+    "large": ("smooth random fields, 1200-1600 px, ~0.6 MB", 90, "large", 300),
 }
+
+
+def make_image(image_set: str, rng: np.random.Generator, sources) -> Image.Image:
+    """One image of ``image_set`` (``IMAGE_SETS``)."""
+    if image_set == "photo":
+        return real_photo(rng, sources)
+    return fake_photo(rng, 1200, 1600) if image_set == "large" else fake_photo(rng)
+
+
+def image_sets(value: str) -> list:
+    """--image_set: a name of ``IMAGE_SETS``, a comma list of them, or "both" (smooth, photo)."""
+    names = ["smooth", "photo"] if value == "both" else value.split(",")
+    unknown = [n for n in names if n not in IMAGE_SETS]
+    if unknown:
+        raise SystemExit(f"--image_set={value}: {unknown[0]} is not one of {', '.join(IMAGE_SETS)}")
+    return names
 
 
 def build_data(cache_dir: str, num_images: int, image_set: str = "smooth") -> tuple[str, str]:
@@ -100,11 +120,14 @@ def build_data(cache_dir: str, num_images: int, image_set: str = "smooth") -> tu
     import tensorflow as tf
 
     from tfgpu import recordformat
+    from tfgpu.convert import worker
 
-    _, quality, sub = IMAGE_SETS[image_set]
+    _, quality, sub, most = IMAGE_SETS[image_set]
+    num_images = min(num_images, most or num_images)
     cache_dir = os.path.join(cache_dir, sub)
     tfr, folder = os.path.join(cache_dir, "tfrecords"), os.path.join(cache_dir, "folder")
-    done = os.path.join(cache_dir, f"done-{num_images}")
+    # "-info": built with a dataset_info.json (the sizes --dct_scaled_decode=auto reads).
+    done = os.path.join(cache_dir, f"done-{num_images}-info")
     if os.path.exists(done):
         return tfr, folder
     os.makedirs(tfr, exist_ok=True)
@@ -115,10 +138,12 @@ def build_data(cache_dir: str, num_images: int, image_set: str = "smooth") -> tu
         tf.io.TFRecordWriter(os.path.join(tfr, f"train-{i:05d}-of-{num_shards:05d}.tfrecord"))
         for i in range(num_shards)
     ]
-    total = 0
+    total, sides = 0, {}
     for i in range(num_images):
         label = i % NUM_CLASSES
-        image = real_photo(rng, sources) if sources else fake_photo(rng)
+        image = make_image(image_set, rng, sources)
+        side = worker.short_side_bucket(image.height, image.width)
+        sides[side] = sides.get(side, 0) + 1
         buf = io.BytesIO()
         image.save(buf, "JPEG", quality=quality)
         data = buf.getvalue()
@@ -132,9 +157,32 @@ def build_data(cache_dir: str, num_images: int, image_set: str = "smooth") -> tu
         )
     for w in writers:
         w.close()
+    write_info(tfr, num_images, num_shards, sides)
     print(f"{image_set}: {num_images} JPEGs, mean {total / num_images / 1000:.1f} KB", flush=True)
     open(done, "w").close()
     return tfr, folder
+
+
+def write_info(tfr: str, num_images: int, num_shards: int, sides: dict) -> None:
+    """The dataset_info.json the converter would write: shards, counts, shorter sides."""
+    from tfgpu.convert import plan
+
+    shards = [
+        {
+            "file": f"train-{i:05d}-of-{num_shards:05d}.tfrecord",
+            "num_examples": len(range(i, num_images, num_shards)),
+        }
+        for i in range(num_shards)
+    ]
+    names = [f"class{c}" for c in range(NUM_CLASSES)]
+    split = {
+        "num_examples": num_images,
+        "shards": shards,
+        "per_class": {n: len(range(c, num_images, NUM_CLASSES)) for c, n in enumerate(names)},
+        "short_sides": {str(k): v for k, v in sorted(sides.items())},
+        "skipped": [],
+    }
+    plan.write_info(tfr, names, {"train": split}, source="bench/input_pipeline.py")
 
 
 def mean_file_kb(folder: str) -> float:
@@ -187,7 +235,7 @@ def tf_sources(
     from tfgpu.distribute import InputShard
 
     spec = load_data_spec(tfr_dir, num_classes=NUM_CLASSES)
-    cfg = DataConfig(image_size=224, shuffle_buffer=shuffle_buffer)
+    cfg = DataConfig(image_size=IMAGE_SIZE, shuffle_buffer=shuffle_buffer)
 
     def decode_only():
         ds = tf.data.TFRecordDataset(
@@ -205,7 +253,12 @@ def tf_sources(
 
     def keras_folder():
         ds = keras.utils.image_dataset_from_directory(
-            folder, image_size=(224, 224), batch_size=batch, shuffle=True, seed=0, verbose=False
+            folder,
+            image_size=(IMAGE_SIZE, IMAGE_SIZE),
+            batch_size=batch,
+            shuffle=True,
+            seed=0,
+            verbose=False,
         )
         ds = ds.map(
             lambda x, y: (tf.image.random_flip_left_right(x), y),
@@ -234,7 +287,7 @@ def tf_sources(
         from tfgpu_before.data.spec import load_data_spec as old_spec
         from tfgpu_before.distribute import InputShard as OldShard
 
-        c = OldConfig(image_size=224, shuffle_buffer=shuffle_buffer, resize_on="device")
+        c = OldConfig(image_size=IMAGE_SIZE, shuffle_buffer=shuffle_buffer, resize_on="device")
         s = old_spec(tfr_dir, num_classes=NUM_CLASSES)
         return lambda: old.make_train_dataset(
             s, c, OldShard(1, 0), batch_size=batch, global_batch_size=batch, seed=0,
@@ -467,8 +520,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num_images", type=int, default=1000)
     parser.add_argument("--cache_dir", default=os.path.expanduser("~/.cache/tfgpu/bench_input"))
-    parser.add_argument("--image_set", default="smooth", choices=(*IMAGE_SETS, "both"))
+    parser.add_argument(
+        "--image_set", default="smooth", help=f"{', '.join(IMAGE_SETS)}, a comma list, or both"
+    )
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--image_size", type=int, default=224, help="the crops' side")
     parser.add_argument("--seconds", type=float, default=6.0, help="~ per measurement")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--breakdown_images", type=int, default=4000, help="per measurement")
@@ -486,8 +542,10 @@ def main() -> None:
         "--contenders", default=DEFAULT_CONTENDERS, help="comma list of " + ",".join(CONTENDERS)
     )
     args = parser.parse_args()
+    global IMAGE_SIZE
+    IMAGE_SIZE = args.image_size
     print("calibration:", calibration(), flush=True)
-    sets = list(IMAGE_SETS) if args.image_set == "both" else [args.image_set]
+    sets = image_sets(args.image_set)
     # The ceiling and tfgpu's device path are what every ratio is against: always measured.
     keep = {CEILING, OURS} | {CONTENDERS[k] for k in args.contenders.split(",")}
     runs = {}  # image set -> (sources, folder)
@@ -541,7 +599,7 @@ def run_breakdown(args, sets: list) -> None:
     from tfgpu.data.config import DataConfig
     from tfgpu.data.spec import load_data_spec
 
-    cfg = DataConfig(image_size=224, shuffle_buffer=args.shuffle_buffer, resize_on="device")
+    cfg = DataConfig(image_size=IMAGE_SIZE, shuffle_buffer=args.shuffle_buffer, resize_on="device")
     runs = {}
     for image_set in sets:
         tfr, folder = build_data(args.cache_dir, args.num_images, image_set)
@@ -556,15 +614,15 @@ def run_breakdown(args, sets: list) -> None:
 
 
 def print_handover_bytes(make, num_batches: int = 8) -> None:
-    """Host-to-device bytes per image of --resize_on=device, against uint8 224x224x3."""
+    """Host-to-device bytes per image of --resize_on=device, against uint8 S x S x 3."""
     import tensorflow as tf
 
     # int64 words: 8 bytes each.
     sizes = [8 * int(tf.size(b["pixels"])) / b["weight"].shape[0] for b in make().take(num_batches)]
     print(
         f"\nresize on device: {np.mean(sizes):,.0f} bytes/image handed over "
-        f"({np.mean(sizes) / (224 * 224 * 3):.2f}x uint8 224x224x3, "
-        f"{np.mean(sizes) / (224 * 224 * 3 * 4):.2f}x float32)"
+        f"({np.mean(sizes) / (IMAGE_SIZE**2 * 3):.2f}x uint8 {IMAGE_SIZE}^2x3, "
+        f"{np.mean(sizes) / (IMAGE_SIZE**2 * 3 * 4):.2f}x float32)"
     )
 
 

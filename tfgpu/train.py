@@ -22,7 +22,7 @@ from tfgpu.actions import LoopState, default_actions, eval_context, phase
 from tfgpu.build import Training, build, class_weights_for, probe_input, train_batches, train_maker
 from tfgpu.checkpoints import refresh_derived_state
 from tfgpu.config import Config, ConfigError, resolve
-from tfgpu.data import augment, broken, memory, pipeline
+from tfgpu.data import augment, broken, dct, memory, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, env, heartbeats
 from tfgpu.faults import PreemptionGuard
@@ -181,12 +181,15 @@ def _start_line(training: Training) -> str:
     micro = plan.replica_batch // plan.grad_accum_steps
     spec = training.spec
     policy = augment.describe(config.data)
+    reading = memory.decide(spec, config.data)
+    scaled = "" if reading.use else dct.describe(config.data, spec.train_sides, train=True)
     return (
         f"{backend.name}: {backend.num_replicas} replica(s), {plan.total_steps} updates "
         f"of {t.global_batch_size} ({plan.grad_accum_steps} micro-batch(es) of {micro} per "
         f"replica), model {config.model.name}, data {spec.data_dir or 'synthetic'}, crops "
-        f"resized on the {config.data.resize_on}, {memory.decide(spec, config.data).reason}"
+        f"resized on the {config.data.resize_on}, {reading.reason}"
         + (f", augmentation: {policy}" if policy else "")
+        + (f", {scaled}" if scaled else "")
     )
 
 

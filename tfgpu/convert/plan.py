@@ -253,8 +253,21 @@ def _split_entry(results: list, class_names: Sequence[str]) -> dict:
         "num_examples": sum(r["num_examples"] for r in results),
         "shards": [{"file": r["file"], "num_examples": r["num_examples"]} for r in results],
         "per_class": {display_name(c): per_label.get(i, 0) for i, c in enumerate(class_names)},
+        **_short_sides(results),
         "skipped": [s for r in results for s in r["skipped"]],
     }
+
+
+def _short_sides(results: list) -> dict:
+    """{"short_sides": {bucket: count}} over the split's shards, or {} when a shard finished
+    by an older tfgpu (its done marker) did not count them."""
+    if not all("short_sides" in r for r in results):
+        return {}
+    merged: dict[int, int] = {}
+    for result in results:
+        for side, count in result["short_sides"].items():
+            merged[int(side)] = merged.get(int(side), 0) + count
+    return {"short_sides": {str(k): v for k, v in sorted(merged.items())}}
 
 
 def write_info(

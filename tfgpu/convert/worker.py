@@ -161,6 +161,16 @@ def display_name(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+# The stored images' shorter sides are counted in steps of this many pixels: enough for a
+# run to tell whether any crop window could be decoded at a DCT scale (data/dct.py).
+SIDE_STEP = 16
+
+
+def short_side_bucket(height: int, width: int) -> int:
+    """The histogram bucket (its lower edge, px) of an image's shorter side."""
+    return min(height, width) // SIDE_STEP * SIDE_STEP
+
+
 def done_marker(name: str) -> str:
     """The hidden file that records a finished shard's counts until the dataset is done."""
     return f".{name}.json"
@@ -171,10 +181,11 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
 
     The shard is written as ``name.tmp``, synced and renamed when complete, then a done
     marker with the returned dict (``file``, ``num_examples``, ``per_class`` by label,
-    ``skipped``) is written beside it, so an interrupted run can keep it.
+    ``short_sides`` {bucket: count}, ``skipped``) is written beside it, so an interrupted
+    run can keep it.
     """
     path = os.path.join(output_dir, name)
-    count, per_class, skipped = 0, {}, []
+    count, per_class, skipped, sides = 0, {}, [], {}
     with open_new(path + ".tmp") as f:
         for item, data in _load(items):
             try:
@@ -190,6 +201,8 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
                 write_record(f, record)
                 count += 1
                 per_class[item.label] = per_class.get(item.label, 0) + 1
+                side = short_side_bucket(height, width)
+                sides[side] = sides.get(side, 0) + 1
             if _progress is not None:
                 with _progress.get_lock():
                     _progress.value += 1
@@ -197,7 +210,13 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
         os.fsync(f.fileno())  # the rename must not outlive the data in a crash
     _close_h5_files()
     os.replace(path + ".tmp", path)
-    result = {"file": name, "num_examples": count, "per_class": per_class, "skipped": skipped}
+    result = {
+        "file": name,
+        "num_examples": count,
+        "per_class": per_class,
+        "short_sides": {str(k): v for k, v in sorted(sides.items())},
+        "skipped": skipped,
+    }
     write_json(os.path.join(output_dir, done_marker(name)), result)
     return result
 

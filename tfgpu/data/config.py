@@ -46,9 +46,10 @@ class DataConfig:
     dct_scaled_decode: str = setting(
         "off",
         "Decode JPEG crop windows 2, 4 or 8 times --image_size on both sides at that DCT scale "
-        "(15-20% less host CPU and smaller crops on large photos, 1600x1200). auto: decided "
-        "per example, the other windows decoded as with off after one comparison; on: every "
-        "window goes through the choice (~3% slower than off on ImageNet-sized images); off.",
+        "(less host CPU and smaller crops on large photos). auto: off where the converter's "
+        "stored image sizes say under half the crop windows qualify, else decided per example "
+        "(the run's start line says which); on: every window goes through the choice (~3% "
+        "slower than off on ImageNet-sized images); off.",
         choices=DCT_SCALED_DECODE,
     )
     eval_crop_fraction: float = setting(

@@ -16,7 +16,7 @@ import os
 
 import tensorflow as tf
 
-from tfgpu.data import augment, broken, device_ops, host_ops
+from tfgpu.data import augment, broken, dct, device_ops, host_ops
 from tfgpu.data.spec import DataSpec
 from tfgpu.distribute import InputShard
 
@@ -64,13 +64,13 @@ def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
     ``augment`` and ``erase`` draws (``augment.draw``)."""
     example_seed = host_ops.example_seed(seed, example["epoch"], example["position"])
     window = lambda s: host_ops.random_crop_window(s, example_seed, data.crop_min_area)
-    dct = _dct(data)
+    scaled = _dct(data)
     encoded, valid = example["encoded"], example["valid"]
     if data.resize_on == "device":
-        pixels, sizes = host_ops.decode_window_packed(encoded, valid, window, **dct)
+        pixels, sizes = host_ops.decode_window_packed(encoded, valid, window, **scaled)
         out = {"pixels": _to_variant(pixels), "sizes": sizes}
     else:
-        image = host_ops.decode_window_resized(encoded, valid, window, data.image_size, **dct)
+        image = host_ops.decode_window_resized(encoded, valid, window, data.image_size, **scaled)
         out = {"image": image}
     out |= {
         "label": example["label"],
@@ -139,6 +139,7 @@ def make_named_eval_dataset(spec: DataSpec, data, batch_size: int) -> tf.data.Da
         name = tf.where(tf.equal(stored, b""), where, stored)
         return {"image": image, "valid": valid, "name": name}
 
+    data = dct.resolved(data, spec.eval_sides, train=False)
     ds = _records(spec.eval_files, data, deterministic=True)
     ds = ds.map(decode, num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)
     return ds.with_options(dataset_options(True, data))
@@ -256,6 +257,7 @@ def make_train_dataset(
     """
     if data.mixing:
         device_ops.check_mixing_batch(batch_size)
+    data = dct.resolved(data, spec.train_sides, train=True)
     files = spec.train_files
     by_file = not deterministic and len(files) >= shard.count
     if by_file:
@@ -343,6 +345,7 @@ def make_eval_dataset(
 ) -> tf.data.Dataset:
     """Each evaluation example exactly once across pipelines, padded with weight-0 examples to
     ``eval_steps`` full batches per replica (``schema.EvalBatch``)."""
+    data = dct.resolved(data, spec.eval_sides, train=False)
     ds = _records(spec.eval_files, data, deterministic=True)
     if shard.count > 1:
         ds = ds.shard(shard.count, shard.index)

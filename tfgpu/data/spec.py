@@ -35,6 +35,10 @@ class DataSpec:
     num_eval: int
     # one serialized record -> {"encoded", "label"}; None = tfgpu/TF-ImageNet schema.
     parser: Optional[Callable] = None
+    # The stored images' shorter sides {bucket edge px: count} per split, as the converter
+    # counted them (dataset_info.json); None: not known. For --dct_scaled_decode=auto.
+    train_sides: Optional[dict] = None
+    eval_sides: Optional[dict] = None
 
     def summary(self) -> dict:
         """What workers of one run must agree on: classes, counts and shard names (not the
@@ -123,12 +127,19 @@ def load_data_spec(
         eval_files=evaluation,
         num_train=counts.get("train") or count_records(train, skip_truncated),
         num_eval=counts.get("validation") or count_records(evaluation, skip_truncated),
+        train_sides=_short_sides(info, "train"),
+        eval_sides=_short_sides(info, "validation"),
     )
     if spec.num_train == 0:
         raise DataError(f"--data_dir={data_dir}: the train split holds no examples")
     if spec.num_eval == 0:
         logging.warning("%s has no validation examples: evaluation is skipped", data_dir)
     return spec
+
+
+def _short_sides(info: dict, split: str):
+    """The converter's histogram of ``split``'s shorter sides, or None."""
+    return info.get("splits", {}).get(split, {}).get("short_sides")
 
 
 def count_records(files, skip_truncated: bool = False) -> int:
@@ -228,9 +239,9 @@ def split_spec(spec: DataSpec, split: str) -> DataSpec:
     """``spec`` with ``split`` (train, validation, test, ...) as the files it evaluates: what
     ``tfgpu.evaluate`` and ``tfgpu.predict`` read with the evaluation's pipeline."""
     if split == "validation":
-        files, count = spec.eval_files, spec.num_eval
+        files, count, sides = spec.eval_files, spec.num_eval, spec.eval_sides
     elif split == "train":
-        files, count = spec.train_files, spec.num_train
+        files, count, sides = spec.train_files, spec.num_train, spec.train_sides
     elif spec.parser is not None or not spec.data_dir:
         raise DataError(f"--split={split}: only train and validation of this dataset are known")
     else:
@@ -238,9 +249,10 @@ def split_spec(spec: DataSpec, split: str) -> DataSpec:
         files = _split_files(spec.data_dir, info, split)
         count = info.get("splits", {}).get(split, {}).get("num_examples", 0)
         count = count or count_records(files)
+        sides = _short_sides(info, split)
     if not files or not count:
         raise DataError(f"--split={split}: {spec.data_dir or 'the dataset'} holds no such examples")
-    return replace(spec, eval_files=tuple(files), num_eval=count)
+    return replace(spec, eval_files=tuple(files), num_eval=count, eval_sides=sides)
 
 
 def class_names(spec: DataSpec) -> list[str]:
