@@ -3,8 +3,10 @@
 Writes >= 1,000 JPEGs once into a cache dir, as TFRecords and as an image folder: with
 --image_set=smooth (default) ImageNet-like ones (350-500 px, quality 90, smooth random fields
 with texture, ~75 KB), with photo lighter, real-photo ones (cuts of scikit-learn's two sample
-photographs, ~480x355, quality 75, ~37 KB), with both the two sets side by side in each
-round. Then it measures in ONE
+photographs, ~480x355, quality 75, ~37 KB), with large 300 photo-sized ones (1200-1600 px,
+~0.5 MB, where --dct_scaled_decode pays); "both" (smooth, photo) or a comma list runs the sets
+side by side in each round. Each set gets a dataset_info.json with its shorter sides, as the
+converter writes it. --image_size changes the crops' side (224). Then it measures in ONE
 run, round-robin (the machine is shared: ratios come from side-by-side rounds; the table gives
 medians over rounds and their range, and each tf contender's host CPU ms per image):
 
@@ -21,6 +23,8 @@ medians over rounds and their range, and each tf contender's host CPU ms per ima
     python bench/input_pipeline.py [--torch_python=/tmp/torchenv/bin/python]
     python bench/input_pipeline.py --image_set=both --batch=64 --before=REV   # old vs new
     python bench/input_pipeline.py --image_set=both --batch=64 --breakdown    # CPU by stage
+    python bench/input_pipeline.py --image_set=smooth,photo,large --batch=64 --rounds=10 \
+        --seconds=2 --contenders=a,device,dct_auto,dct_on,host,host_dct_auto
 
 --before=REV adds tfgpu's device path as it was at git revision REV (imported beside this one
 as ``tfgpu_before``), side by side in the same rounds. --breakdown measures instead the CPU
@@ -505,15 +509,22 @@ def print_table(results: dict, cpu: dict, command: str) -> None:
     ours = results[OURS]
     print(f"\n`{command}`\n")
     print(
-        "| pipeline | images/s (median) | host CPU ms/img | x (a) [range] | tfgpu x this [range] |"
+        "| pipeline | images/s (median) | host CPU ms/img | x (a) [range] "
+        "| x (a) by CPU/img [range] | tfgpu x this [range] |"
     )
-    print("|---|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, rates in results.items():
         vs_a = [r / c for r, c in zip(rates, ceiling)]
         ours_vs = [o / r for o, r in zip(ours, rates)]
         cell = lambda v: f"{median(v):.2f} [{min(v):.2f}-{max(v):.2f}]"  # noqa: E731
-        ms = f"{median(cpu[name]):.2f}" if cpu.get(name) else "-"
-        print(f"| {name} | {median(rates):.0f} | {ms} | {cell(vs_a)} | {cell(ours_vs)} |")
+        ms, by_cpu = "-", "-"
+        if cpu.get(name):
+            ms = f"{median(cpu[name]):.2f}"
+            # images per CPU-second against the ceiling's: what a host with N free cores gets
+            by_cpu = cell([c / m for c, m in zip(cpu[CEILING], cpu[name])])
+        print(
+            f"| {name} | {median(rates):.0f} | {ms} | {cell(vs_a)} | {by_cpu} | {cell(ours_vs)} |"
+        )
 
 
 def main() -> None:
@@ -579,8 +590,9 @@ def main() -> None:
     for image_set in sets:
         print(f"\n{image_set}: {IMAGE_SETS[image_set][0]}")
         print_table(results[image_set], cpu[image_set], "python " + " ".join(sys.argv))
-        if OURS in runs[image_set][0]:
-            print_handover_bytes(runs[image_set][0][OURS])
+        for name in (OURS, DCT_AUTO):
+            if name in runs[image_set][0]:
+                print_handover_bytes(runs[image_set][0][name], name)
 
 
 # What pulling one element costs the measuring loop itself: in every unbatched row, not in the
@@ -613,14 +625,14 @@ def run_breakdown(args, sets: list) -> None:
     breakdown(runs, args.batch, args.rounds, args.breakdown_images)
 
 
-def print_handover_bytes(make, num_batches: int = 8) -> None:
+def print_handover_bytes(make, name: str, num_batches: int = 8) -> None:
     """Host-to-device bytes per image of --resize_on=device, against uint8 S x S x 3."""
     import tensorflow as tf
 
     # int64 words: 8 bytes each.
     sizes = [8 * int(tf.size(b["pixels"])) / b["weight"].shape[0] for b in make().take(num_batches)]
     print(
-        f"\nresize on device: {np.mean(sizes):,.0f} bytes/image handed over "
+        f"\n{name}: {np.mean(sizes):,.0f} bytes/image handed over "
         f"({np.mean(sizes) / (IMAGE_SIZE**2 * 3):.2f}x uint8 {IMAGE_SIZE}^2x3, "
         f"{np.mean(sizes) / (IMAGE_SIZE**2 * 3 * 4):.2f}x float32)"
     )

@@ -278,5 +278,6 @@ def input_bound_warning(fraction: float, train_ips: float, input_ips: float | No
         f"tfgpu: WARNING: the step waited for input {fraction:.0%} of the time (training at "
         f"{train_ips:,.0f} img/s{alone}). In order: --data_threads (a private tf.data pool), "
         "--cycle_length (files read at once), --cache_eval, --data_service (decode on other "
-        "machines), smaller images at conversion (tools/to_tfrecord.py --max_side)"
+        "machines), --dct_scaled_decode=auto (large photos), smaller images at conversion "
+        "(tools/to_tfrecord.py --max_side)"
     )

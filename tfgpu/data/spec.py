@@ -50,6 +50,9 @@ class DataSpec:
             "num_eval": self.num_eval,
             "train_shards": [os.path.basename(f) for f in self.train_files],
             "eval_shards": [os.path.basename(f) for f in self.eval_files],
+            # --dct_scaled_decode=auto decides from them: one decision on every worker
+            "train_sides": self.train_sides,
+            "eval_sides": self.eval_sides,
         }
 
     def parse(self, serialized: tf.Tensor) -> dict:
