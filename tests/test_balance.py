@@ -270,6 +270,29 @@ def test_class_weights_default_equals_mirrored_equals_accumulation_and_resume(
             np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
+def test_a_run_trains_with_the_class_weights_its_workers_agreed_on(
+    imbalanced, tmp_path, monkeypatch
+):
+    """--class_weights=FILE rewritten after the workers compared it (train._agreed_spec) and
+    before the run is built: the loss and the start-up line have the compared weights."""
+    path = tmp_path / "weights.json"
+    path.write_text(json.dumps({"d": 4.0}))
+    built, lines, real_build = [], [], train.build
+
+    def rewritten_then_built(*args, **kwargs):
+        path.write_text(json.dumps({"d": 9.0}))
+        built.append(real_build(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(train, "build", rewritten_then_built)
+    monkeypatch.setattr("tfgpu.results.RunWriter.info", lambda self, line: lines.append(line))
+    values = dict(TINY_RUN, train_steps=1, class_weights=str(path), input_probe_s=0.0)
+    config = config_from(data_dir=imbalanced, model_dir=str(tmp_path / "run"), **values)
+    train.run(validate(config))
+    np.testing.assert_array_equal(built[0].step.loss.class_weights.numpy(), [1, 1, 1, 4])
+    assert any("to 4 (d)" in line for line in lines) and not any("9 (d)" in x for x in lines)
+
+
 def _train_and_evaluate(data_dir, model_dir, **kw) -> dict:
     values = dict(
         TINY_RUN,

@@ -3,6 +3,7 @@ model, the optimizer inside the train step, the counters and their checkpoints) 
 ``train_batches(run, start_step)``, the distributed train batches from a step on.
 """
 
+import enum
 import time
 from dataclasses import dataclass
 
@@ -74,12 +75,24 @@ class Training:
         return self.step.optimizer
 
 
-def build(config: Config, backend, spec: data_spec.DataSpec) -> Training:
+class _FromConfig(enum.Enum):
+    """``build``'s class weights when its caller has none resolved: read --class_weights
+    there (None cannot say so: it means no class weights)."""
+
+    FROM_CONFIG = "read --class_weights"
+
+
+FROM_CONFIG = _FromConfig.FROM_CONFIG
+
+
+def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_CONFIG) -> Training:
     """Plans the run, then builds model, optimizer, train step, counters and checkpoints
     under the backend's scope (``Checkpoints.restore`` then gives every worker the chief's
-    values)."""
+    values). ``class_weights``: the float64 [K] weights the loss uses, or None for none;
+    FROM_CONFIG (the default) reads them as ``class_weights_for`` does. A run passes the ones
+    its workers agreed on, so that a file rewritten since is not read again."""
     plan = make_plan(config, spec.num_train, backend.num_replicas)
-    class_weights, balance_line = _class_balance(config, spec)
+    class_weights, balance_line = _class_balance(config, spec, class_weights)
     keras.mixed_precision.set_global_policy(config.model.dtype)
     with backend.scope():
         model = models.build_model(
@@ -121,9 +134,10 @@ def build(config: Config, backend, spec: data_spec.DataSpec) -> Training:
     return Training(config, backend, spec, plan, *parts)
 
 
-def _class_balance(config: Config, spec: data_spec.DataSpec) -> tuple:
-    """(--class_weights' float [K] weights or None, the start-up line on class balance).
-    Balanced sampling that the split's path cannot do is a ConfigError naming why."""
+def _class_balance(config: Config, spec: data_spec.DataSpec, weights=FROM_CONFIG) -> tuple:
+    """(the class weights, the start-up line on class balance): ``weights`` (float [K] or
+    None), or with FROM_CONFIG --class_weights' (``class_weights_for``). Balanced sampling
+    that the split's path cannot do is a ConfigError naming why."""
     data, lines = config.data, []
     if data.balanced_sampling:
         decision = memory.decide(spec, data)
@@ -133,7 +147,8 @@ def _class_balance(config: Config, spec: data_spec.DataSpec) -> tuple:
                 f"Class balance), and here: {decision.reason}"
             )
         lines.append(balance.describe_sampling(data.sampling_power))
-    weights = class_weights_for(config, spec)
+    if weights is FROM_CONFIG:
+        weights = class_weights_for(config, spec)
     if weights is not None:
         names = data_spec.class_names(spec)
         lines.append(balance.describe_weights(config.optim.class_weights, weights, names))

@@ -205,8 +205,8 @@ def run(config: Config) -> dict:
     writer.write_config(config, backend)
     started = time.time()
     sock, heartbeat = heartbeats.open_socket(env.advertised_host()) if multi else (None, "")
-    spec, fingerprints = _agreed_spec(config, backend, heartbeat)
-    r = build(config, backend, spec)
+    spec, class_weights, fingerprints = _agreed_spec(config, backend, heartbeat)
+    r = build(config, backend, spec, class_weights)
     if multi:
         _heartbeats(r, sock, fingerprints)
     writer.info(_start_line(r))
@@ -227,18 +227,7 @@ def run(config: Config) -> dict:
     with PreemptionGuard() as guard:
         throughput = fit(r, batches, default_actions(r, evaluate, guard), writer, input_ips)
     throughput["input_images_per_sec"] = input_ips
-    last_step = int(r.global_step.numpy())
-    phase("final evaluation, save and export", last_step)
-    final_eval = evaluate()  # first: the best (in the final checkpoint) takes it into account
-    ips = throughput["images_per_sec"] or throughput["last_images_per_sec"]
-    writer.log_eval(last_step, final_eval, eval_context(r, last_step, ips))
-    if r.best is not None and final_eval:
-        r.best.observe(last_step, final_eval)
-    r.checkpoints.save(final=True)
-    if backend.is_chief:
-        r.model.save_weights(os.path.join(config.model_dir, "final.weights.h5"))
-        if config.train.export:
-            _export(r, writer)
+    final_eval = _finish(r, evaluate, writer, throughput)
     throughput["broken"] = _broken_records(backend)  # the last collective
     heartbeats.finish()
     summary = _summary(r, final_eval, throughput, time.time() - started)
@@ -247,6 +236,25 @@ def run(config: Config) -> dict:
     worker = f"{backend.worker_index}/{backend.num_workers}"
     print(f"worker {worker} weights_sha256 {summary['weights_sha256']}", flush=True)
     return summary
+
+
+def _finish(r: Training, evaluate: Evaluator, writer: RunWriter, throughput: dict) -> dict:
+    """After the last update: evaluates and logs it (``throughput``: ``fit``'s, for the
+    log's images/s), saves the final checkpoint, and on the chief final.weights.h5 and the
+    export. Returns the final evaluation."""
+    config, last_step = r.config, int(r.global_step.numpy())
+    phase("final evaluation, save and export", last_step)
+    final_eval = evaluate()  # first: the best (in the final checkpoint) takes it into account
+    ips = throughput["images_per_sec"] or throughput["last_images_per_sec"]
+    writer.log_eval(last_step, final_eval, eval_context(r, last_step, ips))
+    if r.best is not None and final_eval:
+        r.best.observe(last_step, final_eval)
+    r.checkpoints.save(final=True)
+    if r.backend.is_chief:
+        r.model.save_weights(os.path.join(config.model_dir, "final.weights.h5"))
+        if config.train.export:
+            _export(r, writer)
+    return final_eval
 
 
 def _export(r: Training, writer: RunWriter) -> None:
@@ -270,11 +278,12 @@ def _export(r: Training, writer: RunWriter) -> None:
 
 
 def _agreed_spec(config: Config, backend, heartbeat: str) -> tuple:
-    """(this worker's data spec, every worker's fingerprint), once every worker has a spec
-    and all agree on it, on the settings, on the tfgpu version and on the class weights each
-    read (``consensus.agree``). A worker that cannot read its data or its class weights still
-    takes part, so that every worker stops with the same line, naming it. ``heartbeat``:
-    where this worker's heartbeats are heard."""
+    """(this worker's data spec, its class weights: float64 [K] or None, every worker's
+    fingerprint), once every worker has a spec and all agree on it, on the settings, on the
+    tfgpu version and on the class weights each read (``consensus.agree``): the run trains
+    with these weights, --class_weights is not read again. A worker that cannot read its
+    data or its class weights still takes part, so that every worker stops with the same
+    line, naming it. ``heartbeat``: where this worker's heartbeats are heard."""
     spec, weights, error = None, None, ""
     try:
         spec = data_spec.load_spec(config.data)
@@ -284,9 +293,9 @@ def _agreed_spec(config: Config, backend, heartbeat: str) -> tuple:
             raise
         error = str(err)
     summary = spec.summary() if spec else None
-    weights = None if weights is None else weights.tolist()
-    mine = consensus.fingerprint(config.shared(), summary, error, weights)
-    return spec, consensus.agree(backend, dict(mine, heartbeat=heartbeat))
+    listed = None if weights is None else weights.tolist()
+    mine = consensus.fingerprint(config.shared(), summary, error, listed)
+    return spec, weights, consensus.agree(backend, dict(mine, heartbeat=heartbeat))
 
 
 def _heartbeats(r: Training, sock, fingerprints: list) -> None:
