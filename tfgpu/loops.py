@@ -17,52 +17,26 @@ def make_train_loop(
     step: TrainStep, global_step: tf.Variable, skipped_updates: tf.Variable, max_skipped: int = 0
 ):
     """``loop(iterator, num_steps, variant=0) -> (totals, first_bad, diverged)``: ``num_steps``
-    updates in one tf.function call; ``variant`` is the step's ``TrainStep.variant``, a Python
-    int: tf.function traces anew for a new one, so a step whose trainable layers changed (an
-    unfrozen backbone) runs as traced for them. ``totals`` sums the ``StepMetrics`` (and
-    "steps") of the applied updates only, counts the skipped ones ("skipped_updates"), and sums
-    "input_wait_s", the seconds spent waiting for batches; ``first_bad`` is the first non-finite
-    step, -1 if none. The step's "grad_norm" and "clipped" are summed like the rest;
-    "weight_norm" (the global norm of the trainable weights) and "loss_scale" (float16) are
-    their values at the end. Without skipping, the loop stops at that step. With skipping, it
-    stops after ``max_skipped`` (0: never) skipped updates in a row, counting under float16 only
-    those at the loss scale's floor (``DynamicLossScale.at_floor``: halving cannot help any
-    more); ``diverged`` is then that step, else -1."""
-    keys = (*STEP_METRICS, "steps")
+    updates in one tf.function call. ``variant``: the step's ``TrainStep.variant``, a Python int
+    (a new one traces anew: a step whose trainable layers changed runs as traced for them).
+    ``totals``: the call's sums (``_window_totals``). ``first_bad``: the first non-finite step,
+    -1 if none; without skipping, the loop stops there. With skipping, it stops after
+    ``max_skipped`` (0: never) skipped updates in a row, under float16 only those at the loss
+    scale's floor (``_count_skip``); ``diverged`` is then that step, else -1."""
     clock = _clock()
     # Skipped updates in a row (at the floor); not checkpointed: a resumed run counts afresh.
     streak = tf.Variable(0, dtype=tf.int64, trainable=False, name="skip_streak")
-    loss_scale = step.loss_scale
 
     @tf.function
     def loop(iterator, num_steps, variant=0):
         del variant  # only a key of the trace
-        totals = {k: tf.constant(0.0) for k in keys}
-        skipped = tf.constant(0.0)
-        waited = tf.constant(0.0, tf.float64)
-        first_bad = tf.constant(-1, tf.int64)
-        diverged = tf.constant(-1, tf.int64)
+        sums = _zero_sums()
+        first_bad, diverged = tf.constant(-1, tf.int64), tf.constant(-1, tf.int64)
         for _ in tf.range(num_steps):
-            start = clock()
-            with tf.control_dependencies([start]):
-                batch = next(iterator)
-            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-                waited += clock() - start
-            metrics, finite = step.update(batch)
-            # After the update (other variables would not order it): the heartbeat board
-            # reads the counter as "updates completed".
-            with tf.control_dependencies(tf.nest.flatten(metrics)):
-                global_step.assign_add(1)
-            ok = tf.logical_and(finite, tf.math.is_finite(metrics["loss"]))
-            metrics = dict(metrics, steps=tf.constant(1.0))
-            # A skipped update's loss and counts are not the model's: they stay out.
-            totals = {k: totals[k] + tf.where(ok, metrics[k], 0.0) for k in keys}
-            skipped += tf.cast(tf.logical_not(ok), tf.float32)
-            skipped_updates.assign_add(tf.cast(tf.logical_not(ok), tf.int64))
-            counts = tf.logical_not(ok)
-            if loss_scale is not None:
-                counts = tf.logical_and(counts, loss_scale.at_floor())
-            streak.assign(tf.where(counts, streak + 1, 0))
+            batch, waited = _next_timed(iterator, clock)
+            metrics, ok = _counted_update(step, batch, global_step)
+            sums = _add_update(sums, metrics, ok, waited)
+            _count_skip(ok, skipped_updates, streak, step.loss_scale)
             if first_bad < 0 and not ok:
                 first_bad = global_step.read_value()
             if not step.skips_non_finite and not ok:
@@ -70,15 +44,80 @@ def make_train_loop(
             if max_skipped > 0 and streak >= max_skipped:
                 diverged = global_step.read_value()
                 break
-        totals = dict(totals, skipped_updates=skipped, input_wait_s=tf.cast(waited, tf.float32))
-        if step.extra_metrics:  # as they are at the call's end (results.Window keeps the last)
-            weights = [v.value for v in step.model.trainable_variables]
-            totals["weight_norm"] = global_norm(weights)
-        if loss_scale is not None:
-            totals["loss_scale"] = tf.identity(loss_scale.scale)
-        return totals, first_bad, diverged
+        return _window_totals(step, sums), first_bad, diverged
 
     return loop
+
+
+_SUMMED = (*STEP_METRICS, "steps")  # the keys of an update's metrics that _add_update sums
+
+
+def _zero_sums() -> dict:
+    """The empty sums of a loop call: float32 zeros for ``_SUMMED`` and "skipped_updates", a
+    float64 zero for "input_wait_s"."""
+    sums = {k: tf.constant(0.0) for k in (*_SUMMED, "skipped_updates")}
+    return dict(sums, input_wait_s=tf.constant(0.0, tf.float64))
+
+
+def _next_timed(iterator, clock):
+    """``(batch, seconds)``: the iterator's next batch and the float64 seconds ``clock``
+    (``_clock``) saw pass while waiting for it."""
+    start = clock()
+    with tf.control_dependencies([start]):
+        batch = next(iterator)
+    with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+        waited = clock() - start
+    return batch, waited
+
+
+def _counted_update(step: TrainStep, batch, global_step: tf.Variable):
+    """Runs ``step.update`` on ``batch`` and adds 1 to ``global_step``; returns (its
+    ``StepMetrics`` plus "steps": 1, ok: whether its gradients and loss were finite)."""
+    metrics, finite = step.update(batch)
+    # After the update (other variables would not order it): the heartbeat board
+    # reads the counter as "updates completed".
+    with tf.control_dependencies(tf.nest.flatten(metrics)):
+        global_step.assign_add(1)
+    ok = tf.logical_and(finite, tf.math.is_finite(metrics["loss"]))
+    return dict(metrics, steps=tf.constant(1.0)), ok
+
+
+def _add_update(sums: dict, metrics: dict, ok, waited) -> dict:
+    """``sums`` (``_zero_sums``) plus one update: its ``metrics`` if ``ok``, else one
+    "skipped_updates"; and the float64 seconds ``waited`` for its batch either way."""
+    # A skipped update's loss and counts are not the model's: they stay out.
+    added = {k: sums[k] + tf.where(ok, metrics[k], 0.0) for k in _SUMMED}
+    added["skipped_updates"] = sums["skipped_updates"] + tf.cast(tf.logical_not(ok), tf.float32)
+    added["input_wait_s"] = sums["input_wait_s"] + waited
+    return added
+
+
+def _count_skip(ok, skipped_updates: tf.Variable, streak: tf.Variable, loss_scale) -> None:
+    """Counts an update that was not ``ok`` in ``skipped_updates`` and in ``streak``, the skips
+    in a row; with a float16 ``loss_scale``, ``streak`` counts only those at its floor
+    (``DynamicLossScale.at_floor``: halving cannot help any more). Any other update sets
+    ``streak`` back to 0. Returns nothing."""
+    skipped_updates.assign_add(tf.cast(tf.logical_not(ok), tf.int64))
+    counts = tf.logical_not(ok)
+    if loss_scale is not None:
+        counts = tf.logical_and(counts, loss_scale.at_floor())
+    streak.assign(tf.where(counts, streak + 1, 0))
+
+
+def _window_totals(step: TrainStep, sums: dict) -> dict:
+    """The ``totals`` a loop call returns, from its ``sums`` (``_add_update``): the
+    ``StepMetrics`` and "steps" of the applied updates only, "grad_norm" and "clipped" summed
+    like the rest, the count of skipped ones ("skipped_updates") and "input_wait_s", the
+    seconds spent waiting for batches (float32 here); with ``step.extra_metrics``,
+    "weight_norm" (the global norm of the trainable weights), and under float16 "loss_scale":
+    both as they are at the call's end (``results.Window`` keeps the last)."""
+    totals = dict(sums, input_wait_s=tf.cast(sums["input_wait_s"], tf.float32))
+    if step.extra_metrics:
+        weights = [v.value for v in step.model.trainable_variables]
+        totals["weight_norm"] = global_norm(weights)
+    if step.loss_scale is not None:
+        totals["loss_scale"] = tf.identity(step.loss_scale.scale)
+    return totals
 
 
 def _clock():

@@ -10,12 +10,12 @@ and the optimizer applies once, outside the replicas (cross-replica context), wh
 where an update with non-finite gradients is skipped under float16 loss scaling.
 
 BatchNorm's moving statistics ride in the same all-reduce (``batchnorm.py`` says what they mean
-under replicas and accumulation).
+under replicas and accumulation). A replica's micro-batch loop is ``accumulate.py``'s.
 """
 
 import tensorflow as tf
 
-from tfgpu import batchnorm, compat, losses
+from tfgpu import accumulate, batchnorm, compat, losses
 from tfgpu.data import device_ops
 from tfgpu.distribute import Backend
 from tfgpu.errors import NonFiniteLoss  # noqa: F401  (raised by the loop, caught by main)
@@ -105,11 +105,10 @@ class TrainStep:
         self.optimizer = compat.without_implicit_all_reduce(optimizer)
         self.backend = backend
         self.global_batch_size = global_batch_size
-        self.grad_accum_steps = grad_accum_steps
         self.loss = losses.Loss(global_batch_size, label_smoothing, class_weights)
         self.clip_norm = clip_norm
         self.loss_scale = loss_scale
-        self.prepare = prepare
+        self.prepare = prepare  # also run alone, by bench/gpu_probes.py
         self.unpack = unpack
         # The per-window diagnostics (grad_norm, clipped, and the loop's weight_norm); off
         # only to measure what they cost (bench/train_step.py). Read when the step is traced.
@@ -117,75 +116,33 @@ class TrainStep:
         # Float16 overflows are expected (that is what the loss scale probes); elsewhere a
         # non-finite update is skipped only when asked, else the loop stops at it.
         self.skips_non_finite = skip_non_finite or loss_scale is not None
-        self.sync_batchnorm = sync_batchnorm
-        if sync_batchnorm:
-            batchnorm.synchronize(model, backend.sum_over_replicas)
-        self.jit_compile = jit_compile
+        self.micro_batches = accumulate.MicroBatches(
+            model,
+            self.loss,
+            loss_scale,
+            prepare,
+            backend,
+            grad_accum_steps=grad_accum_steps,
+            skips_non_finite=self.skips_non_finite,
+            sync_batchnorm=sync_batchnorm,
+            jit_compile=jit_compile,
+        )
         self.variant = 0  # what the loop's tf.function traces for: see trainable_changed
-        self._follow_trainable()
         with backend.scope():
             # Built here: variables cannot be created inside the cond that may skip an update.
             self.optimizer.build(model.trainable_variables)
 
-    def _follow_trainable(self) -> None:
-        """What depends on which layers train: the BatchNorm statistics that training moves,
-        and the (XLA-compiled) gradient function that computes them."""
-        self.moving_stats = batchnorm.MovingStats(
-            self.model, self.backend.num_replicas, self.grad_accum_steps, self.skips_non_finite
-        )
-        self._compute_gradients = (
-            tf.function(self._gradients, jit_compile=True) if self.jit_compile else self._gradients
-        )
+    @property
+    def moving_stats(self) -> batchnorm.MovingStats:
+        """The BatchNorm statistics that training moves (``MicroBatches.moving_stats``)."""
+        return self.micro_batches.moving_stats
 
     def trainable_changed(self) -> None:
         """Call at a loop boundary after layers were frozen or unfrozen (``finetune.unfreeze``):
         the step follows the model's trainable layers again, and ``variant`` changes, so that
         the loop traces it anew (Keras reads ``trainable`` when the step is traced)."""
-        self._follow_trainable()
+        self.micro_batches.follow_trainable()
         self.variant += 1
-
-    def _micro_step(self, images, labels):
-        """One micro-batch: (gradients, summed loss, correct count)."""
-        with tf.GradientTape() as tape:
-            logits = _at_least_float32(self.model(images, training=True))
-            loss = self.loss(logits, labels)
-            if self.model.losses:  # this micro-batch's share of the once-per-update penalty
-                share = tf.cast(tf.shape(labels)[0], loss.dtype) / self.global_batch_size
-                loss += tf.add_n([tf.cast(x, loss.dtype) for x in self.model.losses]) * share
-            scaled = loss * self.loss_scale.scale if self.loss_scale else loss
-        grads = tape.gradient(scaled, self.model.trainable_variables)
-        hard = labels if labels.dtype.is_integer else tf.argmax(labels, -1, tf.int32)
-        correct = tf.reduce_sum(
-            tf.cast(tf.equal(tf.argmax(logits, -1, tf.int32), hard), tf.float32)
-        )
-        variables = self.model.trainable_variables
-        grads = [tf.cast(g, compat.tf_variable(v).dtype) for g, v in zip(grads, variables)]
-        return grads, tf.cast(loss, tf.float32), correct
-
-    def _gradients(self, batch: dict, start_stats: list):
-        """This replica's share of the update: k micro-batches -> (summed float32 gradients,
-        summed loss, correct count, summed moving statistics). Each micro-batch starts from
-        ``start_stats``, the moving statistics before the update (``batchnorm.py``)."""
-        images, labels = self.prepare(batch)
-        k = self.grad_accum_steps
-        micro = tf.shape(labels)[0] // k
-        grads = [tf.zeros_like(compat.tf_variable(v)) for v in self.model.trainable_variables]
-        stats = self.moving_stats.zeros(start_stats)
-        loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
-        # k == 1 runs without a loop: XLA on CPU runs convolutions inside a while loop ~70x
-        # slower (measured, bench/models.py); k > 1 is a tf.while_loop, traced once whatever k,
-        # except with --sync_batchnorm: MirroredStrategy's all-reduce (a merge_call) cannot sit
-        # in a while loop, so the k micro-batches are traced one after the other.
-        for i in range(k) if k == 1 or self.sync_batchnorm else tf.range(k):
-            # Each micro-batch normalizes with its own statistics, from the update's start.
-            self.moving_stats.restart(start_stats)
-            lo = i * micro
-            g, loss, correct = self._micro_step(images[lo : lo + micro], labels[lo : lo + micro])
-            grads = [a + b for a, b in zip(grads, g)]
-            stats = self.moving_stats.add(stats)
-            loss_sum += loss
-            correct_sum += correct
-        return grads, loss_sum, correct_sum, stats
 
     def replica_step(self, batch: dict):
         """Runs on each replica: accumulate k micro-batches, then all-reduce once.
@@ -196,7 +153,7 @@ class TrainStep:
         if self.unpack is not None:
             batch = self.unpack(batch)
         start = self.moving_stats.start()
-        grads, loss, correct, stats = self._compute_gradients(batch, start)
+        grads, loss, correct, stats = self.micro_batches.gradients(batch, start)
         # The only gradient synchronization of the update: after the last micro-batch. The
         # moving statistics travel with it, each replica's share of their mean.
         extra = self.moving_stats.shares(stats)
@@ -247,8 +204,3 @@ class TrainStep:
 def global_norm(tensors) -> tf.Tensor:
     """The float32 global norm of ``tensors`` (float64 ones too: ``--dtype=float64``)."""
     return tf.linalg.global_norm([tf.cast(t, tf.float32) for t in tensors])
-
-
-def _at_least_float32(tensor):
-    """float16/bfloat16 -> float32; float32 and float64 (exactness tests) as they are."""
-    return tensor if tensor.dtype in (tf.float32, tf.float64) else tf.cast(tensor, tf.float32)
