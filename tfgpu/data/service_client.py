@@ -38,7 +38,7 @@ import os
 import tensorflow as tf
 
 from tfgpu import __version__
-from tfgpu.config import SETTINGS
+from tfgpu.settings import collect
 from tfgpu.data import pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.data.spec import DataError, DataSpec
@@ -120,9 +120,9 @@ def job_name(config, spec: DataSpec, shard: InputShard, batch_size: int) -> str:
     would split its epochs between them).
     """
     data = {
-        flag: s.get(config)
-        for flag, s in SETTINGS.items()
-        if s.section == "data" and not s.per_node
+        flag: s.get(config.data)
+        for flag, s in collect(type(config.data), {}).items()
+        if not s.per_node
     }
     key = {
         "data": data,

@@ -379,7 +379,7 @@ def build_backend(strategy: str, dist=None):
     """Returns the backend for a resolved strategy name (``env.resolve_strategy``) with the
     options of ``dist`` (a config.DistConfig; its defaults when None)."""
     if dist is None:
-        from tfgpu.config import DistConfig
+        from tfgpu.distribute.config import DistConfig
 
         dist = DistConfig()
     return _BACKENDS[strategy](dist)
