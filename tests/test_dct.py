@@ -1,6 +1,8 @@
 """--dct_scaled_decode=auto: decided once per run from the converter's stored image sizes."""
 
 import dataclasses
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -12,6 +14,8 @@ from tfgpu.data import dct, host_ops
 from tfgpu.data import spec as data_spec
 from tfgpu.data.config import DataConfig
 from tfgpu.distribute import InputShard
+from tfgpu.errors import DataError
+from tfgpu.recordformat import INFO_FILE
 
 
 def _tf_windows(height: int, width: int, min_area: float, n: int = 400) -> np.ndarray:
@@ -103,3 +107,13 @@ def test_auto_hands_over_what_off_does_where_too_few_windows_qualify(small_datas
     np.testing.assert_array_equal(sizes["unknown"][~qualify], sizes["off"][~qualify])
     half = -(-sizes["off"][qualify] // 2)  # + 1 where the window is widened to whole pixels
     assert ((sizes["unknown"][qualify] >= half) & (sizes["unknown"][qualify] <= half + 1)).all()
+
+
+@pytest.mark.fast
+def test_a_malformed_histogram_is_a_one_line_data_error(small_dataset, tmp_path):
+    copy = shutil.copytree(small_dataset, tmp_path / "data")
+    info = json.loads((copy / INFO_FILE).read_text())
+    info["splits"]["train"]["short_sides"] = {"wide": 3}
+    (copy / INFO_FILE).write_text(json.dumps(info))
+    with pytest.raises(DataError, match="splits.train.short_sides must map shorter sides"):
+        data_spec.load_data_spec(str(copy))

@@ -141,8 +141,20 @@ def load_data_spec(
 
 
 def _short_sides(info: dict, split: str):
-    """The converter's histogram of ``split``'s shorter sides, or None."""
-    return info.get("splits", {}).get(split, {}).get("short_sides")
+    """The converter's histogram of ``split``'s shorter sides {px: count}, or None; a
+    DataError when it is not one (a hand-edited info file)."""
+    sides = info.get("splits", {}).get(split, {}).get("short_sides")
+    if sides is None:
+        return None
+    try:
+        if all(int(k) >= 0 and int(v) >= 0 for k, v in sides.items()):
+            return sides
+    except (AttributeError, TypeError, ValueError):
+        pass
+    raise DataError(
+        f"{INFO_FILE}: splits.{split}.short_sides must map shorter sides in px to image "
+        "counts, like the converter writes it"
+    )
 
 
 def count_records(files, skip_truncated: bool = False) -> int:
