@@ -124,7 +124,6 @@ def build_data(cache_dir: str, num_images: int, image_set: str = "smooth") -> tu
     import tensorflow as tf
 
     from tfgpu import recordformat
-    from tfgpu.convert import worker
 
     _, quality, sub, most = IMAGE_SETS[image_set]
     num_images = min(num_images, most or num_images)
@@ -146,7 +145,7 @@ def build_data(cache_dir: str, num_images: int, image_set: str = "smooth") -> tu
     for i in range(num_images):
         label = i % NUM_CLASSES
         image = make_image(image_set, rng, sources)
-        side = worker.short_side_bucket(image.height, image.width)
+        side = recordformat.short_side_bucket(image.height, image.width)
         sides[side] = sides.get(side, 0) + 1
         buf = io.BytesIO()
         image.save(buf, "JPEG", quality=quality)

@@ -9,13 +9,13 @@ import pytest
 import tensorflow as tf
 from conftest import train_ds
 
-from tfgpu.convert import plan, worker
+from tfgpu import recordformat
+from tfgpu.convert import plan
 from tfgpu.data import dct, host_ops
 from tfgpu.data import spec as data_spec
 from tfgpu.data.config import DataConfig
 from tfgpu.distribute import InputShard
 from tfgpu.errors import DataError
-from tfgpu.recordformat import INFO_FILE
 
 
 def _tf_windows(height: int, width: int, min_area: float, n: int = 400) -> np.ndarray:
@@ -42,9 +42,10 @@ def _tf_windows(height: int, width: int, min_area: float, n: int = 400) -> np.nd
 def test_window_share_estimate_matches_the_samplers_windows(short, side, min_area):
     """The estimate (numpy, from a histogram bucket) is within 0.06 of the share of windows
     TensorFlow's sampler draws for an image of that size (4:3) at least 2x ``side``."""
-    windows = _tf_windows(short, round(short * 4 / 3), min_area)
+    long = round(short * 4 / 3)
+    windows = _tf_windows(short, long, min_area)
     real = np.mean(windows.min(1) >= 2 * side)
-    bucket = short // worker.SIDE_STEP * worker.SIDE_STEP
+    bucket = recordformat.short_side_bucket(short, long)
     estimate = dct.train_window_share({str(bucket): 1}, side, min_area)
     assert abs(estimate - real) < 0.06, (estimate, real)
 
@@ -82,7 +83,7 @@ def test_converter_counts_shorter_sides_and_old_markers_leave_them_out(small_dat
     results = [{"short_sides": {"32": 2, "48": 1}}, {"short_sides": {"48": 4}}]
     assert plan._short_sides(results) == {"short_sides": {"32": 2, "48": 5}}
     assert plan._short_sides(results + [{"file": "old"}]) == {}
-    assert worker.short_side_bucket(355, 480) == 352
+    assert recordformat.short_side_bucket(355, 480) == 352
 
 
 @pytest.mark.slow  # 6 s (2 shared cores)
@@ -112,8 +113,8 @@ def test_auto_hands_over_what_off_does_where_too_few_windows_qualify(small_datas
 @pytest.mark.fast
 def test_a_malformed_histogram_is_a_one_line_data_error(small_dataset, tmp_path):
     copy = shutil.copytree(small_dataset, tmp_path / "data")
-    info = json.loads((copy / INFO_FILE).read_text())
+    info = json.loads((copy / recordformat.INFO_FILE).read_text())
     info["splits"]["train"]["short_sides"] = {"wide": 3}
-    (copy / INFO_FILE).write_text(json.dumps(info))
+    (copy / recordformat.INFO_FILE).write_text(json.dumps(info))
     with pytest.raises(DataError, match="splits.train.short_sides must map shorter sides"):
         data_spec.load_data_spec(str(copy))

@@ -34,6 +34,16 @@ FEATURES = {
     "image/filename": ("bytes", b""),
 }
 
+# dataset_info.json counts each split's shorter sides in steps of this many pixels
+# ("short_sides": {lower edge: images}): enough for a run to tell whether crop windows can be
+# decoded at a DCT scale (data/dct.py).
+SIDE_STEP = 16
+
+
+def short_side_bucket(height: int, width: int) -> int:
+    """The ``short_sides`` bucket (its lower edge, px) of an image's shorter side."""
+    return min(height, width) // SIDE_STEP * SIDE_STEP
+
 
 # --- one example: a tf.train.Example in protobuf wire format ----------------------------------
 

@@ -14,7 +14,7 @@ from PIL import Image, UnidentifiedImageError
 
 from tfgpu.convert.items import ArrayRow, BadImage, EncodeOptions
 from tfgpu.files import open_new, write_json
-from tfgpu.recordformat import encode_example, write_record
+from tfgpu.recordformat import encode_example, short_side_bucket, write_record
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _H5_CHUNK = 64  # rows read from HDF5 at once: one read per chunk, memory stays small
@@ -159,16 +159,6 @@ def init_worker(progress) -> None:
 def display_name(name: str) -> str:
     """``name`` printable and JSON-safe: undecodable bytes of a file name become U+FFFD."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
-# The stored images' shorter sides are counted in steps of this many pixels: enough for a
-# run to tell whether any crop window could be decoded at a DCT scale (data/dct.py).
-SIDE_STEP = 16
-
-
-def short_side_bucket(height: int, width: int) -> int:
-    """The histogram bucket (its lower edge, px) of an image's shorter side."""
-    return min(height, width) // SIDE_STEP * SIDE_STEP
 
 
 def done_marker(name: str) -> str:

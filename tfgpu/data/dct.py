@@ -14,13 +14,14 @@ import dataclasses
 
 import numpy as np
 
+from tfgpu.recordformat import SIDE_STEP
+
 # Share of windows >= 2x the output from which the choice pays for its cost on every example:
 # on ~37 KB photos, with 52% of windows qualifying auto read 1.05x off's images/s at equal
 # CPU per image, with 9.5% 0.98x at +2% CPU (bench/README.md).
 MIN_SHARE = 0.5
 _DRAWS = 512  # windows drawn per histogram bucket for the estimate
 _ATTEMPTS = 10  # as host_ops.random_crop_window
-_STEP = 16  # convert.worker.SIDE_STEP: a bucket's sides are [edge, edge + 16)
 
 
 def train_window_share(sides: dict, min_side: int, min_area: float) -> float:
@@ -30,7 +31,7 @@ def train_window_share(sides: dict, min_side: int, min_area: float) -> float:
     rng = np.random.default_rng(0)
     hits = total = 0
     for edge, count in sides.items():
-        short = int(edge) + _STEP // 2
+        short = int(edge) + SIDE_STEP // 2  # a bucket's middle
         windows = _sample_windows(rng, short, round(short * 4 / 3), min_area)
         hits += count * np.mean(windows.min(1) >= 2 * min_side)
         total += count
