@@ -137,16 +137,19 @@ def build_data(cache_dir: str, num_images: int, image_set: str = "smooth") -> tu
     rng = np.random.default_rng(0)
     sources = photo_sources() if image_set == "photo" else None
     num_shards = 16
-    writers = [
-        tf.io.TFRecordWriter(os.path.join(tfr, f"train-{i:05d}-of-{num_shards:05d}.tfrecord"))
-        for i in range(num_shards)
+    paths = [
+        os.path.join(tfr, f"train-{i:05d}-of-{num_shards:05d}.tfrecord") for i in range(num_shards)
     ]
-    total, sides = 0, {}
+    writers = [tf.io.TFRecordWriter(p) for p in paths]
+    # Each shard's counts as the converter's workers return them (``worker.write_shard``).
+    results = [
+        dict(file=os.path.basename(p), num_examples=0, per_class={}, short_sides={}, skipped=[])
+        for p in paths
+    ]
+    total = 0
     for i in range(num_images):
         label = i % NUM_CLASSES
         image = make_image(image_set, rng, sources)
-        side = recordformat.short_side_bucket(image.height, image.width)
-        sides[side] = sides.get(side, 0) + 1
         buf = io.BytesIO()
         image.save(buf, "JPEG", quality=quality)
         data = buf.getvalue()
@@ -158,34 +161,33 @@ def build_data(cache_dir: str, num_images: int, image_set: str = "smooth") -> tu
         writers[i % num_shards].write(
             recordformat.encode_example(data, label, image.height, image.width, "JPEG", name)
         )
+        count(results[i % num_shards], label, image)
     for w in writers:
         w.close()
-    write_info(tfr, num_images, num_shards, sides)
+    write_info(tfr, results)
     print(f"{image_set}: {num_images} JPEGs, mean {total / num_images / 1000:.1f} KB", flush=True)
     open(done, "w").close()
     return tfr, folder
 
 
-def write_info(tfr: str, num_images: int, num_shards: int, sides: dict) -> None:
-    """The dataset_info.json the converter would write: shards, counts, shorter sides."""
+def count(result: dict, label: int, image) -> None:
+    """Adds one written ``image`` of ``label`` to its shard's counts (``result``)."""
+    from tfgpu import recordformat
+
+    result["num_examples"] += 1
+    result["per_class"][label] = result["per_class"].get(label, 0) + 1
+    side = str(recordformat.short_side_bucket(image.height, image.width))
+    result["short_sides"][side] = result["short_sides"].get(side, 0) + 1
+
+
+def write_info(tfr: str, results: list) -> None:
+    """The dataset_info.json the converter writes, from the shards' counts: its own
+    ``_split_entry`` and ``write_info``."""
     from tfgpu.convert import plan
 
-    shards = [
-        {
-            "file": f"train-{i:05d}-of-{num_shards:05d}.tfrecord",
-            "num_examples": len(range(i, num_images, num_shards)),
-        }
-        for i in range(num_shards)
-    ]
     names = [f"class{c}" for c in range(NUM_CLASSES)]
-    split = {
-        "num_examples": num_images,
-        "shards": shards,
-        "per_class": {n: len(range(c, num_images, NUM_CLASSES)) for c, n in enumerate(names)},
-        "short_sides": {str(k): v for k, v in sorted(sides.items())},
-        "skipped": [],
-    }
-    plan.write_info(tfr, names, {"train": split}, source="bench/input_pipeline.py")
+    entry = plan._split_entry(results, names)
+    plan.write_info(tfr, names, {"train": entry}, source="bench/input_pipeline.py")
 
 
 def mean_file_kb(folder: str) -> float:
