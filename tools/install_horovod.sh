@@ -32,8 +32,9 @@
 #   with sed, and fails loudly if that line is not found (i.e. the sdist
 #   changed and the patch needs re-checking).
 #
-# Build settings: HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1
-#   HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1,
+# Build settings: HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1, HOROVOD_WITH_MPI=1 where an
+#   MPI compiler wrapper (mpicxx, from Debian's libopenmpi-dev) is found, else
+#   HOROVOD_WITHOUT_MPI=1; HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1,
 #   CMAKE_POLICY_VERSION_MINIMUM=3.5 (needed by CMake 4, harmless with 3.x),
 #   HOROVOD_CMAKE=<the cmake found/installed>.
 #
@@ -48,11 +49,14 @@
 #                       standard location. This mode is UNTESTED: it cannot be
 #                       built or run on the CPU-only dev/CI machines.
 #                       Default (unset / "cpu"): CPU only, Gloo collectives.
+#   TFGPU_HOROVOD_MPI   "auto" (default): build the MPI controller too where mpicxx is on
+#                       PATH, so `mpirun -np N python -m tfgpu.main` (Kubeflow's MPIJob) is
+#                       one Horovod job; "0": Gloo only; "1": MPI required.
 #   TFGPU_HOROVOD_VERBOSE=1  stream the full build log instead of a summary.
 #
 # Cache key:
-#   horovod-<hvd ver>_tf-<installed tf ver>_<python tag, e.g. cp311>_<os>_<machine>_<cpu|nccl>
-#   e.g. ~/.cache/tfgpu/wheels/horovod-0.28.1_tf-2.21.0_cp311_linux_x86_64_cpu/
+#   horovod-<hvd ver>_tf-<installed tf ver>_<python tag>_<os>_<machine>_<cpu|nccl>_<gloo|mpi-VER>
+#   e.g. ~/.cache/tfgpu/wheels/horovod-0.28.1_tf-2.21.0_cp311_linux_x86_64_cpu_mpi-4.1.4/
 #   Delete that directory to force a rebuild.
 set -euo pipefail
 
@@ -60,6 +64,7 @@ HOROVOD_VERSION=0.28.1
 PYTHON="${PYTHON:-python}"
 CACHE_ROOT="${TFGPU_CACHE_DIR:-$HOME/.cache/tfgpu}"
 GPU_MODE="${TFGPU_HOROVOD_GPU:-cpu}"
+MPI_MODE="${TFGPU_HOROVOD_MPI:-auto}"
 
 log() { echo "[install_horovod] $*"; }
 die() { echo "[install_horovod] ERROR: $*" >&2; exit 1; }
@@ -79,6 +84,20 @@ case "$GPU_MODE" in
   *) die "TFGPU_HOROVOD_GPU must be 'nccl' or unset/'cpu', got '$GPU_MODE'" ;;
 esac
 
+case "$MPI_MODE" in
+  auto) if command -v mpicxx >/dev/null 2>&1; then WITH_MPI=1; else WITH_MPI=0; fi ;;
+  1) command -v mpicxx >/dev/null 2>&1 || die "TFGPU_HOROVOD_MPI=1 but mpicxx is not on PATH (apt-get install libopenmpi-dev)"; WITH_MPI=1 ;;
+  0) WITH_MPI=0 ;;
+  *) die "TFGPU_HOROVOD_MPI must be auto, 0 or 1, got '$MPI_MODE'" ;;
+esac
+if [[ "$WITH_MPI" == 1 ]]; then
+  # The MPI version is part of the cache key: Horovod links against that libmpi.
+  MPI_TAG="mpi-$(mpirun --version 2>/dev/null | sed -n '1s/.* \([0-9][0-9.]*\)$/\1/p')"
+  [[ "$MPI_TAG" != "mpi-" ]] || MPI_TAG="mpi-unknown"
+else
+  MPI_TAG=gloo
+fi
+
 command -v "$PYTHON" >/dev/null 2>&1 || die "python interpreter '$PYTHON' not found"
 # Absolute interpreter path + its bin dir (for horovodrun / pip-installed cmake).
 PY_EXE="$("$PYTHON" -c 'import sys; print(sys.executable)')"
@@ -91,11 +110,14 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 horovod_works() {
   # Version matches and the TF op library loads against the installed TF.
   # timeout: hvd.init() must not hang if e.g. stale HOROVOD_* env is around.
-  timeout 180 "$PY_EXE" - "$HOROVOD_VERSION" >/dev/null 2>&1 <<'EOF'
+  # With MPI built in, it must be the MPI this script would build against (the mpi_built
+  # check makes an older Gloo-only install rebuild once Open MPI is installed).
+  timeout 180 "$PY_EXE" - "$HOROVOD_VERSION" "$WITH_MPI" >/dev/null 2>&1 <<'EOF'
 import sys
 import horovod
 assert horovod.__version__ == sys.argv[1], horovod.__version__
 import horovod.tensorflow as hvd
+assert int(hvd.mpi_built()) == int(sys.argv[2]), "mpi_built differs"
 hvd.init()
 assert hvd.size() >= 1
 EOF
@@ -136,7 +158,7 @@ for d in ("tensorflow", "tensorflow-cpu", "tf-nightly"):
 [[ -n "$TF_VERSION" ]] || die "tensorflow is not installed in $PY_EXE (pip install it first)"
 PY_TAG="$("$PY_EXE" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
 PLAT="$("$PY_EXE" -c 'import platform; print(platform.system().lower() + "_" + platform.machine())')"
-KEY="horovod-${HOROVOD_VERSION}_tf-${TF_VERSION}_${PY_TAG}_${PLAT}_${GPU_MODE}"
+KEY="horovod-${HOROVOD_VERSION}_tf-${TF_VERSION}_${PY_TAG}_${PLAT}_${GPU_MODE}_${MPI_TAG}"
 CACHE_DIR="$CACHE_ROOT/wheels/$KEY"
 RUNTIME_DEPS=(cloudpickle psutil pyyaml packaging)
 
@@ -199,13 +221,18 @@ grep -Fxq "$XLA_LINE" "$CML" || die "patch failed: line not found in $CML: $XLA_
 sed -i '/^list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}\/horovod\/tensorflow\/xla_mpi_ops\.cc")$/d' "$CML"
 ! grep -q 'xla_mpi_ops\.cc' "$CML" || die "patch failed: xla_mpi_ops.cc still referenced in $CML"
 
-export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+if [[ "$WITH_MPI" == 1 ]]; then
+  export HOROVOD_WITH_MPI=1
+else
+  export HOROVOD_WITHOUT_MPI=1
+fi
+export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
        HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
        CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_CMAKE="$CMAKE_BIN" \
        MAKEFLAGS="-j$(nproc)"
 export PATH="$(dirname "$CMAKE_BIN"):$PATH"
 
-log "building wheel against tensorflow $TF_VERSION (gpu mode: $GPU_MODE, MAKEFLAGS=$MAKEFLAGS)"
+log "building wheel against tensorflow $TF_VERSION (gpu mode: $GPU_MODE, $MPI_TAG, MAKEFLAGS=$MAKEFLAGS)"
 BUILD_LOG="$WORK/build.log"
 t0=$SECONDS
 wheel_cmd=("${PIP[@]}" wheel -v --no-deps --no-build-isolation -w "$WORK/wheelhouse" "$SRC")

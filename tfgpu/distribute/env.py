@@ -38,6 +38,15 @@ def read_tf_config() -> dict:
     return config
 
 
+def is_evaluator() -> bool:
+    """True for TF_CONFIG's ``evaluator`` task (Kubeflow's TFJob): a side-car that evaluates
+    the run's checkpoints as they appear and trains nothing."""
+    try:
+        return read_tf_config().get("task", {}).get("type") == "evaluator"
+    except DistributeError:
+        return False
+
+
 def cluster() -> dict:
     """The multi-worker cluster as a TF_CONFIG dict: TF_CONFIG itself, else the Slurm job step
     this task belongs to (``srun --ntasks=N``), else {}."""
