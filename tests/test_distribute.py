@@ -46,7 +46,7 @@ def _tf_config(workers: int, index: int = 0, task_type: str = "worker") -> str:
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for key in ("TF_CONFIG", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+    for key in ("TF_CONFIG", "HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         monkeypatch.delenv(key, raising=False)
     return monkeypatch
 
@@ -149,6 +149,7 @@ def test_lost_worker_message_only_for_lost_peers(clean_env):
     assert failures.lost_worker_message(tf.errors.DeadlineExceededError(None, None, "x"))
     assert failures.lost_worker_message(tf.errors.InvalidArgumentError(None, None, "x")) is None
     clean_env.setenv("HOROVOD_RANK", "0")
+    clean_env.setenv("HOROVOD_SIZE", "2")
     assert "Horovod shut down" in failures.lost_worker_message(shutdown)
 
 

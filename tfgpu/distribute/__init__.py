@@ -1,7 +1,9 @@
-"""How training is spread: the only package that knows strategies, TF_CONFIG, Slurm and Horovod.
+"""How training is spread: the only package that knows strategies, launchers (TF_CONFIG,
+horovodrun, mpirun, Slurm) and Horovod.
 
   config.py      its settings (``config.dist``); no TensorFlow
-  env.py         what the environment says (TF_CONFIG, horovodrun's, Slurm's variables)
+  env.py         who started this process and how many (horovodrun, mpirun, TF_CONFIG, srun)
+  mpi.py         an MPI world as a multi-worker cluster (addresses exchanged through MPI)
   slurm.py       Slurm's host lists and task layout, read without Slurm's tools
   devices.py     what a process sees: logical CPUs, GPU memory growth, a rank's or task's GPUs
   backends.py    one backend per strategy, all with the same few verbs (see its docstring)

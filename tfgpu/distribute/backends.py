@@ -7,15 +7,17 @@ synchronized BatchNorm), ``reduce_sum`` (outside), ``any_worker``,
 """
 
 import contextlib
+import json
+import os
 import tempfile
 
 import numpy as np
 import tensorflow as tf
 
 from tfgpu import compat
-from tfgpu.distribute import DistributeError, InputShard, env, slurm
+from tfgpu.distribute import DistributeError, InputShard, env, mpi, slurm
 from tfgpu.distribute.devices import configure_devices, pin_to_local_gpu, pin_to_slurm_gpus
-from tfgpu.distribute.env import resolve_strategy, under_horovodrun
+from tfgpu.distribute.env import resolve_strategy
 
 
 def _counter(dtype=tf.int64) -> tf.Variable:
@@ -42,6 +44,16 @@ def _timed(backend, reduce, values: list) -> list:
         return [tf.identity(r) for r in reduced]
 
 
+def _worker_index(strategy: tf.distribute.Strategy) -> int:
+    """This process's index among the workers, TensorFlow's way: a chief is 0, worker i is
+    i + (number of chiefs)."""
+    resolver = strategy.cluster_resolver
+    if resolver is None or resolver.task_type is None:
+        return 0
+    chiefs = len(resolver.cluster_spec().as_dict().get("chief", []))
+    return int(resolver.task_id or 0) + (chiefs if resolver.task_type == "worker" else 0)
+
+
 def _num_workers(strategy: tf.distribute.Strategy) -> int:
     """Worker processes of ``strategy`` (chief included): 1 unless it spans machines."""
     resolver = strategy.cluster_resolver
@@ -57,8 +69,7 @@ class StrategyBackend:
     def __init__(self, name: str, strategy: tf.distribute.Strategy):
         self.name = name
         self.strategy = strategy
-        resolver = getattr(strategy.cluster_resolver, "task_id", None)
-        self.worker_index = int(resolver or 0)
+        self.worker_index = _worker_index(strategy)
         self.num_workers = _num_workers(strategy)
         # One input pipeline per worker, as distribute_datasets_from_function makes them.
         self.input_shard = InputShard(self.num_workers, self.worker_index)
@@ -322,8 +333,10 @@ def _multi_worker(dist) -> tf.distribute.Strategy:
             "(or start the workers with `python -m tfgpu.launch --num_workers=N -- ...`)"
         )
     task = config["task"]
+    # Only the tasks that train join the collective: an evaluator task runs on its own.
+    jobs = {t: config["cluster"][t] for t in env.TRAINING_TASKS if config["cluster"].get(t)}
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(config["cluster"]),
+        tf.train.ClusterSpec(jobs),
         task_type=task["type"],
         task_id=int(task["index"]),
         rpc_layer="grpc",
@@ -345,17 +358,27 @@ def _multi_worker(dist) -> tf.distribute.Strategy:
 
 
 def _horovod(hvd_compression: str):
-    if not under_horovodrun():
+    found = env.world()
+    if found.launcher not in ("horovodrun", "mpirun"):
         raise DistributeError(
-            "--strategy=horovod must run under horovodrun, e.g. "
+            "--strategy=horovod must run under horovodrun or mpirun, e.g. "
             "`horovodrun -np 2 -H localhost:2 python -m tfgpu.main --strategy=horovod`"
         )
     try:
-        return HorovodBackend(hvd_compression)
+        backend = HorovodBackend(hvd_compression)
     except ImportError:
         raise DistributeError(
             "--strategy=horovod needs Horovod: run `bash tools/install_horovod.sh`"
         ) from None
+    if backend.num_workers != found.size:
+        # A Horovod built without MPI under mpirun: every process a world of its own.
+        raise DistributeError(
+            f"Horovod sees {backend.num_workers} process(es) but {found.evidence}: this "
+            f"Horovod is built without {'MPI' if found.launcher == 'mpirun' else 'Gloo'}; "
+            "rebuild it with `bash tools/install_horovod.sh` once Open MPI is installed "
+            "(apt-get install libopenmpi-dev), or use --strategy=multi_worker_mirrored"
+        )
+    return backend
 
 
 def _one_device() -> tf.distribute.Strategy:
@@ -385,11 +408,28 @@ def build_backend(strategy: str, dist=None):
     return _BACKENDS[strategy](dist)
 
 
+def horovod_has_mpi() -> bool:
+    """True when an installed Horovod has its MPI controller (mpirun makes one job of it)."""
+    try:
+        import horovod.tensorflow as hvd  # noqa: PLC0415
+    except ImportError:
+        return False
+    return bool(hvd.mpi_built())
+
+
 def setup(dist) -> "StrategyBackend | HorovodBackend":
-    """The backend ``dist`` (a config.DistConfig) asks for: resolves ``auto``, gives a Slurm
-    task its GPUs and splits the CPU into logical devices (before TensorFlow's runtime
-    starts), then builds it."""
-    name = resolve_strategy(dist.strategy, len(tf.config.list_physical_devices("GPU")))
+    """The backend ``dist`` (a config.DistConfig) asks for: resolves ``auto`` from the
+    launcher, stops when the strategy cannot join the processes it started, builds an MPI
+    world's cluster, gives a Slurm task its GPUs and splits the CPU into logical devices
+    (before TensorFlow's runtime starts), then builds it."""
+    found = env.world()
+    mpirun = found.launcher == "mpirun"
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    name = resolve_strategy(dist.strategy, gpus, horovod_mpi=mpirun and horovod_has_mpi())
+    env.check_world(name, found)
+    if name == "multi_worker_mirrored" and mpirun and found.size > 1 and not env.cluster():
+        # Set where every reader of the cluster (consensus, heartbeats, errors) finds it.
+        os.environ["TF_CONFIG"] = json.dumps(mpi.tf_config(found))
     if name == "multi_worker_mirrored" and slurm.in_slurm_step():
         pin_to_slurm_gpus()
     configure_devices(dist.logical_cpu_devices)

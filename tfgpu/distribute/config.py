@@ -12,9 +12,11 @@ class DistConfig:
 
     strategy: str = setting(
         "auto",
-        "How to spread training: auto (horovod under horovodrun, multi_worker_mirrored when "
-        "TF_CONFIG names several workers, mirrored with >1 GPU, else default), default, "
-        "one_device, mirrored, multi_worker_mirrored, horovod.",
+        "How to spread training: auto (horovod under horovodrun, and under mpirun when Horovod "
+        "has MPI; multi_worker_mirrored under mpirun otherwise, and when TF_CONFIG or an srun "
+        "step names several tasks; mirrored with >1 GPU; else default), default, one_device, "
+        "mirrored, multi_worker_mirrored, horovod. A strategy that cannot join the processes a "
+        "launcher started is an error, never N separate runs.",
         choices=STRATEGIES,
     )
     logical_cpu_devices: int = setting(

@@ -1,41 +1,104 @@
-"""What the environment says about the cluster: TF_CONFIG, horovodrun's variables, Slurm's.
+"""What the environment says about the job: who started this process (horovodrun, mpirun,
+a TF_CONFIG written by a scheduler, srun) and how many training processes it started.
 
-No TensorFlow here: ``tfgpu.launch`` and the error paths use it too.
+A process that is one of several never trains alone: ``world()`` reads every launcher's
+variables, ``resolve_strategy`` turns ``auto`` into the strategy that joins them, and
+``check_world`` stops in one line when an explicit strategy would train N separate copies
+into one --model_dir. No TensorFlow here: ``tfgpu.launch`` and the error paths use it too.
 """
 
 import json
 import os
 import socket
+from dataclasses import dataclass
 
 from tfgpu.distribute import DistributeError, slurm
 
+# TF_CONFIG's task types: the ones that train, in TensorFlow's order (the chief, when there is
+# one, is task 0 of the collective; workers follow), and the side-car evaluator.
+TRAINING_TASKS = ("chief", "worker")
+TASK_TYPES = (*TRAINING_TASKS, "evaluator")
+# (size, rank) variables of the MPI launchers: Open MPI (Kubeflow's MPIJob), MPICH/Intel MPI's
+# Hydra (also srun --mpi=pmi2), MVAPICH.
+_MPI_VARIABLES = (
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+    ("PMI_SIZE", "PMI_RANK"),
+    ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"),
+)
+SINGLE_PROCESS = ("default", "one_device", "mirrored")
 
-def under_horovodrun() -> bool:
-    """True when this process was started by horovodrun (or mpirun with Horovod's variables)."""
-    return any(k in os.environ for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
+
+@dataclass(frozen=True)
+class World:
+    """The job this process belongs to, as its launcher told it."""
+
+    launcher: str  # "", "horovodrun", "mpirun", "tf_config" or "slurm"
+    size: int  # training processes the launcher started
+    rank: int  # this process's index among them
+    evidence: str  # what says so, for messages: "OMPI_COMM_WORLD_SIZE=2"
 
 
-def read_tf_config() -> dict:
-    """Returns TF_CONFIG parsed, ``{}`` when unset; a malformed one is a DistributeError."""
-    raw = os.environ.get("TF_CONFIG", "")
+def world(environ=os.environ) -> World:
+    """Who started this process and how many training processes it started; a malformed
+    TF_CONFIG is a DistributeError. MPI's variables win over Slurm's: mpirun inside an
+    allocation starts its daemons with srun."""
+    if "HOROVOD_RANK" in environ:
+        size = int(environ.get("HOROVOD_SIZE", "1"))
+        return World("horovodrun", size, int(environ["HOROVOD_RANK"]), f"HOROVOD_SIZE={size}")
+    for size_name, rank_name in _MPI_VARIABLES:
+        if size_name in environ:
+            size = int(environ[size_name])
+            return World("mpirun", size, int(environ.get(rank_name, 0)), f"{size_name}={size}")
+    config = read_tf_config(environ)
+    if config:
+        size = len(training_tasks(config))
+        roles = ", ".join(f"{len(v)} {k}" for k, v in config["cluster"].items() if v)
+        return World("tf_config", size, task_index(config), f"TF_CONFIG names {roles}")
+    if slurm.in_slurm_step(environ):
+        size = int(slurm.tasks(environ))
+        return World("slurm", size, int(environ["SLURM_PROCID"]), f"an srun step of {size} tasks")
+    return World("", 1, 0, "")
+
+
+def read_tf_config(environ=os.environ) -> dict:
+    """Returns TF_CONFIG parsed, ``{}`` when unset; a malformed one is a DistributeError.
+    Kubeflow's TFJob (chief, worker, evaluator, ``"environment": "cloud"``) and Ray Train's
+    (workers only) are both accepted."""
+    raw = environ.get("TF_CONFIG", "")
     if not raw.strip():
         return {}
     try:
         config = json.loads(raw)
-        workers = config["cluster"]["worker"]
-        task = config["task"]
-        if not isinstance(workers, list) or not workers:
-            raise ValueError("cluster.worker must be a non-empty list")
-        if task["type"] not in ("worker", "chief", "evaluator"):
-            raise ValueError(f"task.type {task['type']!r} is not worker or chief")
-        if not 0 <= int(task["index"]) < len(config["cluster"].get(task["type"], [])):
+        jobs, task = config["cluster"], config["task"]
+        if not any(isinstance(jobs.get(t), list) and jobs[t] for t in TRAINING_TASKS):
+            raise ValueError("cluster.worker (or cluster.chief) must be a non-empty list")
+        if task["type"] not in TASK_TYPES:
+            raise ValueError(
+                f"task.type {task['type']!r} is not worker or chief (or evaluator); tfgpu "
+                "trains with collectives, not parameter servers"
+            )
+        if not 0 <= int(task["index"]) < len(jobs.get(task["type"], [])):
             raise ValueError(f"task.index {task['index']} is out of range")
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise DistributeError(
             f"TF_CONFIG is malformed ({err}); expected "
             '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": N}}'
         ) from None
     return config
+
+
+def training_tasks(config: dict) -> list[str]:
+    """``host:port`` of every task of a TF_CONFIG dict that trains: the chief, then workers."""
+    return [a for t in TRAINING_TASKS for a in config["cluster"].get(t) or []]
+
+
+def task_index(config: dict) -> int:
+    """This task's index among ``training_tasks`` (-1 for an evaluator)."""
+    task, jobs = config["task"], config["cluster"]
+    if task["type"] == "evaluator":
+        return -1
+    chiefs = len(jobs.get("chief") or []) if task["type"] == "worker" else 0
+    return chiefs + int(task["index"])
 
 
 def is_evaluator() -> bool:
@@ -57,12 +120,14 @@ def cluster() -> dict:
 
 
 def tf_config_workers() -> int:
-    """Workers the cluster names (0 without one)."""
-    return len(cluster().get("cluster", {}).get("worker", []))
+    """Training tasks (chief and workers) the cluster names (0 without one)."""
+    config = cluster()
+    return len(training_tasks(config)) if config else 0
 
 
 def worker_address(task: int) -> str:
-    """``host:port`` of worker ``task`` of the cluster, or "" when unknown."""
+    """``host:port`` of task ``task`` of the cluster's worker job (as TensorFlow's errors number
+    them), or "" when unknown."""
     try:
         workers = cluster().get("cluster", {}).get("worker", [])
     except DistributeError:
@@ -71,29 +136,55 @@ def worker_address(task: int) -> str:
 
 
 def multi_process() -> bool:
-    """True in a run of several processes (horovodrun, or a cluster of several workers);
-    False when the environment says nothing usable."""
+    """True in a run of several processes; False when the environment says nothing usable."""
     try:
-        return under_horovodrun() or tf_config_workers() > 1
-    except DistributeError:
+        return world().size > 1
+    except (DistributeError, ValueError):
         return False
 
 
-def resolve_strategy(name: str, num_gpus: int) -> str:
-    """Resolves ``auto`` from the environment (``num_gpus``: physical GPUs of this machine);
-    other names are returned as they are."""
+def resolve_strategy(name: str, num_gpus: int, horovod_mpi: bool = False) -> str:
+    """Resolves ``auto`` from the launcher (``num_gpus``: physical GPUs of this machine;
+    ``horovod_mpi``: an installed Horovod has its MPI controller); other names are returned
+    as they are. Under mpirun without Horovod-with-MPI, multi_worker_mirrored builds its
+    cluster from the MPI world."""
     if name != "auto":
         return name
-    if under_horovodrun():
+    found = world()
+    if found.launcher == "horovodrun" or (found.launcher == "mpirun" and horovod_mpi):
         return "horovod"
-    if tf_config_workers() > 1:
+    if found.size > 1:
         return "multi_worker_mirrored"
     return "mirrored" if num_gpus > 1 else "default"
 
 
+def check_world(strategy: str, found: World) -> None:
+    """Raises a one-line DistributeError when the resolved ``strategy`` cannot make one job of
+    the processes ``found`` says were started: N processes never train N copies silently."""
+    if found.size <= 1:
+        return
+    many = f"this is process {found.rank} of {found.size} ({found.evidence})"
+    if strategy in SINGLE_PROCESS:
+        raise DistributeError(
+            f"--strategy={strategy} trains on one machine, but {many}: they would train "
+            f"{found.size} separate copies into one --model_dir; use --strategy=auto"
+        )
+    if strategy == "horovod" and found.launcher not in ("horovodrun", "mpirun"):
+        raise DistributeError(
+            f"--strategy=horovod needs horovodrun or mpirun, but {many}; use --strategy=auto "
+            "(multi_worker_mirrored over that cluster)"
+        )
+    if strategy == "multi_worker_mirrored" and found.launcher == "horovodrun":
+        raise DistributeError(
+            f"--strategy=multi_worker_mirrored does not run under horovodrun ({many}); use "
+            "--strategy=horovod, or mpirun / TF_CONFIG / tfgpu.launch"
+        )
+
+
 def advertised_host() -> str:
     """This process's address as the other workers reach it: its cluster address's host, or
-    (under horovodrun) the address of the route to horovodrun's rendezvous server."""
+    (under horovodrun) the address of the route to horovodrun's rendezvous server, else
+    ``local_address()``."""
     config = cluster()
     if config:
         task = config["task"]
@@ -108,4 +199,26 @@ def advertised_host() -> str:
             pass
         finally:
             probe.close()
-    return socket.gethostbyname(socket.gethostname())
+    return local_address()
+
+
+def local_address() -> str:
+    """How other machines can reach this one: its host name where that resolves to an address
+    other than loopback (Kubernetes pods, /etc/hosts, DNS), else its first IPv4 address that is
+    not loopback, else 127.0.0.1."""
+    name = socket.getfqdn()
+    try:
+        if not socket.gethostbyname(name).startswith("127."):
+            return name
+    except OSError:
+        pass
+    import psutil  # noqa: PLC0415  (only here: a one-machine run never asks)
+
+    stats = psutil.net_if_stats()
+    for interface, addresses in psutil.net_if_addrs().items():
+        if interface in stats and not stats[interface].isup:
+            continue
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return address.address
+    return "127.0.0.1"

@@ -18,17 +18,17 @@ _PORT_BASE, _PORT_SLOTS, _PORTS_PER_STEP = 20000, 2500, 16
 
 def in_slurm_step(environ=os.environ) -> bool:
     """True in a task of an srun step with more than one task."""
-    return "SLURM_PROCID" in environ and _tasks(environ) > 1
+    return "SLURM_PROCID" in environ and tasks(environ) > 1
 
 
 def tf_config(environ=os.environ) -> dict:
     """The TF_CONFIG dict of this task: every task of the step a worker, ``host:port``."""
     nodes = expand_hostlist(_first(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"))
     counts = expand_counts(_first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
-    if len(nodes) != len(counts) or sum(counts) != _tasks(environ):
+    if len(nodes) != len(counts) or sum(counts) != tasks(environ):
         raise DistributeError(
             f"Slurm's variables disagree: {len(nodes)} nodes, tasks per node {counts}, "
-            f"{_tasks(environ)} tasks"
+            f"{tasks(environ)} tasks"
         )
     distribution = environ.get("SLURM_DISTRIBUTION", "block").split(":")[0]
     if distribution not in ("block", "*", ""):
@@ -99,7 +99,8 @@ def expand_counts(expression: str) -> list[int]:
     return out
 
 
-def _tasks(environ) -> int:
+def tasks(environ) -> int:
+    """Tasks of this srun step (1 outside one)."""
     return int(_first(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", default="1"))
 
 

@@ -1,0 +1,173 @@
+"""One job under every launcher, for real: ``mpirun`` (Open MPI, as Kubeflow's MPIJob starts
+processes) with Horovod's MPI controller and without Horovod, and a TFJob-style TF_CONFIG
+(chief + worker, DNS names, ``"environment": "cloud"``). Each 2-process run ends with one
+weights fingerprint and the weights of a one-process run (within 1e-5 of the largest weight),
+on tiny_cnn and on resnet18 with synchronized BatchNorm; a strategy that cannot join the
+processes stops them all in one line."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import TINY_RUN, cli_flags, final_weights
+
+from tfgpu import launch, train
+from tfgpu.config import config_from, validate
+
+TIMEOUT_S = 240
+BN_RUN = dict(TINY_RUN, model="resnet18", small_input=True, train_steps=4, sync_batchnorm=True)
+BN_RUN.update(steps_per_loop=2, log_every_steps=2, checkpoint_every_steps=4, drop_path_rate=0.0)
+RUNS = {"tiny_cnn": TINY_RUN, "resnet18": BN_RUN}
+
+
+@pytest.fixture(scope="module")
+def references(small_dataset, tmp_path_factory):
+    """``reference(model)``: the final weights of one default process (made once each)."""
+    made = {}
+
+    def reference(model: str):
+        if model not in made:
+            model_dir = str(tmp_path_factory.mktemp(f"reference-{model}"))
+            values = dict(RUNS[model], strategy="default")
+            train.run(validate(config_from(data_dir=small_dataset, model_dir=model_dir, **values)))
+            made[model] = final_weights(model_dir)
+        return made[model]
+
+    return reference
+
+
+def mpirun_missing() -> str | None:
+    return None if shutil.which("mpirun") else "no mpirun: apt-get install openmpi-bin (.ci/run)"
+
+
+def horovod_mpi_missing() -> str | None:
+    code = "import horovod.tensorflow as h; raise SystemExit(0 if h.mpi_built() else 1)"
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, env=_env())
+    return None if probe.returncode == 0 else "Horovod with MPI not installed (make test builds it)"
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    # Open MPI refuses root unless told; CI runs as root.
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return dict(env, TF_CPP_MIN_LOG_LEVEL="3", **extra)
+
+
+def mpirun(args: list[str], np_: int = 2) -> list[str]:
+    """``mpirun -np N`` as MPIJob users run it: no binding (TensorFlow's thread pools span the
+    cores), then ``python -m tfgpu.main args``."""
+    return [
+        "mpirun",
+        "-np",
+        str(np_),
+        "--bind-to",
+        "none",
+        sys.executable,
+        "-m",
+        "tfgpu.main",
+        *args,
+    ]
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def check_one_job(out, model_dir, reference, strategy: str, replicas: int = 2) -> None:
+    """The processes ran as one job: exit 0, one fingerprint, the chief's summary says so, and
+    the weights equal the one-process run's within 1e-5 of the largest weight."""
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    pattern = r"worker (\d+)/\d+ weights_sha256 (\w+)"
+    found = dict(re.findall(pattern, text))
+    assert sorted(found) == [str(i) for i in range(replicas)], text[-3000:]
+    assert len(set(found.values())) == 1, f"the processes ended with different weights: {found}"
+    with open(os.path.join(model_dir, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    assert (summary["strategy"], summary["num_replicas"]) == (strategy, replicas)
+    weights = final_weights(model_dir)
+    scale = max(float(np.abs(w).max()) for w in reference)
+    assert len(weights) == len(reference) > 0
+    for a, b in zip(weights, reference):
+        np.testing.assert_allclose(a, b, atol=1e-5 * scale, rtol=0)
+
+
+needs_mpirun = pytest.mark.skipif(mpirun_missing() is not None, reason=str(mpirun_missing()))
+
+
+@needs_mpirun
+@pytest.mark.parametrize("model", ["tiny_cnn", pytest.param("resnet18", marks=pytest.mark.heavy)])
+def test_mpirun_auto_is_one_horovod_job(model, references, small_dataset, tmp_path):
+    reason = horovod_mpi_missing()
+    if reason:
+        pytest.skip(reason)
+    flags = cli_flags(RUNS[model], data_dir=small_dataset, model_dir=tmp_path, strategy="auto")
+    out = _run(mpirun(flags))
+    check_one_job(out, tmp_path, references(model), "horovod")
+
+
+@needs_mpirun
+@pytest.mark.parametrize("model", ["tiny_cnn", "resnet18"])
+def test_mpirun_multi_worker_mirrored_needs_no_horovod(model, references, small_dataset, tmp_path):
+    # Horovod hidden: the cluster comes from the MPI world alone (addresses through mpi4py).
+    strategy = "multi_worker_mirrored"
+    flags = cli_flags(RUNS[model], data_dir=small_dataset, model_dir=tmp_path, strategy=strategy)
+    hide = os.path.join(tmp_path, "no-horovod")
+    os.makedirs(os.path.join(hide, "horovod"))
+    with open(os.path.join(hide, "horovod", "__init__.py"), "w", encoding="utf-8") as f:
+        f.write("raise ImportError('hidden by the test')\n")
+    cmd = mpirun(flags)
+    env_path = os.pathsep.join(p for p in (hide, os.environ.get("PYTHONPATH", "")) if p)
+    out = subprocess.run(
+        cmd, env=_env(PYTHONPATH=env_path), capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    check_one_job(out, tmp_path, references(model), strategy)
+
+
+@needs_mpirun
+def test_mpirun_with_a_one_machine_strategy_stops_every_process_in_one_line(
+    small_dataset, tmp_path
+):
+    flags = cli_flags(TINY_RUN, data_dir=small_dataset, model_dir=tmp_path, strategy="mirrored")
+    out = _run(mpirun(flags))
+    errors = [line for line in (out.stdout + out.stderr).splitlines() if "tfgpu: error" in line]
+    assert out.returncode == 2 and len(errors) == 2, out.stdout + out.stderr
+    assert "OMPI_COMM_WORLD_SIZE=2" in errors[0] and "2 separate copies" in errors[0]
+    assert os.listdir(tmp_path) == [], "nothing is written"
+
+
+def tfjob_configs(host: str = "localhost") -> list[str]:
+    """TF_CONFIG of a TFJob's chief and worker: DNS names, ``"environment": "cloud"``."""
+    chief, worker = (f"{host}:{p}" for p in launch.free_ports(2))
+    cluster = {"chief": [chief], "worker": [worker]}
+    tasks = [{"type": "chief", "index": 0}, {"type": "worker", "index": 0}]
+    return [json.dumps({"cluster": cluster, "task": t, "environment": "cloud"}) for t in tasks]
+
+
+@pytest.mark.parametrize("model", ["tiny_cnn", pytest.param("resnet18", marks=pytest.mark.heavy)])
+def test_a_tfjob_chief_and_worker_are_one_job_and_only_the_chief_writes(
+    model, references, small_dataset, tmp_path
+):
+    dirs = [tmp_path / "chief", tmp_path / "worker"]  # node-local, as pods have
+    procs = []
+    for tf_config, model_dir in zip(tfjob_configs(), dirs):
+        flags = cli_flags(RUNS[model], data_dir=small_dataset, model_dir=model_dir)
+        cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=auto", *flags]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                env=_env(TF_CONFIG=tf_config),
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    outs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
+    merged = subprocess.CompletedProcess([], max(p.returncode for p in procs), "\n".join(outs), "")
+    check_one_job(merged, dirs[0], references(model), "multi_worker_mirrored")
+    assert set(os.listdir(dirs[1])) <= {"config.json"}, "the worker wrote results"

@@ -1,0 +1,54 @@
+"""An MPI world (``mpirun``, Kubeflow's MPIJob) as a multi-worker cluster, so that
+multi_worker_mirrored needs no Horovod: every process picks a free port and the address the
+others reach it at (``env.local_address``), and MPI's allgather hands every process the whole
+list, in rank order. Rank 0 is worker 0, the chief. No TensorFlow here.
+
+MPI carries these few bytes only; TensorFlow's collectives then run over their own gRPC
+connections. mpi4py is an optional extra (``pip install 'tfgpu[mpi]'``).
+"""
+
+import socket
+
+from tfgpu.distribute import DistributeError, env
+
+
+def free_port() -> int:
+    """A TCP port that is free now on every interface (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _comm_world():
+    try:
+        from mpi4py import MPI  # noqa: PLC0415  (MPI_Init happens at this import)
+    except ImportError:
+        raise DistributeError(
+            "multi_worker_mirrored under mpirun exchanges the workers' addresses through MPI: "
+            "pip install 'tfgpu[mpi]' (mpi4py), or build Horovod with MPI "
+            "(bash tools/install_horovod.sh) and use --strategy=auto"
+        ) from None
+    return MPI.COMM_WORLD
+
+
+def cluster_from(entries: list[dict], rank: int) -> dict:
+    """The TF_CONFIG dict of rank ``rank`` from every rank's ``{"host", "address", "port"}``:
+    all on one machine, they meet on localhost; otherwise each at its own address."""
+    one_machine = len({e["host"] for e in entries}) == 1
+    workers = [f"{'localhost' if one_machine else e['address']}:{e['port']}" for e in entries]
+    return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+
+
+def tf_config(found: env.World) -> dict:
+    """This process's TF_CONFIG dict, built with the other ranks of ``found`` (an MPI world);
+    a collective: every rank calls it. Raises DistributeError when mpi4py is missing or sees
+    another world than the launcher's variables (mpi4py built for another MPI)."""
+    comm = _comm_world()
+    if comm.Get_size() != found.size:
+        raise DistributeError(
+            f"mpi4py sees {comm.Get_size()} process(es) but {found.evidence}: mpi4py is built "
+            "for another MPI than the mpirun that started this job; reinstall it against that "
+            "MPI (pip install --no-binary mpi4py mpi4py)"
+        )
+    mine = {"host": socket.gethostname(), "address": env.local_address(), "port": free_port()}
+    return cluster_from(comm.allgather(mine), comm.Get_rank())
