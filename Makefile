@@ -1,20 +1,21 @@
 # The two commands of the README. Both set everything up on a fresh machine (a virtualenv in
-# .venv with tfgpu and TensorFlow; `make test` also Horovod, built once and cached).
+# .venv with tfgpu and TensorFlow; `make test` also Open MPI, sshd and iproute2 from the
+# system's packages, then Horovod with MPI and Gloo, built once and cached).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-heavy test-fast install horovod bench
+.PHONY: demo test test-heavy test-fast install horovod system bench
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
-test: install horovod
+test: system install horovod
 	$(PY) -m pytest -q --durations=25 tests
 
 # Everything, with the opt-in heavy tests too (tests/conftest.py: HEAVY_ENV).
-test-heavy: install horovod
+test-heavy: system install horovod
 	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q --durations=25 tests
 
 # The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
@@ -29,6 +30,10 @@ $(STAMP): setup.cfg setup.py
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
+
+# Before Horovod: with Open MPI present, Horovod is built with its MPI controller too.
+system:
+	bash tools/install_system_packages.sh
 
 horovod: install
 	PYTHON=$(PY) bash tools/install_horovod.sh

@@ -112,7 +112,7 @@ def test_mpirun_auto_is_one_horovod_job(model, references, small_dataset, tmp_pa
 
 
 @needs_mpirun
-@pytest.mark.parametrize("model", ["tiny_cnn", "resnet18"])
+@pytest.mark.parametrize("model", [pytest.param("tiny_cnn", marks=pytest.mark.heavy), "resnet18"])
 def test_mpirun_multi_worker_mirrored_needs_no_horovod(model, references, small_dataset, tmp_path):
     # Horovod hidden: the cluster comes from the MPI world alone (addresses through mpi4py).
     strategy = "multi_worker_mirrored"

@@ -124,3 +124,45 @@ def test_horovodrun_across_two_hosts_over_ssh(hosts, sshd, reference, small_data
     # horovodrun's ssh check, the task service that tested the interfaces, rank 1.
     assert sshd.sessions_from(a.address) == 3, open(sshd.log).read()
     _check_trained(tmp_path / a.name, tmp_path / b.name, output, reference)
+
+
+# An MPI rank says where it runs, then trains with a node-local --model_dir.
+_MPI_RANK = (
+    'echo "mpi rank $OMPI_COMM_WORLD_RANK on $(hostname) via ${SSH_CONNECTION:-no ssh}"; '
+    'exec "$@" --model_dir="$0/$(hostname)"'
+)
+
+
+def _mpirun_across(hosts, sshd, flags: list, tmp_path) -> str:
+    """``mpirun -H a,b`` started on host a, as Kubeflow's MPIJob launcher does: Open MPI starts
+    its daemon on b over ssh (port SSH_PORT), the ranks find each other over eth0."""
+    a, b = hosts.hosts
+    cmd = ["mpirun", "-np", "2", "-H", f"{a.name}:1,{b.name}:1", "--bind-to", "none"]
+    cmd += ["--mca", "plm_rsh_args", f"-p {SSH_PORT}"]
+    cmd += ["--mca", "oob_tcp_if_include", "eth0", "--mca", "btl_tcp_if_include", "eth0"]
+    cmd += ["-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL", "-x", "PYTHONPATH"]
+    cmd += ["sh", "-c", _MPI_RANK, str(tmp_path), sys.executable, "-m", "tfgpu.main", *flags]
+    log = str(tmp_path / "mpirun.log")
+    env = _env(PATH=f"{sshd.bin_dir}:{os.environ['PATH']}", PYTHONPATH=os.pathsep.join(sys.path))
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    (output,) = hosts.wait([hosts.start(a, cmd, log, env=env)], [log], TIMEOUT_S)
+    ranks = dict(re.findall(r"mpi rank (\d) on (\S+) via", output))
+    assert ranks == {"0": a.name, "1": b.name}, output[-3000:]
+    assert re.search(rf"mpi rank 1 on {b.name} via {a.address} \d+ {b.address} {SSH_PORT}", output)
+    return output
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun: apt-get install openmpi-bin")
+@pytest.mark.parametrize(
+    "strategy", ["multi_worker_mirrored", pytest.param("auto", marks=pytest.mark.heavy)]
+)
+def test_mpirun_across_two_hosts(strategy, hosts, sshd, reference, small_dataset, tmp_path):
+    """Without Horovod, multi_worker_mirrored builds its cluster from the MPI world: each
+    rank's address (its host name, which resolves to eth0 there) travels through MPI. With
+    Horovod built with MPI, auto is Horovod over MPI."""
+    flags = cli_flags(FLAGS, data_dir=small_dataset, strategy=strategy)
+    output = _mpirun_across(hosts, sshd, flags, tmp_path)
+    expected = "horovod" if strategy == "auto" else strategy
+    assert f"{expected}: 2 replica(s)" in output, output[-3000:]
+    a, b = hosts.hosts
+    _check_trained(tmp_path / a.name, tmp_path / b.name, output, reference)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# tools/install_system_packages.sh - the system packages the whole test suite uses, from
+# Debian's packages: Open MPI (mpirun, and mpicxx so that tools/install_horovod.sh builds
+# Horovod's MPI controller), sshd/ssh and iproute2 (tests/test_multihost.py's two hosts).
+#
+# Installs only what is missing, with apt-get as root or through password-less sudo. Without
+# either it says so and exits 0: the tests that need a missing tool skip and say why.
+set -uo pipefail
+
+have() { command -v "$1" >/dev/null 2>&1 || [[ -x "/usr/sbin/$1" ]]; }
+missing=()
+have mpirun || missing+=(openmpi-bin)
+have mpicxx || missing+=(libopenmpi-dev)
+have sshd || missing+=(openssh-server)
+have ssh && have ssh-keygen || missing+=(openssh-client)
+have ip || missing+=(iproute2)
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+sudo=""
+[[ "$(id -u)" == 0 ]] || sudo="sudo -n"
+if command -v apt-get >/dev/null 2>&1 &&
+  $sudo apt-get update -qq &&
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null; then
+  echo "[system packages] installed ${missing[*]}"
+else
+  echo "[system packages] could not install ${missing[*]} (needs apt-get as root or" \
+    "password-less sudo); the mpirun and multi-host tests will skip" >&2
+fi
+exit 0
