@@ -163,3 +163,13 @@ def test_an_mpi_world_becomes_one_cluster_in_rank_order():
 def test_the_local_address_is_never_loopback_when_another_exists():
     address = env.local_address()
     assert address and (not address.startswith("127.") or address == "127.0.0.1")
+
+
+@pytest.mark.fast
+def test_each_local_mpi_rank_gets_its_share_of_the_machines_gpus():
+    local = {"OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    assert mpi.local_gpus(8, local) == [4, 5]
+    assert mpi.local_gpus(1, local) == [0]  # the launcher already gave each rank its own
+    hydra = {"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+    assert mpi.local_gpus(2, hydra) == [1]
+    assert mpi.local_gpus(4, {}) == [0, 1, 2, 3]

@@ -27,6 +27,16 @@ COMMUNICATIONS = ("auto", "ring", "nccl")
 HVD_COMPRESSIONS = ("none", "fp16")
 
 
+def gpu_share(num_gpus: int, local_id: int, local_tasks: int) -> list[int]:
+    """Positions, among the ``num_gpus`` GPUs a process sees, of those local process
+    ``local_id`` of ``local_tasks`` on its machine should use: an equal share each, or all of
+    them when each process already sees only its own (the launcher made them visible)."""
+    if num_gpus < 2 or local_tasks < 2 or num_gpus < local_tasks:
+        return list(range(num_gpus))
+    share = num_gpus // local_tasks
+    return list(range(local_id * share, (local_id + 1) * share))
+
+
 @dataclass(frozen=True)
 class InputShard:
     """Which slice of the data one input pipeline reads: pipeline ``index`` of ``count``."""

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tfgpu import compat
 from tfgpu.distribute import DistributeError, InputShard, env, mpi, slurm
-from tfgpu.distribute.devices import configure_devices, pin_to_local_gpu, pin_to_slurm_gpus
+from tfgpu.distribute.devices import configure_devices, pin_to_local_gpu, pin_to_local_gpus
 from tfgpu.distribute.env import resolve_strategy
 
 
@@ -427,10 +427,12 @@ def setup(dist) -> "StrategyBackend | HorovodBackend":
     gpus = len(tf.config.list_physical_devices("GPU"))
     name = resolve_strategy(dist.strategy, gpus, horovod_mpi=mpirun and horovod_has_mpi())
     env.check_world(name, found)
-    if name == "multi_worker_mirrored" and mpirun and found.size > 1 and not env.cluster():
-        # Set where every reader of the cluster (consensus, heartbeats, errors) finds it.
-        os.environ["TF_CONFIG"] = json.dumps(mpi.tf_config(found))
-    if name == "multi_worker_mirrored" and slurm.in_slurm_step():
-        pin_to_slurm_gpus()
+    if name == "multi_worker_mirrored" and mpirun and found.size > 1:
+        if not env.cluster():
+            # Set where every reader of the cluster (consensus, heartbeats, errors) finds it.
+            os.environ["TF_CONFIG"] = json.dumps(mpi.tf_config(found))
+        pin_to_local_gpus(mpi.local_gpus)
+    elif name == "multi_worker_mirrored" and slurm.in_slurm_step():
+        pin_to_local_gpus(slurm.local_gpus)
     configure_devices(dist.logical_cpu_devices)
     return build_backend(name, dist)

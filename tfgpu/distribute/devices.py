@@ -52,11 +52,12 @@ def pin_to_local_gpu(local_rank: int, config=tf.config) -> None:
         ) from None
 
 
-def pin_to_slurm_gpus(config=tf.config) -> None:
-    """Under srun, makes this task see its share of the GPUs Slurm made visible
-    (``slurm.local_gpus``: all of them with --gpus-per-task, else its local task's equal
-    share of the node's); before TensorFlow's runtime starts, like ``pin_to_local_gpu``."""
+def pin_to_local_gpus(local_gpus=slurm.local_gpus, config=tf.config) -> None:
+    """Makes this process see only its share of its machine's GPUs, ``local_gpus(num_gpus)``
+    (``slurm.local_gpus`` under srun: all of them with --gpus-per-task, else its local task's
+    equal share; ``mpi.local_gpus`` under mpirun: its local rank's share); before
+    TensorFlow's runtime starts, like ``pin_to_local_gpu``."""
     gpus = config.list_physical_devices("GPU")
-    mine = [gpus[i] for i in slurm.local_gpus(len(gpus))]
+    mine = [gpus[i] for i in local_gpus(len(gpus))]
     if len(mine) < len(gpus):
         config.set_visible_devices(mine, "GPU")

@@ -7,9 +7,28 @@ MPI carries these few bytes only; TensorFlow's collectives then run over their o
 connections. mpi4py is an optional extra (``pip install 'tfgpu[mpi]'``).
 """
 
+import os
 import socket
 
-from tfgpu.distribute import DistributeError, env
+from tfgpu.distribute import DistributeError, env, gpu_share
+
+
+# (local rank, local size) variables: Open MPI, MPICH/Intel MPI's Hydra, MVAPICH.
+_LOCAL_VARIABLES = (
+    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"),
+)
+
+
+def local_gpus(num_gpus: int, environ=os.environ) -> list[int]:
+    """Positions, among the ``num_gpus`` GPUs this rank sees, of those it should use: its
+    equal share of the machine's, by its local rank (``mpirun -np 8`` on an 8-GPU machine:
+    one each), since multi_worker_mirrored would otherwise take every GPU in every rank."""
+    for rank_name, size_name in _LOCAL_VARIABLES:
+        if rank_name in environ and size_name in environ:
+            return gpu_share(num_gpus, int(environ[rank_name]), int(environ[size_name]))
+    return list(range(num_gpus))
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ import itertools
 import os
 import re
 
-from tfgpu.distribute import DistributeError
+from tfgpu.distribute import DistributeError, gpu_share
 
 _PORT_BASE, _PORT_SLOTS, _PORTS_PER_STEP = 20000, 2500, 16
 
@@ -57,11 +57,7 @@ def local_gpus(num_gpus: int, environ=os.environ) -> list[int]:
     local_tasks = expand_counts(
         _first(environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", default="1")
     )[int(environ.get("SLURM_NODEID", 0))]
-    local_id = int(environ.get("SLURM_LOCALID", 0))
-    if num_gpus < 2 or local_tasks < 2 or num_gpus < local_tasks:
-        return list(range(num_gpus))
-    share = num_gpus // local_tasks
-    return list(range(local_id * share, (local_id + 1) * share))
+    return gpu_share(num_gpus, int(environ.get("SLURM_LOCALID", 0)), local_tasks)
 
 
 def expand_hostlist(expression: str) -> list[str]:
