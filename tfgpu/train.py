@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu import compat
+from tfgpu import compat, runlock
 from tfgpu.actions import LoopState, default_actions, eval_context, phase
 from tfgpu.build import Training, build, class_weights_for, probe_input, train_batches, train_maker
 from tfgpu.checkpoints import refresh_derived_state
@@ -194,18 +194,29 @@ def _start_line(training: Training) -> str:
 
 
 def run(config: Config) -> dict:
-    """Trains, evaluates and exports as ``config`` says; returns the summary (also written)."""
+    """Trains, evaluates and exports as ``config`` says; returns the summary (also written).
+    The chief holds --model_dir's lock (``runlock``) from before it writes anything there to
+    the end: a second run into the same directory stops, on every one of its workers."""
     backend = backends.setup(config.dist)
+    with runlock.held(config.model_dir, backend.is_chief) as in_use:
+        if in_use and backend.num_workers == 1:
+            raise ConfigError(in_use)
+        return _run(config, backend, in_use)
+
+
+def _run(config: Config, backend, in_use: str) -> dict:
+    """``run`` once the backend is set up (``in_use``: the chief's lock error, which every
+    worker stops with at the start-up agreement)."""
     multi = backend.num_workers > 1
     config = resolve(config, has_gpu=bool(tf.config.list_logical_devices("GPU")))
     keras.utils.set_random_seed(config.seed)
     broken.forget()
     compat.set_op_determinism(config.deterministic)
-    writer = RunWriter(config.model_dir, backend.is_chief)
-    writer.write_config(config, backend)
     started = time.time()
     sock, heartbeat = heartbeats.open_socket(env.advertised_host()) if multi else (None, "")
-    spec, class_weights, fingerprints = _agreed_spec(config, backend, heartbeat)
+    spec, class_weights, fingerprints = _agreed_spec(config, backend, heartbeat, in_use)
+    writer = RunWriter(config.model_dir, backend.is_chief)
+    writer.write_config(config, backend)
     r = build(config, backend, spec, class_weights)
     if multi:
         _heartbeats(r, sock, fingerprints)
@@ -277,21 +288,22 @@ def _export(r: Training, writer: RunWriter) -> None:
     refresh_derived_state(r.model)
 
 
-def _agreed_spec(config: Config, backend, heartbeat: str) -> tuple:
+def _agreed_spec(config: Config, backend, heartbeat: str, in_use: str = "") -> tuple:
     """(this worker's data spec, its class weights: float64 [K] or None, every worker's
     fingerprint), once every worker has a spec and all agree on it, on the settings, on the
     tfgpu version and on the class weights each read (``consensus.agree``): the run trains
     with these weights, --class_weights is not read again. A worker that cannot read its
     data or its class weights still takes part, so that every worker stops with the same
-    line, naming it. ``heartbeat``: where this worker's heartbeats are heard."""
-    spec, weights, error = None, None, ""
+    line, naming it. ``heartbeat``: where this worker's heartbeats are heard; ``in_use``:
+    the chief found --model_dir held by another run."""
+    spec, weights, error = None, None, in_use
     try:
         spec = data_spec.load_spec(config.data)
         weights = class_weights_for(config, spec)
     except (data_spec.DataError, ConfigError) as err:
         if backend.num_workers == 1:
             raise
-        error = str(err)
+        error = error or str(err)
     summary = spec.summary() if spec else None
     listed = None if weights is None else weights.tolist()
     mine = consensus.fingerprint(config.shared(), summary, error, listed)

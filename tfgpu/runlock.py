@@ -1,0 +1,63 @@
+"""One run per --model_dir: the chief holds a lock on ``<model_dir>/.tfgpu.lock`` while it
+trains, so a second run started into the same directory (another job, a forgotten terminal, a
+launcher that started N copies) stops in one line naming the holder instead of writing over it.
+
+An advisory ``flock``: the kernel drops it when the process ends, however it ends (a killed or
+preempted run leaves no stale lock to clean up), and NFS clients emulate it with POSIX locks.
+No TensorFlow here.
+"""
+
+import contextlib
+import datetime
+import fcntl
+import os
+import socket
+
+LOCK_FILE = ".tfgpu.lock"
+_HELD: dict = {}  # real path of a model_dir -> the open lock file of this process
+
+
+def claim(model_dir: str) -> str:
+    """Takes the lock of ``model_dir`` for this process; returns "" on success (also when this
+    process holds it already), else one line naming the run that holds it."""
+    key = os.path.realpath(model_dir)
+    if key in _HELD:
+        return ""
+    os.makedirs(model_dir, exist_ok=True)
+    f = open(os.path.join(model_dir, LOCK_FILE), "a+", encoding="utf-8")  # noqa: SIM115
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        return (
+            f"--model_dir={model_dir} is in use by another run ({holder}): two runs would "
+            "write one --model_dir; stop that run, or choose another --model_dir"
+        )
+    f.seek(0)
+    f.truncate()
+    since = datetime.datetime.now().isoformat(timespec="seconds")
+    f.write(f"host {socket.gethostname()}, pid {os.getpid()}, since {since}\n")
+    f.flush()
+    _HELD[key] = f
+    return ""
+
+
+def release(model_dir: str) -> None:
+    """Drops this process's lock of ``model_dir`` (closing the file releases it)."""
+    f = _HELD.pop(os.path.realpath(model_dir), None)
+    if f is not None:
+        f.close()
+
+
+@contextlib.contextmanager
+def held(model_dir: str, take: bool):
+    """Claims ``model_dir`` for the block when ``take`` (the chief); yields the error line
+    ("" when free or not taken), and releases the lock after the block."""
+    error = claim(model_dir) if take else ""
+    try:
+        yield error
+    finally:
+        if take and not error:
+            release(model_dir)
