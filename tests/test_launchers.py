@@ -22,12 +22,12 @@ LAUNCHER_VARIABLES = (
     "SLURM_NTASKS",
 )
 
-# What Kubeflow's TFJob writes for a chief, one worker and an evaluator (DNS names, cloud).
+# What Kubeflow's TFJob writes for a chief, one worker and an evaluator (DNS names, cloud):
+# the evaluator is left out of the cluster, since it is not part of training.
 TFJOB = {
     "cluster": {
         "chief": ["job-chief-0.job.default.svc:2222"],
         "worker": ["job-worker-0.job.default.svc:2222"],
-        "evaluator": ["job-evaluator-0.job.default.svc:2222"],
     },
     "environment": "cloud",
 }

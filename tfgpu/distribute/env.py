@@ -77,7 +77,10 @@ def read_tf_config(environ=os.environ) -> dict:
                 f"task.type {task['type']!r} is not worker or chief (or evaluator); tfgpu "
                 "trains with collectives, not parameter servers"
             )
-        if not 0 <= int(task["index"]) < len(jobs.get(task["type"], [])):
+        index = int(task["index"])
+        # TFJob leaves its evaluator out of the cluster: it is not part of training.
+        listed = len(jobs.get(task["type"]) or []) if task["type"] != "evaluator" else index + 1
+        if not 0 <= index < listed:
             raise ValueError(f"task.index {task['index']} is out of range")
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise DistributeError(
