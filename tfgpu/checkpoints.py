@@ -24,7 +24,7 @@ class Checkpoints:
     def __init__(self, tracked: dict, backend, model_dir: str, keep: int, optional=()):
         self.directory = os.path.join(model_dir, "checkpoints")
         self.checkpoint = tf.train.Checkpoint(**tracked)
-        self._tracked, self._optional = tracked, frozenset(optional)
+        self.tracked, self._optional = tracked, frozenset(optional)
         self._backend = backend
         self._model = tracked.get("model")  # None: no Keras model among them
         self._step = tracked["step"]
@@ -54,7 +54,7 @@ class Checkpoints:
         paths = list(reversed(state.all_model_checkpoint_paths)) if state else []
         for path in paths:
             try:
-                missing = self._restore(path)
+                missing = self.read(path)
             except DAMAGED as err:
                 reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
                 _warn(f"checkpoint {path} does not read back ({reason}); trying an older one")
@@ -73,14 +73,16 @@ class Checkpoints:
             )
         return ""
 
-    def _restore(self, path: str) -> list[str]:
-        """Restores ``path``, every entry it must hold matched; returns the optional entries
-        it lacks (restored from the others alone)."""
+    def read(self, path: str) -> list[str]:
+        """Restores ``path`` into this process's objects alone (no broadcast; the side-car
+        evaluator reads each checkpoint so), every entry it must hold matched; returns the
+        optional entries it lacks (restored from the others alone). Raises one of DAMAGED
+        when ``path`` does not read back."""
         present = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
         missing = sorted(name for name in self._optional if name not in present)
         checkpoint = self.checkpoint
         if missing:
-            kept = {k: v for k, v in self._tracked.items() if k not in missing}
+            kept = {k: v for k, v in self.tracked.items() if k not in missing}
             checkpoint = tf.train.Checkpoint(**kept)
         checkpoint.restore(path).assert_existing_objects_matched()
         return missing

@@ -189,6 +189,13 @@ class TrainConfig:
         "Stop after N evaluations in a row without improving --best_metric (then final "
         "checkpoint, evaluation and export as usual; summary.json says so). 0: off.",
     )
+    sidecar_eval: bool = setting(
+        False,
+        "Evaluation is done by a side-car (python -m tfgpu.evaluate --watch, or a TF_CONFIG "
+        "evaluator task; docs/evaluator.md), not by the loop: no evaluation here, not even at "
+        "the end; --keep_best and --best_metric are the side-car's, and with "
+        "--early_stop_patience the loop ends when its verdict (model_dir/sidecar.json) says so.",
+    )
     export_best: bool = setting(
         False,
         "At the end, export the best evaluated model (by --best_metric) instead of the last "
