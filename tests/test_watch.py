@@ -253,3 +253,9 @@ def test_the_evaluator_task_keeps_the_best_and_stops_the_trainer_early(small_dat
     assert summary["best"] == {"metric": "top5", "step": 4, "value": 1.0}
     state = _read(model_dir, "sidecar.json")
     assert state["step"] == summary["steps"] and state["evals_since_best"] >= 2
+    # best/ckpt-4 is the trainer's checkpoint of step 4, as tfgpu.evaluate reads it.
+    from tfgpu.evaluate import evaluate
+
+    result = evaluate(model_dir, checkpoint="best", log=lambda _: None)
+    row = _rows(model_dir)[0]
+    assert result["step"] == 4 and {k: result[k] for k in KEYS} == {k: row[k] for k in KEYS}

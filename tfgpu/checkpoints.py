@@ -54,7 +54,7 @@ class Checkpoints:
         paths = list(reversed(state.all_model_checkpoint_paths)) if state else []
         for path in paths:
             try:
-                missing = self.read(path)
+                missing = self._restore(path)
             except DAMAGED as err:
                 reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
                 _warn(f"checkpoint {path} does not read back ({reason}); trying an older one")
@@ -73,19 +73,30 @@ class Checkpoints:
             )
         return ""
 
-    def read(self, path: str) -> list[str]:
-        """Restores ``path`` into this process's objects alone (no broadcast; the side-car
-        evaluator reads each checkpoint so), every entry it must hold matched; returns the
-        optional entries it lacks (restored from the others alone). Raises one of DAMAGED
-        when ``path`` does not read back."""
-        present = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
-        missing = sorted(name for name in self._optional if name not in present)
-        checkpoint = self.checkpoint
-        if missing:
-            kept = {k: v for k, v in self.tracked.items() if k not in missing}
-            checkpoint = tf.train.Checkpoint(**kept)
+    def _restore(self, path: str) -> list[str]:
+        """Restores ``path``, every entry it must hold matched; returns the optional entries
+        it lacks (restored from the others alone)."""
+        missing = self._missing(path)
+        checkpoint = self._without(missing) if missing else self.checkpoint
         checkpoint.restore(path).assert_existing_objects_matched()
         return missing
+
+    def read(self, path: str) -> None:
+        """Reads ``path`` into this process's objects alone (no broadcast, no save counter: a
+        best/ checkpoint has none), every entry it must hold matched: how ``tfgpu.use`` (and
+        so the side-car evaluator) reads a checkpoint. Raises one of DAMAGED when ``path``
+        does not read back."""
+        checkpoint = self._without(self._missing(path))
+        checkpoint.read(path).assert_existing_objects_matched().expect_partial()
+
+    def _missing(self, path: str) -> list[str]:
+        """The optional entries checkpoint ``path`` does not hold."""
+        present = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+        return sorted(name for name in self._optional if name not in present)
+
+    def _without(self, missing: list[str]) -> tf.train.Checkpoint:
+        """A checkpoint of every tracked entry but ``missing``."""
+        return tf.train.Checkpoint(**{k: v for k, v in self.tracked.items() if k not in missing})
 
     def save(self, final: bool = False) -> None:
         """Writes a checkpoint. A failed write (disk full, ...) is reported loudly, in words:

@@ -18,7 +18,7 @@ from tfgpu.errors import ConfigError, DataError, UsageError, WorkerLost, run_com
 from tfgpu.flags import config_from_flags, define_flags
 
 define_flags()
-watch.define_flags()  # a TF_CONFIG evaluator task runs the side-car evaluator
+watch.define_flags(switch=False)  # a TF_CONFIG evaluator task runs the side-car evaluator
 FLAGS = flags.FLAGS
 
 

@@ -46,10 +46,10 @@ READ_TRIES = 5  # reads of one checkpoint before it is skipped
 RETRY_S = 1.0  # seconds between them
 
 
-def define_flags() -> None:
-    """--watch, --watch_interval_s, --watch_timeout_s (tfgpu.evaluate's; tfgpu.main's too,
-    for a TF_CONFIG evaluator task)."""
-    if "watch" not in flags.FLAGS:
+def define_flags(switch: bool = True) -> None:
+    """--watch_interval_s, --watch_timeout_s and with ``switch`` --watch: tfgpu.evaluate's;
+    tfgpu.main's too, but --watch, for a TF_CONFIG evaluator task."""
+    if switch and "watch" not in flags.FLAGS:
         flags.DEFINE_bool(
             "watch",
             False,
