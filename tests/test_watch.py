@@ -149,6 +149,22 @@ def test_sidecar_eval_settings():
         validate(config_from(keep_best=2))
 
 
+@pytest.mark.fast
+@pytest.mark.xfail(
+    strict=True,
+    reason="tfgpu/distribute/env.py (not this change's to edit) wants the task in the cluster; "
+    "Kubeflow's TFJob leaves the evaluator out of it (training-operator's genClusterSpec: "
+    "'evaluator is not part of training cluster'), so is_evaluator() says False there",
+)
+def test_a_tfjob_evaluator_is_an_evaluator(monkeypatch):
+    from tfgpu.distribute import env
+
+    cluster = {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"]}  # as TFJob writes it
+    task = {"type": "evaluator", "index": 0}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": task}))
+    assert env.is_evaluator()
+
+
 SIDECAR_RUN = dict(
     TINY_RUN,
     sidecar_eval=True,

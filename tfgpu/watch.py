@@ -17,7 +17,9 @@ How it follows the run:
 
 - config.json is waited for (a watcher may start before the trainer);
 - a checkpoint is read only once the ``checkpoint`` index file names it (the trainer writes
-  the index after the checkpoint's files); a read that fails is tried again ``READ_TRIES``
+  the index after the checkpoint's files), every one it names, in step order
+  (``tf.train.checkpoints_iterator`` yields only the newest at each look, and knows neither
+  the run's end nor a read that fails); a read that fails is tried again ``READ_TRIES``
   times, ``RETRY_S`` apart (its files may be being replaced), then skipped with a warning; one
   deleted (--keep_checkpoints) before it was read is named in a line and skipped;
 - a trainer that restarts writes further checkpoints; steps already evaluated are not again;
