@@ -246,8 +246,9 @@ class SidecarStop(Action):
             return False
         backend = state.training.backend
         blob = json.dumps(read_sidecar(self._model_dir) if backend.is_chief else {})
-        self._verdict = json.loads(backend.all_gather_bytes(blob.encode())[0])
-        return self._verdict.get("evals_since_best", 0) >= self._patience
+        self._verdict = v = json.loads(backend.all_gather_bytes(blob.encode())[0])
+        # Not a verdict on checkpoints beyond this step (the run went back to an older one).
+        return v.get("step", 0) <= state.step and v.get("evals_since_best", 0) >= self._patience
 
     def __call__(self, state: LoopState) -> None:
         state.stopped = "early_stop"

@@ -191,10 +191,8 @@ class TrainConfig:
     )
     sidecar_eval: bool = setting(
         False,
-        "Evaluation is done by a side-car (python -m tfgpu.evaluate --watch, or a TF_CONFIG "
-        "evaluator task; docs/evaluator.md), not by the loop: no evaluation here, not even at "
-        "the end; --keep_best and --best_metric are the side-car's, and with "
-        "--early_stop_patience the loop ends when its verdict (model_dir/sidecar.json) says so.",
+        "A side-car evaluates (tfgpu.evaluate --watch; docs/evaluator.md), not the loop, not "
+        "even at the end; --keep_best is the side-car's, --early_stop_patience reads its count.",
     )
     export_best: bool = setting(
         False,

@@ -244,8 +244,8 @@ def _finish(r: Training, evaluate: Evaluator, writer: RunWriter, throughput: dic
     export. Returns the final evaluation."""
     config, last_step = r.config, int(r.global_step.numpy())
     phase("final evaluation, save and export", last_step)
-    # First: the best (in the final checkpoint) takes it into account. With --sidecar_eval
-    # the side-car evaluates the final checkpoint (and adds final_eval to summary.json).
+    # Evaluated first: the best (in the final checkpoint) takes it into account. With
+    # --sidecar_eval the side-car evaluates the final checkpoint (summary.json: its final_eval).
     final_eval = {} if config.train.sidecar_eval else evaluate()
     ips = throughput["images_per_sec"] or throughput["last_images_per_sec"]
     writer.log_eval(last_step, final_eval, eval_context(r, last_step, ips))
