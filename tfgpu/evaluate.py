@@ -166,6 +166,13 @@ def main(argv):
 
 def _command() -> None:
     if FLAGS.watch:  # a side-car evaluator (tfgpu/watch.py)
+        one = ("checkpoint", "data_dir", "split", "output", "eval_batch_size", "tensorboard_dir")
+        given = [f"--{name}" for name in one if FLAGS[name].present]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)}: for one checkpoint; --watch evaluates every checkpoint as "
+                "the run's loop would (its validation split, its batch)"
+            )
         watch.watch(FLAGS.model_dir, FLAGS.watch_interval_s, FLAGS.watch_timeout_s)
         return
     evaluate(

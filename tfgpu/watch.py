@@ -84,7 +84,7 @@ class _Wait:
         waited = time.monotonic() - self._since
         if waited >= self.timeout_s:
             raise CheckpointError(
-                f"--watch: waited {waited:.0f} s for {what} (--watch_timeout_s="
+                f"--watch: waited {waited:.1f} s for {what} (--watch_timeout_s="
                 f"{self.timeout_s:g}); the run has not ended (no summary.json newer than its "
                 "config.json)"
             )
