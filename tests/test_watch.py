@@ -275,3 +275,31 @@ def test_the_evaluator_task_keeps_the_best_and_stops_the_trainer_early(small_dat
     result = evaluate(model_dir, checkpoint="best", log=lambda _: None)
     row = _rows(model_dir)[0]
     assert result["step"] == 4 and {k: result[k] for k in KEYS} == {k: row[k] for k in KEYS}
+
+
+@pytest.mark.heavy  # ~90 s: 2 workers and the side-car; the 1-process case above stays
+def test_two_workers_stop_together_on_the_side_cars_verdict(small_dataset, tmp_path):
+    """The chief reads sidecar.json; both workers take its reading (a collective at every loop
+    boundary) and stop at the same step with the same weights."""
+    model_dir = str(tmp_path / "run")
+    settings = dict(SIDECAR_RUN, train_steps=3000, checkpoint_every_steps=4, log_every_steps=20)
+    settings.update(keep_best=2, best_metric="top5", early_stop_patience=2)
+    flags = cli_flags(settings, data_dir=small_dataset, model_dir=model_dir)
+    watcher_cmd = [sys.executable, "-m", "tfgpu.evaluate", f"--model_dir={model_dir}", "--watch"]
+    watcher = popen([*watcher_cmd, "--watch_interval_s=0.3", "--watch_timeout_s=200"])
+    watched = Output(watcher)
+    launch = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
+    trainers = popen([*launch, "--strategy=multi_worker_mirrored", *flags])
+    out = Output(trainers)
+    try:
+        assert _finished(trainers, out, timeout=400) == 0, out.text[-3000:]
+        assert _finished(watcher, watched) == 0, watched.text[-3000:]
+    finally:
+        kill_tree(trainers)
+        kill_tree(watcher)
+    summary = _read(model_dir, "summary.json")
+    assert summary["stopped"] == "early_stop" and summary["num_replicas"] == 2
+    assert "[worker 0] early stop at step" in out.text
+    ends = [line.split()[-1] for line in out.text.splitlines() if "/2 weights_sha256 " in line]
+    assert ends == [summary["weights_sha256"]] * 2  # both workers, one step, the same weights
+    assert _rows(model_dir)[-1]["step"] == summary["steps"]
