@@ -40,7 +40,7 @@ import time
 from absl import flags
 
 from tfgpu import startup, use
-from tfgpu.best import SIDECAR_FILE, read_sidecar, tracks_best
+from tfgpu.best import SIDECAR_FILE, Best, read_sidecar, tracks_best
 from tfgpu.errors import CheckpointError, UsageError
 from tfgpu.files import read_json, write_json
 
@@ -147,8 +147,6 @@ class Sidecar:
         if not (t.sidecar_eval and tracks_best(t)):
             return None
         import tensorflow as tf  # noqa: PLC0415
-
-        from tfgpu.best import Best  # noqa: PLC0415
 
         best = Best(t, self.run.backend, self.config.model_dir)
         # best/ckpt-S holds what the trainer's checkpoint of S holds, and the best so far.
