@@ -86,6 +86,7 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
         "tfgpu.launch",
         "tfgpu.use",
         "tfgpu.evaluate",
+        "tfgpu.watch",
         "tfgpu.predict",
         "tfgpu.convert.cli",
         "tfgpu.convert.plan",

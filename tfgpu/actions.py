@@ -23,7 +23,8 @@ At a step where several are due they run in the order of ``default_actions``, an
 4. **early stop** after N evaluations without a better one: it ends the loop (not the run:
    ``train.run`` then saves, evaluates and exports as at the end). An action with
    ``at_start`` is also asked before the first update, so that a resumed run which had
-   stopped early stops again instead of training on;
+   stopped early stops again instead of training on. With --sidecar_eval the count is the
+   side-car evaluator's, read from the file it writes (``SidecarStop``);
 5. **checkpoint** after those: a checkpoint of step S holds everything step S knew;
 6. **unfreeze** (--unfreeze_after_steps) after those: it changes what the next updates
    train, nothing this step owed;
@@ -34,10 +35,12 @@ Actions at the last step are left to ``train.run`` (final checkpoint, evaluation
 except the log, which closes the last window.
 """
 
+import json
 import os
 from dataclasses import dataclass, field
 
 from tfgpu import faults
+from tfgpu.best import SIDECAR_FILE, read_sidecar
 from tfgpu.config import profile_window
 from tfgpu.distribute import consensus, heartbeats
 from tfgpu.errors import Preempted
@@ -225,6 +228,38 @@ class EarlyStop(Action):
         )
 
 
+class SidecarStop(Action):
+    """--sidecar_eval with --early_stop_patience: ends the loop once the side-car evaluator
+    (``tfgpu.watch``) has counted N evaluations without a better one (``best.SIDECAR_FILE``).
+    Only the chief reads the file, at every loop boundary; every worker takes the chief's
+    reading (``all_gather_bytes``, as a resumed run's kept list), so all stop at the same
+    step. Asked at the start too: a run stopped so and started again stops again at once."""
+
+    at_start = True
+
+    def __init__(self, patience: int, model_dir: str):
+        self._patience, self._model_dir = patience, model_dir
+        self._verdict: dict = {}
+
+    def due(self, state: LoopState) -> bool:
+        if state.last:
+            return False
+        backend = state.training.backend
+        blob = json.dumps(read_sidecar(self._model_dir) if backend.is_chief else {})
+        self._verdict = v = json.loads(backend.all_gather_bytes(blob.encode())[0])
+        # Not a verdict on checkpoints beyond this step (the run went back to an older one).
+        return v.get("step", 0) <= state.step and v.get("evals_since_best", 0) >= self._patience
+
+    def __call__(self, state: LoopState) -> None:
+        state.stopped = "early_stop"
+        v = self._verdict
+        state.writer.info(
+            f"early stop at step {state.step}: the side-car counts {v['evals_since_best']} "
+            f"evaluation(s) without a better {v.get('metric')} than step {v.get('best_step')}'s "
+            f"(its evaluation of step {v.get('step')}, {SIDECAR_FILE})"
+        )
+
+
 class SaveCheckpoint(Action):
     """Writes a checkpoint every --checkpoint_every_steps."""
 
@@ -298,6 +333,8 @@ def default_actions(training, evaluate, guard=None) -> list[Action]:
         actions.append(KeepBest(training.best))
         if t.early_stop_patience:
             actions.append(EarlyStop(t.early_stop_patience, training.best))
+    elif t.sidecar_eval and t.early_stop_patience:
+        actions.append(SidecarStop(t.early_stop_patience, training.config.model_dir))
     actions += [
         SaveCheckpoint(t.checkpoint_every_steps, training.checkpoints),
     ]

@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu import finetune, models, pretrained
-from tfgpu.best import Best, tracks_best
+from tfgpu.best import Best, tracks_best_in_loop
 from tfgpu.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch
 from tfgpu.data import augment, balance, device_ops, memory, pipeline
@@ -113,7 +113,8 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
         )
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
         skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
-        best = Best(config.train, backend, config.model_dir) if tracks_best(config.train) else None
+        keeps = tracks_best_in_loop(config.train)  # not with a side-car: it keeps the best
+        best = Best(config.train, backend, config.model_dir) if keeps else None
     init_line = ""
     if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
         fresh = models.load_initial_weights(model, config.model.init_weights)

@@ -24,7 +24,7 @@ class Checkpoints:
     def __init__(self, tracked: dict, backend, model_dir: str, keep: int, optional=()):
         self.directory = os.path.join(model_dir, "checkpoints")
         self.checkpoint = tf.train.Checkpoint(**tracked)
-        self._tracked, self._optional = tracked, frozenset(optional)
+        self.tracked, self._optional = tracked, frozenset(optional)
         self._backend = backend
         self._model = tracked.get("model")  # None: no Keras model among them
         self._step = tracked["step"]
@@ -76,14 +76,27 @@ class Checkpoints:
     def _restore(self, path: str) -> list[str]:
         """Restores ``path``, every entry it must hold matched; returns the optional entries
         it lacks (restored from the others alone)."""
-        present = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
-        missing = sorted(name for name in self._optional if name not in present)
-        checkpoint = self.checkpoint
-        if missing:
-            kept = {k: v for k, v in self._tracked.items() if k not in missing}
-            checkpoint = tf.train.Checkpoint(**kept)
+        missing = self._missing(path)
+        checkpoint = self._without(missing) if missing else self.checkpoint
         checkpoint.restore(path).assert_existing_objects_matched()
         return missing
+
+    def read(self, path: str) -> None:
+        """Reads ``path`` into this process's objects alone (no broadcast, no save counter: a
+        best/ checkpoint has none), every entry it must hold matched: how ``tfgpu.use`` (and
+        so the side-car evaluator) reads a checkpoint. Raises one of DAMAGED when ``path``
+        does not read back."""
+        checkpoint = self._without(self._missing(path))
+        checkpoint.read(path).assert_existing_objects_matched().expect_partial()
+
+    def _missing(self, path: str) -> list[str]:
+        """The optional entries checkpoint ``path`` does not hold."""
+        present = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+        return sorted(name for name in self._optional if name not in present)
+
+    def _without(self, missing: list[str]) -> tf.train.Checkpoint:
+        """A checkpoint of every tracked entry but ``missing``."""
+        return tf.train.Checkpoint(**{k: v for k, v in self.tracked.items() if k not in missing})
 
     def save(self, final: bool = False) -> None:
         """Writes a checkpoint. A failed write (disk full, ...) is reported loudly, in words:

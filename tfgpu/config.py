@@ -189,6 +189,11 @@ class TrainConfig:
         "Stop after N evaluations in a row without improving --best_metric (then final "
         "checkpoint, evaluation and export as usual; summary.json says so). 0: off.",
     )
+    sidecar_eval: bool = setting(
+        False,
+        "A side-car evaluates (tfgpu.evaluate --watch; docs/evaluator.md), not the loop, not "
+        "even at the end; --keep_best is the side-car's, --early_stop_patience reads its count.",
+    )
     export_best: bool = setting(
         False,
         "At the end, export the best evaluated model (by --best_metric) instead of the last "

@@ -2,6 +2,8 @@
 
     python -m tfgpu.evaluate --model_dir=runs/r50 [--checkpoint=latest|best|PATH|FILE.keras]
         [--data_dir=OTHER] [--split=validation] [--output=eval.json] [--tensorboard_dir=DIR]
+    python -m tfgpu.evaluate --model_dir=runs/r50 --watch [--watch_interval_s=10]
+        [--watch_timeout_s=3600]     # every checkpoint as it appears (tfgpu/watch.py)
 
 Top-1, top-5, loss, per-class accuracy and the confusion matrix, printed and (``--output``)
 written as JSON; the confusion matrix also as a TensorBoard image, in the run's
@@ -16,7 +18,7 @@ import sys
 
 from absl import app, flags
 
-from tfgpu import use
+from tfgpu import use, watch
 from tfgpu.errors import UsageError, run_command
 from tfgpu.files import write_json
 
@@ -163,6 +165,16 @@ def main(argv):
 
 
 def _command() -> None:
+    if FLAGS.watch:  # a side-car evaluator (tfgpu/watch.py)
+        one = ("checkpoint", "data_dir", "split", "output", "eval_batch_size", "tensorboard_dir")
+        given = [f"--{name}" for name in one if FLAGS[name].present]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)}: for one checkpoint; --watch evaluates every checkpoint as "
+                "the run's loop would (its validation split, its batch)"
+            )
+        watch.watch(FLAGS.model_dir, FLAGS.watch_interval_s, FLAGS.watch_timeout_s)
+        return
     evaluate(
         FLAGS.model_dir,
         FLAGS.checkpoint,
@@ -178,6 +190,7 @@ def run():
     """Console-script entry point (``tfgpu-evaluate``)."""
     define_flags()
     define_own_flags()
+    watch.define_flags()
     app.run(main)
 
 

@@ -11,12 +11,14 @@ import sys
 
 from absl import app, flags, logging
 
-from tfgpu import demo, faults, startup
+from tfgpu import demo, faults, startup, watch
 from tfgpu.config import validate
+from tfgpu.distribute import env
 from tfgpu.errors import ConfigError, DataError, UsageError, WorkerLost, run_command
 from tfgpu.flags import config_from_flags, define_flags
 
 define_flags()
+watch.define_flags(switch=False)  # a TF_CONFIG evaluator task runs the side-car evaluator
 FLAGS = flags.FLAGS
 
 
@@ -56,6 +58,13 @@ def main(argv):
 
 
 def _train() -> None:
+    if env.is_evaluator():
+        # Kubeflow's TFJob evaluator task: evaluates the trainers' checkpoints in --model_dir
+        # as they appear (its config.json says the rest), on its own device. TF_CONFIG goes
+        # before TensorFlow starts, so that nothing can join the trainers' cluster.
+        os.environ.pop("TF_CONFIG", None)
+        watch.watch(FLAGS.model_dir, FLAGS.watch_interval_s, FLAGS.watch_timeout_s)
+        return
     config = make_config()
     _check_writable(config.model_dir)
     faults.install(config.dist.stop_grace_s)  # before TensorFlow starts its threads

@@ -178,6 +178,11 @@ class RunWriter:
             print("summary: " + json.dumps(summary), file=sys.stdout, flush=True)
 
 
+def final_eval_of(result: dict) -> dict:
+    """summary.json's ``final_eval`` of an evaluation's ``result`` (``train.Evaluator``)."""
+    return {k: result.get(k) for k in ("top1", "top5", "loss", "non_finite")}
+
+
 SUMMARY_CSV = ("step", "epoch", "top1", "top5", "loss", "learning_rate", "images_per_sec")
 
 # tensorboard/<this>: tfgpu.evaluate's own TensorBoard run, beside the run's train/ and eval/

@@ -27,7 +27,7 @@ from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, env, heartbeats
 from tfgpu.faults import PreemptionGuard
 from tfgpu.loops import make_eval_step, make_train_loop
-from tfgpu.results import RunWriter, export_model
+from tfgpu.results import RunWriter, export_model, final_eval_of
 from tfgpu.schema import EVAL_SUMS
 from tfgpu.errors import NonFiniteLoss
 
@@ -255,7 +255,9 @@ def _finish(r: Training, evaluate: Evaluator, writer: RunWriter, throughput: dic
     export. Returns the final evaluation."""
     config, last_step = r.config, int(r.global_step.numpy())
     phase("final evaluation, save and export", last_step)
-    final_eval = evaluate()  # first: the best (in the final checkpoint) takes it into account
+    # Evaluated first: the best (in the final checkpoint) takes it into account. With
+    # --sidecar_eval the side-car evaluates the final checkpoint (summary.json: its final_eval).
+    final_eval = {} if config.train.sidecar_eval else evaluate()
     ips = throughput["images_per_sec"] or throughput["last_images_per_sec"]
     writer.log_eval(last_step, final_eval, eval_context(r, last_step, ips))
     if r.best is not None and final_eval:
@@ -341,7 +343,7 @@ def _summary(r: Training, final_eval: dict, throughput: dict, wall_time_s: float
         "global_batch_size": r.config.train.global_batch_size,
         "grad_accum_steps": r.plan.grad_accum_steps,
         "steps": int(r.global_step.numpy()),
-        "final_eval": {k: final_eval.get(k) for k in ("top1", "top5", "loss", "non_finite")},
+        "final_eval": final_eval_of(final_eval),
         "train_images_per_sec": throughput["images_per_sec"],
         "input_wait_fraction": throughput["input_wait_fraction"],
         "input_images_per_sec": throughput["input_images_per_sec"],

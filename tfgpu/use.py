@@ -105,17 +105,13 @@ class Trained:
 def load(config: Config, path: str) -> Trained:
     """The model of checkpoint (or .keras file) ``path``, for ``config``'s data."""
     import keras
-    import tensorflow as tf
 
-    from tfgpu.build import build
-    from tfgpu.checkpoints import DAMAGED, refresh_derived_state
     from tfgpu.data.spec import load_spec
     from tfgpu.distribute import backends
 
-    backend = backends.setup(config.dist)
-    spec = load_spec(config.data)
     batch = config.train.eval_batch_size or config.train.global_batch_size
     if path.endswith(".keras"):
+        backend, spec = backends.setup(config.dist), load_spec(config.data)
         model = keras.saving.load_model(path, compile=False, safe_mode=True)
         classes = model.output_shape[-1]
         if classes != spec.num_classes:
@@ -123,18 +119,37 @@ def load(config: Config, path: str) -> Trained:
                 f"{path} predicts {classes} classes, the data {spec.num_classes} ({spec.data_dir})"
             )
         return Trained(config, backend, spec, model, None, None, batch)
-    r = build(config, backend, spec)
-    # What evaluation reads (the run's checkpoint names them so), all of it: a checkpoint of
-    # another model is an error, not a half-restored model.
-    wanted = tf.train.Checkpoint(model=r.model, optimizer=r.optimizer, step=r.global_step)
+    r = build_run(config)
+    step = restore(r, path)
+    return Trained(config, r.backend, r.spec, r.model, r.optimizer, step, r.plan.eval_global_batch)
+
+
+def build_run(config: Config):
+    """The run of ``config`` built as it trained (``build.build``: model, optimizer, counters,
+    checkpoints) on ``config``'s backend, with weights to be read by ``restore``."""
+    from tfgpu.build import build
+    from tfgpu.data.spec import load_spec
+    from tfgpu.distribute import backends
+
+    backend = backends.setup(config.dist)
+    return build(config, backend, load_spec(config.data))
+
+
+def restore(r, path: str) -> int:
+    """Reads checkpoint ``path`` into ``r`` (a ``build_run`` Training): all it holds, so that
+    evaluation sees the run as it was at that step. Returns the checkpoint's step. A
+    checkpoint that does not read back, or of another model, is a CheckpointError."""
+    from tfgpu.checkpoints import DAMAGED, refresh_derived_state
+
+    # Everything the run's checkpoints hold, all of it matched: a checkpoint of another model
+    # is an error, not a half-restored model.
     try:
-        wanted.read(path).assert_existing_objects_matched().expect_partial()
+        r.checkpoints.read(path)
     except DAMAGED as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        raise CheckpointError(f"{path} does not fit the run's model: {reason}") from None
+        raise CheckpointError(f"{path} does not read back into the run's model: {reason}") from None
     refresh_derived_state(r.model)  # EfficientNet's Normalization: the restored statistics
-    step = int(r.global_step.numpy())
-    return Trained(config, backend, spec, r.model, r.optimizer, step, r.plan.eval_global_batch)
+    return int(r.global_step.numpy())
 
 
 def image_size_of(path: str) -> int:

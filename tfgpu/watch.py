@@ -1,0 +1,298 @@
+"""A side-car evaluator: ``python -m tfgpu.evaluate --model_dir=DIR --watch`` (and a TF_CONFIG
+``evaluator`` task, ``tfgpu.main``) evaluates every checkpoint of a training run as it appears,
+in step order, until the run's last, so that the trainers (``--sidecar_eval``) never pause for
+evaluation. docs/evaluator.md is the user's page.
+
+It writes what the loop's evaluation writes, with the loop's own code: the run's Config
+(config.json: same data, model, preprocessing), ``use.build_run`` (the run built as it
+trained, on one device, no strategy: a TF_CONFIG cluster is never joined), ``train.Evaluator``
+and the loop's actions ``Evaluate`` and ``KeepBest`` (metrics.jsonl eval rows, TensorBoard
+``eval/``, summary.csv, best/ and best/best.json). On one device its numbers for a checkpoint
+are those of the loop's evaluation at that step, exactly. ``SIDECAR_FILE`` (sidecar.json) says
+what it has done: the last step evaluated and, when the run keeps its best, the best so far
+and the evaluations since (what the trainers' ``actions.SidecarStop`` reads for
+--early_stop_patience; what a watcher started again goes on from).
+
+How it follows the run:
+
+- config.json is waited for (a watcher may start before the trainer);
+- a checkpoint is read only once the ``checkpoint`` index file names it (the trainer writes
+  the index after the checkpoint's files), every one it names, in step order
+  (``tf.train.checkpoints_iterator`` yields only the newest at each look, and knows neither
+  the run's end nor a read that fails); a read that fails is tried again ``READ_TRIES``
+  times, ``RETRY_S`` apart (its files may be being replaced), then skipped with a warning; one
+  deleted (--keep_checkpoints) before it was read is named in a line and skipped;
+- a trainer that restarts writes further checkpoints; steps already evaluated are not again;
+- the run is over once summary.json, which the trainer's chief writes last (after its final
+  checkpoint), is newer than config.json (which every start of the trainer writes again) and
+  names a step already evaluated: then, with --sidecar_eval, summary.json gets the side-car's
+  ``final_eval`` and ``best``, and ``watch`` returns (exit 0);
+- ``timeout_s`` (--watch_timeout_s) bounds a wait with nothing new (config.json, a checkpoint
+  or the end): past it, a CheckpointError naming the wait.
+
+No TensorFlow at import (``tfgpu.main`` defines the flags before it starts).
+"""
+
+import json
+import os
+import time
+
+from absl import flags
+
+from tfgpu import startup, use
+from tfgpu.best import SIDECAR_FILE, Best, read_sidecar, tracks_best
+from tfgpu.errors import CheckpointError, UsageError
+from tfgpu.files import read_json, write_json
+
+READ_TRIES = 5  # reads of one checkpoint before it is skipped
+RETRY_S = 1.0  # seconds between them
+
+
+def define_flags(switch: bool = True) -> None:
+    """--watch_interval_s, --watch_timeout_s and with ``switch`` --watch: tfgpu.evaluate's;
+    tfgpu.main's too, but --watch, for a TF_CONFIG evaluator task."""
+    if switch and "watch" not in flags.FLAGS:
+        flags.DEFINE_bool(
+            "watch",
+            False,
+            "Evaluate every checkpoint of --model_dir as it appears, until the "
+            "run's last (a side-car evaluator; docs/evaluator.md).",
+        )
+    if "watch_interval_s" not in flags.FLAGS:
+        flags.DEFINE_float("watch_interval_s", 10.0, "With --watch: seconds between looks.")
+    if "watch_timeout_s" not in flags.FLAGS:
+        flags.DEFINE_float(
+            "watch_timeout_s",
+            3600.0,
+            "With --watch: give up (an error) after this many "
+            "seconds without a new checkpoint or the run's end.",
+        )
+
+
+class _Wait:
+    """The watcher's waits: ``sleep(what)`` waits ``interval_s`` more, or raises a
+    CheckpointError naming ``what`` once ``timeout_s`` have passed since ``progress()``."""
+
+    def __init__(self, interval_s: float, timeout_s: float):
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.progress()
+
+    def progress(self) -> None:
+        self._since = time.monotonic()
+
+    def sleep(self, what: str) -> None:
+        waited = time.monotonic() - self._since
+        if waited >= self.timeout_s:
+            raise CheckpointError(
+                f"--watch: waited {waited:.1f} s for {what} (--watch_timeout_s="
+                f"{self.timeout_s:g}); the run has not ended (no summary.json newer than its "
+                "config.json)"
+            )
+        time.sleep(max(min(self.interval_s, self.timeout_s - waited), 0.01))
+
+
+def watch(model_dir: str, interval_s: float = 10.0, timeout_s: float = 3600.0, log=print) -> int:
+    """Follows the run in ``model_dir`` to its end, evaluating each of its checkpoints once
+    (see the module docstring), looking every ``interval_s`` seconds; ``log(line)`` says what
+    it does. Returns how many checkpoints it evaluated."""
+    if not model_dir:
+        raise UsageError("--watch needs --model_dir (the trainers')")
+    model_dir = os.path.expanduser(model_dir)
+    wait = _Wait(interval_s, timeout_s)
+    while not os.path.exists(os.path.join(model_dir, "config.json")):
+        wait.sleep(f"the run's config.json in {model_dir}")
+    config = use.run_config(model_dir)
+    startup.import_tensorflow()
+    sidecar = Sidecar(config, log)
+    while True:
+        if sidecar.evaluate_new():
+            wait.progress()
+        elif sidecar.run_over():
+            sidecar.finish()
+            return sidecar.count
+        else:
+            wait.sleep(f"a new checkpoint in {sidecar.directory}")
+
+
+class Sidecar:
+    """What the watcher holds: the run built once (``use.build_run``) with its Evaluator and
+    RunWriter, the best (``best.Best``, when the run keeps it and evaluates by side-car), the
+    last step evaluated and its result (from ``SIDECAR_FILE`` when it was started before)."""
+
+    def __init__(self, config, log):
+        from tfgpu.results import RunWriter  # noqa: PLC0415 (TensorFlow: once the config is read)
+        from tfgpu.train import Evaluator  # noqa: PLC0415
+
+        self.config, self._log, self.count = config, log, 0
+        self.run = use.build_run(config)
+        self.evaluate = Evaluator.of(self.run)
+        self.writer = RunWriter(config.model_dir, is_chief=True)
+        self.directory = self.run.checkpoints.directory
+        state = read_sidecar(config.model_dir)
+        self.last, self.result = state.get("step", -1), state.get("result")
+        self.best = self._best(state)
+        t = config.train
+        in_loop = t.eval_every_steps or t.eval_every_epochs
+        also = " (it evaluates in its loop too: rows from both)" if in_loop else ""
+        after = f"after step {self.last}" if self.last >= 0 else "from the first"
+        log(
+            f"watching {self.directory}{also}: {config.model.name} on {self.run.spec.num_eval} "
+            f"validation examples, checkpoints {after}"
+        )
+
+    def _best(self, state: dict):
+        """The run's best.Best when the side-car keeps it (--sidecar_eval with --keep_best,
+        --early_stop_patience or --best_metric), as ``state`` left it; else None."""
+        t = self.config.train
+        if not (t.sidecar_eval and tracks_best(t)):
+            return None
+        import tensorflow as tf  # noqa: PLC0415
+
+        best = Best(t, self.run.backend, self.config.model_dir)
+        # best/ckpt-S holds what the trainer's checkpoint of S holds, and the best so far.
+        best.checkpoint = tf.train.Checkpoint(**self.run.checkpoints.tracked, **best.tracked())
+        if state.get("best_step") is not None:
+            best.value.assign(state["best_value"])
+            best.step.assign(state["best_step"])
+            best.stale.assign(state["evals_since_best"])
+        best.resume(self.last)
+        return best
+
+    def evaluate_new(self) -> int:
+        """Evaluates, in step order, each checkpoint the index names past the last evaluated
+        one; returns how many it took (evaluated or skipped)."""
+        listed = self._listed()
+        new = sorted(s for s in listed if s > self.last)
+        if new:
+            self._say_missed(new)
+        for step in new:
+            self._one(step, listed[step])
+        return len(new)
+
+    def _listed(self) -> dict:
+        """{step: checkpoint path} of what the ``checkpoint`` index file names now (by name
+        in this folder: the paths in it are where the trainer wrote them)."""
+        import tensorflow as tf  # noqa: PLC0415
+
+        try:
+            state = tf.train.get_checkpoint_state(self.directory)
+        except tf.errors.OpError:
+            return {}  # not readable now (it is replaced atomically): the next look
+        listed = {}
+        for path in state.all_model_checkpoint_paths if state else ():
+            name = os.path.basename(path)
+            if name.rpartition("-")[2].isdigit():
+                listed[int(name.rpartition("-")[2])] = os.path.join(self.directory, name)
+        return listed
+
+    def _say_missed(self, new: list) -> None:
+        """A line naming the checkpoints (every --checkpoint_every_steps) that were deleted
+        before this watcher saw them: it is slower than the trainer, which keeps
+        --keep_checkpoints."""
+        t = self.config.train
+        every = t.checkpoint_every_steps
+        expected = range((max(self.last, 0) // every + 1) * every, new[-1], every)
+        missed = [s for s in expected if s not in new]
+        if missed:
+            steps = ", ".join(map(str, missed[:5])) + (", ..." if len(missed) > 5 else "")
+            self._log(
+                f"not evaluated: {len(missed)} checkpoint(s) deleted before they could be read "
+                f"(steps {steps}; the trainer keeps --keep_checkpoints={t.keep_checkpoints}); "
+                f"going on with step {new[0]}"
+            )
+
+    def _one(self, step: int, path: str) -> None:
+        """Evaluates the checkpoint ``path`` of ``step`` as the loop's actions do (Evaluate,
+        then KeepBest), then writes SIDECAR_FILE. A checkpoint that cannot be read is passed."""
+        from tfgpu.actions import Evaluate, KeepBest, LoopState  # noqa: PLC0415
+
+        read = self._read(step, path)
+        if read is not None:
+            ips = train_images_per_sec(self.config.model_dir, read)
+            state = LoopState(self.run, self.writer, read, images_per_sec=ips)
+            Evaluate(0, self.evaluate)(state)
+            if self.best is not None and state.evaluation:
+                KeepBest(self.best)(state)
+                self._say_verdict(read)
+            self.result, self.count = state.evaluation and state.evaluation[1], self.count + 1
+        self.last = max(step, read or 0)
+        self._write_state()
+
+    def _read(self, step: int, path: str) -> int | None:
+        """Reads checkpoint ``path`` into the run (``use.restore``); returns its step, or None
+        when it was deleted meanwhile or still does not read after READ_TRIES tries."""
+        name = os.path.basename(path)
+        for attempt in range(1, READ_TRIES + 1):
+            try:
+                return use.restore(self.run, path)
+            except CheckpointError as err:
+                if step not in self._listed():
+                    self._log(f"not evaluated: {name} was deleted before it could be read")
+                    return None
+                if attempt < READ_TRIES:
+                    self._log(f"{name}: read failed, retry {attempt} in {RETRY_S:g} s ({err})")
+                    time.sleep(RETRY_S)
+        self._log(f"tfgpu: WARNING: not evaluated: {name} does not read after {READ_TRIES} tries")
+        return None
+
+    def _say_verdict(self, step: int) -> None:
+        """A line when the trainers are told to stop (--early_stop_patience), once."""
+        patience, stale = self.config.train.early_stop_patience, int(self.best.stale.numpy())
+        if patience and stale == patience:
+            self._log(
+                f"early stop verdict at step {step}: {stale} evaluation(s) without a better "
+                f"{self.best.metric} (the trainers stop at their next loop boundary)"
+            )
+
+    def _write_state(self) -> None:
+        """SIDECAR_FILE: the last step evaluated, its result and the best bookkeeping."""
+        state = {"step": self.last, "result": self.result}
+        if self.best is not None:
+            best = self.best.summary()
+            state.update(metric=best["metric"], best_step=best["step"], best_value=best["value"])
+            state["evals_since_best"] = int(self.best.stale.numpy())
+        write_json(os.path.join(self.config.model_dir, SIDECAR_FILE), state)
+
+    def run_over(self) -> bool:
+        """True once the trainer has ended (summary.json, its last file, newer than its
+        config.json) at a step this watcher has reached."""
+        paths = [os.path.join(self.config.model_dir, f) for f in ("summary.json", "config.json")]
+        try:
+            summary_ns, config_ns = (os.stat(p).st_mtime_ns for p in paths)
+        except FileNotFoundError:
+            return False
+        steps = read_json(paths[0]).get("steps") if summary_ns >= config_ns else None
+        return steps is not None and steps <= self.last
+
+    def finish(self) -> None:
+        """At the run's end, with --sidecar_eval: summary.json's ``final_eval`` (the trainer
+        has none) and ``best`` are the side-car's."""
+        self._log(f"the run ended at step {self.last}: {self.count} checkpoint(s) evaluated")
+        if not self.config.train.sidecar_eval:
+            return
+        from tfgpu.results import final_eval_of  # noqa: PLC0415
+
+        summary = read_json(os.path.join(self.config.model_dir, "summary.json"))
+        if self.result and summary.get("steps") == self.last:
+            summary["final_eval"] = final_eval_of(self.result)
+        if self.best is not None:
+            summary["best"] = self.best.summary()
+        self.writer.write_summary(summary)
+
+
+def train_images_per_sec(model_dir: str, step: int) -> float | None:
+    """What summary.csv puts beside an evaluation at ``step``: the train images/s of the
+    trainer's last logged window at or before it (metrics.jsonl), as the loop's evaluation."""
+    ips = None
+    try:
+        with open(os.path.join(model_dir, "metrics.jsonl"), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # a line the trainer is appending
+                if row.get("split") == "train" and row.get("step", step + 1) <= step:
+                    ips = row.get("images_per_sec")
+    except FileNotFoundError:
+        pass
+    return ips
