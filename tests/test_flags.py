@@ -46,3 +46,24 @@ def test_every_config_field_is_a_flag_with_help():
     values = flags.FlagValues()
     define_flags(values)
     assert all(values[name].help for name in values)
+
+
+def test_the_flag_reference_is_current():
+    from tfgpu.flags import reference_markdown
+
+    current = (ROOT / "docs" / "flags.md").read_text(encoding="utf-8")
+    assert current == reference_markdown(), "docs/flags.md is stale: python tools/flag_reference.py"
+    for name in SETTINGS:
+        assert f"| `--{name}` |" in current
+
+
+def test_helpfull_groups_the_flags_by_section_and_help_names_the_key_ones():
+    from tfgpu.flags import KEY_FLAGS, SECTION_TITLES
+
+    values = flags.FlagValues()
+    define_flags(values)
+    groups = {m: {f.name for f in fs} for m, fs in values.flags_by_module_dict().items()}
+    expected = {f"tfgpu: {title}" for title in SECTION_TITLES.values()}
+    assert expected <= set(groups)
+    assert "strategy" in groups["tfgpu: spreading training"]
+    assert set(KEY_FLAGS) <= set(SETTINGS)

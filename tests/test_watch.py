@@ -150,12 +150,6 @@ def test_sidecar_eval_settings():
 
 
 @pytest.mark.fast
-@pytest.mark.xfail(
-    strict=True,
-    reason="tfgpu/distribute/env.py (not this change's to edit) wants the task in the cluster; "
-    "Kubeflow's TFJob leaves the evaluator out of it (training-operator's genClusterSpec: "
-    "'evaluator is not part of training cluster'), so is_evaluator() says False there",
-)
 def test_a_tfjob_evaluator_is_an_evaluator(monkeypatch):
     from tfgpu.distribute import env
 

@@ -1,5 +1,7 @@
 """Every command-line flag of ``python -m tfgpu.main``: one absl flag per Config setting, with
-the setting's own default and help (``config.SETTINGS``).
+the setting's own default and help (``config.SETTINGS``), grouped by section in ``--helpfull``;
+``reference_markdown`` is the flag reference ``docs/flags.md`` (``tools/flag_reference.py``
+writes it, a test keeps it current).
 
 Only ``main.py`` reads the parsed values (``config_from_flags``); the library takes a Config.
 """
@@ -7,6 +9,31 @@ Only ``main.py`` reads the parsed values (``config_from_flags``); the library ta
 from absl import flags
 
 from tfgpu.config import SETTINGS, Config, config_from
+
+# Section (None: the run's own settings) -> its title in --helpfull and docs/flags.md.
+SECTION_TITLES = {
+    None: "the run",
+    "data": "data and input pipeline",
+    "model": "model and precision",
+    "optim": "optimizer, loss and schedule",
+    "train": "length, evaluation, checkpoints and logging",
+    "dist": "spreading training",
+}
+# What `--help` shows: the flags most runs set (the rest: --helpfull, docs/flags.md).
+KEY_FLAGS = (
+    "strategy",
+    "model",
+    "data_dir",
+    "model_dir",
+    "global_batch_size",
+    "grad_accum_steps",
+    "train_steps",
+    "epochs",
+    "learning_rate",
+    "optimizer",
+    "dtype",
+    "deterministic",
+)
 
 
 def define_flags(flag_values=flags.FLAGS) -> None:
@@ -23,7 +50,8 @@ def define_flags(flag_values=flags.FLAGS) -> None:
             define = flags.DEFINE_float
         else:
             define = flags.DEFINE_string
-        define(s.flag, s.default, s.help, flag_values=flag_values)
+        group = f"tfgpu: {SECTION_TITLES[s.section]}"  # --helpfull lists flags by it
+        define(s.flag, s.default, s.help, flag_values=flag_values, module_name=group)
 
 
 def config_from_flags(flag_values=flags.FLAGS, defaults: dict | None = None) -> Config:
@@ -35,3 +63,34 @@ def config_from_flags(flag_values=flags.FLAGS, defaults: dict | None = None) -> 
         use_default = defaults and name in defaults and not flag.present
         values[name] = defaults[name] if use_default else flag.value
     return config_from(**values)
+
+
+def reference_markdown() -> str:
+    """The flag reference (docs/flags.md) as Markdown: one table per section, each flag with
+    its default, its choices and its help, in declaration order."""
+    lines = [
+        "# Flags of `python -m tfgpu.main`",
+        "",
+        "Generated from the settings table (`tfgpu/config.py`) by",
+        "`python tools/flag_reference.py`; `tests/test_flags.py` fails when it is stale. Every",
+        "flag can also be set in a `--flagfile` (the recipes in `flags/`). `--help` prints the",
+        "most used ones, `--helpfull` all of them by section.",
+    ]
+    for section, title in SECTION_TITLES.items():
+        lines += ["", f"## {title[0].upper()}{title[1:]}", "", "| flag | default | meaning |"]
+        lines.append("|---|---|---|")
+        for s in SETTINGS.values():
+            if s.section == section:
+                lines.append(f"| `--{s.flag}` | {_default(s.default)} | {_cell(s.help)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _default(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"`{value}`" if value != "" else '`""`'
+
+
+def _cell(text: str) -> str:
+    """``text`` as one Markdown table cell (pipes escaped)."""
+    return text.replace("|", "\\|")

@@ -1,9 +1,21 @@
-"""``python -m tfgpu.main``: flags -> one validated, frozen Config -> ``train.run``.
+"""Train an image classifier.
 
-With no ``--data_dir`` (nor ``--synthetic_data`` or ``--tfds_name``) the run uses the built-in
-demo dataset and the demo recipe for every flag the user did not set. TensorFlow is imported
-only once the Config is valid: ``--help`` and a bad flag return at once (tests/test_imports.py).
+  python -m tfgpu.main [--flagfile=flags/RECIPE.flags] [--data_dir=DIR] [--model_dir=DIR] ...
+
+With no --data_dir, trains tiny_cnn on the built-in digits demo. A run writes everything to
+--model_dir and resumes from the newest checkpoint found there. For example:
+
+  python -m tfgpu.main --strategy=mirrored --flagfile=flags/resnet50_imagenet.flags \\
+      --data_dir=/data/imagenet-tfr --model_dir=runs/r50
+
+The flags most runs set are below; --helpfull lists every flag by section, and docs/flags.md is
+the reference. Guides, one per topic: docs/ (README.md has the map).
 """
+
+# Flags -> one validated, frozen Config -> ``train.run``. With no --data_dir (nor
+# --synthetic_data or --tfds_name) the run uses the built-in demo dataset and the demo recipe
+# for every flag the user did not set. TensorFlow is imported only once the Config is valid:
+# --help and a bad flag return at once (tests/test_imports.py).
 
 import datetime
 import os
@@ -15,10 +27,12 @@ from tfgpu import demo, faults, startup, watch
 from tfgpu.config import validate
 from tfgpu.distribute import env
 from tfgpu.errors import ConfigError, DataError, UsageError, WorkerLost, run_command
-from tfgpu.flags import config_from_flags, define_flags
+from tfgpu.flags import KEY_FLAGS, config_from_flags, define_flags
 
 define_flags()
 watch.define_flags(switch=False)  # a TF_CONFIG evaluator task runs the side-car evaluator
+for _name in KEY_FLAGS:  # what --help lists beside this module's docstring
+    flags.declare_key_flag(_name)
 FLAGS = flags.FLAGS
 
 

@@ -12,8 +12,7 @@ data.
 import keras
 from keras import layers
 
-IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-IMAGENET_VAR = ((0.229 * 255) ** 2, (0.224 * 255) ** 2, (0.225 * 255) ** 2)
+from tfgpu.constants import IMAGENET_MEAN, IMAGENET_VAR
 
 
 def _normalize(x):

@@ -19,6 +19,7 @@ before TensorFlow starts, ``config.validate``).
 import os
 import re
 
+from tfgpu.constants import IMAGENET_STD_UNIT
 from tfgpu.errors import ConfigError
 
 # The registry families with ImageNet files in keras.applications.
@@ -28,7 +29,6 @@ _URLS = {
     "EfficientNetB": "https://storage.googleapis.com/keras-applications/",
     "EfficientNetV2": "https://storage.googleapis.com/tensorflow/keras-applications/efficientnet_v2/",
 }
-IMAGENET_STDDEV = (0.229, 0.224, 0.225)
 
 
 def family_of(backbone_name: str) -> str:
@@ -161,7 +161,7 @@ def _fold_imagenet_rescaling(backbone) -> None:
     from keras import layers
 
     (norm,) = [layer for layer in backbone.layers if isinstance(layer, layers.Normalization)]
-    variance = norm.adapt_variance.numpy() * IMAGENET_STDDEV
+    variance = norm.adapt_variance.numpy() * IMAGENET_STD_UNIT
     norm.adapt_variance.assign(variance.reshape(norm.adapt_variance.shape))
     norm.finalize_state()
 

@@ -28,6 +28,7 @@ import math
 import tensorflow as tf
 
 from tfgpu import compat
+from tfgpu.constants import IMAGENET_MEAN, IMAGENET_STD
 
 # Op ids, as the batch carries them ("augment" "op"); IDENTITY leaves an image as it is.
 (
@@ -253,10 +254,6 @@ _MASK32 = 0xFFFFFFFF
 
 def _shift(x, bits: int):
     return tf.bitwise.right_shift(x, tf.constant(bits, x.dtype))
-
-
-IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)  # as tfgpu.nets (not imported: Keras)
-IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
 def _hash32(x, rounds: int = 2):
