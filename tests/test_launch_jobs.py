@@ -142,32 +142,42 @@ def test_mpirun_with_a_one_machine_strategy_stops_every_process_in_one_line(
 
 
 def tfjob_configs(host: str = "localhost") -> list[str]:
-    """TF_CONFIG of a TFJob's chief and worker: DNS names, ``"environment": "cloud"``."""
+    """TF_CONFIG of a TFJob's chief, worker and evaluator, as Kubeflow writes them: DNS
+    names, ``"environment": "cloud"``, the evaluator left out of the cluster."""
     chief, worker = (f"{host}:{p}" for p in launch.free_ports(2))
     cluster = {"chief": [chief], "worker": [worker]}
-    tasks = [{"type": "chief", "index": 0}, {"type": "worker", "index": 0}]
+    tasks = [{"type": t, "index": 0} for t in ("chief", "worker", "evaluator")]
     return [json.dumps({"cluster": cluster, "task": t, "environment": "cloud"}) for t in tasks]
 
 
 @pytest.mark.parametrize("model", ["tiny_cnn", pytest.param("resnet18", marks=pytest.mark.heavy)])
-def test_a_tfjob_chief_and_worker_are_one_job_and_only_the_chief_writes(
+def test_a_tfjob_is_one_job_the_chief_writes_and_its_evaluator_follows(
     model, references, small_dataset, tmp_path
 ):
-    dirs = [tmp_path / "chief", tmp_path / "worker"]  # node-local, as pods have
+    """The chief and the worker (node-local --model_dirs) train as one job with the chief
+    writing; the evaluator task, running the trainers' own command on the chief's directory,
+    evaluates every checkpoint as it appears and fills in the run's final evaluation."""
+    dirs = [tmp_path / "chief", tmp_path / "worker", tmp_path / "chief"]
+    run = dict(RUNS[model], sidecar_eval=True, checkpoint_every_steps=2)
     procs = []
     for tf_config, model_dir in zip(tfjob_configs(), dirs):
-        flags = cli_flags(RUNS[model], data_dir=small_dataset, model_dir=model_dir)
-        cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=auto", *flags]
+        flags = cli_flags(run, data_dir=small_dataset, model_dir=model_dir)
+        cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=auto", "--watch_interval_s=0.2"]
+        env = _env(TF_CONFIG=tf_config)
         procs.append(
             subprocess.Popen(
-                cmd,
-                env=_env(TF_CONFIG=tf_config),
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                [*cmd, *flags], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
             )
         )
     outs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
-    merged = subprocess.CompletedProcess([], max(p.returncode for p in procs), "\n".join(outs), "")
-    check_one_job(merged, dirs[0], references(model), "multi_worker_mirrored")
+    trainers = subprocess.CompletedProcess([], procs[0].returncode or procs[1].returncode, "", "")
+    trainers.stdout = "\n".join(outs[:2])
+    check_one_job(trainers, dirs[0], references(model), "multi_worker_mirrored")
     assert set(os.listdir(dirs[1])) <= {"config.json"}, "the worker wrote results"
+    assert procs[2].returncode == 0, outs[2][-3000:]
+    with open(dirs[0] / "metrics.jsonl", encoding="utf-8") as f:
+        rows = [r for r in map(json.loads, f) if r["split"] == "validation"]
+    steps = run["train_steps"]
+    assert [r["step"] for r in rows] == list(range(2, steps + 1, 2)), rows
+    with open(dirs[0] / "summary.json", encoding="utf-8") as f:
+        assert json.load(f)["final_eval"]["top1"] == rows[-1]["top1"]
