@@ -1,0 +1,228 @@
+"""tfgpu-ray: tfgpu's own loop as a Ray Train job on a real local Ray cluster (CPU), with a
+worker killed mid-run and restarted by Ray; and its arguments, checked without Ray starting.
+
+The Ray tests skip when Ray Train is not installed (``pip install 'tfgpu[ray]'``; `make test`
+installs it). Each starts ``python -m tfgpu.ray`` (= ``tfgpu-ray``), which starts its own local
+Ray cluster: the cluster's processes are that command's descendants, and only they are killed.
+"""
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+from conftest import TINY_RUN, cli_flags, final_weights
+from procs import Output, kill_tree, popen
+
+from tfgpu import ray as tfgpu_ray
+from tfgpu import train
+from tfgpu.config import config_from, validate
+from tfgpu.distribute import ray_train
+
+# Long enough that a worker killed at the first checkpoint (step 4) dies mid-run.
+RUN = dict(TINY_RUN, train_steps=24, checkpoint_every_steps=4, steps_per_loop=2, log_every_steps=2)
+TIMEOUT = 420
+FINGERPRINT = re.compile(r"\(RayTrainWorker pid=(\d+)[^)]*\) worker (\d+)/2 weights_sha256 (\w+)")
+
+
+def _need_ray():
+    pytest.importorskip("ray.train", reason="Ray Train is not installed: pip install 'tfgpu[ray]'")
+
+
+def _assert_close(weights, reference, atol):
+    assert len(weights) == len(reference) > 0
+    for a, b in zip(weights, reference):
+        np.testing.assert_allclose(a, b, atol=atol, rtol=0)
+
+
+def _start(data_dir, model_dir, *ray_flags):
+    cmd = [sys.executable, "-m", "tfgpu.ray", "--num_workers=2", *ray_flags, "--"]
+    return popen(cmd + cli_flags(RUN, data_dir=data_dir, model_dir=model_dir))
+
+
+def _finish(proc, out: Output) -> str:
+    try:
+        proc.wait(timeout=TIMEOUT)
+    finally:
+        kill_tree(proc)  # the local Ray cluster's processes, if any were left
+    time.sleep(0.3)  # the last lines are still on their way through the pipe
+    return out.text
+
+
+def _last_fingerprints(text: str) -> dict:
+    """worker -> (pid, weights fingerprint) of the last attempt (the last line per worker)."""
+    return {int(w): (int(pid), h) for pid, w, h in FINGERPRINT.findall(text)}
+
+
+@pytest.fixture(scope="module")
+def reference(small_dataset, tmp_path_factory):
+    """The final weights of the same run in one process (strategy default)."""
+    _need_ray()
+    model_dir = tmp_path_factory.mktemp("one-process")
+    config = config_from(data_dir=small_dataset, model_dir=str(model_dir), strategy="default")
+    train.run(validate(config.with_settings(**RUN)))
+    return final_weights(model_dir)
+
+
+@pytest.fixture(scope="module")
+def ray_run(small_dataset, tmp_path_factory):
+    """(output, model_dir, seconds) of ``tfgpu-ray --num_workers=2`` run to its end."""
+    _need_ray()
+    model_dir = tmp_path_factory.mktemp("ray")
+    started = time.time()
+    proc = _start(small_dataset, model_dir)
+    out = Output(proc)
+    text = _finish(proc, out)
+    assert proc.returncode == 0, text[-5000:]
+    return text, model_dir, time.time() - started
+
+
+def test_two_ray_workers_end_with_the_weights_of_one_process(ray_run, reference):
+    text, model_dir, seconds = ray_run
+    print(f"tfgpu-ray, 2 workers, {RUN['train_steps']} updates: {seconds:.0f} s")
+    _assert_close(final_weights(model_dir), reference, atol=1e-5)
+    prints = _last_fingerprints(text)
+    assert set(prints) == {0, 1}, text[-5000:]
+    assert len({h for _, h in prints.values()}) == 1, "the workers ended with different weights"
+    with open(model_dir / "summary.json", encoding="utf-8") as f:
+        summary = json.load(f)
+    assert summary["strategy"] == "multi_worker_mirrored" and summary["num_replicas"] == 2
+    assert summary["steps"] == RUN["train_steps"]
+    for name in ("config.json", "metrics.jsonl", "final.weights.h5", "checkpoints"):
+        assert (model_dir / name).exists(), name
+    assert "Traceback" not in text and "tfgpu-ray: done" in text
+
+
+def _chief_pid(out: Output, proc) -> int:
+    """The pid of the Ray worker that prints the chief's start line, once it has."""
+    deadline = time.time() + TIMEOUT
+    while True:
+        found = re.search(
+            r"\(RayTrainWorker pid=(\d+)[^)]*\) multi_worker_mirrored: 2 rep", out.text
+        )
+        if found:
+            return int(found.group(1))
+        assert proc.poll() is None and time.time() < deadline, out.text[-5000:]
+        time.sleep(0.2)
+
+
+def _wait_for_checkpoint(model_dir, proc, out: Output) -> None:
+    deadline = time.time() + TIMEOUT
+    while not (model_dir / "checkpoints" / "checkpoint").exists():
+        assert proc.poll() is None and time.time() < deadline, out.text[-5000:]
+        time.sleep(0.05)
+
+
+def test_a_killed_worker_is_restarted_by_ray_and_the_run_resumes_exactly(
+    small_dataset, ray_run, reference, tmp_path
+):
+    started = time.time()
+    proc = _start(small_dataset, tmp_path, "--max_failures=1")
+    out = Output(proc)
+    try:
+        chief = _chief_pid(out, proc)
+        # Only a process of this command's own Ray cluster is killed.
+        assert chief in {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        _wait_for_checkpoint(tmp_path, proc, out)
+        os.kill(chief, signal.SIGKILL)
+        killed_at = time.time() - started
+    finally:
+        text = _finish(proc, out)
+    print(f"killed after {killed_at:.0f} s; the whole run took {time.time() - started:.0f} s")
+    assert proc.returncode == 0, text[-5000:]
+    assert f"attempt 1 failed: worker 0 (pid {chief}): its process died" in text, text[-5000:]
+    resumed = re.search(r"resumed from \S+ at step (\d+)", text)
+    assert resumed and 0 < int(resumed.group(1)) < RUN["train_steps"], text[-5000:]
+    prints = _last_fingerprints(text)
+    assert set(prints) == {0, 1} and chief not in {pid for pid, _ in prints.values()}
+    assert len({h for _, h in prints.values()}) == 1
+    # The resumed run ends as the uninterrupted one did (same strategy: to the bit).
+    _assert_close(final_weights(tmp_path), final_weights(ray_run[1]), atol=1e-6)
+    _assert_close(final_weights(tmp_path), reference, atol=1e-5)
+
+
+# --- arguments, without Ray starting -----------------------------------------------------
+
+
+def _error_line(capsys, argv) -> str:
+    code = tfgpu_ray.main(["tfgpu-ray", *argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("tfgpu-ray: error: ")
+    return lines[0]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--num_workers=2", "--model=tiny_cnn"], "no `--` before the tfgpu flags"),
+        (["--num_workers=0", "--"], "--num_workers=0 must be at least 1"),
+        (["--num_workers=two", "--"], "num_workers"),
+        (["--"], "--num_workers is required"),
+        (["--num_workers=2", "--max_failures=-2", "--"], "--max_failures=-2 must be -1"),
+        (["--num_workers=2", "--model_dir=x", "--"], "model_dir"),
+    ],
+)
+def test_bad_arguments_are_one_line(capsys, argv, expected):
+    assert expected in _error_line(capsys, argv)
+
+
+@pytest.mark.fast
+def test_bad_tfgpu_flags_are_one_line_before_ray_starts(capsys, tmp_path):
+    _need_ray()
+    line = _error_line(capsys, ["--num_workers=2", "--", "--model=resnet5"])
+    assert "--model='resnet5' is unknown" in line
+    line = _error_line(capsys, ["--num_workers=2", "--", "--strategy=mirrored"])
+    assert "runs --strategy=multi_worker_mirrored, not --strategy=mirrored" in line
+
+
+@pytest.mark.fast
+def test_without_ray_installed_it_says_how_to_install_it(capsys, monkeypatch):
+    for name in [m for m in sys.modules if m == "ray" or m.startswith("ray.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails
+    line = _error_line(capsys, ["--num_workers=2", "--"])
+    assert line == "tfgpu-ray: error: tfgpu-ray needs Ray Train: pip install 'tfgpu[ray]'"
+
+
+@pytest.mark.fast
+def test_the_job_ray_is_given(small_dataset, tmp_path):
+    """What the TensorflowTrainer is built with: workers, one GPU each with --use_gpu, the
+    failures it restarts after, Ray's storage under --model_dir, and the tfgpu Config."""
+    _need_ray()
+    job, tfgpu_argv = tfgpu_ray.parse(
+        ["--num_workers=3", "--use_gpu", "--max_failures=2", "--", f"--model_dir={tmp_path}"]
+    )
+    assert job == ray_train.RayJob(num_workers=3, use_gpu=True, max_failures=2, address="")
+    argv = [*tfgpu_argv, f"--data_dir={small_dataset}", "--model=tiny_cnn", "--image_size=32"]
+    config = tfgpu_ray.make_config(argv, local=True)
+    assert config.dist.strategy == "multi_worker_mirrored"
+    trainer = ray_train.build_trainer(config, job)
+    scaling, run = trainer.scaling_config, trainer.run_config
+    assert scaling.num_workers == 3 and scaling.use_gpu and scaling.num_gpus_per_worker == 1
+    assert run.failure_config.max_failures == 2
+    assert run.storage_path == str(tmp_path / "ray")
+    assert trainer.train_loop_config["config"] == config
+
+
+@pytest.mark.fast
+def test_a_worker_failure_is_named_in_one_line():
+    from tfgpu.errors import DataError
+
+    class Wrapped(Exception):  # how Ray hands over an exception a worker raised
+        def __init__(self, raised):
+            self._base_exc = raised
+
+    line, code, raised = ray_train.describe_failure(1, Wrapped(DataError("no shards in /d")))
+    assert (line, code) == ("worker 1: no shards in /d", 2) and isinstance(raised, DataError)
+    died = Exception("A worker health check failed.\nWorker info: ... pid=4242,\n...")
+    line, code, raised = ray_train.describe_failure(0, died)
+    assert line == "worker 0 (pid 4242): its process died (killed, out of memory, or it exited)"
+    assert code == 5 and raised is None
