@@ -27,7 +27,8 @@ from tfgpu.distribute import ray_train
 # Long enough that a worker killed at the first checkpoint (step 4) dies mid-run.
 RUN = dict(TINY_RUN, train_steps=24, checkpoint_every_steps=4, steps_per_loop=2, log_every_steps=2)
 TIMEOUT = 420
-FINGERPRINT = re.compile(r"\(RayTrainWorker pid=(\d+)[^)]*\) worker (\d+)/2 weights_sha256 (\w+)")
+FINGERPRINT = re.compile(r"worker (\d+)/2 weights_sha256 (\w+)")
+WORKER_PID = re.compile(r"tfgpu-ray: worker (\d+) of 2: pid (\d+)")
 
 
 def _need_ray():
@@ -54,9 +55,14 @@ def _finish(proc, out: Output) -> str:
     return out.text
 
 
-def _last_fingerprints(text: str) -> dict:
-    """worker -> (pid, weights fingerprint) of the last attempt (the last line per worker)."""
-    return {int(w): (int(pid), h) for pid, w, h in FINGERPRINT.findall(text)}
+def _fingerprints(text: str) -> dict:
+    """worker -> the weights fingerprint it printed last (the last attempt's)."""
+    return {int(w): h for w, h in FINGERPRINT.findall(text)}
+
+
+def _pids(text: str) -> dict:
+    """worker -> its process id, as each worker of ``text``'s attempt(s) said last."""
+    return {int(w): int(pid) for w, pid in WORKER_PID.findall(text)}
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +92,9 @@ def test_two_ray_workers_end_with_the_weights_of_one_process(ray_run, reference)
     text, model_dir, seconds = ray_run
     print(f"tfgpu-ray, 2 workers, {RUN['train_steps']} updates: {seconds:.0f} s")
     _assert_close(final_weights(model_dir), reference, atol=1e-5)
-    prints = _last_fingerprints(text)
+    prints = _fingerprints(text)
     assert set(prints) == {0, 1}, text[-5000:]
-    assert len({h for _, h in prints.values()}) == 1, "the workers ended with different weights"
+    assert len(set(prints.values())) == 1, "the workers ended with different weights"
     with open(model_dir / "summary.json", encoding="utf-8") as f:
         summary = json.load(f)
     assert summary["strategy"] == "multi_worker_mirrored" and summary["num_replicas"] == 2
@@ -98,17 +104,13 @@ def test_two_ray_workers_end_with_the_weights_of_one_process(ray_run, reference)
     assert "Traceback" not in text and "tfgpu-ray: done" in text
 
 
-def _chief_pid(out: Output, proc) -> int:
-    """The pid of the Ray worker that prints the chief's start line, once it has."""
+def _first_pids(out: Output, proc) -> dict:
+    """worker -> pid of the first attempt's two workers, once both said."""
     deadline = time.time() + TIMEOUT
-    while True:
-        found = re.search(
-            r"\(RayTrainWorker pid=(\d+)[^)]*\) multi_worker_mirrored: 2 rep", out.text
-        )
-        if found:
-            return int(found.group(1))
+    while len(_pids(out.text)) < 2:
         assert proc.poll() is None and time.time() < deadline, out.text[-5000:]
         time.sleep(0.2)
+    return _pids(out.text)
 
 
 def _wait_for_checkpoint(model_dir, proc, out: Output) -> None:
@@ -125,7 +127,8 @@ def test_a_killed_worker_is_restarted_by_ray_and_the_run_resumes_exactly(
     proc = _start(small_dataset, tmp_path, "--max_failures=1")
     out = Output(proc)
     try:
-        chief = _chief_pid(out, proc)
+        first = _first_pids(out, proc)
+        chief = first[0]
         # Only a process of this command's own Ray cluster is killed.
         assert chief in {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
         _wait_for_checkpoint(tmp_path, proc, out)
@@ -138,9 +141,10 @@ def test_a_killed_worker_is_restarted_by_ray_and_the_run_resumes_exactly(
     assert f"attempt 1 failed: worker 0 (pid {chief}): its process died" in text, text[-5000:]
     resumed = re.search(r"resumed from \S+ at step (\d+)", text)
     assert resumed and 0 < int(resumed.group(1)) < RUN["train_steps"], text[-5000:]
-    prints = _last_fingerprints(text)
-    assert set(prints) == {0, 1} and chief not in {pid for pid, _ in prints.values()}
-    assert len({h for _, h in prints.values()}) == 1
+    prints = _fingerprints(text)
+    assert set(prints) == {0, 1} and len(set(prints.values())) == 1, text[-5000:]
+    # The restarted group ran in new processes (TensorFlow set up afresh in each).
+    assert not set(_pids(text).values()) & set(first.values()), text[-5000:]
     # The resumed run ends as the uninterrupted one did (same strategy: to the bit).
     _assert_close(final_weights(tmp_path), final_weights(ray_run[1]), atol=1e-6)
     _assert_close(final_weights(tmp_path), reference, atol=1e-5)

@@ -50,8 +50,10 @@ class RayJob:
 
 
 def require_ray() -> None:
-    """Returns when Ray Train (V2) can be imported; else a DistributeError saying how to
-    install it."""
+    """Returns when Ray Train (V2) can be imported (and imports it, with ``RAY_ENV`` set);
+    else a DistributeError saying how to install it."""
+    for name, value in RAY_ENV.items():
+        os.environ.setdefault(name, value)
     try:
         import ray.train  # noqa: F401
     except ImportError:
@@ -71,10 +73,7 @@ def run_job(config, job: RayJob) -> int:
     """Runs ``train_worker`` on ``job.num_workers`` Ray workers with ``config`` (a validated
     Config, strategy multi_worker_mirrored) until the run ends; returns 0, or raises the
     TfgpuError that ended it after Ray's restarts ran out."""
-    for name, value in RAY_ENV.items():
-        os.environ.setdefault(name, value)
-    if not sys.stdout.isatty():
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # no colour codes in log files
+    require_ray()
     from tfgpu import startup
 
     startup.quiet_log_level()  # the workers inherit it (a local cluster)
@@ -105,9 +104,10 @@ def _connect(job: RayJob) -> str:
     import ray
 
     address = job.address or os.environ.get("RAY_ADDRESS", "")
-    # Errors only from the job's Ray processes' Python loggers: without Ray's dashboard (not in
-    # ray[train]) Ray Train's placement-group cleaner warns every few seconds that it cannot
-    # ask the state API, and TensorFlow's INFO lines would come twice. tfgpu prints its own.
+    # Errors only from the Python loggers of the job's Ray processes: without Ray's dashboard
+    # (not in ray[train]) Ray Train's placement-group cleaner warns every second that it cannot
+    # ask the state API. With a job logging config, Ray forwards the processes' lines without
+    # its "(RayTrainWorker pid=...)" prefix: each worker says once which pid it is.
     quiet = dict(
         logging_level=logging.WARNING,
         logging_config=ray.LoggingConfig(encoding="TEXT", log_level="ERROR"),
@@ -167,6 +167,7 @@ def train_worker(job: dict) -> None:
     from tfgpu.distribute import backends
     from tfgpu.main import translate
 
+    print(f"tfgpu-ray: {_whoami()}", flush=True)
     try:
         train.run(job["config"])
     except Exception as err:
@@ -177,6 +178,15 @@ def train_worker(job: dict) -> None:
         raise known from None
     finally:
         backends.remove_scratch_dirs()  # Ray ends the actor with a kill: no exit handlers
+
+
+def _whoami() -> str:
+    """``worker I of N: pid P, HOST:PORT`` from the TF_CONFIG Ray wrote for this worker."""
+    from tfgpu.distribute import env
+
+    config = env.read_tf_config()
+    index, workers = int(config["task"]["index"]), config["cluster"]["worker"]
+    return f"worker {index} of {len(workers)}: pid {os.getpid()}, {workers[index]}"
 
 
 def describe_failure(rank: int, err: BaseException) -> tuple[str, int, TfgpuError | None]:
