@@ -24,8 +24,16 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.distribute import ray_train
 
-# Long enough that a worker killed at the first checkpoint (step 4) dies mid-run.
-RUN = dict(TINY_RUN, train_steps=24, checkpoint_every_steps=4, steps_per_loop=2, log_every_steps=2)
+# Long enough that a worker killed at the first checkpoint (step 4) dies mid-run; no input
+# probe (a second per attempt).
+RUN = dict(
+    TINY_RUN,
+    train_steps=40,
+    checkpoint_every_steps=4,
+    steps_per_loop=2,
+    log_every_steps=4,
+    input_probe_s=0,
+)
 TIMEOUT = 420
 FINGERPRINT = re.compile(r"worker (\d+)/2 weights_sha256 (\w+)")
 WORKER_PID = re.compile(r"tfgpu-ray: worker (\d+) of 2: pid (\d+)")
@@ -216,17 +224,46 @@ def test_the_job_ray_is_given(small_dataset, tmp_path):
     assert trainer.train_loop_config["config"] == config
 
 
+class Raised(Exception):
+    """How Ray hands over an exception a worker raised (its wrapper keeps it as _base_exc)."""
+
+    def __init__(self, raised):
+        super().__init__("Traceback (most recent call last): ...")
+        self._base_exc = raised
+
+
+class GaveUp(Exception):
+    """Ray Train's error when its restarts ran out: rank -> each worker's failure."""
+
+    def __init__(self, failures):
+        super().__init__("Training failed due to worker errors")
+        self.worker_failures = failures
+
+
+DIED = Exception("A worker health check failed.\nWorker info: ... pid=4242,\n...")
+
+
 @pytest.mark.fast
 def test_a_worker_failure_is_named_in_one_line():
     from tfgpu.errors import DataError
 
-    class Wrapped(Exception):  # how Ray hands over an exception a worker raised
-        def __init__(self, raised):
-            self._base_exc = raised
-
-    line, code, raised = ray_train.describe_failure(1, Wrapped(DataError("no shards in /d")))
+    line, code, raised = ray_train.describe_failure(1, Raised(DataError("no shards in /d")))
     assert (line, code) == ("worker 1: no shards in /d", 2) and isinstance(raised, DataError)
-    died = Exception("A worker health check failed.\nWorker info: ... pid=4242,\n...")
-    line, code, raised = ray_train.describe_failure(0, died)
+    line, code, raised = ray_train.describe_failure(0, DIED)
     assert line == "worker 0 (pid 4242): its process died (killed, out of memory, or it exited)"
     assert code == 5 and raised is None
+
+
+@pytest.mark.fast
+def test_when_ray_gives_up_the_root_cause_is_the_error():
+    from tfgpu.errors import DataError, WorkerLost
+
+    job = ray_train.RayJob(num_workers=2, max_failures=1)
+    lost = Raised(WorkerLost("lost contact with another worker"))
+    # The dead worker, not the one that lost it, and the exit code of a lost worker (5).
+    with pytest.raises(
+        WorkerLost, match=r"^worker 0 \(pid 4242\): its process died .*; Ray gave up"
+    ):
+        ray_train.job_failed(GaveUp({0: DIED, 1: lost}), job)
+    with pytest.raises(DataError, match=r"^worker 1: no shards; Ray gave up after 1 restart"):
+        ray_train.job_failed(GaveUp({0: DIED, 1: Raised(DataError("no shards"))}), job)

@@ -109,10 +109,7 @@ def _run(argv: list[str]) -> int:
     ray_train.require_ray()
     local = not (job.address or os.environ.get("RAY_ADDRESS"))
     config = make_config(tfgpu_argv, local)
-    try:
-        return ray_train.run_job(config, job)
-    except KeyboardInterrupt:
-        return 130
+    return ray_train.run_job(config, job)
 
 
 def run() -> None:

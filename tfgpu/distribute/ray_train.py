@@ -1,11 +1,13 @@
 """tfgpu's own training loop as a Ray Train job (``tfgpu-ray``): one Ray worker per process,
 multi_worker_mirrored between them, restarts by Ray, resume by tfgpu.
 
-The path: Ray Train V2's ``ray.train.tensorflow.TensorflowTrainer`` (V2 is the default since
-Ray 2.51; V1's trainer is deprecated). Its backend writes each worker's TF_CONFIG (workers
-only, no chief, a free port per worker, picked afresh for every attempt), which tfgpu already
-reads: worker 0 is the chief and writes --model_dir. Each worker is a Ray actor, a process of
-its own that runs ``train_worker`` in a thread; when one fails, Ray kills the whole group and
+The path: Ray Train V2's ``ray.train.tensorflow.TensorflowTrainer``, Ray's supported way to
+run TensorFlow (V2 is the default in the Ray tested, 2.60, and V1's trainer is deprecated).
+Its backend writes each worker's TF_CONFIG (workers only, no chief, a free port per worker,
+picked afresh for every attempt), which tfgpu already reads: worker 0 is the chief and writes
+--model_dir. Each worker is a Ray actor, a process of its own that runs ``train_worker`` in a
+thread (so tfgpu's signal handling, ``faults.install``, stays out: signals are Ray's there, and
+a fork inside Ray's worker is not wanted); when one fails, Ray kills the whole group and
 (``FailureConfig(max_failures=K)``) starts a new one in new processes, so TensorFlow sets up
 its devices and strategy afresh. The new chief resumes from the newest checkpoint in
 --model_dir, as a restarted ``tfgpu.main`` does; Ray's own checkpoints are not used (tfgpu's
@@ -21,6 +23,7 @@ import dataclasses
 import logging
 import os
 import re
+import signal
 import sys
 
 from tfgpu.distribute import DistributeError
@@ -71,8 +74,9 @@ def storage_path(model_dir: str) -> str:
 
 def run_job(config, job: RayJob) -> int:
     """Runs ``train_worker`` on ``job.num_workers`` Ray workers with ``config`` (a validated
-    Config, strategy multi_worker_mirrored) until the run ends; returns 0, or raises the
-    TfgpuError that ended it after Ray's restarts ran out."""
+    Config, strategy multi_worker_mirrored) until the run ends. Returns 0, or 128 + N after
+    signal N stopped it (the workers stop without saving: the newest checkpoint is kept);
+    raises the TfgpuError that ended it once Ray's restarts ran out."""
     require_ray()
     from tfgpu import startup
 
@@ -82,15 +86,49 @@ def run_job(config, job: RayJob) -> int:
     from ray.train import TrainingFailedError
 
     where = _connect(job)
+    signalled = _note_sigterm()  # after ray.init, whose handler it calls
     print(f"tfgpu-ray: {_describe(job)} on {where}; --model_dir={config.model_dir}", flush=True)
     try:
         build_trainer(config, job).fit()
     except TrainingFailedError as err:
-        return _failed(err, job)
+        return job_failed(err, job)
+    except KeyboardInterrupt:
+        return _stopped("SIGINT")
+    except SystemExit:
+        if not signalled:
+            raise
+        return _stopped(signalled[0])
     finally:
         ray.shutdown()
     print(f"tfgpu-ray: done; the run's files are in {config.model_dir}", flush=True)
     return 0
+
+
+def _stopped(name: str) -> int:
+    """Says that signal ``name`` stopped the job; returns its exit code (128 + N)."""
+    print(
+        f"tfgpu-ray: stopped by {name}; the workers stopped without saving, the newest "
+        "checkpoint in --model_dir is kept: run the same command again to resume",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 128 + signal.Signals[name].value
+
+
+def _note_sigterm() -> list:
+    """Puts a SIGTERM handler before the one ray.init set (which stops a local cluster's
+    processes and exits): returns a list that holds "SIGTERM" once the signal came."""
+    seen: list = []
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        seen.append(signal.Signals(signum).name)
+        if callable(previous):
+            previous(signum, frame)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    return seen
 
 
 def _describe(job: RayJob) -> str:
@@ -208,6 +246,23 @@ def describe_failure(rank: int, err: BaseException) -> tuple[str, int, TfgpuErro
     )
 
 
+def root_cause(failures: dict) -> int:
+    """The rank whose failure (``failures``: rank -> error, as Ray reports them) to name: a
+    tfgpu error first, then one that is not tfgpu's (a bug: its traceback), then a process
+    that died, then a lost peer (the consequence of one that died); the lowest rank among
+    equals."""
+
+    def order(rank: int) -> tuple:
+        _, code, raised = describe_failure(rank, failures[rank])
+        if isinstance(raised, WorkerLost):
+            return 3, rank
+        if raised is not None:
+            return 0, rank
+        return (2 if code == WorkerLost.exit_code else 1), rank
+
+    return min(failures, key=order)
+
+
 def _failure_log(max_failures: int):
     """A Ray Train callback (run in Ray's controller) that says, in one line per failed
     attempt, which worker failed and how, and whether Ray restarts the group."""
@@ -220,7 +275,7 @@ def _failure_log(max_failures: int):
         def after_exception(self, run_context, worker_exceptions):
             del run_context
             self.failures += 1
-            rank = min(worker_exceptions)
+            rank = root_cause(worker_exceptions)
             line = describe_failure(rank, worker_exceptions[rank])[0]
             if max_failures < 0 or self.failures <= max_failures:
                 then = (
@@ -234,14 +289,14 @@ def _failure_log(max_failures: int):
     return FailureLog()
 
 
-def _failed(err, job: RayJob) -> int:
+def job_failed(err, job: RayJob) -> int:
     """The exit code of a job Ray gave up on (``err``: Ray's TrainingFailedError), after one
     line saying why (or, for an error that is not tfgpu's, the worker's traceback)."""
     failures = getattr(err, "worker_failures", None)
     if not failures:  # the controller's or a preemption's: Ray's own words, first line
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise DistributeError(f"Ray Train failed: {first}")
-    rank = min(failures, key=lambda r: (describe_failure(r, failures[r])[2] is None, r))
+    rank = root_cause(failures)
     line, code, raised = describe_failure(rank, failures[rank])
     if code == 1 and raised is None:
         print(str(failures[rank]), file=sys.stderr, flush=True)  # the worker's traceback
