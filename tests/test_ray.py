@@ -28,7 +28,7 @@ from tfgpu.distribute import ray_train
 # probe (a second per attempt).
 RUN = dict(
     TINY_RUN,
-    train_steps=40,
+    train_steps=24,
     checkpoint_every_steps=4,
     steps_per_loop=2,
     log_every_steps=4,

@@ -1,4 +1,5 @@
-"""How training is spread: the only package that knows strategies, TF_CONFIG, Slurm and Horovod.
+"""How training is spread: the only package that knows strategies, TF_CONFIG, Slurm, Ray and
+Horovod.
 
   config.py      its settings (``config.dist``); no TensorFlow
   env.py         what the environment says (TF_CONFIG, horovodrun's, Slurm's variables)
@@ -9,6 +10,7 @@
   heartbeats.py  the UDP side channel and stall watchdog that name a stuck worker
   failures.py    a lost worker's error, in one line naming it
   hvdrun.py      tfgpu-horovodrun: horovodrun with one line instead of its traceback
+  ray_train.py   tfgpu-ray's Ray Train job: the trainer, each worker's run, failures in one line
 
 This file holds the choices ``config.py`` checks before TensorFlow starts, and the names
 shared by the modules above; it imports nothing heavy.
