@@ -267,3 +267,15 @@ def test_when_ray_gives_up_the_root_cause_is_the_error():
         ray_train.job_failed(GaveUp({0: DIED, 1: lost}), job)
     with pytest.raises(DataError, match=r"^worker 1: no shards; Ray gave up after 1 restart"):
         ray_train.job_failed(GaveUp({0: DIED, 1: Raised(DataError("no shards"))}), job)
+
+
+@pytest.mark.fast
+def test_tfgpu_ray_is_a_console_script_of_the_ray_extra():
+    import configparser
+    import pathlib
+
+    setup = configparser.ConfigParser()
+    setup.read(pathlib.Path(__file__).resolve().parents[1] / "setup.cfg")
+    assert "tfgpu-ray = tfgpu.ray:run" in setup["options.entry_points"]["console_scripts"]
+    assert setup["options.extras_require"]["ray"].strip().startswith("ray[train]")
+    assert callable(tfgpu_ray.run)
