@@ -7,19 +7,19 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-heavy test-fast install horovod system bench
+.PHONY: demo test test-heavy test-fast install horovod system ray bench
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
-test: system install horovod
+test: system install horovod ray
 	$(PY) -m pytest -q --durations=25 tests
 
 # Everything, with the opt-in heavy tests too (tests/conftest.py: HEAVY_ENV).
-test-heavy: system install horovod
+test-heavy: system install horovod ray
 	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q --durations=25 tests
 
 # The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
-# cores, and no Horovod needed.
+# cores, and no Horovod or Ray needed.
 test-fast: install
 	$(PY) -m pytest -q -m fast tests
 
@@ -37,3 +37,10 @@ system:
 
 horovod: install
 	PYTHON=$(PY) bash tools/install_horovod.sh
+
+# Ray Train, the [ray] extra: tests/test_ray.py runs tfgpu-ray on a local Ray cluster.
+ray: $(STAMP)-ray
+
+$(STAMP)-ray: $(STAMP)
+	$(PY) -m pip install -q -e '.[ray]'
+	touch $@

@@ -84,6 +84,8 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
         "tfgpu.distribute",
         "tfgpu.distribute.env",
         "tfgpu.launch",
+        "tfgpu.ray",
+        "tfgpu.distribute.ray_train",
         "tfgpu.use",
         "tfgpu.evaluate",
         "tfgpu.watch",

@@ -149,14 +149,19 @@ def _guard(pid: int) -> None:
 class PreemptionGuard:
     """What the loop polls to stop at a boundary: the watcher's request when ``install`` ran
     (``tfgpu.main``), else Python signal handlers of its own (a run inside another program,
-    e.g. a test)."""
+    e.g. a test), else (a run in a thread other than the main one) only the other workers'
+    requests."""
 
     def __init__(self):
         self._previous = {}
         self._own = ""
 
     def __enter__(self):
-        if not _INSTALLED:
+        # Python runs signal handlers in the main thread only, and refuses to install them from
+        # another: a loop run in a worker thread (Ray Train's workers run it in one) leaves
+        # signals to the program that owns that thread.
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        if not _INSTALLED and in_main_thread:
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self

@@ -36,7 +36,7 @@ for _name in KEY_FLAGS:  # what --help lists beside this module's docstring
 FLAGS = flags.FLAGS
 
 
-def _check_writable(model_dir: str) -> None:
+def check_writable(model_dir: str) -> None:
     try:
         os.makedirs(model_dir, exist_ok=True)
         probe = os.path.join(model_dir, f".write-test-{os.getpid()}")  # workers share the dir
@@ -52,10 +52,13 @@ def default_model_dir() -> str:
     return os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
 
 
-def make_config():
-    """The run's Config from the parsed flags (demo recipe as defaults when there is no data)."""
-    use_demo = not (FLAGS["data_dir"].present or FLAGS.synthetic_data or FLAGS.tfds_name)
-    config = config_from_flags(FLAGS, demo.DEMO_RECIPE if use_demo else None)
+def make_config(flag_values=FLAGS):
+    """The run's validated Config from parsed tfgpu flags (``flag_values``: absl's global
+    FLAGS, or the FlagValues another command parsed its tfgpu flags into, e.g. ``tfgpu-ray``);
+    the demo recipe gives the defaults when there is no data."""
+    fv = flag_values
+    use_demo = not (fv["data_dir"].present or fv.synthetic_data or fv.tfds_name)
+    config = config_from_flags(fv, demo.DEMO_RECIPE if use_demo else None)
     if not config.model_dir:
         config = config.with_settings(model_dir=default_model_dir())
     config = validate(config)
@@ -80,7 +83,7 @@ def _train() -> None:
         watch.watch(FLAGS.model_dir, FLAGS.watch_interval_s, FLAGS.watch_timeout_s)
         return
     config = make_config()
-    _check_writable(config.model_dir)
+    check_writable(config.model_dir)
     faults.install(config.dist.stop_grace_s)  # before TensorFlow starts its threads
     startup.import_tensorflow()  # without its start-up notices
     from tfgpu import train

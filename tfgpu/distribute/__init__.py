@@ -1,5 +1,5 @@
 """How training is spread: the only package that knows strategies, launchers (TF_CONFIG,
-horovodrun, mpirun, Slurm) and Horovod.
+horovodrun, mpirun, Slurm, Ray) and Horovod.
 
   config.py      its settings (``config.dist``); no TensorFlow
   env.py         who started this process and how many (horovodrun, mpirun, TF_CONFIG, srun)
@@ -11,6 +11,7 @@ horovodrun, mpirun, Slurm) and Horovod.
   heartbeats.py  the UDP side channel and stall watchdog that name a stuck worker
   failures.py    a lost worker's error, in one line naming it
   hvdrun.py      tfgpu-horovodrun: horovodrun with one line instead of its traceback
+  ray_train.py   tfgpu-ray's Ray Train job: the trainer, each worker's run, failures in one line
 
 This file holds the choices ``config.py`` checks before TensorFlow starts, and the names
 shared by the modules above; it imports nothing heavy.

@@ -292,6 +292,13 @@ class HorovodBackend:
 _SCRATCH: list = []  # removed when the process exits normally
 
 
+def remove_scratch_dirs() -> None:
+    """Removes this process's scratch directories now (a process that ends by a kill, such as
+    a Ray worker, never runs the exit handlers that would)."""
+    while _SCRATCH:
+        _SCRATCH.pop().cleanup()
+
+
 def _scratch_dir(prefix: str) -> str:
     """A temporary directory for a non-chief worker's throw-away checkpoint saves."""
     _SCRATCH.append(tempfile.TemporaryDirectory(prefix=prefix))
