@@ -13,7 +13,7 @@ from procs import Output, kill_tree, popen, rank_process
 import tensorflow as tf
 
 from tfgpu import launch
-from tfgpu.distribute import DistributeError, backends, devices, env, failures
+from tfgpu.distribute import DistributeError, backends, devices, env, failures, horovod_backend
 
 EXIT_WORKER_LOST = 5
 LOST_LINE = "tfgpu: error: lost contact with another worker ("
@@ -224,7 +224,7 @@ def test_every_backend_offers_the_verbs_of_the_backend_protocol():
     verbs = [n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")]
     verbs.append("num_replicas")
     assert {"each_replica", "all_reduce_sum", "sum_over_replicas"} <= set(verbs)
-    for cls in (backends.StrategyBackend, backends.HorovodBackend):
+    for cls in (backends.StrategyBackend, horovod_backend.HorovodBackend):
         missing = [v for v in verbs if not hasattr(cls, v)]
         assert not missing, f"{cls.__name__} lacks {missing}"
     live = backends.build_backend("default")

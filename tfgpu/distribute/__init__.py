@@ -6,7 +6,10 @@ horovodrun, mpirun, Slurm, Ray) and Horovod.
   mpi.py         an MPI world as a multi-worker cluster (addresses exchanged through MPI)
   slurm.py       Slurm's host lists and task layout, read without Slurm's tools
   devices.py     what a process sees: logical CPUs, GPU memory growth, a rank's or task's GPUs
-  backends.py    one backend per strategy, all with the same few verbs (see its docstring)
+  backends.py    one backend per strategy, all with the same few verbs (see its docstring),
+                 and ``setup``: the launcher's world -> the strategy -> its backend
+  horovod_backend.py  Horovod's backend (horovodrun, or mpirun with Horovod's MPI)
+  common.py      what both kinds of backend share (counters, timing, scratch directories)
   consensus.py   what the workers agree on at start-up, and step-time skew
   heartbeats.py  the UDP side channel and stall watchdog that name a stuck worker
   failures.py    a lost worker's error, in one line naming it
@@ -47,9 +50,10 @@ class InputShard:
 
 
 class Backend(Protocol):
-    """The verbs every backend offers (``backends.StrategyBackend``, ``backends.HorovodBackend``):
-    what the step, the loops and the run may ask of the way training is spread, and nothing
-    else. Tensors and variables are TensorFlow's; "inside a step" means inside ``each_replica``.
+    """The verbs every backend offers (``backends.StrategyBackend``,
+    ``horovod_backend.HorovodBackend``): what the step, the loops and the run may ask of the
+    way training is spread, and nothing else. Tensors and variables are TensorFlow's; "inside
+    a step" means inside ``each_replica``.
     """
 
     name: str  # the resolved strategy: "default", "mirrored", ..., "horovod"

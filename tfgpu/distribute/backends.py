@@ -6,42 +6,17 @@ synchronized BatchNorm), ``reduce_sum`` (outside), ``any_worker``,
 ``all_gather_bytes``, ``broadcast_from_chief`` and ``checkpoint_dir``.
 """
 
-import contextlib
 import json
 import os
-import tempfile
 
 import numpy as np
 import tensorflow as tf
 
 from tfgpu import compat
-from tfgpu.distribute import DistributeError, InputShard, env, mpi, slurm
-from tfgpu.distribute.devices import configure_devices, pin_to_local_gpu, pin_to_local_gpus
+from tfgpu.distribute import DistributeError, InputShard, env, horovod_backend, mpi, slurm
+from tfgpu.distribute.common import counter, gathered_bytes, scratch_dir, timed
+from tfgpu.distribute.devices import configure_devices, pin_to_local_gpus
 from tfgpu.distribute.env import resolve_strategy
-
-
-def _counter(dtype=tf.int64) -> tf.Variable:
-    """Counts gradient all-reduces as they run (tests check one per update), or seconds;
-    every replica adds to it, the first replica's sum is the one kept."""
-    return tf.Variable(
-        0, trainable=False, dtype=dtype, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
-    )
-
-
-def _timed(backend, reduce, values: list) -> list:
-    """``reduce(values)``; with several workers, the seconds it waited are added to
-    ``backend.wait_seconds`` (compute per update = step time - wait: the straggler is the one
-    that waits least). Not under --deterministic: TensorFlow refuses clocks then."""
-    if backend.num_workers == 1 or compat.op_determinism_enabled():
-        return reduce(values)
-    with tf.control_dependencies(values):
-        start = tf.timestamp()
-    with tf.control_dependencies([start]):
-        reduced = reduce(values)
-    with tf.control_dependencies(reduced):
-        waited = backend.wait_seconds.assign_add(tf.timestamp() - start)
-    with tf.control_dependencies([waited]):
-        return [tf.identity(r) for r in reduced]
 
 
 def _worker_index(strategy: tf.distribute.Strategy) -> int:
@@ -76,8 +51,8 @@ class StrategyBackend:
         self.is_chief = strategy.extended.should_checkpoint if name != "default" else True
         self._local_sum = None  # compat.local_replica_sum, made on first use
         with strategy.scope():
-            self.all_reduce_calls = _counter()
-            self.wait_seconds = _counter(tf.float64)
+            self.all_reduce_calls = counter()
+            self.wait_seconds = counter(tf.float64)
 
     @property
     def num_replicas(self) -> int:
@@ -108,7 +83,7 @@ class StrategyBackend:
         with tf.control_dependencies([self.all_reduce_calls.assign_add(1)]):
             ctx = tf.distribute.get_replica_context()
             reduce = lambda v: ctx.all_reduce(tf.distribute.ReduceOp.SUM, v)  # noqa: E731
-            summed = _timed(self, reduce, [*values, *extra])
+            summed = timed(self, reduce, [*values, *extra])
         return summed[: len(values)], summed[len(values) :]
 
     def sum_over_replicas(self, tensor):
@@ -156,7 +131,7 @@ class StrategyBackend:
             return [blob]
         local = self.strategy.num_replicas_in_sync // self.num_workers
         gather = lambda rows: self._all_gather_int32(rows)[::local]  # noqa: E731
-        return _gathered_bytes(blob, gather)
+        return gathered_bytes(blob, gather)
 
     def _all_gather_int32(self, rows: np.ndarray) -> np.ndarray:
         """[1, L] int32 on each worker -> [replicas, L] (each worker's row once per replica)."""
@@ -197,121 +172,7 @@ class StrategyBackend:
 
         Every worker must take part in a save (reading sync-on-read variables is collective).
         """
-        return directory if self.is_chief else _scratch_dir(f"tfgpu-worker{self.worker_index}-")
-
-
-class HorovodBackend:
-    """Horovod: one process per device, plain variables, grouped all-reduce of gradients."""
-
-    def __init__(self, compression: str = "none"):
-        import horovod.tensorflow as hvd
-
-        hvd.init()
-        pin_to_local_gpu(hvd.local_rank())
-        self.hvd = hvd
-        self.name = "horovod"
-        self.num_workers = hvd.size()
-        self.worker_index = hvd.rank()
-        self.input_shard = InputShard(hvd.size(), hvd.rank())
-        self.is_chief = hvd.rank() == 0
-        self.strategy = tf.distribute.get_strategy()
-        self._compression = hvd.Compression.fp16 if compression == "fp16" else None
-        self.all_reduce_calls = _counter()
-        self.wait_seconds = _counter(tf.float64)
-
-    @property
-    def num_replicas(self) -> int:
-        return self.hvd.size()
-
-    def scope(self):
-        return contextlib.nullcontext()
-
-    def distribute_dataset(self, make_dataset):
-        """This rank's shard of ``make_dataset``, prefetched to the rank's device (the GPU it
-        is pinned to, else the CPU) so the copy overlaps the step, as tf.distribute's
-        fetch-to-device does for the other strategies."""
-        dataset = make_dataset(self.input_shard)
-        device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
-        options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
-        return tf.distribute.OneDeviceStrategy(device).experimental_distribute_dataset(
-            dataset, options
-        )
-
-    def each_replica(self, fn, args=()):
-        return fn(*args)
-
-    def all_reduce_sum(self, values, extra=()) -> tuple:
-        """As StrategyBackend's: one grouped all-reduce. ``extra`` is never compressed (fp16
-        would round the BatchNorm statistics at every update): with --hvd_compression=fp16
-        it travels in a second, uncompressed group."""
-        with tf.control_dependencies([self.all_reduce_calls.assign_add(1)]):  # see above
-            values, extra = [tf.identity(v) for v in values], [tf.identity(v) for v in extra]
-            if self._compression is None:
-                summed = _timed(self, self._grouped_sum, [*values, *extra])
-                return summed[: len(values)], summed[len(values) :]
-            compressed = lambda v: self._grouped_sum(v, compression=self._compression)  # noqa: E731
-            return _timed(self, compressed, values), self._grouped_sum(extra)
-
-    def _grouped_sum(self, values, **kwargs) -> list:
-        if not values:
-            return []
-        return self.hvd.grouped_allreduce(values, op=self.hvd.Sum, **kwargs)
-
-    def sum_over_replicas(self, tensor):
-        """A differentiable sum of ``tensor`` over the ranks (synchronized BatchNorm's
-        moments; Horovod registers the all-reduce's gradient); not counted as the update's."""
-        return self.hvd.allreduce(tensor, op=self.hvd.Sum)
-
-    def reduce_sum(self, value):
-        """Sums a nest of tensors over the ranks, in one grouped collective."""
-        flat = tf.nest.flatten(value)
-        return tf.nest.pack_sequence_as(value, self.hvd.grouped_allreduce(flat, op=self.hvd.Sum))
-
-    def local_values(self, value):
-        return [value]
-
-    def any_worker(self, flag: bool) -> bool:
-        total = self.hvd.allreduce(tf.constant(1.0 if flag else 0.0), op=self.hvd.Sum)
-        return float(total) > 0
-
-    def all_gather_bytes(self, blob: bytes) -> list[bytes]:
-        """Every rank's ``blob``, in rank order (a collective: every rank must call)."""
-        if self.num_workers == 1:
-            return [blob]
-        return _gathered_bytes(blob, lambda rows: self.hvd.allgather(tf.constant(rows)).numpy())
-
-    def broadcast_from_chief(self, variables) -> None:
-        """Copies rank 0's values into every rank's ``variables`` (tf.Variables)."""
-        if self.num_workers > 1:
-            self.hvd.broadcast_variables(list(variables), root_rank=0)
-
-    def checkpoint_dir(self, directory: str) -> str:
-        return directory if self.is_chief else _scratch_dir(f"tfgpu-rank{self.worker_index}-")
-
-
-_SCRATCH: list = []  # removed when the process exits normally
-
-
-def remove_scratch_dirs() -> None:
-    """Removes this process's scratch directories now (a process that ends by a kill, such as
-    a Ray worker, never runs the exit handlers that would)."""
-    while _SCRATCH:
-        _SCRATCH.pop().cleanup()
-
-
-def _scratch_dir(prefix: str) -> str:
-    """A temporary directory for a non-chief worker's throw-away checkpoint saves."""
-    _SCRATCH.append(tempfile.TemporaryDirectory(prefix=prefix))
-    return _SCRATCH[-1].name
-
-
-def _gathered_bytes(blob: bytes, gather) -> list[bytes]:
-    """All workers' ``blob`` through ``gather([1, L] int32 rows) -> [workers, L]``: the lengths
-    first, so that every worker pads to the same L (collectives need equal shapes)."""
-    lengths = gather(np.array([[len(blob)]], np.int32))[:, 0]
-    rows = np.zeros([1, max(int(lengths.max()), 1)], np.int32)  # a 0-length collective crashes
-    rows[0, : len(blob)] = np.frombuffer(blob, np.uint8)
-    return [bytes(row[:n].astype(np.uint8)) for row, n in zip(gather(rows), lengths)]
+        return directory if self.is_chief else scratch_dir(f"tfgpu-worker{self.worker_index}-")
 
 
 def _mirrored(all_reduce_alg: str) -> tf.distribute.Strategy:
@@ -364,30 +225,6 @@ def _multi_worker(dist) -> tf.distribute.Strategy:
     )
 
 
-def _horovod(hvd_compression: str):
-    found = env.world()
-    if found.launcher not in ("horovodrun", "mpirun"):
-        raise DistributeError(
-            "--strategy=horovod must run under horovodrun or mpirun, e.g. "
-            "`horovodrun -np 2 -H localhost:2 python -m tfgpu.main --strategy=horovod`"
-        )
-    try:
-        backend = HorovodBackend(hvd_compression)
-    except ImportError:
-        raise DistributeError(
-            "--strategy=horovod needs Horovod: run `bash tools/install_horovod.sh`"
-        ) from None
-    if backend.num_workers != found.size:
-        # A Horovod built without MPI under mpirun: every process a world of its own.
-        raise DistributeError(
-            f"Horovod sees {backend.num_workers} process(es) but {found.evidence}: this "
-            f"Horovod is built without {'MPI' if found.launcher == 'mpirun' else 'Gloo'}; "
-            "rebuild it with `bash tools/install_horovod.sh` once Open MPI is installed "
-            "(apt-get install libopenmpi-dev), or use --strategy=multi_worker_mirrored"
-        )
-    return backend
-
-
 def _one_device() -> tf.distribute.Strategy:
     device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
     return tf.distribute.OneDeviceStrategy(device)
@@ -401,7 +238,7 @@ _BACKENDS = {
     "multi_worker_mirrored": lambda dist: StrategyBackend(
         "multi_worker_mirrored", _multi_worker(dist)
     ),
-    "horovod": lambda dist: _horovod(dist.hvd_compression),
+    "horovod": lambda dist: horovod_backend.build(dist.hvd_compression),
 }
 
 
@@ -415,16 +252,7 @@ def build_backend(strategy: str, dist=None):
     return _BACKENDS[strategy](dist)
 
 
-def horovod_has_mpi() -> bool:
-    """True when an installed Horovod has its MPI controller (mpirun makes one job of it)."""
-    try:
-        import horovod.tensorflow as hvd  # noqa: PLC0415
-    except ImportError:
-        return False
-    return bool(hvd.mpi_built())
-
-
-def setup(dist) -> "StrategyBackend | HorovodBackend":
+def setup(dist) -> "StrategyBackend | horovod_backend.HorovodBackend":
     """The backend ``dist`` (a config.DistConfig) asks for: resolves ``auto`` from the
     launcher, stops when the strategy cannot join the processes it started, builds an MPI
     world's cluster, gives a Slurm task its GPUs and splits the CPU into logical devices
@@ -432,7 +260,8 @@ def setup(dist) -> "StrategyBackend | HorovodBackend":
     found = env.world()
     mpirun = found.launcher == "mpirun"
     gpus = len(tf.config.list_physical_devices("GPU"))
-    name = resolve_strategy(dist.strategy, gpus, horovod_mpi=mpirun and horovod_has_mpi())
+    has_mpi = mpirun and horovod_backend.horovod_has_mpi()
+    name = resolve_strategy(dist.strategy, gpus, horovod_mpi=has_mpi)
     env.check_world(name, found)
     if name == "multi_worker_mirrored" and mpirun and found.size > 1:
         if not env.cluster():

@@ -202,7 +202,7 @@ def train_worker(job: dict) -> None:
 
     startup.import_tensorflow()
     from tfgpu import train
-    from tfgpu.distribute import backends
+    from tfgpu.distribute import common
     from tfgpu.main import translate
 
     print(f"tfgpu-ray: {_whoami()}", flush=True)
@@ -215,7 +215,7 @@ def train_worker(job: dict) -> None:
         print(known.line("tfgpu"), file=sys.stderr, flush=True)
         raise known from None
     finally:
-        backends.remove_scratch_dirs()  # Ray ends the actor with a kill: no exit handlers
+        common.remove_scratch_dirs()  # Ray ends the actor with a kill: no exit handlers
 
 
 def _whoami() -> str:
