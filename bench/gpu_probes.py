@@ -92,7 +92,7 @@ def run_config(args, model: str, dtype: str, jit: bool, batch: int, **settings):
 
 def build_training(config, strategy: str = "default"):
     """``build.build`` of ``config`` on a fresh backend (its own all-reduce counter)."""
-    from tfgpu import build
+    from tfgpu.train import build
     from tfgpu.data.spec import load_spec
     from tfgpu.distribute.backends import build_backend
 
@@ -116,7 +116,8 @@ def measure(args, model: str, dtype: str, jit: bool, batch: int) -> Measured | N
     import keras
     import tensorflow as tf
 
-    from tfgpu import build, loops
+    from tfgpu.train import build
+    from tfgpu.step import loops
 
     keras.backend.clear_session()  # the previous run's objects go: its device memory is free
     gc.collect()
@@ -171,7 +172,8 @@ def replicated_loop(args, model: str, replicas: int, all_reduce_alg: str, run_up
     import keras
     import tensorflow as tf
 
-    from tfgpu import build, loops
+    from tfgpu.train import build
+    from tfgpu.step import loops
 
     batch = replicas * (2 if args.dry_run else 32)
     config = run_config(
@@ -204,7 +206,8 @@ def probe_step(args, model: str, log_fd: int) -> StepProbe:
     import keras
     import tensorflow as tf
 
-    from tfgpu import build, compat
+    from tfgpu import compat
+    from tfgpu.train import build
     from input_pipeline import build_data
 
     cache = args.cache_dir or tempfile.mkdtemp(dir=args.work_dir)
@@ -232,7 +235,7 @@ def input_rates(args, training, batches) -> tuple[float, float]:
     ``build.probe_input``), each read for --input_seconds."""
     import tensorflow as tf
 
-    from tfgpu import build
+    from tfgpu.train import build
 
     make = build.train_maker(training, 0)
     alone = build.probe_input(training, make, args.input_seconds)

@@ -28,7 +28,7 @@ from tensorflow.python.framework.convert_to_constants import (
 
 from tfgpu import models
 from tfgpu.distribute import backends
-from tfgpu.step import TrainStep
+from tfgpu.step.train_step import TrainStep
 
 MODELS = ("tiny_cnn", "resnet18", "resnet50", "densenet121", "efficientnet_b0")
 SETTINGS = (

@@ -84,7 +84,7 @@ def convert(photos: str, out: str) -> None:
 def export(workdir: str, model_name: str, image_size: int) -> str:
     """The model exported as a run exports it; the export folder."""
     from tfgpu import models
-    from tfgpu.results import export_model
+    from tfgpu.train.results import export_model
 
     directory = os.path.join(workdir, "export")
     model = models.build_model(model_name, len(CLASSES), image_size)
@@ -94,7 +94,7 @@ def export(workdir: str, model_name: str, image_size: int) -> str:
 
 def _data_config(image_size: int):
     """The DataConfig tfgpu.predict uses for a .keras file of that input size."""
-    from tfgpu import use
+    from tfgpu.train import use
 
     return use.run_config("", image_size=image_size).data
 
@@ -122,7 +122,8 @@ def contenders(files, data_dir: str, export_dir: str, image_size: int, batch: in
 
 def library(files, data_dir: str, keras_file: str, batch: int, csv: str) -> dict:
     """(a), (b) and (w): tfgpu.predict's own functions, the model loaded as it loads it."""
-    from tfgpu import predict, use
+    from tfgpu import predict
+    from tfgpu.train import use
 
     config, path = use.config_and_checkpoint("", keras_file, data_dir=data_dir)
     trained = predict._load(config, path, need_data=True)

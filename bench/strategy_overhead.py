@@ -52,7 +52,8 @@ def tfgpu_contender(strategy: str, steps: int):
     """``run()`` of ``steps`` updates of tfgpu's own loop under ``strategy``."""
     import tensorflow as tf
 
-    from tfgpu import build, loops
+    from tfgpu.train import build
+    from tfgpu.step import loops
     from tfgpu.config import config_from
     from tfgpu.data.spec import load_spec
     from tfgpu.distribute import backends

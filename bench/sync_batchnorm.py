@@ -33,9 +33,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from calibration import calibration  # noqa: E402
 
-from tfgpu import batchnorm, models  # noqa: E402
+from tfgpu import models  # noqa: E402
+from tfgpu.step import batchnorm  # noqa: E402
 from tfgpu.distribute import backends  # noqa: E402
-from tfgpu.step import TrainStep  # noqa: E402
+from tfgpu.step.train_step import TrainStep  # noqa: E402
 
 NUM_CLASSES = 1000
 

@@ -26,7 +26,9 @@ import keras
 import tensorflow as tf
 from absl import app, flags
 
-from tfgpu import build, loops, models
+from tfgpu import models
+from tfgpu.train import build
+from tfgpu.step import loops
 from tfgpu.config import config_from
 from tfgpu.data import pipeline
 from tfgpu.data.spec import load_spec

@@ -52,7 +52,12 @@ TIERS = ("fast", "slow")
 PROCESS_MODULES = frozenset({"subprocess", "multiprocessing", "procs", "multihost"})
 PROCESS_FIXTURES = frozenset({"horovodrun_tfgpu"})
 TRAINING_HELPERS = frozenset(
-    {"tfgpu.train", "tfgpu.step.TrainStep", "conftest.assert_mirrored_equals_default"}
+    {
+        "tfgpu.train",
+        "tfgpu.train.loop",
+        "tfgpu.step.train_step.TrainStep",
+        "conftest.assert_mirrored_equals_default",
+    }
 )
 FAST_TEST_BUDGET_S = 10.0
 # The heavy tests (marker ``heavy``, always slow) widen a claim the default run already shows

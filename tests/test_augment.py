@@ -360,7 +360,8 @@ def test_bad_settings_are_one_line_config_errors(settings, message):
 def test_a_run_from_before_the_policies_still_loads_for_evaluation(tmp_path):
     """Its config.json holds RandAugment's old settings (on by --randaugment_ops, M in [0, 1])
     and no --augment_policy: evaluation and prediction read it, without the policy."""
-    from tfgpu import files, use
+    from tfgpu import files
+    from tfgpu.train import use
 
     old = {"model": "tiny_cnn", "randaugment_ops": 0, "randaugment_magnitude": 0.5}
     files.write_json(str(tmp_path / "config.json"), old)
@@ -434,7 +435,8 @@ def test_a_policy_trains_under_jit_compile(photos):
     """ImageProjectiveTransformV3 has no XLA kernel: the step applies the policy before XLA."""
     import keras
 
-    from tfgpu import build, models
+    from tfgpu import models
+    from tfgpu.train import build
     from tfgpu.distribute import backends
 
     config = config_from(

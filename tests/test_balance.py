@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 from conftest import TINY_RUN, assert_mirrored_equals_default, final_weights, make_image_arrays
 
-from tfgpu import models, optim, train
+from tfgpu import models, optim
+from tfgpu.train import loop as train
 from tfgpu.config import config_from, validate
 from tfgpu.convert import plan
 from tfgpu.convert.items import items_from_arrays
@@ -21,7 +22,7 @@ from tfgpu.distribute import InputShard, backends
 from tfgpu.errors import ConfigError
 from tfgpu.evaluate import evaluate
 from tfgpu.recordformat import INFO_FILE
-from tfgpu.step import TrainStep
+from tfgpu.step.train_step import TrainStep
 
 TRAIN_COUNTS = (60, 24, 8, 4)  # classes a, b, c, d
 NAMES = ["a", "b", "c", "d"]
@@ -145,7 +146,8 @@ def test_per_example_loss_weighs_each_class_share_of_the_target():
 @pytest.mark.fast
 def test_evaluation_and_prediction_read_a_run_without_its_class_balance(tmp_path):
     """Evaluation is unweighted: a run's weights file need not exist where it is evaluated."""
-    from tfgpu import files, use
+    from tfgpu import files
+    from tfgpu.train import use
 
     run = {"model": "tiny_cnn", "class_weights": str(tmp_path / "gone.json")}
     run |= {"balanced_sampling": True, "sampling_power": 0.5, "in_memory": "off"}
@@ -235,7 +237,7 @@ def test_the_streaming_path_is_a_one_line_error(imbalanced):
     config = validate(
         config_from(data_dir=imbalanced, image_size=96, balanced_sampling=True, model="tiny_cnn")
     )
-    from tfgpu import build
+    from tfgpu.train import build
 
     with pytest.raises(ConfigError, match="--balanced_sampling needs the train split in memory"):
         build._class_balance(config, data_spec.load_data_spec(imbalanced))
@@ -262,7 +264,7 @@ def test_class_weights_default_equals_mirrored_equals_accumulation_and_resume(
     run("accum", grad_accum_steps=2)
     assert run("resumed", train_steps=3)["steps"] == 3
     lines = []
-    monkeypatch.setattr("tfgpu.results.RunWriter.info", lambda self, line: lines.append(line))
+    monkeypatch.setattr("tfgpu.train.results.RunWriter.info", lambda self, line: lines.append(line))
     assert run("resumed")["steps"] == 6
     assert any(line.startswith("resumed from") and "at step 3" in line for line in lines)
     for name in ("accum", "resumed"):
@@ -285,7 +287,7 @@ def test_a_run_trains_with_the_class_weights_its_workers_agreed_on(
         return built[-1]
 
     monkeypatch.setattr(train, "build", rewritten_then_built)
-    monkeypatch.setattr("tfgpu.results.RunWriter.info", lambda self, line: lines.append(line))
+    monkeypatch.setattr("tfgpu.train.results.RunWriter.info", lambda self, line: lines.append(line))
     values = dict(TINY_RUN, train_steps=1, class_weights=str(path), input_probe_s=0.0)
     config = config_from(data_dir=imbalanced, model_dir=str(tmp_path / "run"), **values)
     train.run(validate(config))

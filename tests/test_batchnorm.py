@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import batchnorm, compat, models, optim
+from tfgpu import compat, models, optim
+from tfgpu.step import batchnorm
 from tfgpu.distribute import backends
-from tfgpu.step import TrainStep
+from tfgpu.step.train_step import TrainStep
 
 GLOBAL_BATCH, UPDATES, SIZE = 8, 2, 32  # keras.applications needs 32x32 at least
 # densenet121 is compared in float64. In float32 its gradient at initialization on these

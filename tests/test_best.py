@@ -75,7 +75,7 @@ def test_keep_best_resumes_with_its_best_and_exports_it(small_dataset, tmp_path)
     assert [r["step"] for r in first] == [2, 4]
 
     # The best so far is in the checkpoint: a Run restored from it knows it.
-    from tfgpu.build import build
+    from tfgpu.train.build import build
     from tfgpu.data.spec import load_spec
     from tfgpu.distribute import backends
 
@@ -151,7 +151,7 @@ class _Worker:
 def _best(tmp_path, model_dir, is_chief: bool, chief_kept: list):
     import tensorflow as tf
 
-    from tfgpu.best import Best
+    from tfgpu.train.best import Best
 
     train = _config("", model_dir, keep_best=1, best_metric="loss").train
     (tmp_path / "scratch").mkdir(exist_ok=True)
@@ -183,7 +183,7 @@ def test_a_resumed_worker_deletes_only_its_own_copies(tmp_path):
 @pytest.mark.fast
 def test_best_checkpoint_is_found_in_the_model_dir_by_name(tmp_path):
     # best.json holds the path the run wrote: relative to where it started, or moved since.
-    from tfgpu.best import best_checkpoint
+    from tfgpu.train.best import best_checkpoint
 
     (tmp_path / "moved" / "best").mkdir(parents=True)
     doc = {

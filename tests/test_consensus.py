@@ -8,7 +8,7 @@ import pytest
 
 from tfgpu.config import config_from
 from tfgpu.distribute import DistributeError, consensus
-from tfgpu.train import _agreed_spec
+from tfgpu.train.loop import _agreed_spec
 
 
 def _fingerprints(*weights, where=("host-a:1", "host-b:2")) -> list:

@@ -7,12 +7,12 @@ import pytest
 import tensorflow as tf
 
 from tfgpu import errors
-from tfgpu.checkpoints import Checkpoints
+from tfgpu.train.checkpoints import Checkpoints
 from tfgpu.config import ConfigError
 from tfgpu.data.spec import DataError
 from tfgpu.distribute import DistributeError
-from tfgpu.faults import CheckpointError, Preempted
-from tfgpu.step import NonFiniteLoss
+from tfgpu.train.faults import CheckpointError, Preempted
+from tfgpu.step.train_step import NonFiniteLoss
 
 # What SaveV2 raises when the disk is full: op name, temp file and all.
 DISK_FULL = (

@@ -11,7 +11,7 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.errors import CheckpointError, run_command
 from tfgpu.evaluate import evaluate
-from tfgpu.results import confusion_image
+from tfgpu.train.results import confusion_image
 
 # Slow by the tiers' rule (it trains: one run of ~15 s on 2 cores), but for the fast test of
 # the image alone.

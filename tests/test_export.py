@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tfgpu import models
-from tfgpu.results import export_model
+from tfgpu.train.results import export_model
 
 # Runs in a fresh interpreter where `import tfgpu` fails (the package is installed editable,
 # so hiding the repo from sys.path is not enough: the module entry is blocked instead).

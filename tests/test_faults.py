@@ -15,8 +15,8 @@ import tensorflow as tf
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
-from tfgpu.faults import CheckpointError
-from tfgpu.step import NonFiniteLoss
+from tfgpu.train.faults import CheckpointError
+from tfgpu.step.train_step import NonFiniteLoss
 
 RUN = dict(
     model="tiny_cnn",

@@ -16,14 +16,16 @@ import tensorflow as tf
 from conftest import TINY_RUN, make_image_arrays
 from keras import layers
 
-from tfgpu import compat, finetune, models, optim, pretrained, train
+from tfgpu import compat, models, optim, train
+from tfgpu.optim import finetune
+from tfgpu.models import pretrained
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.convert import plan
 from tfgpu.convert.items import items_from_arrays
 from tfgpu.distribute import backends
-from tfgpu.loops import make_train_loop
-from tfgpu.schedules import WarmupDecay
-from tfgpu.step import TrainStep
+from tfgpu.step.loops import make_train_loop
+from tfgpu.optim.schedules import WarmupDecay
+from tfgpu.step.train_step import TrainStep
 
 SIZE, CLASSES = 16, 4
 
@@ -333,7 +335,7 @@ def _run(data_dir, model_dir, monkeypatch, **settings):
     """train.run of RUN with the stand-in model; returns (its lines, its final weights)."""
     monkeypatch.setattr(models, "build_model", _stand_in)
     lines = []
-    monkeypatch.setattr("tfgpu.results.RunWriter.info", lambda self, line: lines.append(line))
+    monkeypatch.setattr("tfgpu.train.results.RunWriter.info", lambda self, line: lines.append(line))
     config = config_from(data_dir=data_dir, model_dir=str(model_dir), **dict(RUN, **settings))
     train.run(validate(config))
     model = _stand_in()

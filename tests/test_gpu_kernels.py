@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import build, models
+from tfgpu import models
+from tfgpu.train import build
 from tfgpu.compat import gpu_kernels, ops_refused_under_gpu_determinism, ops_without_gpu_kernel
 from tfgpu.config import config_from
 from tfgpu.data import augment, augment_ops, host_ops
 from tfgpu.data.config import DataConfig
 from tfgpu.distribute import backends
-from tfgpu.step import DynamicLossScale
+from tfgpu.step.train_step import DynamicLossScale
 
 
 @pytest.fixture(autouse=True)

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import train
+from tfgpu.train import loop as train
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.distribute import backends
 from tfgpu.errors import NonFiniteLoss
-from tfgpu.loops import make_eval_step
-from tfgpu.results import Window, format_progress
-from tfgpu.step import DynamicLossScale
+from tfgpu.step.loops import make_eval_step
+from tfgpu.train.results import Window, format_progress
+from tfgpu.step.train_step import DynamicLossScale
 
 RUN = dict(
     strategy="default",
@@ -230,7 +230,7 @@ def test_bad_profile_steps_fail_with_one_line_naming_the_flag(value):
 
 @pytest.mark.fast
 def test_profile_action_stops_the_loop_at_the_window_edges():
-    from tfgpu.actions import Profile
+    from tfgpu.train.actions import Profile
 
     profile = Profile(3, 5, "/unused")
     assert [profile.next_stop(s) for s in (0, 1, 2, 4, 5, 9)] == [2, 2, 5, 5, None, None]

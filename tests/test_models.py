@@ -5,7 +5,8 @@ import keras
 import numpy as np
 import pytest
 
-from tfgpu import models, nets
+from tfgpu import models
+from tfgpu.models import nets
 from tfgpu.config import ConfigError
 
 EXPECTED_NAMES = (

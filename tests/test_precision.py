@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import build, compat, models
+from tfgpu import compat, models
+from tfgpu.train import build
 from tfgpu.config import config_from, resolve
 from tfgpu.data import host_ops
 from tfgpu.distribute import backends
-from tfgpu.step import DynamicLossScale, TrainStep
+from tfgpu.step.train_step import DynamicLossScale, TrainStep
 
 
 @pytest.fixture

@@ -6,7 +6,9 @@ import keras
 import numpy as np
 import pytest
 
-from tfgpu import batchnorm, models, pretrained
+from tfgpu import models
+from tfgpu.step import batchnorm
+from tfgpu.models import pretrained
 from tfgpu.config import ConfigError, config_from, validate
 
 SLOW = pytest.mark.slow  # builds efficientnet_b0 (32x32) once or twice: ~5 s each
@@ -95,7 +97,7 @@ def test_a_restored_checkpoint_normalizes_with_its_statistics(tmp_path):
     # restored ones, not those the fresh model was built with.
     import tensorflow as tf
 
-    from tfgpu.checkpoints import refresh_derived_state
+    from tfgpu.train.checkpoints import refresh_derived_state
 
     trained = _model()
     norm = _normalization(trained)

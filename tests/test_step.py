@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu import models, optim, schedules
+from tfgpu import models, optim
+from tfgpu.optim import schedules
 from tfgpu.distribute import backends
-from tfgpu.step import TrainStep
+from tfgpu.step.train_step import TrainStep
 
 GLOBAL_BATCH, UPDATES = 16, 3
 

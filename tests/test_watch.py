@@ -16,7 +16,7 @@ from procs import Output, kill_tree, popen
 from tfgpu import train
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.errors import CheckpointError, run_command
-from tfgpu.watch import watch
+from tfgpu.train.watch import watch
 
 KEYS = ("top1", "top5", "loss", "num_examples", "non_finite")
 

@@ -18,7 +18,7 @@ import sys
 
 from absl import app, flags
 
-from tfgpu import use, watch
+from tfgpu.train import use, watch
 from tfgpu.errors import UsageError, run_command
 from tfgpu.files import write_json
 
@@ -75,7 +75,7 @@ def evaluate(
         model_dir, checkpoint, data_dir=data_dir, eval_batch_size=eval_batch_size
     )
     from tfgpu.data.spec import class_names, split_spec
-    from tfgpu.train import Evaluator
+    from tfgpu.train.loop import Evaluator
 
     trained = use.load(config, path)
     spec = split_spec(trained.spec, split)
@@ -108,7 +108,7 @@ def evaluate(
 
 def _default_tensorboard_dir(model_dir: str) -> str:
     """Where the image goes without --tensorboard_dir: the run's tensorboard/evaluate/."""
-    from tfgpu.results import EVALUATE_TB
+    from tfgpu.train.results import EVALUATE_TB
 
     if not model_dir:
         return ""
@@ -123,7 +123,7 @@ def _write_image(report: dict, logdir: str, log) -> None:
     import tensorflow as tf
 
     from tfgpu.errors import op_error_cause
-    from tfgpu.results import write_confusion_image
+    from tfgpu.train.results import write_confusion_image
 
     logdir = os.path.expanduser(logdir)
     matrix, names = report["confusion_matrix"], report["class_names"]

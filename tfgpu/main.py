@@ -23,11 +23,12 @@ import sys
 
 from absl import app, flags, logging
 
-from tfgpu import demo, faults, startup, watch
+from tfgpu import demo, startup
+from tfgpu.train import faults, watch
 from tfgpu.config import validate
 from tfgpu.distribute import env
 from tfgpu.errors import ConfigError, DataError, UsageError, WorkerLost, run_command
-from tfgpu.flags import KEY_FLAGS, config_from_flags, define_flags
+from tfgpu.config.flags import KEY_FLAGS, config_from_flags, define_flags
 
 define_flags()
 watch.define_flags(switch=False)  # a TF_CONFIG evaluator task runs the side-car evaluator

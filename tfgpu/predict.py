@@ -17,7 +17,7 @@ import sys
 
 from absl import app, flags
 
-from tfgpu import use
+from tfgpu.train import use
 from tfgpu.errors import UsageError, run_command
 
 FLAGS = flags.FLAGS

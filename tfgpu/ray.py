@@ -74,7 +74,7 @@ def make_config(tfgpu_argv: list[str], local: bool):
     multi_worker_mirrored; ``local``: the workers share this machine, so --model_dir is
     checked for writing here."""
     from tfgpu import main
-    from tfgpu.flags import define_flags
+    from tfgpu.config.flags import define_flags
 
     tfgpu_flags = flags.FlagValues()
     define_flags(tfgpu_flags)

@@ -17,17 +17,25 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu import compat, runlock
-from tfgpu.actions import LoopState, default_actions, eval_context, phase
-from tfgpu.build import Training, build, class_weights_for, probe_input, train_batches, train_maker
-from tfgpu.checkpoints import refresh_derived_state
+from tfgpu import compat
+from tfgpu.train import runlock
+from tfgpu.train.actions import LoopState, default_actions, eval_context, phase
+from tfgpu.train.build import (
+    Training,
+    build,
+    class_weights_for,
+    probe_input,
+    train_batches,
+    train_maker,
+)
+from tfgpu.train.checkpoints import refresh_derived_state
 from tfgpu.config import Config, ConfigError, resolve
 from tfgpu.data import augment, broken, dct, memory, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, env, heartbeats
-from tfgpu.faults import PreemptionGuard
-from tfgpu.loops import make_eval_step, make_train_loop
-from tfgpu.results import RunWriter, export_model, final_eval_of
+from tfgpu.train.faults import PreemptionGuard
+from tfgpu.step.loops import make_eval_step, make_train_loop
+from tfgpu.train.results import RunWriter, export_model, final_eval_of
 from tfgpu.schema import EVAL_SUMS
 from tfgpu.errors import NonFiniteLoss
 

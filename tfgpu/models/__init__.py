@@ -48,7 +48,7 @@ def build_model(
     ``config.validate``)."""
     import keras
 
-    from tfgpu import nets
+    from tfgpu.models import nets
 
     if name not in MODELS:
         raise KeyError(f"--model={name!r} is unknown; choose from {', '.join(sorted(MODELS))}")
@@ -75,7 +75,7 @@ def load_initial_weights(model, path: str) -> list[str]:
     """
     import keras
 
-    from tfgpu import pretrained
+    from tfgpu.models import pretrained
 
     flag = f"--init_weights={path}"
     if path == "imagenet":

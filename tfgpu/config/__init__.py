@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 
 from tfgpu import models, optim
-from tfgpu.best import check_best
+from tfgpu.train.best import check_best
 from tfgpu.data.config import DataConfig, check_data
 from tfgpu.distribute.config import DistConfig
 from tfgpu.settings import ConfigError, collect, positive, replace_settings, setting

@@ -8,7 +8,8 @@ reads apart from the all-reduce and the update around it (``step.py`` says what 
 
 import tensorflow as tf
 
-from tfgpu import batchnorm, compat, losses
+from tfgpu import compat
+from tfgpu.step import batchnorm, losses
 from tfgpu.distribute import Backend
 
 

@@ -44,7 +44,8 @@ import re
 
 import tensorflow as tf
 
-from tfgpu import optim, pretrained
+from tfgpu import optim
+from tfgpu.models import pretrained
 
 # Family -> rules (pattern on a layer's name, its block's place counted from the input, label).
 # A place of None is the number the pattern matched; places rank blocks, from the stem (0).

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from tfgpu import compat
 from tfgpu.schema import STEP_METRICS
-from tfgpu.step import TrainStep, global_norm
+from tfgpu.step.train_step import TrainStep, global_norm
 
 
 def make_train_loop(

@@ -15,7 +15,8 @@ under replicas and accumulation). A replica's micro-batch loop is ``accumulate.p
 
 import tensorflow as tf
 
-from tfgpu import accumulate, batchnorm, compat, losses
+from tfgpu import compat
+from tfgpu.step import accumulate, batchnorm, losses
 from tfgpu.data import device_ops
 from tfgpu.distribute import Backend
 from tfgpu.errors import NonFiniteLoss  # noqa: F401  (raised by the loop, caught by main)

@@ -50,7 +50,7 @@ def build_optimizer(
 def build_for_run(optim, global_batch_size: int, total_steps: int):
     """The optimizer ``optim`` (a config.OptimConfig) asks for, with its warmup-and-decay
     schedule over ``total_steps`` updates."""
-    from tfgpu.schedules import WarmupDecay
+    from tfgpu.optim.schedules import WarmupDecay
 
     lr = scaled_learning_rate(optim.learning_rate, global_batch_size, optim.scale_lr_with_batch)
     schedule = WarmupDecay(lr, total_steps, optim.warmup_steps, optim.lr_schedule)

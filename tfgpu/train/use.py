@@ -62,7 +62,7 @@ def config_and_checkpoint(model_dir: str, which: str, **overrides) -> tuple:
 def checkpoint_path(model_dir: str, which: str) -> str:
     """The checkpoint ``which`` names: ``latest`` (the newest in checkpoints/), ``best``
     (best/best.json's first), a checkpoint prefix, or a ``.keras`` file."""
-    from tfgpu.best import BEST_DIR, BEST_FILE, best_checkpoint
+    from tfgpu.train.best import BEST_DIR, BEST_FILE, best_checkpoint
 
     model_dir = os.path.expanduser(model_dir)
     if which in ("latest", "best") and not model_dir:
@@ -127,7 +127,7 @@ def load(config: Config, path: str) -> Trained:
 def build_run(config: Config):
     """The run of ``config`` built as it trained (``build.build``: model, optimizer, counters,
     checkpoints) on ``config``'s backend, with weights to be read by ``restore``."""
-    from tfgpu.build import build
+    from tfgpu.train.build import build
     from tfgpu.data.spec import load_spec
     from tfgpu.distribute import backends
 
@@ -139,7 +139,7 @@ def restore(r, path: str) -> int:
     """Reads checkpoint ``path`` into ``r`` (a ``build_run`` Training): all it holds, so that
     evaluation sees the run as it was at that step. Returns the checkpoint's step. A
     checkpoint that does not read back, or of another model, is a CheckpointError."""
-    from tfgpu.checkpoints import DAMAGED, refresh_derived_state
+    from tfgpu.train.checkpoints import DAMAGED, refresh_derived_state
 
     # Everything the run's checkpoints hold, all of it matched: a checkpoint of another model
     # is an error, not a half-restored model.

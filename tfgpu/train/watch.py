@@ -39,8 +39,9 @@ import time
 
 from absl import flags
 
-from tfgpu import startup, use
-from tfgpu.best import SIDECAR_FILE, Best, read_sidecar, tracks_best
+from tfgpu import startup
+from tfgpu.train import use
+from tfgpu.train.best import SIDECAR_FILE, Best, read_sidecar, tracks_best
 from tfgpu.errors import CheckpointError, UsageError
 from tfgpu.files import read_json, write_json
 
@@ -120,8 +121,8 @@ class Sidecar:
     last step evaluated and its result (from ``SIDECAR_FILE`` when it was started before)."""
 
     def __init__(self, config, log):
-        from tfgpu.results import RunWriter  # noqa: PLC0415 (TensorFlow: once the config is read)
-        from tfgpu.train import Evaluator  # noqa: PLC0415
+        from tfgpu.train.results import RunWriter  # noqa: PLC0415 (TensorFlow: once the config is read)
+        from tfgpu.train.loop import Evaluator  # noqa: PLC0415
 
         self.config, self._log, self.count = config, log, 0
         self.run = use.build_run(config)
@@ -204,7 +205,7 @@ class Sidecar:
     def _one(self, step: int, path: str) -> None:
         """Evaluates the checkpoint ``path`` of ``step`` as the loop's actions do (Evaluate,
         then KeepBest), then writes SIDECAR_FILE. A checkpoint that cannot be read is passed."""
-        from tfgpu.actions import Evaluate, KeepBest, LoopState  # noqa: PLC0415
+        from tfgpu.train.actions import Evaluate, KeepBest, LoopState  # noqa: PLC0415
 
         read = self._read(step, path)
         if read is not None:
@@ -270,7 +271,7 @@ class Sidecar:
         self._log(f"the run ended at step {self.last}: {self.count} checkpoint(s) evaluated")
         if not self.config.train.sidecar_eval:
             return
-        from tfgpu.results import final_eval_of  # noqa: PLC0415
+        from tfgpu.train.results import final_eval_of  # noqa: PLC0415
 
         summary = read_json(os.path.join(self.config.model_dir, "summary.json"))
         if self.result and summary.get("steps") == self.last:

@@ -39,12 +39,12 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from tfgpu import faults
-from tfgpu.best import SIDECAR_FILE, read_sidecar
+from tfgpu.train import faults
+from tfgpu.train.best import SIDECAR_FILE, read_sidecar
 from tfgpu.config import profile_window
 from tfgpu.distribute import consensus, heartbeats
 from tfgpu.errors import Preempted
-from tfgpu.results import INPUT_BOUND, RunWriter, Window, input_bound_warning
+from tfgpu.train.results import INPUT_BOUND, RunWriter, Window, input_bound_warning
 
 
 @dataclass
@@ -288,7 +288,7 @@ class Unfreeze(Action):
         return not self._done and state.step >= self.after and not state.last
 
     def __call__(self, state: LoopState) -> None:
-        from tfgpu import finetune  # noqa: PLC0415 (TensorFlow: only when training)
+        from tfgpu.optim import finetune  # noqa: PLC0415 (TensorFlow: only when training)
 
         finetune.unfreeze(state.training)
         self._done = True

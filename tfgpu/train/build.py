@@ -10,14 +10,16 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from tfgpu import finetune, models, pretrained
-from tfgpu.best import Best, tracks_best_in_loop
-from tfgpu.checkpoints import Checkpoints
+from tfgpu import models
+from tfgpu.optim import finetune
+from tfgpu.models import pretrained
+from tfgpu.train.best import Best, tracks_best_in_loop
+from tfgpu.train.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch
 from tfgpu.data import augment, balance, device_ops, memory, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import Backend
-from tfgpu.step import DynamicLossScale, TrainStep
+from tfgpu.step.train_step import DynamicLossScale, TrainStep
 
 
 @dataclass(frozen=True)

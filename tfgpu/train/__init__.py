@@ -1,0 +1,24 @@
+"""A training run, from a Config to the files it leaves.
+
+  loop.py         ``run(config)``: set up, agree, build, ``fit``, finish (the Python API)
+  build.py        the Training: plan, model, train step, counters, checkpoints
+  actions.py      what the loop does at its boundaries: log, evaluate, checkpoint, best, stop
+  checkpoints.py  saving and restoring (exact resume), the chief's broadcast
+  best.py         the K best checkpoints and early stopping
+  results.py      config.json, metrics.jsonl, summary.json, TensorBoard, the export
+  faults.py       SIGTERM/SIGINT, preemption, a run that must stop
+  runlock.py      one run per --model_dir
+  watch.py        the side-car evaluator (``tfgpu.evaluate --watch``)
+  use.py          a trained run's Config, model and checkpoint, for evaluate/predict/export
+
+``tfgpu.train.loop.run`` is ``loop.run``, loaded on first use, so that the light modules here
+(best, runlock, watch) import without TensorFlow.
+"""
+
+
+def __getattr__(name: str):
+    if name in ("run", "fit", "Evaluator"):
+        from tfgpu.train import loop  # noqa: PLC0415  (TensorFlow: only when a run is asked for)
+
+        return getattr(loop, name)
+    raise AttributeError(f"module 'tfgpu.train' has no attribute {name!r}")
