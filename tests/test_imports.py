@@ -128,6 +128,40 @@ def test_the_converter_and_the_reader_share_only_the_record_format(package, othe
     assert not wrong, f"tfgpu.{package} imports tfgpu.{other}: {sorted(wrong)}"
 
 
+# The house's layers, top to bottom: a module may import its own layer's or lower ones', never
+# a higher one's (at its top or inside a function). CONTRIBUTING.md draws the same picture.
+LAYERS = (
+    ("main", "evaluate", "predict", "ray", "launch"),  # commands
+    ("train",),  # a run: loop, build, actions, checkpoints, best, results, faults, ...
+    ("step", "config"),  # one update and what runs compiled; the settings
+    ("optim",),  # optimizers, schedules, fine-tuning groups
+    ("models", "data", "demo"),  # the registry and the nets; the reader; the demo dataset
+    ("distribute", "convert"),  # launchers, strategies, backends; the converter
+    ("settings", "errors", "schema", "recordformat", "compat", "constants", "files", "startup"),
+)
+
+
+def _unit(path: pathlib.Path, root: pathlib.Path) -> str:
+    """The layer's unit of a module: its package under tfgpu/, or the module itself."""
+    return path.relative_to(root).parts[0].removesuffix(".py")
+
+
+def test_every_import_runs_down_the_layers():
+    root = pathlib.Path(tfgpu.__file__).parent
+    layer = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
+    units = {_unit(p, root) for p in root.rglob("*.py")} - {"__init__"}
+    assert units == set(layer), f"put {sorted(units ^ set(layer))} in a layer"
+    up = []
+    for path in root.rglob("*.py"):
+        unit = _unit(path, root)
+        for name in _imported(path):
+            parts = name.split(".")
+            if parts[0] == "tfgpu" and len(parts) > 1 and parts[1] in layer and unit in layer:
+                if layer[parts[1]] < layer[unit]:
+                    up.append(f"{path.relative_to(root.parent)} imports {name}")
+    assert not up, "imports that run up the layers:\n" + "\n".join(sorted(up))
+
+
 def test_a_run_starts_quietly(tmp_path):
     """Without TF_CPP_MIN_LOG_LEVEL set, the first line a user reads is tfgpu's own: no absl
     pre-init warning, no cudart_stub or cuInit complaint, no oneDNN notice before it."""

@@ -159,7 +159,7 @@ def format_report(r: dict) -> str:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from tfgpu.main import translate
+    from tfgpu.train.faults import translate
 
     return run_command(_command, prog="tfgpu-evaluate", translate=translate)
 

@@ -19,7 +19,6 @@ the reference. Guides, one per topic: docs/ (README.md has the map).
 
 import datetime
 import os
-import sys
 
 from absl import app, flags, logging
 
@@ -27,7 +26,7 @@ from tfgpu import demo, startup
 from tfgpu.train import faults, watch
 from tfgpu.config import validate
 from tfgpu.distribute import env
-from tfgpu.errors import ConfigError, DataError, UsageError, WorkerLost, run_command
+from tfgpu.errors import ConfigError, run_command
 from tfgpu.config.flags import KEY_FLAGS, config_from_flags, define_flags
 
 define_flags()
@@ -72,7 +71,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.WARNING)  # tf.distribute logs every reduction at INFO
-    return run_command(_train, prog="tfgpu", translate=translate)
+    return run_command(_train, prog="tfgpu", translate=faults.translate)
 
 
 def _train() -> None:
@@ -90,29 +89,6 @@ def _train() -> None:
     from tfgpu import train
 
     train.run(config)
-
-
-def translate(err: Exception):
-    """The error tfgpu means by one that TensorFlow (or a registry lookup) raised, or None:
-    a record's label out of range (the reader's check), a lost worker. Every way a run can
-    stop early is a ``tfgpu.errors.TfgpuError``, which carries its exit code."""
-    if isinstance(err, KeyError):  # an unknown registry name; the message says which
-        return UsageError(err.args[0] if err.args else str(err))
-    tf = sys.modules.get("tensorflow")
-    if tf is None or not isinstance(err, tf.errors.OpError):
-        return None
-    from tfgpu.data.spec import LABEL_ERROR
-
-    if isinstance(err, tf.errors.InvalidArgumentError):
-        if LABEL_ERROR not in err.message:
-            return None  # not a label: keep TensorFlow's full error
-        detail = err.message.split(LABEL_ERROR, 1)[1].split("\n")[0].replace("] [", " ")
-        return DataError(f"{detail.rstrip(']').strip()}; check --num_classes and --label_offset")
-    from tfgpu.distribute.failures import lost_worker_message
-    from tfgpu.distribute.heartbeats import silent_peers
-
-    message = lost_worker_message(err, silent_peers())
-    return WorkerLost(message) if message else None  # not a lost peer: TensorFlow's full error
 
 
 def run():

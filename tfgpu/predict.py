@@ -218,7 +218,7 @@ def _write(rows, k: int, output: str) -> None:
 
 
 def main(argv):
-    from tfgpu.main import translate
+    from tfgpu.train.faults import translate
 
     return run_command(lambda: _command(argv[1:]), prog="tfgpu-predict", translate=translate)
 

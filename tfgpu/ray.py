@@ -13,7 +13,7 @@ import sys
 
 from absl import flags
 
-from tfgpu.errors import UsageError, run_command
+from tfgpu.errors import TfgpuError, UsageError, run_command
 
 USAGE = (
     "usage: tfgpu-ray --num_workers=N [--use_gpu] [--max_failures=K] [--address=ADDR] "
@@ -109,7 +109,28 @@ def _run(argv: list[str]) -> int:
     ray_train.require_ray()
     local = not (job.address or os.environ.get("RAY_ADDRESS"))
     config = make_config(tfgpu_argv, local)
-    return ray_train.run_job(config, job)
+    return ray_train.run_job(config, job, train_worker)
+
+
+def train_worker(job: dict) -> None:
+    """One Ray Train worker: tfgpu's loop on ``job["config"]`` from ``job["cwd"]``. Returns
+    when the run is done; an error is printed as the one line a tfgpu process prints, then
+    raised for Ray (which restarts the group or gives up)."""
+    from tfgpu.distribute import ray_train
+
+    ray_train.enter_worker(job)
+    from tfgpu.train import faults, loop
+
+    try:
+        loop.run(job["config"])
+    except Exception as err:
+        known = err if isinstance(err, TfgpuError) else faults.translate(err)
+        if known is None:
+            raise  # not tfgpu's: Ray keeps its traceback, the driver prints it
+        print(known.line("tfgpu"), file=sys.stderr, flush=True)
+        raise known from None
+    finally:
+        ray_train.leave_worker()
 
 
 def run() -> None:

@@ -1,19 +1,20 @@
 """tfgpu's own training loop as a Ray Train job (``tfgpu-ray``): one Ray worker per process,
 multi_worker_mirrored between them, restarts by Ray, resume by tfgpu.
 
-The path: Ray Train V2's ``ray.train.tensorflow.TensorflowTrainer``, Ray's supported way to
-run TensorFlow (V2 is the default in the Ray tested, 2.60, and V1's trainer is deprecated).
-Its backend writes each worker's TF_CONFIG (workers only, no chief, a free port per worker,
-picked afresh for every attempt), which tfgpu already reads: worker 0 is the chief and writes
---model_dir. Each worker is a Ray actor, a process of its own that runs ``train_worker`` in a
-thread (so tfgpu's signal handling, ``faults.install``, stays out: signals are Ray's there, and
-a fork inside Ray's worker is not wanted); when one fails, Ray kills the whole group and
-(``FailureConfig(max_failures=K)``) starts a new one in new processes, so TensorFlow sets up
-its devices and strategy afresh. The new chief resumes from the newest checkpoint in
---model_dir, as a restarted ``tfgpu.main`` does; Ray's own checkpoints are not used (tfgpu's
-hold the input position and everything else an exact resume needs). Ray still wants a
-``storage_path``: ``<model_dir>/ray``, where it keeps only a marker file, on storage every node
-of the cluster must see anyway (the chief of the next attempt may be on another node).
+The path: Ray Train V2's ``ray.train.tensorflow.TensorflowTrainer``, Ray's supported way to run
+TensorFlow (V2 is the default in the Ray tested, 2.60, and V1's trainer is deprecated). Its
+backend writes each worker's TF_CONFIG (workers only, no chief, a free port per worker, picked
+afresh for every attempt), which tfgpu already reads: worker 0 is the chief and writes
+--model_dir. Each worker is a Ray actor, a process of its own that runs the command's
+``tfgpu.ray.train_worker`` in a thread (so tfgpu's signal handling, ``faults.install``, stays
+out: signals are Ray's there, and a fork inside Ray's worker is not wanted); when one fails,
+Ray kills the whole group and (``FailureConfig(max_failures=K)``) starts a new one in new
+processes, so TensorFlow sets up its devices and strategy afresh. The new chief resumes from
+the newest checkpoint in --model_dir, as a restarted ``tfgpu.main`` does; Ray's own checkpoints
+are not used (tfgpu's hold the input position and everything else an exact resume needs). Ray
+still wants a ``storage_path``: ``<model_dir>/ray``, where it keeps only a marker file, on
+storage every node of the cluster must see anyway (the chief of the next attempt may be on
+another node).
 
 Nothing here imports Ray or TensorFlow at import time: ``tfgpu-ray`` without Ray installed
 stops with one line (``require_ray``).
@@ -72,8 +73,9 @@ def storage_path(model_dir: str) -> str:
     return os.path.join(os.path.abspath(model_dir), "ray")
 
 
-def run_job(config, job: RayJob) -> int:
-    """Runs ``train_worker`` on ``job.num_workers`` Ray workers with ``config`` (a validated
+def run_job(config, job: RayJob, worker) -> int:
+    """Runs ``worker({"config": config, "cwd": ...})`` (``tfgpu.ray.train_worker``: tfgpu's
+    loop) on ``job.num_workers`` Ray workers with ``config`` (a validated
     Config, strategy multi_worker_mirrored) until the run ends. Returns 0, or 128 + N after
     signal N stopped it (the workers stop without saving: the newest checkpoint is kept);
     raises the TfgpuError that ended it once Ray's restarts ran out."""
@@ -89,7 +91,7 @@ def run_job(config, job: RayJob) -> int:
     signalled = _note_sigterm()  # after ray.init, whose handler it calls
     print(f"tfgpu-ray: {_describe(job)} on {where}; --model_dir={config.model_dir}", flush=True)
     try:
-        build_trainer(config, job).fit()
+        build_trainer(config, job, worker).fit()
     except TrainingFailedError as err:
         return job_failed(err, job)
     except KeyboardInterrupt:
@@ -162,8 +164,8 @@ def _connect(job: RayJob) -> str:
     return "a local Ray cluster"
 
 
-def build_trainer(config, job: RayJob):
-    """The TensorflowTrainer that runs ``train_worker(config)`` on every worker."""
+def build_trainer(config, job: RayJob, worker):
+    """The TensorflowTrainer that runs ``worker`` on every worker, with ``config``."""
     from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
@@ -177,7 +179,7 @@ def build_trainer(config, job: RayJob):
         callbacks=[_failure_log(job.max_failures)],
     )
     return TensorflowTrainer(
-        train_worker,
+        worker,
         # The workers start in Ray's session folder: relative paths are the driver's.
         train_loop_config={"config": config, "cwd": os.getcwd()},
         scaling_config=ScalingConfig(num_workers=job.num_workers, use_gpu=job.use_gpu),
@@ -185,10 +187,10 @@ def build_trainer(config, job: RayJob):
     )
 
 
-def train_worker(job: dict) -> None:
-    """One Ray Train worker (Ray set its TF_CONFIG): tfgpu's loop on ``job["config"]`` from
-    ``job["cwd"]``. Returns when the run is done; an error is printed as the one line a tfgpu
-    process prints, then raised for Ray (which restarts the group or gives up)."""
+def enter_worker(job: dict) -> None:
+    """Makes a Ray Train worker's process (Ray set its TF_CONFIG) fit for tfgpu's loop on
+    ``job["config"]``: Keras 3, the driver's directory ``job["cwd"]``, quiet logs, TensorFlow
+    imported; prints which worker it is."""
     # Ray sets it for tf.keras users; tfgpu is Keras 3 and tf_keras is not installed.
     os.environ.pop("TF_USE_LEGACY_KERAS", None)
     if os.path.isdir(job["cwd"]):
@@ -201,21 +203,15 @@ def train_worker(job: dict) -> None:
     from tfgpu import startup
 
     startup.import_tensorflow()
-    from tfgpu import train
-    from tfgpu.distribute import common
-    from tfgpu.main import translate
-
     print(f"tfgpu-ray: {_whoami()}", flush=True)
-    try:
-        train.run(job["config"])
-    except Exception as err:
-        known = err if isinstance(err, TfgpuError) else translate(err)
-        if known is None:
-            raise  # not tfgpu's: Ray keeps its traceback, the driver prints it
-        print(known.line("tfgpu"), file=sys.stderr, flush=True)
-        raise known from None
-    finally:
-        common.remove_scratch_dirs()  # Ray ends the actor with a kill: no exit handlers
+
+
+def leave_worker() -> None:
+    """What a Ray worker must do itself when its run ends: Ray ends the actor with a kill, so
+    no exit handler removes its scratch directories."""
+    from tfgpu.distribute import common
+
+    common.remove_scratch_dirs()
 
 
 def _whoami() -> str:

@@ -13,7 +13,7 @@ Every worker takes part in writing one (reading sync-on-read variables is collec
 others write to scratch, ``Backend.checkpoint_dir``); only the chief writes best.json. Every
 worker decides alike: the evaluation is all-reduced, and the kept list is the chief's.
 
-The settings are checked here too, before TensorFlow starts (``check_best``, called by
+The settings are checked before TensorFlow starts (``config.sections.check_best``, called by
 ``config.validate``): TensorFlow is imported only when a run builds its ``Best``.
 """
 
@@ -22,67 +22,15 @@ import json
 import math
 import os
 
-from tfgpu.errors import ConfigError
+from tfgpu.config.sections import BEST_METRICS, best_metric, tracks_best, tracks_best_in_loop  # noqa: F401
 from tfgpu.files import read_json, write_json
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
-BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
 # What a side-car evaluator (tfgpu.train.watch) has done, for itself and for the trainers to read:
 # {"step": its last evaluated checkpoint, "result": that evaluation, and when it keeps the best:
 #  "metric", "best_step", "best_value", "evals_since_best"}.
 SIDECAR_FILE = "sidecar.json"
-
-
-def best_metric(t) -> str:
-    """The metric that decides "best" of ``t`` (the run's ``config.train``): --best_metric, top1
-    when not set."""
-    return t.best_metric or "top1"
-
-
-def tracks_best(t) -> bool:
-    """True when the run keeps its best evaluation (in its checkpoints)."""
-    return bool(t.keep_best or t.early_stop_patience or t.export_best or t.best_metric)
-
-
-def tracks_best_in_loop(t) -> bool:
-    """True when the trainer itself keeps its best evaluation (in its checkpoints): not when
-    a side-car evaluates (--sidecar_eval), which keeps it (``tfgpu.watch``)."""
-    return tracks_best(t) and not t.sidecar_eval
-
-
-def check_best(t) -> None:
-    """Raises a ConfigError for a best-checkpoint setting of ``t`` (the run's ``config.train``)
-    that cannot work: an unknown metric, a negative count, no evaluations to compare, a side-car
-    beside evaluations in the loop."""
-    if t.best_metric and t.best_metric not in BEST_METRICS:
-        raise ConfigError(
-            f"--best_metric={t.best_metric!r} is unknown; choose from {', '.join(BEST_METRICS)}"
-        )
-    if t.keep_best < 0 or t.early_stop_patience < 0:
-        raise ConfigError("--keep_best and --early_stop_patience must not be negative")
-    in_loop = t.eval_every_steps or t.eval_every_epochs
-    if t.sidecar_eval and in_loop:
-        raise ConfigError(
-            "--sidecar_eval: evaluation is the side-car's, so --eval_every_steps and "
-            "--eval_every_epochs must be 0"
-        )
-    if t.sidecar_eval and t.export_best:
-        # The side-car evaluates the last checkpoint after the trainer has ended.
-        raise ConfigError(
-            "--export_best needs evaluations in the loop; with --sidecar_eval the best is in "
-            "best/ once the side-car has ended (--checkpoint=best of tfgpu-evaluate, tfgpu-predict)"
-        )
-    if tracks_best(t) and not (in_loop or t.sidecar_eval):
-        given = [
-            f"--{name}"
-            for name in ("keep_best", "best_metric", "early_stop_patience", "export_best")
-            if getattr(t, name)
-        ]
-        raise ConfigError(
-            f"{', '.join(given)} need(s) evaluations during training: set --eval_every_steps "
-            "or --eval_every_epochs (or --sidecar_eval, with a side-car evaluator)"
-        )
 
 
 def read_sidecar(model_dir: str) -> dict:

@@ -1,0 +1,352 @@
+"""The settings of the model, the optimizer and the length of training (``ModelConfig``,
+``OptimConfig``, ``TrainConfig``: sections of ``tfgpu.config.Config``), and the checks of each
+that can run before TensorFlow starts. No TensorFlow here.
+"""
+
+import os
+from dataclasses import dataclass
+
+from tfgpu import models, optim
+from tfgpu.settings import ConfigError, positive, setting
+
+BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which network, in which precision."""
+
+    name: str = setting(
+        "resnet50",
+        "Registry name: resnet18..resnet152, densenet121/169/201, efficientnet_b0..b7, "
+        "efficientnetv2_b0..b3/s/m/l, tiny_cnn.",
+        choices=sorted(models.MODELS),
+        flag="model",
+    )
+    small_input: bool = setting(
+        False,
+        "Small-input stem for 32x32-scale data: ResNets 3x3/1 conv, no max-pool; DenseNets "
+        "and EfficientNets keep their stem layers at stride 1.",
+    )
+    init_weights: str = setting(
+        "",
+        "Start from: imagenet (keras.applications' ImageNet file for DenseNets and "
+        "EfficientNets, from Keras' cache ~/.keras/models: no downloads), a Keras .h5 file "
+        "(*_notop.h5 or with top; the backbone by layer name, the head new), a .weights.h5 "
+        "(same model) or a .keras file (its logits layer may differ). A checkpoint in "
+        "--model_dir wins.",
+    )
+    freeze: str = setting(
+        "none",
+        "none, or backbone: train only the head; the backbone's BatchNorm layers normalize "
+        "with their stored statistics (inference mode).",
+        choices=("none", "backbone"),
+    )
+    unfreeze_after_steps: int = setting(
+        0,
+        "With --freeze=backbone: after N updates the backbone trains too, its BatchNorm back in "
+        "training mode (0: never). Its optimizer state starts then, as a new optimizer's (Adam's "
+        "bias correction counts from there); the learning-rate schedule runs on.",
+    )
+    dtype: str = setting(
+        "float32",
+        "float32, mixed_float16 (dynamic loss scaling), mixed_bfloat16, or float64 (slow: for "
+        "numerical checks, e.g. that two strategies agree beyond float32's rounding).",
+        choices=models.DTYPES,
+    )
+    jit_compile: bool = setting(False, "Compile the train step with XLA.")
+    sync_batchnorm: bool = setting(
+        False,
+        "BatchNorm statistics of each micro-step over all replicas (two small collectives per "
+        "layer and micro-step): N replicas of b normalize as one device of N*b. Worth it below ~16 "
+        "images per replica; see README, Accumulation and BatchNorm.",
+    )
+    drop_path_rate: float = setting(
+        -1.0,
+        "Stochastic depth of EfficientNets (Keras' drop_connect_rate; -1: the family's 0.2). "
+        "Its masks are drawn per replica: 0 makes replicas equal one device exactly.",
+    )
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The optimizer, its learning-rate schedule and what is done to the gradients."""
+
+    name: str = setting(
+        "sgd", "sgd, nesterov, adam, adamw or lamb.", choices=optim.OPTIMIZERS, flag="optimizer"
+    )
+    learning_rate: float = setting(0.1, "Base learning rate (peak, after warmup).")
+    scale_lr_with_batch: bool = setting(
+        False, "Multiply --learning_rate by global_batch_size / 256."
+    )
+    momentum: float = setting(0.9, "Momentum of sgd and nesterov.")
+    weight_decay: float = setting(
+        5e-5, "Decoupled weight decay; BatchNorm and bias variables are not decayed."
+    )
+    lr_schedule: str = setting(
+        "cosine",
+        "After warmup: constant, cosine, linear or step (x0.1 at 30/60/90%).",
+        choices=optim.SCHEDULES,
+    )
+    warmup_steps: int = setting(0, "Linear learning-rate warmup, in optimizer updates.")
+    backbone_lr_multiplier: float = setting(
+        1.0,
+        "Learning rate of the backbone (every layer before the head, logits) relative to the "
+        "head's, in (0, 1] (1: off); with --layer_lr_decay=D a block at depth d trains at "
+        "lr * M * D^d.",
+    )
+    layer_lr_decay: float = setting(
+        1.0,
+        "Layer-wise learning-rate decay D in (0, 1] (1: off): the head (logits) trains at the "
+        "learning rate, a block at depth d (d blocks before the head) at lr * D^d. Blocks by "
+        "layer name, depth 1 first: EfficientNet(V2) top (top_conv, top_bn), blockN .. block1, "
+        "stem; DenseNet conv5 (last dense block and bn), conv4 (with its transition pool4) .. "
+        "conv2, conv1 (stem); ResNet stage4 .. stage1, stem.",
+    )
+    label_smoothing: float = setting(0.0, "Label smoothing of the cross-entropy.")
+    class_weights: str = setting(
+        "",
+        "Weight each example's loss by its class (README: Class balance). auto: inverse "
+        "frequency from the train split's per-class counts in dataset_info.json, normalized so "
+        "the mean weight over training examples is 1; or a JSON file {class name or index: "
+        "weight} (classes not in it: 1). Empty: off. Evaluation stays unweighted.",
+    )
+    clip_norm: float = setting(0.0, "Clip the all-reduced gradients to this global norm (0: off).")
+    ema_decay: float = setting(
+        0.0, "Keep an exponential moving average of the weights with this decay (0: off)."
+    )
+    skip_non_finite: bool = setting(
+        False,
+        "Skip an update whose loss or gradients are not finite, and count it, instead of "
+        "stopping (mixed_float16 always skips and lowers the loss scale).",
+    )
+    max_skipped_updates: int = setting(
+        100,
+        "Stop (exit code 3) after this many skipped updates in a row: with mixed_float16 "
+        "those at the loss scale's floor of 1, with --skip_non_finite any (0: never stop).",
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How big an update is, how long training runs, and when to log, evaluate and save."""
+
+    global_batch_size: int = setting(
+        256, "Examples per optimizer update, over all replicas and micro-batches."
+    )
+    grad_accum_steps: int = setting(
+        1,
+        "Micro-batches per update; per-replica micro-batch = global / (replicas x "
+        "grad_accum_steps).",
+    )
+    micro_batch_size: int = setting(
+        0,
+        "Per-replica micro-batch that fits in memory (0: off); --grad_accum_steps then follows "
+        "from the global batch and the number of replicas, so one command runs on any number "
+        "of workers.",
+    )
+    train_steps: int = setting(0, "Length of training in optimizer updates (0: use --epochs).")
+    epochs: float = setting(
+        0.0, "Length of training in passes over the train split (0: use --train_steps)."
+    )
+    steps_per_loop: int = setting(10, "Updates per tf.function call (fewer Python round trips).")
+    eval_batch_size: int = setting(0, "Global evaluation batch (0: the training global batch).")
+    log_every_steps: int = setting(100, "Print and log train metrics every N updates.")
+    log_every_s: float = setting(
+        30.0,
+        "... and after this many seconds without a line, at the next loop boundary (one "
+        "process only: several log together, at the same step).",
+    )
+    eval_every_steps: int = setting(0, "Evaluate every N updates (0: only at the end).")
+    eval_every_epochs: float = setting(
+        0.0, "Evaluate every N passes over the train split (0: only at the end)."
+    )
+    checkpoint_every_steps: int = setting(
+        1000, "Write a checkpoint every N updates (and always at the end)."
+    )
+    keep_checkpoints: int = setting(3, "Checkpoints kept (the newest).")
+    keep_best: int = setting(
+        0,
+        "Keep the K best evaluated checkpoints in model_dir/best/ (best/best.json lists them, "
+        "best first); needs --eval_every_steps or --eval_every_epochs (0: off).",
+    )
+    best_metric: str = setting(
+        "",
+        "What 'best' means for --keep_best, --early_stop_patience and --export_best: top1 "
+        "(the default), top5 (both higher is better) or loss (lower is better).",
+    )
+    early_stop_patience: int = setting(
+        0,
+        "Stop after N evaluations in a row without improving --best_metric (then final "
+        "checkpoint, evaluation and export as usual; summary.json says so). 0: off.",
+    )
+    sidecar_eval: bool = setting(
+        False,
+        "A side-car evaluates (tfgpu.evaluate --watch; docs/evaluator.md), not the loop, not "
+        "even at the end; --keep_best is the side-car's, --early_stop_patience reads its count.",
+    )
+    export_best: bool = setting(
+        False,
+        "At the end, export the best evaluated model (by --best_metric) instead of the last "
+        "(the best evaluation so far is in the checkpoint: a resumed run keeps it).",
+    )
+    profile_steps: str = setting(
+        "",
+        "A:B: write a TensorBoard profiler trace of updates A..B (A >= 2: update 1 traces and "
+        "compiles the step) into --model_dir's tensorboard/ folder, on the chief (empty: off).",
+    )
+    profile_all_workers: bool = setting(
+        False, "With --profile_steps: trace every worker (worker i under tensorboard/worker<i>)."
+    )
+    export: bool = setting(
+        True, "At the end, export the model as .keras and as a SavedModel taking uint8 images."
+    )
+
+
+def best_metric(t) -> str:
+    """The metric that decides "best" of ``t`` (the run's ``config.train``): --best_metric, top1
+    when not set."""
+    return t.best_metric or "top1"
+
+
+def tracks_best(t) -> bool:
+    """True when the run keeps its best evaluation (in its checkpoints)."""
+    return bool(t.keep_best or t.early_stop_patience or t.export_best or t.best_metric)
+
+
+def tracks_best_in_loop(t) -> bool:
+    """True when the trainer itself keeps its best evaluation (in its checkpoints): not when
+    a side-car evaluates (--sidecar_eval), which keeps it (``tfgpu.watch``)."""
+    return tracks_best(t) and not t.sidecar_eval
+
+
+def check_best(t) -> None:
+    """Raises a ConfigError for a best-checkpoint setting of ``t`` (the run's ``config.train``)
+    that cannot work: an unknown metric, a negative count, no evaluations to compare, a side-car
+    beside evaluations in the loop."""
+    if t.best_metric and t.best_metric not in BEST_METRICS:
+        raise ConfigError(
+            f"--best_metric={t.best_metric!r} is unknown; choose from {', '.join(BEST_METRICS)}"
+        )
+    if t.keep_best < 0 or t.early_stop_patience < 0:
+        raise ConfigError("--keep_best and --early_stop_patience must not be negative")
+    in_loop = t.eval_every_steps or t.eval_every_epochs
+    if t.sidecar_eval and in_loop:
+        raise ConfigError(
+            "--sidecar_eval: evaluation is the side-car's, so --eval_every_steps and "
+            "--eval_every_epochs must be 0"
+        )
+    if t.sidecar_eval and t.export_best:
+        # The side-car evaluates the last checkpoint after the trainer has ended.
+        raise ConfigError(
+            "--export_best needs evaluations in the loop; with --sidecar_eval the best is in "
+            "best/ once the side-car has ended (--checkpoint=best of tfgpu-evaluate, tfgpu-predict)"
+        )
+    if tracks_best(t) and not (in_loop or t.sidecar_eval):
+        given = [
+            f"--{name}"
+            for name in ("keep_best", "best_metric", "early_stop_patience", "export_best")
+            if getattr(t, name)
+        ]
+        raise ConfigError(
+            f"{', '.join(given)} need(s) evaluations during training: set --eval_every_steps "
+            "or --eval_every_epochs (or --sidecar_eval, with a side-car evaluator)"
+        )
+
+
+def check_model(m: ModelConfig) -> None:
+    if m.sync_batchnorm and m.jit_compile:
+        raise ConfigError(
+            "--sync_batchnorm and --jit_compile do not go together: the moments' all-reduce "
+            "runs inside the compiled forward pass, which XLA cannot hold"
+        )
+    if (m.init_weights == "imagenet" or m.freeze == "backbone") and not models.has_backbone(m.name):
+        what = "--init_weights=imagenet" if m.init_weights == "imagenet" else "--freeze=backbone"
+        resnet = (
+            " (tfgpu's ResNets are v1.5 with their own layer names; keras.applications' ImageNet "
+            "ResNet50 is v1, trained for another network: start from a tfgpu .keras instead)"
+            if m.name.startswith("resnet")
+            else ""
+        )
+        raise ConfigError(
+            f"{what} is for the keras.applications models (densenet*, efficientnet*), not "
+            f"--model={m.name}{resnet}"
+        )
+    if not (m.drop_path_rate == -1.0 or 0.0 <= m.drop_path_rate < 1.0):
+        raise ConfigError(f"--drop_path_rate={m.drop_path_rate} must be in [0, 1), or -1")
+
+
+def check_class_weights(o: OptimConfig) -> None:
+    """--class_weights is empty, auto or a file (what it holds is checked against the
+    dataset's classes when the run is built: ``data/balance.py``)."""
+    value = o.class_weights
+    if value not in ("", "auto") and not os.path.isfile(os.path.expanduser(value)):
+        raise ConfigError(
+            f"--class_weights={value}: no such file (auto, or a JSON file of class name or "
+            "index -> weight)"
+        )
+
+
+def check_train(t: TrainConfig) -> None:
+    positive(t, "global_batch_size", "grad_accum_steps", "steps_per_loop")
+    positive(t, "log_every_steps", "checkpoint_every_steps", "keep_checkpoints")
+    if t.global_batch_size % t.grad_accum_steps:
+        raise ConfigError(
+            f"--global_batch_size={t.global_batch_size} does not divide by "
+            f"--grad_accum_steps={t.grad_accum_steps}"
+        )
+    if t.micro_batch_size < 0:
+        raise ConfigError(f"--micro_batch_size={t.micro_batch_size} must not be negative")
+    if t.micro_batch_size and t.grad_accum_steps != 1:
+        raise ConfigError("set --grad_accum_steps or --micro_batch_size, not both")
+    if t.train_steps < 0 or t.epochs < 0:
+        raise ConfigError("--train_steps and --epochs must not be negative")
+    if t.eval_every_steps and t.eval_every_epochs:
+        raise ConfigError("set --eval_every_steps or --eval_every_epochs, not both")
+    if t.train_steps and t.epochs:
+        raise ConfigError("set --train_steps or --epochs, not both")
+    check_best(t)
+    profile_window(t)
+    if t.profile_all_workers and not t.profile_steps:
+        raise ConfigError("--profile_all_workers needs --profile_steps=A:B")
+
+
+def profile_window(train: TrainConfig) -> tuple[int, int] | None:
+    """(A, B) of --profile_steps=A:B, None when off; a ConfigError names a bad value."""
+    text = train.profile_steps.strip()
+    if not text:
+        return None
+    first, sep, last = text.partition(":")
+    if sep and first.strip().isdigit() and last.strip().isdigit():
+        a, b = int(first), int(last)
+        if 2 <= a <= b:
+            return a, b
+    raise ConfigError(
+        f"--profile_steps={text!r} must be A:B with 2 <= A <= B (updates; update 1 traces "
+        "and compiles the step)"
+    )
+
+
+def split_batch(train: TrainConfig, num_replicas: int) -> tuple[int, int]:
+    """(examples per replica per update, micro-batches per update) of ``num_replicas``:
+    --grad_accum_steps, or with --micro_batch_size=M as many as make M per micro-batch, so
+    that one command keeps its global batch on any number of workers. A batch that does not
+    split is a ConfigError naming the numbers."""
+    g, m = train.global_batch_size, train.micro_batch_size
+    if g % num_replicas:
+        raise ConfigError(f"--global_batch_size={g} does not divide by {num_replicas} replicas")
+    replica_batch = g // num_replicas
+    if m:
+        if replica_batch % m:
+            raise ConfigError(
+                f"--global_batch_size={g} over {num_replicas} replicas is {replica_batch} per "
+                f"replica, which does not divide into micro-batches of --micro_batch_size={m}"
+            )
+        return replica_batch, replica_batch // m
+    k = train.grad_accum_steps
+    if g % (num_replicas * k):
+        raise ConfigError(
+            f"--global_batch_size={g} does not divide by "
+            f"{num_replicas} replicas x --grad_accum_steps={k} = {num_replicas * k}"
+        )
+    return replica_batch, k
