@@ -8,7 +8,7 @@
 Top-1, top-5, loss, per-class accuracy and the confusion matrix, printed and (``--output``)
 written as JSON; the confusion matrix also as a TensorBoard image, in the run's
 ``tensorboard/evaluate/`` (or ``--tensorboard_dir``). It is the run's own evaluation
-(``train.Evaluator``: the run's Config, data spec, registry model, ``pipeline.make_eval_dataset``
+(``train.evaluator``: the run's Config, data spec, registry model, ``pipeline.make_eval_dataset``
 and ``loops.make_eval_step``, EMA weights when the run kept them), so on the same checkpoint
 and split it gives the run's numbers.
 """
@@ -75,7 +75,7 @@ def evaluate(
         model_dir, checkpoint, data_dir=data_dir, eval_batch_size=eval_batch_size
     )
     from tfgpu.data.spec import class_names, split_spec
-    from tfgpu.train.loop import Evaluator
+    from tfgpu.train.evaluator import Evaluator
 
     trained = use.load(config, path)
     spec = split_spec(trained.spec, split)

@@ -7,7 +7,6 @@ actions (``actions.py``: log, evaluate, checkpoint, preemption). What it calls c
 ``loops.py``: ``make_train_loop`` and ``make_eval_step``.
 """
 
-import contextlib
 import hashlib
 import json
 import os
@@ -30,78 +29,14 @@ from tfgpu.train.build import (
 )
 from tfgpu.train.checkpoints import refresh_derived_state
 from tfgpu.config import Config, ConfigError, resolve
-from tfgpu.data import augment, broken, dct, memory, pipeline
+from tfgpu.data import augment, broken, dct, memory
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, env, heartbeats
 from tfgpu.train.faults import PreemptionGuard
-from tfgpu.step.loops import make_eval_step, make_train_loop
+from tfgpu.step.loops import make_train_loop
+from tfgpu.train.evaluator import Evaluator
 from tfgpu.train.results import RunWriter, export_model, final_eval_of
-from tfgpu.schema import EVAL_SUMS
 from tfgpu.errors import NonFiniteLoss
-
-
-class Evaluator:
-    """Top-1, top-5 and loss over the whole validation split (or ``spec``'s eval files),
-    each example once, with the EMA weights when there are any. The dataset is made on first
-    use, then reused. ``per_class``: also per-class accuracy and the confusion matrix
-    (``tfgpu.evaluate``). ``Evaluator.of(run)`` is the run's own."""
-
-    def __init__(self, model, backend, spec, data, global_batch, optimizer=None, per_class=False):
-        num_classes = spec.num_classes if per_class else 0
-        self._eval_step = make_eval_step(model, backend, num_classes)
-        self._optimizer = optimizer
-        self._steps = pipeline.eval_steps(spec.num_eval, global_batch)
-        self._make = lambda: backend.distribute_dataset(
-            lambda shard: pipeline.make_eval_dataset(
-                spec,
-                data,
-                shard,
-                batch_size=global_batch // backend.num_replicas,
-                global_batch_size=global_batch,
-            )
-        )
-        self._dataset = None
-        self._per_class = per_class
-
-    @classmethod
-    def of(cls, training: Training, spec=None, per_class=False) -> "Evaluator":
-        """The evaluation of ``training`` (on its validation split, or ``spec``'s)."""
-        spec = spec or training.spec
-        global_batch = training.plan.eval_global_batch
-        return cls(
-            training.model,
-            training.backend,
-            spec,
-            training.config.data,
-            global_batch,
-            training.optimizer,
-            per_class,
-        )
-
-    def __call__(self) -> dict:
-        if not self._steps:
-            return {}
-        self._dataset = self._dataset or self._make()
-        sums = dict.fromkeys(EVAL_SUMS, 0.0)
-        confusion = 0.0
-        ema = compat.ema_weights(self._optimizer) if self._optimizer else contextlib.nullcontext()
-        with ema:
-            iterator = iter(self._dataset)
-            for _ in range(self._steps):
-                out = self._eval_step(next(iterator))
-                sums = {k: sums[k] + float(out[k]) for k in EVAL_SUMS}
-                if self._per_class:
-                    confusion = confusion + out["confusion"].numpy().astype(np.float64)
-        n, finite = max(sums["count"], 1.0), sums["count"] - sums["non_finite"]
-        result = {k: sums[k] / n for k in ("top1", "top5")}
-        # The loss of the examples whose logits are finite; None when there are none.
-        result["loss"] = sums["loss"] / finite if finite > 0 else None
-        result = dict(result, num_examples=int(sums["count"]), non_finite=int(sums["non_finite"]))
-        if self._per_class:
-            per_class = np.diag(confusion) / np.maximum(confusion.sum(axis=1), 1.0)
-            result["per_class_accuracy"] = per_class.tolist()
-            result["confusion_matrix"] = confusion.astype(np.int64).tolist()
-        return result
 
 
 def _next_stop(actions, step: int, total_steps: int, steps_per_loop: int) -> int:

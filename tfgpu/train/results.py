@@ -179,7 +179,7 @@ class RunWriter:
 
 
 def final_eval_of(result: dict) -> dict:
-    """summary.json's ``final_eval`` of an evaluation's ``result`` (``train.Evaluator``)."""
+    """summary.json's ``final_eval`` of an evaluation's ``result`` (``evaluator.Evaluator``)."""
     return {k: result.get(k) for k in ("top1", "top5", "loss", "non_finite")}
 
 

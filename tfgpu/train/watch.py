@@ -5,7 +5,7 @@ evaluation. docs/evaluator.md is the user's page.
 
 It writes what the loop's evaluation writes, with the loop's own code: the run's Config
 (config.json: same data, model, preprocessing), ``use.build_run`` (the run built as it
-trained, on one device, no strategy: a TF_CONFIG cluster is never joined), ``train.Evaluator``
+trained, on one device, no strategy: a TF_CONFIG cluster is never joined), ``evaluator.Evaluator``
 and the loop's actions ``Evaluate`` and ``KeepBest`` (metrics.jsonl eval rows, TensorBoard
 ``eval/``, summary.csv, best/ and best/best.json). On one device its numbers for a checkpoint
 are those of the loop's evaluation at that step, exactly. ``SIDECAR_FILE`` (sidecar.json) says
@@ -122,7 +122,7 @@ class Sidecar:
 
     def __init__(self, config, log):
         from tfgpu.train.results import RunWriter  # noqa: PLC0415 (TensorFlow: once the config is read)
-        from tfgpu.train.loop import Evaluator  # noqa: PLC0415
+        from tfgpu.train.evaluator import Evaluator  # noqa: PLC0415
 
         self.config, self._log, self.count = config, log, 0
         self.run = use.build_run(config)
