@@ -4,8 +4,11 @@ import os
 import numpy as np
 import pytest
 
+from conftest import TINY_RUN
+
 from tfgpu import train
 from tfgpu.config import config_from, validate
+from tfgpu.train.actions import Action
 
 pytestmark = pytest.mark.slow  # each test trains for 13-17 s on 2 cores
 
@@ -72,3 +75,26 @@ def test_evaluation_every_epoch(small_dataset, tmp_path):
         if r["split"] == "validation"
     ]
     assert evals == [6, 12, 14]
+
+
+class _Recorder(Action):
+    """A run's own action: what it saw at each step it was asked."""
+
+    every = 3
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, state):
+        self.seen.append((state.step, state.evaluation[0] if state.evaluation else None))
+
+
+def test_a_runs_own_actions_are_asked_after_the_built_in_ones(small_dataset, tmp_path):
+    recorder = _Recorder()
+    settings = dict(TINY_RUN, train_steps=9, eval_every_steps=3, steps_per_loop=9)
+    config = validate(config_from(data_dir=small_dataset, model_dir=str(tmp_path), **settings))
+    summary = train.run(config, actions=[recorder])
+    # Asked at every multiple of 3 but the last step (the run's own), after this step's
+    # evaluation; the loop stopped there although --steps_per_loop was 9.
+    assert recorder.seen == [(3, 3), (6, 6)]
+    assert summary["steps"] == 9 and os.path.exists(tmp_path / "final.weights.h5")

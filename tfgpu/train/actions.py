@@ -5,8 +5,10 @@ An action has ``every`` (updates between calls; 0: none by step, e.g. preemption
 asked after every loop call) and ``__call__(state)``, which returns nothing or raises to end
 the run. ``due(state)`` decides (default: at multiples of ``every``), and ``next_stop(step)``
 says where the loop must stop for it next (default: the next multiple of ``every``; a one-off
-window such as the profiler's names its own steps). A new action is one more class here and
-one more line in ``default_actions``.
+window such as the profiler's names its own steps). A new built-in action is one more class
+here and one more line in ``default_actions``; a run's own actions need neither:
+``train.run(config, actions=[MyAction()])``, asked after the built-in ones (before the
+preemption checkpoint), as Keras' ``fit(callbacks=...)``.
 
 At a step where several are due they run in the order of ``default_actions``, and it matters:
 
@@ -315,8 +317,10 @@ class StopOnPreemption(Action):
         raise Preempted(f"stopped by {name} at step {state.step}; checkpoint written")
 
 
-def default_actions(training, evaluate, guard=None) -> list[Action]:
-    """The loop's actions, in the order they run at one step (see the module docstring)."""
+def default_actions(training, evaluate, guard=None, extra=()) -> list[Action]:
+    """The loop's actions, in the order they run at one step (see the module docstring);
+    ``extra``, the run's own (``train.run(config, actions=...)``), after unfreeze and before
+    preemption, whose checkpoint then holds what they did."""
     t, backend = training.config.train, training.backend
     actions = []
     window = profile_window(t)
@@ -340,6 +344,7 @@ def default_actions(training, evaluate, guard=None) -> list[Action]:
     ]
     if training.config.model.unfreeze_after_steps:
         actions.append(Unfreeze(training.config.model.unfreeze_after_steps))
+    actions += list(extra)
     if guard is not None:
         actions.append(StopOnPreemption(guard, training.checkpoints))
     return actions

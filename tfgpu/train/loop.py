@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Sequence
 
 import keras
 import numpy as np
@@ -18,7 +19,7 @@ import tensorflow as tf
 
 from tfgpu import compat
 from tfgpu.train import runlock
-from tfgpu.train.actions import LoopState, default_actions, eval_context, phase
+from tfgpu.train.actions import Action, LoopState, default_actions, eval_context, phase
 from tfgpu.train.build import (
     Training,
     build,
@@ -49,8 +50,9 @@ def _next_stop(actions, step: int, total_steps: int, steps_per_loop: int) -> int
 def fit(training: Training, batches, actions, writer: RunWriter, input_ips=None) -> dict:
     """Trains from the restored step to the plan's last, handing each loop boundary to the
     ``actions`` that are due (``actions.default_actions``: log, evaluate, checkpoint,
-    preemption). Returns {"images_per_sec", "skipped_records", "input_wait_fraction"}.
-    ``input_ips``: images/s of the input alone (``build.probe_input``), logged with each window.
+    preemption, and the run's own). Returns {"images_per_sec", "skipped_records",
+    "input_wait_fraction", "stopped", "last_images_per_sec"}. ``input_ips``: images/s of the
+    input alone (``build.probe_input``), logged with each window.
     """
     max_skipped = training.config.optim.max_skipped_updates
     loop = make_train_loop(
@@ -58,31 +60,14 @@ def fit(training: Training, batches, actions, writer: RunWriter, input_ips=None)
     )
     step, waited = int(training.global_step.numpy()), float(training.backend.wait_seconds.numpy())
     state = LoopState(training, writer, step, input_ips=input_ips, waited=waited)
-    for action in actions:
-        if action.at_start and action.due(state):
-            action(state)
+    _ask(actions, state, at_start=True)
     if not state.last:
         # Tracing (and XLA compiling) the step takes from seconds to minutes for the big
         # nets; say so, or the run looks stuck.
         writer.info(f"step {state.step}: tracing the train step, the first window takes longer")
     while not state.last and not state.stopped:
-        t = training.config.train
-        n = (
-            _next_stop(actions, state.step, training.plan.total_steps, t.steps_per_loop)
-            - state.step
-        )
-        phase("train", state.step)
-        totals, first_bad, diverged = loop(batches, tf.constant(n), training.step.variant)
-        if int(first_bad) >= 0 and not training.step.skips_non_finite:
-            raise NonFiniteLoss(f"non-finite loss or gradients at step {int(first_bad)}")
-        if int(diverged) >= 0:
-            raise NonFiniteLoss(_diverged(training, int(diverged)))
-        state.step = int(training.global_step.numpy())
-        state.window.add({k: float(v) for k, v in totals.items()}, n)
-        state.skipped_records += int(float(totals["skipped"]))  # broken images, weight 0
-        for action in actions:
-            if action.due(state):
-                action(state)
+        _train_until_due(training, loop, batches, actions, state)
+        _ask(actions, state)
     return {
         "images_per_sec": state.window.images_per_sec(),
         "skipped_records": state.skipped_records,
@@ -90,6 +75,33 @@ def fit(training: Training, batches, actions, writer: RunWriter, input_ips=None)
         "stopped": state.stopped,
         "last_images_per_sec": state.images_per_sec,
     }
+
+
+def _ask(actions, state: LoopState, at_start: bool = False) -> None:
+    """Runs the ``actions`` due at ``state``'s step, in order (before the first update:
+    only those that ask to be, ``at_start``)."""
+    for action in actions:
+        if (action.at_start or not at_start) and action.due(state):
+            action(state)
+
+
+def _train_until_due(training: Training, loop, batches, actions, state: LoopState) -> None:
+    """One call of the compiled ``loop``: the updates up to the next step an action is due
+    (or --steps_per_loop); ``state`` takes the step, the window's sums and skipped records.
+    Raises NonFiniteLoss for a non-finite update (unless skipped) or a diverged run."""
+    t = training.config.train
+    stop = _next_stop(actions, state.step, training.plan.total_steps, t.steps_per_loop)
+    phase("train", state.step)
+    totals, first_bad, diverged = loop(
+        batches, tf.constant(stop - state.step), training.step.variant
+    )
+    if int(first_bad) >= 0 and not training.step.skips_non_finite:
+        raise NonFiniteLoss(f"non-finite loss or gradients at step {int(first_bad)}")
+    if int(diverged) >= 0:
+        raise NonFiniteLoss(_diverged(training, int(diverged)))
+    n, state.step = stop - state.step, int(training.global_step.numpy())
+    state.window.add({k: float(v) for k, v in totals.items()}, n)
+    state.skipped_records += int(float(totals["skipped"]))  # broken images, weight 0
 
 
 def _diverged(training: Training, step: int) -> str:
@@ -136,18 +148,21 @@ def _start_line(training: Training) -> str:
     )
 
 
-def run(config: Config) -> dict:
+def run(config: Config, actions: Sequence[Action] = ()) -> dict:
     """Trains, evaluates and exports as ``config`` says; returns the summary (also written).
+    ``actions``: the run's own periodic actions (``actions.Action`` subclasses, as Keras'
+    ``fit(callbacks=...)``), asked after the default ones at each loop boundary, before a
+    preempted run's last checkpoint.
     The chief holds --model_dir's lock (``runlock``) from before it writes anything there to
     the end: a second run into the same directory stops, on every one of its workers."""
     backend = backends.setup(config.dist)
     with runlock.held(config.model_dir, backend.is_chief) as in_use:
         if in_use and backend.num_workers == 1:
             raise ConfigError(in_use)
-        return _run(config, backend, in_use)
+        return _run(config, backend, in_use, actions)
 
 
-def _run(config: Config, backend, in_use: str) -> dict:
+def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -> dict:
     """``run`` once the backend is set up (``in_use``: the chief's lock error, which every
     worker stops with at the start-up agreement)."""
     multi = backend.num_workers > 1
@@ -179,7 +194,8 @@ def _run(config: Config, backend, in_use: str) -> dict:
         )
     batches = train_batches(r, start_step, make)
     with PreemptionGuard() as guard:
-        throughput = fit(r, batches, default_actions(r, evaluate, guard), writer, input_ips)
+        loop_actions = default_actions(r, evaluate, guard, extra=actions)
+        throughput = fit(r, batches, loop_actions, writer, input_ips)
     throughput["input_images_per_sec"] = input_ips
     final_eval = _finish(r, evaluate, writer, throughput)
     throughput["broken"] = _broken_records(backend)  # the last collective
