@@ -499,3 +499,17 @@ def test_histograms_by_sorting_equal_bincount_and_pil_eagerly_and_in_tf_data(pho
         )
         np.testing.assert_array_equal(eager.numpy(), expected)
         np.testing.assert_array_equal(next(iter(mapped)).numpy(), expected)
+
+
+@pytest.mark.fast
+def test_every_random_stream_id_is_used_once_per_kind_of_key():
+    from tfgpu.data import streams
+
+    assert streams.collisions() == []
+    assert streams.EPOCH["order"] == streams.EXAMPLE["flip"]  # two kinds of key: ids may repeat
+    bad = dict(streams.AUGMENT, extra=streams.EPOCH["crop"])
+    saved, streams.AUGMENT = streams.AUGMENT, bad
+    try:
+        assert streams.collisions() == ["example key: id 3 twice", "epoch key: id 3 twice"]
+    finally:
+        streams.AUGMENT = saved

@@ -34,12 +34,12 @@ import math
 import tensorflow as tf
 
 from tfgpu.data import augment_ops as ops
-from tfgpu.data import host_ops
+from tfgpu.data import streams
 
-# Stream ids of the draws (``host_ops.AUGMENT_STREAMS``); the caller's ``key(stream)`` turns
-# them into stateless seeds.
+# Stream ids of the draws (``streams.AUGMENT``); the caller's ``key(stream)`` turns them into
+# stateless seeds.
 _CHOICE, _APPLY, _LEVEL, _SIGN, _ERASE, _AREA, _ASPECT, _ERASE_Y, _ERASE_X, _NOISE = (
-    host_ops.AUGMENT_STREAMS
+    streams.AUGMENT.values()
 )
 
 # How a level in [0, 1] becomes an op's argument: offset + factor x rounding(level x scale),

@@ -6,11 +6,12 @@ Every function here maps one example, and works the same eagerly and inside ``Da
 
 import tensorflow as tf
 
+from tfgpu.data import streams
+
 # Each random choice of an example gets its own stream of the example's stateless seed.
-_FLIP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X = 1, 2, 3, 4, 5, 6
-# The augmentation policies' draws (augment.py): from 16 on, clear of these and of the
-# in-memory path's epoch streams (memory.py, 1-10), which the policies share.
-AUGMENT_STREAMS = tuple(range(16, 26))
+_FLIP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X = (
+    streams.EXAMPLE[k] for k in ("flip", "mix_kind", "gamma_a", "gamma_b", "cut_y", "cut_x")
+)
 
 
 def example_seed(seed: int, epoch: tf.Tensor, position: tf.Tensor) -> tf.Tensor:

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.data import augment, balance, broken, device_ops, host_ops, pipeline
+from tfgpu.data import augment, balance, broken, device_ops, host_ops, pipeline, streams
 from tfgpu.data.spec import DataError, DataSpec
 from tfgpu.distribute import InputShard
 
@@ -41,9 +41,10 @@ AUTOTUNE = tf.data.AUTOTUNE
 MB = 1 << 20
 
 # Streams of an epoch's stateless key, one per vector drawn for the whole epoch (the
-# policies' draws share the key, from host_ops.AUGMENT_STREAMS on).
-_ORDER, _FLIP, _CROP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X = range(1, 9)
-_CLASS, _MEMBER = 9, 10  # --balanced_sampling: each position's class, then its example
+# policies' draws share the key: streams.AUGMENT).
+_ORDER, _FLIP, _CROP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X, _CLASS, _MEMBER = (
+    streams.EPOCH.values()
+)
 
 
 AUTO_MAX_SIDE = 64  # --in_memory=auto takes small images only (CIFAR, digits, MNIST-like)
