@@ -31,7 +31,7 @@ SIZE, CLASSES = 16, 4
 
 
 def _stand_in(*args, **kwargs):
-    """A small model shaped as ``nets.build_application`` builds them (the registry builder's
+    """A small model shaped as ``applications.build`` builds them (the registry builder's
     arguments are taken and ignored): image -> backbone "efficientnetb0" (stem, block1a,
     block2a, top: conv + BatchNorm each) -> logits."""
     del args, kwargs

@@ -3,10 +3,11 @@ and --init_weights. Only a few models are built (building is the slow part on 2 
 
 import keras
 import numpy as np
+
 import pytest
 
 from tfgpu import models
-from tfgpu.models import nets
+from tfgpu.models import layers as nets
 from tfgpu.config import ConfigError
 
 EXPECTED_NAMES = (
@@ -37,7 +38,7 @@ def test_registry_has_exactly_the_contract_names():
 def test_every_applications_entry_names_a_keras_application():
     # Cheap stand-in for building all 18 keras.applications models (~100 s on 2 cores).
     for name, (family, kwargs) in models.MODELS.items():
-        if family == "application":
+        if family == "applications":
             assert callable(getattr(keras.applications, kwargs["app_name"])), name
 
 
@@ -153,3 +154,12 @@ def test_init_weights_errors_are_one_line(tmp_path):
     (tmp_path / "x.ckpt").write_text("")
     with pytest.raises(ConfigError, match=r"\.weights\.h5 or \.keras"):
         models.load_initial_weights(model, str(tmp_path / "x.ckpt"))
+
+
+def test_every_registry_family_is_a_module_with_a_build():
+    import importlib.util
+
+    for name, (family, _) in models.MODELS.items():
+        assert importlib.util.find_spec(f"tfgpu.models.{family}"), f"{name}: no models/{family}.py"
+    for family in {f for f, _ in models.MODELS.values()}:
+        assert callable(importlib.import_module(f"tfgpu.models.{family}").build), family

@@ -1,7 +1,9 @@
-"""The model registry: a small dict, name -> (network family, its arguments); ``nets.py``
-builds them. No Keras at import: ``config.py`` checks ``--model`` against this registry
-before TensorFlow starts, and the settings that hold only for some families (``has_backbone``,
-``check_finetune``: ``finetune.py``'s settings).
+"""The model registry: a small dict, name -> (network family, its arguments). A family is one
+module here with a ``build(num_classes, image_size, small_input, **arguments)``:
+``tiny_cnn.py``, ``resnet.py``, ``applications.py`` (``layers.py``: what they share). A new
+family is one file and one line per model in ``MODELS``. No Keras at import: ``config.py``
+checks ``--model`` against this registry before TensorFlow starts, and the settings that hold
+only for some families (``has_backbone``, ``check_finetune``: ``finetune.py``'s settings).
 """
 
 import os
@@ -17,7 +19,7 @@ def _resnet(depths, block):
 
 def _applications(prefix: str, app_prefix: str, suffixes) -> dict:
     return {
-        f"{prefix}{s.lower()}": ("application", {"app_name": f"{app_prefix}{s}"}) for s in suffixes
+        f"{prefix}{s.lower()}": ("applications", {"app_name": f"{app_prefix}{s}"}) for s in suffixes
     }
 
 
@@ -46,9 +48,9 @@ def build_model(
     it (EfficientNets; -1: the family's default). Raises KeyError naming the choices for an
     unknown name (a direct caller's mistake: runs from flags were checked by
     ``config.validate``)."""
-    import keras
+    import importlib
 
-    from tfgpu.models import nets
+    import keras
 
     if name not in MODELS:
         raise KeyError(f"--model={name!r} is unknown; choose from {', '.join(sorted(MODELS))}")
@@ -56,9 +58,10 @@ def build_model(
         # Every builder and the input pipeline are NHWC; channels-first would silently mismatch.
         raise ValueError("tfgpu models are channels-last: set image_data_format to channels_last")
     family, kwargs = MODELS[name]
-    if family == "application":
+    if family == "applications":
         kwargs = dict(kwargs, drop_path_rate=drop_path_rate)
-    return nets.BUILDERS[family](
+    builder = importlib.import_module(f"tfgpu.models.{family}").build
+    return builder(
         num_classes=num_classes, image_size=image_size, small_input=small_input, **kwargs
     )
 
@@ -125,14 +128,14 @@ def _copy_weights(source, model) -> list[str]:
 def has_backbone(name: str) -> bool:
     """True for registry models built around a keras.applications backbone (DenseNets,
     EfficientNets): those --init_weights=imagenet and --freeze=backbone apply to."""
-    return name in MODELS and MODELS[name][0] == "application"
+    return name in MODELS and MODELS[name][0] == "applications"
 
 
 def has_blocks(name: str) -> bool:
     """True for registry models whose layers before the head split into blocks (the
     application models and the ResNets, not tiny_cnn): those --backbone_lr_multiplier and
     --layer_lr_decay apply to (``finetune.BLOCK_RULES``)."""
-    return name in MODELS and MODELS[name][0] in ("application", "resnet")
+    return name in MODELS and MODELS[name][0] in ("applications", "resnet")
 
 
 def check_finetune(m, o) -> None:

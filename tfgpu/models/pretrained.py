@@ -2,7 +2,7 @@
 registry model (``--init_weights=imagenet`` or a path to such a ``.h5`` file), and
 ``--freeze=backbone``.
 
-The backbone is the nested keras.Model of ``nets.build_application``; its layers are named as
+The backbone is the nested keras.Model of ``applications.build``; its layers are named as
 keras.applications names them (built with ``weights=None``), so Keras' files load by layer
 name: every backbone layer with weights must find its layer in the file, with the same shapes;
 the file's other layers (the ImageNet classifier of a file "with top") are left out, and the

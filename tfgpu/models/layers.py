@@ -1,0 +1,25 @@
+"""What every network of tfgpu shares: ImageNet normalization in front, a float32 (or
+float64) logits layer at the end.
+
+Every network takes float pixels in [0, 255], channels-last (NHWC: the layout cuDNN's fast
+mixed-precision kernels and XLA prefer on GPUs, and what tf.data produces), and returns float32
+logits; normalization is inside the network, so an exported model needs no tfgpu code around
+it. A family's ``build`` takes (num_classes, image_size, small_input) and its registry
+arguments; ``small_input`` is a stem for 32x32 data.
+"""
+
+import keras
+from keras import layers
+
+from tfgpu.constants import IMAGENET_MEAN, IMAGENET_VAR  # noqa: F401  (tests read them here)
+
+
+def normalize(x):
+    return layers.Normalization(mean=IMAGENET_MEAN, variance=IMAGENET_VAR, name="normalize")(x)
+
+
+def head(x, num_classes: int):
+    # Logits stay float32 under mixed precision, so the softmax and loss are computed exactly;
+    # a float64 model (--dtype=float64) keeps them float64.
+    wide = "float64" if keras.config.dtype_policy().name == "float64" else "float32"
+    return layers.Dense(num_classes, dtype=wide, name="logits")(x)
