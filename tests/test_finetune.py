@@ -141,7 +141,7 @@ def test_each_block_updates_as_with_its_own_learning_rate(optimizer, weight_deca
     )
     keras.utils.set_random_seed(0)
     model = _stand_in()
-    grouped = finetune.build_optimizer(config, model, total_steps=10)
+    grouped = finetune.run_optimizer(config, model, total_steps=10)
     variables = model.trainable_variables
     grouped.build(variables)
     references = {}  # variable id -> (a copy, its own optimizer at lr * m, m)
@@ -167,7 +167,7 @@ def _frozen_with_groups(config):
     build.build makes them: the groups before the freeze."""
     keras.utils.set_random_seed(0)
     model = _stand_in()
-    grouped = finetune.build_optimizer(config, model, total_steps=10)
+    grouped = finetune.run_optimizer(config, model, total_steps=10)
     pretrained.freeze_backbone(model)
     grouped.build(model.trainable_variables)
     return model, grouped
@@ -230,7 +230,7 @@ def _train_steps(config, updates=3, batch=8):
     backend = backends.build_backend("default")
     keras.utils.set_random_seed(3)
     model = _stand_in()
-    optimizer = finetune.build_optimizer(config, model, total_steps=10)
+    optimizer = finetune.run_optimizer(config, model, total_steps=10)
     step = TrainStep(model, optimizer, backend, global_batch_size=batch)
     data = tf.data.Dataset.from_tensor_slices(_batches(batch * updates)).batch(batch)
     update = tf.function(step.update)
@@ -275,7 +275,7 @@ def test_unfrozen_under_mirrored_the_backbone_trains_and_replicas_stay_equal():
     keras.utils.set_random_seed(3)
     with backend.scope():  # as build.build: every variable, the groups' slots too, in scope
         model = _stand_in()
-        optimizer = finetune.build_optimizer(config.with_settings(layer_lr_decay=0.5), model, 10)
+        optimizer = finetune.run_optimizer(config.with_settings(layer_lr_decay=0.5), model, 10)
         pretrained.freeze_backbone(model)
         step = TrainStep(model, optimizer, backend, global_batch_size=8)
         counters = [tf.Variable(0, dtype=tf.int64, trainable=False) for _ in range(2)]

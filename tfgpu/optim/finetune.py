@@ -165,7 +165,7 @@ class GroupedOptimizer(tf.Module):
                 opt.apply([g for g, _ in group], [v for _, v in group])
 
 
-def build_optimizer(config, model, total_steps: int):
+def run_optimizer(config, model, total_steps: int):
     """The run's optimizer: ``optim.build_for_run``'s, or a GroupedOptimizer when a fine-tuning
     flag is set (``lr_groups``). Call it before the backbone is frozen."""
     o = config.optim

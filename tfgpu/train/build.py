@@ -106,7 +106,7 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
         )
         # Its groups (fine-tuning flags) hold every variable that trains at some point: made
         # before the freeze, which hides the backbone's from the step until it unfreezes.
-        optimizer = finetune.build_optimizer(config, model, plan.total_steps)
+        optimizer = finetune.run_optimizer(config, model, plan.total_steps)
         if config.model.freeze == "backbone":
             pretrained.freeze_backbone(model)
         loss_scale = DynamicLossScale() if config.model.dtype == "mixed_float16" else None
