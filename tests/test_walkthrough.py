@@ -1,10 +1,10 @@
-"""The README's "Fine-tune on your own images", end to end, as a user runs it: a folder of
+"""docs/finetune.md's "Fine-tune on your own images", end to end, as a user runs it: a folder of
 JPEGs -> tools/to_tfrecord.py -> python -m tfgpu.main (efficientnet_b0 from a Keras .h5 file,
 frozen backbone, best checkpoint kept) -> python -m tfgpu.evaluate --checkpoint=best ->
 python -m tfgpu.predict on the folder -> CSV.
 
-The commands are read from the README's block and run with its flags: only paths (to this
-test's folder) and sizes (32x32 images, 4 updates) differ, so the README cannot drift from what
+The commands are read from the page's block and run with its flags: only paths (to this
+test's folder) and sizes (32x32 images, 4 updates) differ, so the page cannot drift from what
 works. Each command is a subprocess, in the test's folder, as a user types it.
 
 Cost, measured on the 2 shared cores: 132-147 s wall at a load of 2-3, 134-262 s at 5-6 (other
@@ -26,12 +26,12 @@ from conftest import make_image_arrays
 from PIL import Image
 from test_pretrained import _keras_file
 
-README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
+GUIDE = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "finetune.md")
 SECTION = "## Fine-tune on your own images"
 CLASSES = ("cat", "dog", "fox", "owl")
 PER_CLASS = {"train": 8, "validation": 4}  # 32 train images: 2 updates of 16 per epoch
 WEIGHTS = "efficientnetb0_notop.h5"  # made here, in keras.applications' own format
-# The README's paths -> this test's (relative: the commands run in tmp_path).
+# The page's paths -> this test's (relative: the commands run in tmp_path).
 PATHS = {
     "~/my_photos": "my_photos",
     "/data/my_photos-tfr": "my_photos-tfr",
@@ -45,15 +45,15 @@ TIMEOUT = 900  # the whole chain, on a loaded machine; see the module docstring
 
 
 def readme_commands() -> list[list[str]]:
-    """The commands of the README's fine-tuning block, as argv lists (continuations joined)."""
-    with open(README, encoding="utf-8") as f:
+    """The commands of the page's fine-tuning block, as argv lists (continuations joined)."""
+    with open(GUIDE, encoding="utf-8") as f:
         section = f.read().split(SECTION, 1)[1]
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
     return [shlex.split(line) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
 def localized(argv: list[str]) -> list[str]:
-    """A README command with this test's python, paths and sizes."""
+    """A command of the page with this test's python, paths and sizes."""
     out = [sys.executable]
     for arg in argv[1:]:
         name, eq, value = arg.partition("=")
@@ -86,7 +86,7 @@ def _run(argv: list[str], cwd) -> subprocess.CompletedProcess:
     return out
 
 
-@pytest.mark.fast  # reads the README only
+@pytest.mark.fast  # reads the page only
 def test_readme_commands_are_the_walkthrough():
     convert, train, evaluate, predict = readme_commands()
     assert convert[:2] == ["python", "tools/to_tfrecord.py"]
