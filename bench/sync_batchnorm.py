@@ -12,7 +12,7 @@ all-reduces in the forward pass (sums and count; squared distances to the mean) 
 gradients' in the backward pass.
 
 On CPU devices a collective is a memory copy between threads; on GPUs each is an NCCL call of
-a few KB, latency-bound (tens of microseconds): see the README for what follows on a GPU.
+a few KB, latency-bound (tens of microseconds): see docs/training-loop.md for what follows on a GPU.
 """
 
 import argparse

@@ -8,7 +8,7 @@
     uint8 batch repeated, cast on the device by both), single device;
 (2) images/s of k=4 micro-batches of b against k=1 at micro-batch b;
 (3) images/s of the step with its per-window diagnostics (grad_norm, clipped, weight_norm:
-    README, The training loop) against the same step without them (``--only=metrics``: this
+    docs/training-loop.md) against the same step without them (``--only=metrics``: this
     row alone).
 Rounds alternate between the contenders and ratios are medians of per-round ratios, so the
 machine's noise hits both sides alike.

@@ -1,6 +1,6 @@
 """The errors a tfgpu command stops with, each carrying its exit code, and the one way every
 command (``tfgpu.main``, ``tfgpu.launch``, ``tfgpu-to-tfrecord``, ``tfgpu-data-service``) turns
-them into one line on stderr and that code (README: the table of faults).
+them into one line on stderr and that code (docs/faults.md: the table of faults).
 
 No TensorFlow here: commands report bad flags before TensorFlow starts. Errors that come from
 TensorFlow ops are translated into one of these, in words (``op_error_cause``), by the module

@@ -6,7 +6,7 @@ stopped after ``--grace_s`` seconds (their collectives would time out anyway), a
 exits with the first failing worker's code (128 + N for a worker killed by signal N;
 ``python -m tfgpu.main`` exits with 5 when it lost contact with another worker), after one line
 saying which worker failed first and how. For several
-machines, set TF_CONFIG on each node yourself (README) and run
+machines, set TF_CONFIG on each node yourself (docs/launchers/tfjob.md) and run
 ``python -m tfgpu.main --strategy=multi_worker_mirrored``.
 """
 

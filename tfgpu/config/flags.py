@@ -71,7 +71,7 @@ def reference_markdown() -> str:
     lines = [
         "# Flags of `python -m tfgpu.main`",
         "",
-        "Generated from the settings table (`tfgpu/config.py`) by",
+        "Generated from the settings table (`tfgpu/config/`) by",
         "`python tools/flag_reference.py`; `tests/test_flags.py` fails when it is stale. Every",
         "flag can also be set in a `--flagfile` (the recipes in `flags/`). `--help` prints the",
         "most used ones, `--helpfull` all of them by section.",

@@ -59,7 +59,7 @@ class ModelConfig:
         False,
         "BatchNorm statistics of each micro-step over all replicas (two small collectives per "
         "layer and micro-step): N replicas of b normalize as one device of N*b. Worth it below ~16 "
-        "images per replica; see README, Accumulation and BatchNorm.",
+        "images per replica; see docs/training-loop.md, Accumulation and BatchNorm.",
     )
     drop_path_rate: float = setting(
         -1.0,
@@ -106,7 +106,7 @@ class OptimConfig:
     label_smoothing: float = setting(0.0, "Label smoothing of the cross-entropy.")
     class_weights: str = setting(
         "",
-        "Weight each example's loss by its class (README: Class balance). auto: inverse "
+        "Weight each example's loss by its class (docs/data.md: Class balance). auto: inverse "
         "frequency from the train split's per-class counts in dataset_info.json, normalized so "
         "the mean weight over training examples is 1; or a JSON file {class name or index: "
         "weight} (classes not in it: 1). Empty: off. Evaluation stays unweighted.",

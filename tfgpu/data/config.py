@@ -126,9 +126,10 @@ class DataConfig:
     )
     augment_policy: str = setting(
         "none",
-        "Per-example augmentation policy after the crop and flip (README: Augmentation "
-        "policies): randaugment (timm's rand-mM-nN-mstdS), trivialaugment (TrivialAugmentWide), "
-        "autoaugment (the original ImageNet policy), none. Drawn per example from (seed, "
+        "Per-example augmentation policy after the crop and flip (docs/input-pipeline.md: "
+        "Augmentation policies): randaugment (timm's rand-mM-nN-mstdS), trivialaugment "
+        "(TrivialAugmentWide), autoaugment (the original ImageNet policy), none. Drawn per "
+        "example from (seed, "
         "epoch, position), applied where --preprocess_on says: split-invariant.",
         choices=AUGMENT_POLICIES,
     )
@@ -153,7 +154,7 @@ class DataConfig:
         "Draw each training position's class with probability proportional to "
         "count^(1 - --sampling_power), then an example of that class uniformly (with "
         "replacement), statelessly from (seed, epoch, position); needs the train split in "
-        "memory (--in_memory). README: Class balance.",
+        "memory (--in_memory). docs/data.md: Class balance.",
     )
     sampling_power: float = setting(
         1.0,
@@ -164,7 +165,8 @@ class DataConfig:
         "",
         "grpc://HOST:PORT of a tf.data service dispatcher (tfgpu-data-service): its "
         "workers run the per-example train pipeline, each example at most once per epoch, and "
-        "the step consumes the batches they return (README: tf.data service). Empty: off.",
+        "the step consumes the batches they return (docs/input-pipeline.md: tf.data "
+        "service). Empty: off.",
         per_node=True,
     )
     data_service_timeout_s: float = setting(
@@ -253,7 +255,7 @@ def _check_sampling(d: DataConfig) -> None:
         if on:
             raise ConfigError(
                 f"--balanced_sampling and {flag} do not go together: balanced sampling needs "
-                "the train split in memory (--in_memory; README: Class balance)"
+                "the train split in memory (--in_memory; docs/data.md: Class balance)"
             )
 
 

@@ -146,7 +146,7 @@ def _class_balance(config: Config, spec: data_spec.DataSpec, weights=FROM_CONFIG
         decision = memory.decide(spec, data)
         if not decision.use:  # the streaming reader has no random access by class
             raise ConfigError(
-                "--balanced_sampling needs the train split in memory (--in_memory; README: "
+                "--balanced_sampling needs the train split in memory (--in_memory; docs/data.md: "
                 f"Class balance), and here: {decision.reason}"
             )
         lines.append(balance.describe_sampling(data.sampling_power))
