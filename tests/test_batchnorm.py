@@ -49,7 +49,7 @@ def _batches(n=GLOBAL_BATCH * UPDATES, seed=0):
 def _build(name):
     if name in ("regularized", "unregularized"):
         return _regularized_net(name == "regularized")
-    # Stochastic depth off: its masks are drawn per replica (docs/training-loop.md, Accumulation and BatchNorm).
+    # Stochastic depth off: its masks are drawn per replica (docs/training-loop.md).
     return models.build_model(name, 4, SIZE, small_input=True, drop_path_rate=0.0)
 
 
