@@ -157,7 +157,10 @@ def _connect(job: RayJob) -> str:
             ray.init(address=address, **quiet)
             return f"the Ray cluster at {address}"
         # As many CPU slots as workers, even on a smaller machine (as tfgpu.launch allows).
-        ray.init(num_cpus=max(os.cpu_count() or 1, job.num_workers), **quiet)
+        # "local": a new cluster of its own, never one that Ray's last-cluster file names
+        # (a stale one from an earlier `ray start` would be joined, or refuse num_cpus).
+        cpus = max(os.cpu_count() or 1, job.num_workers)
+        ray.init(address="local", num_cpus=cpus, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise DistributeError(f"Ray could not start or connect ({first})") from None
