@@ -97,6 +97,18 @@ def test_the_rule_sees_the_modules_that_start_processes_or_train():
         assert name not in starts | trains
 
 
+def test_every_training_helper_the_rule_names_exists():
+    """The rule names its training helpers by where they live: when one moves, this fails
+    instead of the tests that use it silently turning fast."""
+    for qualified in conftest.TRAINING_HELPERS:
+        module_name, _, attribute = qualified.rpartition(".")
+        try:
+            module = importlib.import_module(qualified)
+        except ImportError:
+            module = getattr(importlib.import_module(module_name), attribute)
+        assert conftest._qualified_name(module) == qualified, qualified
+
+
 def test_both_tiers_keep_a_sensible_size():
     tiers = [t for m in MODULES for _, _, t in _tests(importlib.import_module(m))]
     fast, slow = tiers.count("fast"), tiers.count("slow")
