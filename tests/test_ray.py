@@ -279,3 +279,24 @@ def test_tfgpu_ray_is_a_console_script_of_the_ray_extra():
     assert "tfgpu-ray = tfgpu.ray:run" in setup["options.entry_points"]["console_scripts"]
     assert setup["options.extras_require"]["ray"].strip().startswith("ray[train]")
     assert callable(tfgpu_ray.run)
+
+
+BN_RUN = dict(TINY_RUN, model="resnet18", small_input=True, train_steps=4, sync_batchnorm=True)
+BN_RUN.update(steps_per_loop=2, log_every_steps=2, checkpoint_every_steps=4, drop_path_rate=0.0)
+
+
+@pytest.mark.heavy  # the contract on a BatchNorm model; tiny_cnn's case runs in the default tier
+def test_two_ray_workers_with_synchronized_batchnorm_equal_one_device(small_dataset, tmp_path):
+    _need_ray()
+    one = tmp_path / "one-device"
+    config = config_from(data_dir=small_dataset, model_dir=str(one), strategy="default")
+    train.run(validate(config.with_settings(**BN_RUN)))
+    reference = final_weights(one)
+    model_dir = tmp_path / "ray"
+    cmd = [sys.executable, "-m", "tfgpu.ray", "--num_workers=2", "--"]
+    proc = popen(cmd + cli_flags(BN_RUN, data_dir=small_dataset, model_dir=model_dir))
+    text = _finish(proc, Output(proc))
+    assert proc.returncode == 0, text[-5000:]
+    assert len(set(_fingerprints(text).values())) == 1, text[-3000:]
+    scale = max(float(np.abs(w).max()) for w in reference)
+    _assert_close(final_weights(model_dir), reference, atol=1e-5 * scale)
