@@ -173,3 +173,23 @@ def test_each_local_mpi_rank_gets_its_share_of_the_machines_gpus():
     hydra = {"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
     assert mpi.local_gpus(2, hydra) == [1]
     assert mpi.local_gpus(4, {}) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "variables, named",
+    [
+        ({"OMPI_COMM_WORLD_SIZE": "two"}, "OMPI_COMM_WORLD_SIZE='two'"),
+        ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "-1"}, "OMPI_COMM_WORLD_RANK"),
+        ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": ""}, "HOROVOD_SIZE=''"),
+        ({"PMI_SIZE": "1e9"}, "PMI_SIZE='1e9'"),
+        ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "lots"}, "'lots'"),
+    ],
+)
+@pytest.mark.fast
+def test_a_launchers_variable_that_is_not_a_number_is_one_line(clean_env, variables, named):
+    for key, value in variables.items():
+        clean_env.setenv(key, value)
+    with pytest.raises(DistributeError, match=named) as err:
+        env.world()
+    assert "\n" not in str(err.value)
+    assert not env.multi_process()  # the error paths that ask never raise

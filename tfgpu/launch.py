@@ -13,7 +13,6 @@ machines, set TF_CONFIG on each node yourself (docs/launchers/tfjob.md) and run
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,24 +20,13 @@ import time
 
 from absl import app, flags
 
+from tfgpu.distribute.env import free_ports
 from tfgpu.errors import run_command
 
 flags.DEFINE_integer("num_workers", 2, "Worker processes to start on this machine.")
 flags.DEFINE_string("host", "localhost", "Address the workers listen on.")
 flags.DEFINE_float("grace_s", 30.0, "Seconds the others get to stop after one worker fails.")
 FLAGS = flags.FLAGS
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports that are free now (the OS picks them); held open together so they differ."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def tf_configs(num_workers: int, host: str = "localhost") -> list[str]:

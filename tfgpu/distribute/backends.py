@@ -20,13 +20,13 @@ from tfgpu.distribute.env import resolve_strategy
 
 
 def _worker_index(strategy: tf.distribute.Strategy) -> int:
-    """This process's index among the workers, TensorFlow's way: a chief is 0, worker i is
-    i + (number of chiefs)."""
+    """This process's index among the workers, TensorFlow's way (``env.task_index``: a chief
+    is 0, worker i is i + the number of chiefs)."""
     resolver = strategy.cluster_resolver
     if resolver is None or resolver.task_type is None:
         return 0
-    chiefs = len(resolver.cluster_spec().as_dict().get("chief", []))
-    return int(resolver.task_id or 0) + (chiefs if resolver.task_type == "worker" else 0)
+    task = {"type": resolver.task_type, "index": resolver.task_id or 0}
+    return env.task_index({"cluster": resolver.cluster_spec().as_dict(), "task": task})
 
 
 def _num_workers(strategy: tf.distribute.Strategy) -> int:
@@ -261,7 +261,7 @@ def setup(dist) -> "StrategyBackend | horovod_backend.HorovodBackend":
     mpirun = found.launcher == "mpirun"
     gpus = len(tf.config.list_physical_devices("GPU"))
     has_mpi = mpirun and horovod_backend.horovod_has_mpi()
-    name = resolve_strategy(dist.strategy, gpus, horovod_mpi=has_mpi)
+    name = resolve_strategy(dist.strategy, gpus, horovod_mpi=has_mpi, found=found)
     env.check_world(name, found)
     if name == "multi_worker_mirrored" and mpirun and found.size > 1:
         if not env.cluster():

@@ -43,21 +43,32 @@ def world(environ=os.environ) -> World:
     TF_CONFIG is a DistributeError. MPI's variables win over Slurm's: mpirun inside an
     allocation starts its daemons with srun."""
     if "HOROVOD_RANK" in environ:
-        size = int(environ.get("HOROVOD_SIZE", "1"))
-        return World("horovodrun", size, int(environ["HOROVOD_RANK"]), f"HOROVOD_SIZE={size}")
+        size = _whole(environ, "HOROVOD_SIZE", 1)
+        rank = _whole(environ, "HOROVOD_RANK", 0)
+        return World("horovodrun", size, rank, f"HOROVOD_SIZE={size}")
     for size_name, rank_name in _MPI_VARIABLES:
         if size_name in environ:
-            size = int(environ[size_name])
-            return World("mpirun", size, int(environ.get(rank_name, 0)), f"{size_name}={size}")
+            size, rank = _whole(environ, size_name, 1), _whole(environ, rank_name, 0)
+            return World("mpirun", size, rank, f"{size_name}={size}")
     config = read_tf_config(environ)
     if config:
         size = len(training_tasks(config))
         roles = ", ".join(f"{len(v)} {k}" for k, v in config["cluster"].items() if v)
         return World("tf_config", size, task_index(config), f"TF_CONFIG names {roles}")
     if slurm.in_slurm_step(environ):
-        size = int(slurm.tasks(environ))
-        return World("slurm", size, int(environ["SLURM_PROCID"]), f"an srun step of {size} tasks")
+        size = slurm.tasks(environ)
+        rank = _whole(environ, "SLURM_PROCID", 0)
+        return World("slurm", size, rank, f"an srun step of {size} tasks")
     return World("", 1, 0, "")
+
+
+def _whole(environ, name: str, default: int) -> int:
+    """The launcher's variable ``name`` as a number (``default`` when unset); anything else is
+    a one-line DistributeError naming it: a launcher's variables are read, never trusted."""
+    value = environ.get(name, str(default))
+    if not value.strip().isdigit():
+        raise DistributeError(f"{name}={value!r} is not a whole number (set by the launcher?)")
+    return int(value)
 
 
 def read_tf_config(environ=os.environ) -> dict:
@@ -142,18 +153,20 @@ def multi_process() -> bool:
     """True in a run of several processes; False when the environment says nothing usable."""
     try:
         return world().size > 1
-    except (DistributeError, ValueError):
+    except DistributeError:
         return False
 
 
-def resolve_strategy(name: str, num_gpus: int, horovod_mpi: bool = False) -> str:
-    """Resolves ``auto`` from the launcher (``num_gpus``: physical GPUs of this machine;
-    ``horovod_mpi``: an installed Horovod has its MPI controller); other names are returned
-    as they are. Under mpirun without Horovod-with-MPI, multi_worker_mirrored builds its
-    cluster from the MPI world."""
+def resolve_strategy(
+    name: str, num_gpus: int, horovod_mpi: bool = False, found: World | None = None
+) -> str:
+    """Resolves ``auto`` from the launcher's world (``found``, read from the environment when
+    None; ``num_gpus``: physical GPUs of this machine; ``horovod_mpi``: an installed Horovod
+    has its MPI controller); other names are returned as they are. Under mpirun without
+    Horovod-with-MPI, multi_worker_mirrored builds its cluster from the MPI world."""
     if name != "auto":
         return name
-    found = world()
+    found = found or world()
     if found.launcher == "horovodrun" or (found.launcher == "mpirun" and horovod_mpi):
         return "horovod"
     if found.size > 1:
@@ -182,6 +195,18 @@ def check_world(strategy: str, found: World) -> None:
             f"--strategy=multi_worker_mirrored does not run under horovodrun ({many}); use "
             "--strategy=horovod, or mpirun / TF_CONFIG / tfgpu.launch"
         )
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports that are free now (the OS picks them); held open together so they differ."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def advertised_host() -> str:

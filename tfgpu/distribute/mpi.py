@@ -31,13 +31,6 @@ def local_gpus(num_gpus: int, environ=os.environ) -> list[int]:
     return list(range(num_gpus))
 
 
-def free_port() -> int:
-    """A TCP port that is free now on every interface (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _comm_world():
     try:
         from mpi4py import MPI  # noqa: PLC0415  (MPI_Init happens at this import)
@@ -69,5 +62,9 @@ def tf_config(found: env.World) -> dict:
             "for another MPI than the mpirun that started this job; reinstall it against that "
             "MPI (pip install --no-binary mpi4py mpi4py)"
         )
-    mine = {"host": socket.gethostname(), "address": env.local_address(), "port": free_port()}
+    mine = {
+        "host": socket.gethostname(),
+        "address": env.local_address(),
+        "port": env.free_ports(1)[0],
+    }
     return cluster_from(comm.allgather(mine), comm.Get_rank())

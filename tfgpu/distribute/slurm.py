@@ -96,8 +96,12 @@ def expand_counts(expression: str) -> list[int]:
 
 
 def tasks(environ) -> int:
-    """Tasks of this srun step (1 outside one)."""
-    return int(_first(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", default="1"))
+    """Tasks of this srun step (1 outside one); a value that is not a number is a one-line
+    DistributeError naming it."""
+    value = _first(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", default="1")
+    if not value.strip().isdigit():
+        raise DistributeError(f"Slurm's task count {value!r} is not a whole number")
+    return int(value)
 
 
 def _first(environ, *names: str, default: str | None = None) -> str:
