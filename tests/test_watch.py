@@ -294,3 +294,41 @@ def test_two_workers_stop_together_on_the_side_cars_verdict(small_dataset, tmp_p
     ends = [line.split()[-1] for line in out.text.splitlines() if "/2 weights_sha256 " in line]
     assert ends == [summary["weights_sha256"]] * 2  # both workers, one step, the same weights
     assert _rows(model_dir)[-1]["step"] == summary["steps"]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[4, 8]",
+        "not json {",
+        '{"step": "12", "evals_since_best": 3}',
+        '{"step": 12, "evals_since_best": true}',
+        '{"step": 12, "best_value": "0.9"}',
+        '{"step": 12.5}',
+    ],
+)
+def test_a_sidecar_file_that_is_not_the_side_cars_is_no_verdict(tmp_path, text):
+    """The trainers read sidecar.json at every loop boundary: a file from elsewhere reads as no
+    verdict (never a traceback in the trainer)."""
+    from tfgpu.train.best import SIDECAR_FILE, read_sidecar
+
+    (tmp_path / SIDECAR_FILE).write_text(text)
+    assert read_sidecar(str(tmp_path)) == {}
+    (tmp_path / SIDECAR_FILE).write_text('{"step": 12, "evals_since_best": 3, "best_value": 1}')
+    assert read_sidecar(str(tmp_path))["evals_since_best"] == 3
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(20)
+def test_special_files_in_place_of_json_are_one_line_never_a_hang(tmp_path):
+    from tfgpu.files import read_json
+    from tfgpu.train.best import SIDECAR_FILE, read_sidecar
+
+    os.mkfifo(tmp_path / SIDECAR_FILE)  # opening it to read would wait for a writer
+    assert read_sidecar(str(tmp_path)) == {}
+    os.mkdir(tmp_path / "dir.json")
+    for path in (tmp_path / SIDECAR_FILE, tmp_path / "dir.json"):
+        with pytest.raises(ValueError, match="is not readable JSON") as err:
+            read_json(str(path))
+        assert "\n" not in str(err.value) and str(path) in str(err.value)

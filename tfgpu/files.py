@@ -5,6 +5,7 @@ The one JSON writer and the one JSON reader of tfgpu (converter and trainer alik
 
 import json
 import os
+import stat
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -33,9 +34,15 @@ def write_json(path: str, obj) -> None:
 
 def read_json(path: str) -> dict:
     """The JSON object in ``path``; {} when there is no such file. A file that is not a JSON
-    object raises ValueError with a one-line message naming it."""
+    object, or not a regular file (a FIFO would block the reader for ever, a directory), raises
+    ValueError with a one-line message naming it."""
     try:
-        with open(path, encoding="utf-8") as f:
+        # Non-blocking: opening a FIFO would otherwise wait for a writer that never comes.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError("not a regular file")
+        with os.fdopen(fd, encoding="utf-8") as f:
             value = json.load(f)
     except FileNotFoundError:
         return {}

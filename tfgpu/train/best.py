@@ -33,13 +33,23 @@ BEST_FILE = "best.json"
 SIDECAR_FILE = "sidecar.json"
 
 
+# The fields of SIDECAR_FILE that are read back, and what each must be (None: not yet known).
+_SIDECAR_NUMBERS = {"step": int, "evals_since_best": int, "best_step": int, "best_value": float}
+
+
 def read_sidecar(model_dir: str) -> dict:
-    """The side-car's ``SIDECAR_FILE`` in ``model_dir``; {} when there is none or it does not
-    read (it is written atomically: never half of one)."""
+    """The side-car's ``SIDECAR_FILE`` in ``model_dir``; {} when there is none, it does not
+    read (it is written atomically: never half of one) or a field read back is not a number
+    of its kind (a file from elsewhere must not stop the trainers nor the watcher)."""
     try:
-        return read_json(os.path.join(model_dir, SIDECAR_FILE))
+        state = read_json(os.path.join(model_dir, SIDECAR_FILE))
     except ValueError:
         return {}
+    for key, kind in _SIDECAR_NUMBERS.items():
+        value = state.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, kind))):
+            return {}
+    return state
 
 
 class Best:
