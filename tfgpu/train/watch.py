@@ -162,7 +162,7 @@ class Sidecar:
     def evaluate_new(self) -> int:
         """Evaluates, in step order, each checkpoint the index names past the last evaluated
         one; returns how many it took (evaluated or skipped)."""
-        listed = self._listed()
+        listed = listed_checkpoints(self.directory)
         new = sorted(s for s in listed if s > self.last)
         if new:
             self._say_missed(new)
@@ -170,30 +170,12 @@ class Sidecar:
             self._one(step, listed[step])
         return len(new)
 
-    def _listed(self) -> dict:
-        """{step: checkpoint path} of what the ``checkpoint`` index file names now (by name
-        in this folder: the paths in it are where the trainer wrote them)."""
-        import tensorflow as tf  # noqa: PLC0415
-
-        try:
-            state = tf.train.get_checkpoint_state(self.directory)
-        except tf.errors.OpError:
-            return {}  # not readable now (it is replaced atomically): the next look
-        listed = {}
-        for path in state.all_model_checkpoint_paths if state else ():
-            name = os.path.basename(path)
-            if name.rpartition("-")[2].isdigit():
-                listed[int(name.rpartition("-")[2])] = os.path.join(self.directory, name)
-        return listed
-
     def _say_missed(self, new: list) -> None:
         """A line naming the checkpoints (every --checkpoint_every_steps) that were deleted
         before this watcher saw them: it is slower than the trainer, which keeps
         --keep_checkpoints."""
         t = self.config.train
-        every = t.checkpoint_every_steps
-        expected = range((max(self.last, 0) // every + 1) * every, new[-1], every)
-        missed = [s for s in expected if s not in new]
+        missed = missed_steps(self.last, new, t.checkpoint_every_steps)
         if missed:
             steps = ", ".join(map(str, missed[:5])) + (", ..." if len(missed) > 5 else "")
             self._log(
@@ -227,7 +209,7 @@ class Sidecar:
             try:
                 return use.restore(self.run, path)
             except CheckpointError as err:
-                if step not in self._listed():
+                if step not in listed_checkpoints(self.directory):
                     self._log(f"not evaluated: {name} was deleted before it could be read")
                     return None
                 if attempt < READ_TRIES:
@@ -279,6 +261,30 @@ class Sidecar:
         if self.best is not None:
             summary["best"] = self.best.summary()
         self.writer.write_summary(summary)
+
+
+def listed_checkpoints(directory: str) -> dict:
+    """{step: checkpoint path} of what ``directory``'s ``checkpoint`` index file names now (by
+    name in this folder: the paths in it are where the trainer wrote them)."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    except tf.errors.OpError:
+        return {}  # not readable now (it is replaced atomically): the next look
+    listed = {}
+    for path in state.all_model_checkpoint_paths if state else ():
+        name = os.path.basename(path)
+        if name.rpartition("-")[2].isdigit():
+            listed[int(name.rpartition("-")[2])] = os.path.join(directory, name)
+    return listed
+
+
+def missed_steps(last: int, new: list, every: int) -> list:
+    """The steps after ``last`` at which a checkpoint was due (every ``every``) but is not
+    among ``new`` (sorted): deleted before a watcher slower than the trainer saw them."""
+    expected = range((max(last, 0) // every + 1) * every, new[-1], every)
+    return [s for s in expected if s not in new]
 
 
 def train_images_per_sec(model_dir: str, step: int) -> float | None:
