@@ -83,7 +83,7 @@ def check_one_job(out, model_dir, reference, strategy: str, replicas: int = 2) -
     the weights equal the one-process run's within 1e-5 of the largest weight."""
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
-    pattern = r"worker (\d+)/\d+ weights_sha256 (\w+)"
+    pattern = r"worker (\d+)/\d+ weights_sha256 ([0-9a-f]{16})"
     found = dict(re.findall(pattern, text))
     assert sorted(found) == [str(i) for i in range(replicas)], text[-3000:]
     assert len(set(found.values())) == 1, f"the processes ended with different weights: {found}"

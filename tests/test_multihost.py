@@ -51,7 +51,7 @@ def _env(**extra) -> dict:
 
 
 def _fingerprints(outputs: str) -> dict:
-    return dict(re.findall(r"worker (\d+)/2 weights_sha256 (\w+)", outputs))
+    return dict(re.findall(r"worker (\d+)/2 weights_sha256 ([0-9a-f]{16})", outputs))
 
 
 def _check_trained(chief_dir, other_dir, output: str, reference) -> None:
