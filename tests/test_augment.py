@@ -1,7 +1,8 @@
-"""Augmentation policies (tfgpu/data/augment.py, augment_ops.py): every op against Pillow (what
-timm calls) on two real photos, eagerly and inside tf.data; the policies' arguments against
-timm's and torchvision's formulas; the determinism contract (split-invariant, same seed ->
-same images, another epoch -> others); and the wiring (config checks, pipelines)."""
+"""Augmentation policies (tfgpu/data/augment.py, augment_ops.py, erasing.py): every registered
+op against Pillow (what timm calls) on two real photos, eagerly and inside tf.data; the
+policies' arguments against timm's and torchvision's formulas; the determinism contract
+(split-invariant, same seed -> same images, another epoch -> others); and the wiring (config
+checks, pipelines)."""
 
 import dataclasses
 import math
@@ -9,13 +10,13 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image, ImageEnhance, ImageOps
+from PIL import Image
 from sklearn.datasets import load_sample_images
 
 from conftest import assert_mirrored_equals_default, train_ds
 
 from tfgpu.config import config_from, validate
-from tfgpu.data import augment, augment_ops, device_ops, host_ops, memory
+from tfgpu.data import augment, device_ops, erasing, host_ops, memory
 from tfgpu.data import augment_ops as A
 from tfgpu.data import spec as data_spec
 from tfgpu.data.config import DataConfig
@@ -32,110 +33,110 @@ def photos() -> list[np.ndarray]:
     ]
 
 
+BY_ID = list(A.OPS.values())
+ID = A.IDS  # op name -> id
+
+
 def _pil(image: np.ndarray, op: int, arg: float) -> np.ndarray:
-    """What timm's auto_augment.py does for ``op`` with argument ``arg`` (bilinear, fill 128)."""
-    im = Image.fromarray(image)
-    kw = dict(resample=Image.BILINEAR, fillcolor=(128, 128, 128))
-    affine = lambda data: im.transform(im.size, Image.AFFINE, data, **kw)  # noqa: E731
-    solarize_add = [min(255, i + int(arg)) if i < 128 else i for i in range(256)] * 3
-    ops = {
-        A.IDENTITY: lambda: im,
-        A.AUTO_CONTRAST: lambda: ImageOps.autocontrast(im),
-        A.EQUALIZE: lambda: ImageOps.equalize(im),
-        A.INVERT: lambda: ImageOps.invert(im),
-        # Pillow 13 refuses 0 bits, which timm's Posterize at magnitude < 2.5 asks for: black.
-        A.POSTERIZE: lambda: ImageOps.posterize(im, int(arg)) if arg else im.point([0] * 768),
-        A.SOLARIZE: lambda: ImageOps.solarize(im, arg),
-        A.SOLARIZE_ADD: lambda: im.point(solarize_add),
-        A.COLOR: lambda: ImageEnhance.Color(im).enhance(arg),
-        A.CONTRAST: lambda: ImageEnhance.Contrast(im).enhance(arg),
-        A.BRIGHTNESS: lambda: ImageEnhance.Brightness(im).enhance(arg),
-        A.SHARPNESS: lambda: ImageEnhance.Sharpness(im).enhance(arg),
-        A.ROTATE: lambda: im.rotate(arg, **kw),
-        A.SHEAR_X: lambda: affine((1, arg, 0, 0, 1, 0)),
-        A.SHEAR_Y: lambda: affine((1, 0, 0, arg, 1, 0)),
-        A.TRANSLATE_X: lambda: affine((1, 0, arg * im.size[0], 0, 1, 0)),
-        A.TRANSLATE_Y: lambda: affine((1, 0, 0, 0, 1, arg * im.size[1])),
-    }
-    return np.asarray(ops[op]())
+    """What timm's auto_augment.py does for op id ``op`` with argument ``arg``: the registry's
+    Pillow call (bilinear, fill 128)."""
+    return np.asarray(BY_ID[op].pil(Image.fromarray(image), arg))
 
 
-COLOR_CASES = [
-    (A.IDENTITY, 0),
-    (A.AUTO_CONTRAST, 0),
-    (A.EQUALIZE, 0),
-    (A.INVERT, 0),
-    (A.POSTERIZE, 0),
-    (A.POSTERIZE, 2),
-    (A.POSTERIZE, 7),
-    (A.SOLARIZE, 0),
-    (A.SOLARIZE, 100),
-    (A.SOLARIZE, 246.5),  # TrivialAugment's thresholds are not whole
-    (A.SOLARIZE_ADD, 60),
-    (A.COLOR, 0.1),
-    (A.COLOR, 1.9),
-    (A.CONTRAST, 0.3),
-    (A.CONTRAST, 1.8),
-    (A.BRIGHTNESS, 0.4),
-    (A.BRIGHTNESS, 1.6),
-    (A.SHARPNESS, 0.1),
-    (A.SHARPNESS, 1.9),
-]
-GEOMETRY_CASES = [
-    (A.ROTATE, 27.0),
-    (A.ROTATE, -13.5),
-    (A.ROTATE, 90.0),
-    (A.SHEAR_X, 0.3),
-    (A.SHEAR_Y, -0.21),
-    (A.TRANSLATE_X, 0.25),
-    (A.TRANSLATE_Y, -0.41),
-]
-CASES = COLOR_CASES + GEOMETRY_CASES
+# Arguments worth a look beyond the levels' (below), by op: Posterize to 0 bits, TrivialAugment's
+# Solarize thresholds that are not whole, a right angle, small shears and translations.
+EXTRA_ARGS = {
+    "Posterize": [0, 2, 7],
+    "Solarize": [0, 100, 246.5],
+    "SolarizeAdd": [60],
+    "Color": [0.1, 1.9],
+    "Contrast": [0.3, 1.8],
+    "Brightness": [0.4, 1.6],
+    "Sharpness": [0.1, 1.9],
+    "Rotate": [27.0, -13.5, 90.0],
+    "ShearX": [0.3],
+    "ShearY": [-0.21],
+    "TranslateXRel": [0.25],
+    "TranslateYRel": [-0.41],
+}
+
+
+def _cases() -> list[tuple[str, float]]:
+    """(op name, argument) of every registered op: its arguments at the top level, both signs,
+    under each policy's level mapping it has (a new op is tested without a line here), and
+    ``EXTRA_ARGS``."""
+    cases = []
+    for name, op in A.OPS.items():
+        args = list(EXTRA_ARGS.get(name, []))
+        for policy, level_of in augment.LEVELS.items():
+            if level_of(op) is not None:
+                rows = augment.level_table(policy, [name], 96)
+                levels, signs = tf.ones([2]), tf.constant([1.0, -1.0])
+                _, arg = augment._arguments(rows, tf.zeros([2], tf.int32), levels, signs)
+                args += arg.numpy().tolist()
+        cases += [(name, float(a)) for a in dict.fromkeys(args)]  # once each, in order
+    return cases
 
 
 @pytest.fixture(scope="module")
 def applied(photos):
-    """(inputs, eager outputs, tf.data outputs) of every case, in one batch."""
-    images = np.stack([photos[i % 2] for i in range(len(CASES))]).astype(np.float32)
-    op = tf.constant([c[0] for c in CASES], tf.int32)
-    arg = tf.constant([float(c[1]) for c in CASES], tf.float32)
-    eager = augment_ops.apply_ops(tf.constant(images), op, arg).numpy()
-    ds = tf.data.Dataset.from_tensors((images, op, arg)).map(augment_ops.apply_ops)
-    return images, eager, next(iter(ds)).numpy()
+    """{op name: [(argument, input, eager output, tf.data output)]} of every case, in one
+    batch."""
+    cases = _cases()
+    images = np.stack([photos[i % 2] for i in range(len(cases))]).astype(np.float32)
+    op = tf.constant([ID[name] for name, _ in cases], tf.int32)
+    arg = tf.constant([a for _, a in cases], tf.float32)
+    eager = augment.apply_ops(tf.constant(images), op, arg).numpy()
+    ds = tf.data.Dataset.from_tensors((images, op, arg)).map(augment.apply_ops)
+    graph = next(iter(ds)).numpy()
+    out = {}
+    for i, (name, a) in enumerate(cases):
+        out.setdefault(name, []).append((a, images[i].astype(np.uint8), eager[i], graph[i]))
+    return out
 
 
 @pytest.mark.fast
 def test_ops_are_the_same_eagerly_and_in_tf_data(applied):
-    _, eager, graph = applied
-    np.testing.assert_array_equal(eager, graph)
+    for name, cases in applied.items():
+        for _, _, eager, graph in cases:
+            np.testing.assert_array_equal(eager, graph, err_msg=name)
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("index", range(len(COLOR_CASES)), ids=[str(c) for c in COLOR_CASES])
-def test_color_ops_equal_pillow_within_one_grey_level(applied, photos, index):
-    op, arg = CASES[index]
-    reference = _pil(photos[index % 2], op, arg).astype(int)
-    assert np.abs(applied[1][index].astype(int) - reference).max() <= 1
-
-
-@pytest.mark.fast
-@pytest.mark.parametrize(
-    "index",
-    range(len(COLOR_CASES), len(CASES)),
-    ids=[str(c) for c in GEOMETRY_CASES],
-)
-def test_geometric_ops_equal_pillow_but_at_the_fill_edge(applied, photos, index):
-    """Bilinear rounding may differ by one grey level; more only where PIL and TensorFlow
-    treat the image's edge differently (PIL repeats edge pixels, TensorFlow blends in the
-    fill): within 2 pixels of the fill, under 2% of the pixels."""
+@pytest.mark.parametrize("name", list(A.OPS))
+def test_every_op_equals_pillow(applied, name):
+    """Colour ops (tables, blends) within one grey level of Pillow. Geometric ones the same,
+    but where PIL and TensorFlow treat the image's edge differently (PIL repeats edge pixels,
+    TensorFlow blends in the fill): there, within 2 pixels of the fill, under 2% of the
+    pixels, and elsewhere isolated (rounding on either side of .5)."""
     from scipy.ndimage import binary_dilation
 
-    op, arg = CASES[index]
-    reference = _pil(photos[index % 2], op, arg).astype(int)
-    diff = np.abs(applied[1][index].astype(int) - reference).max(-1)
-    near_fill = binary_dilation(np.all(reference == 128, -1), iterations=2)
-    assert (diff > 1).mean() < 0.02
-    assert (diff[~near_fill] > 1).mean() < 0.001  # isolated: rounding on either side of .5
+    for arg, image, out, _ in applied[name]:
+        reference = np.asarray(A.OPS[name].pil(Image.fromarray(image), arg)).astype(int)
+        diff = np.abs(out.astype(int) - reference).max(-1)
+        if A.OPS[name].stage != "affine":
+            assert diff.max() <= 1, (name, arg)
+            continue
+        near_fill = binary_dilation(np.all(reference == 128, -1), iterations=2)
+        assert (diff > 1).mean() < 0.02, (name, arg)
+        assert (diff[~near_fill] > 1).mean() < 0.001, (name, arg)
+
+
+@pytest.mark.fast
+def test_the_registry_and_the_policies_fit_together():
+    """Identity is id 0 (what batches without a policy hold), every op has a known stage and
+    a batched implementation, and every op a policy names has a level for that policy."""
+    assert ID["Identity"] == 0 and list(ID.values()) == list(range(len(A.OPS)))
+    for name, op in A.OPS.items():
+        assert op.stage in A.STAGES and (op.fn is None) == (op.stage == "identity"), name
+    named = {
+        "randaugment": augment.RAND_OPS,
+        "trivialaugment": augment.WIDE_OPS,
+        "autoaugment": [n for sub in augment.AUTOAUGMENT for n, _, _ in sub],
+    }
+    for policy, names in named.items():
+        missing = [n for n in names if augment.LEVELS[policy](A.OPS[n]) is None]
+        assert not missing, (policy, missing)
 
 
 def _timm_arg(name: str, magnitude: float, sign: float) -> float:
@@ -160,29 +161,31 @@ def _timm_arg(name: str, magnitude: float, sign: float) -> float:
 
 @pytest.mark.fast
 def test_arguments_are_timms_and_torchvisions():
-    names = list(augment._TIMM)
+    # (policy, op, timm's name): every op with timm's levels, and AutoAugment's Posterize
+    timm = [("randaugment", n, n) for n, op in A.OPS.items() if op.timm is not None]
+    timm.append(("autoaugment", "Posterize", "PosterizeOriginal"))
+    rows = [augment.level_table(policy, [name], 224)[0] for policy, name, _ in timm]
+    count = len(rows)
     for magnitude in (0, 3, 5, 9, 10):
         for sign in (1.0, -1.0):
-            rows = [augment._TIMM[n] for n in names]
-            count = len(rows)
             op, arg = augment._arguments(
                 rows, tf.range(count), tf.fill([count], magnitude / 10), tf.fill([count], sign)
             )
-            expected = [_timm_arg(n, magnitude, sign) for n in names]
+            expected = [_timm_arg(t, magnitude, sign) for _, _, t in timm]
             np.testing.assert_allclose(arg.numpy(), expected, rtol=1e-5, atol=1e-5)
-            assert op.numpy().tolist() == [augment._TIMM[n][0] for n in names]
-    rows = augment._trivial_wide(224)
+            assert op.numpy().tolist() == [ID[name] for _, name, _ in timm]
+    rows = augment.level_table("trivialaugment", augment.WIDE_OPS, 224)
     bins = tf.range(31, dtype=tf.float32) / 30
     for index, (op_id, *_rest) in enumerate(rows):
         _, arg = augment._arguments(rows, tf.fill([31], index), bins, -tf.ones([31]))
         b = np.arange(31)
         expected = {  # torchvision's TrivialAugmentWide._augmentation_space, sign -1
-            A.SHEAR_X: -0.99 * b / 30,
-            A.TRANSLATE_X: -np.trunc(32.0 * b / 30) / 224,
-            A.ROTATE: -135.0 * b / 30,
-            A.BRIGHTNESS: 1 - 0.99 * b / 30,
-            A.POSTERIZE: 8 - np.round(b / 5),
-            A.SOLARIZE: 255.0 - 255.0 * b / 30,
+            ID["ShearX"]: -0.99 * b / 30,
+            ID["TranslateXRel"]: -np.trunc(32.0 * b / 30) / 224,
+            ID["Rotate"]: -135.0 * b / 30,
+            ID["Brightness"]: 1 - 0.99 * b / 30,
+            ID["Posterize"]: 8 - np.round(b / 5),
+            ID["Solarize"]: 255.0 - 255.0 * b / 30,
         }.get(op_id)
         if expected is not None:
             np.testing.assert_allclose(arg.numpy(), expected, rtol=1e-5, atol=1e-4)
@@ -267,8 +270,8 @@ def test_magnitude_zero_ops_that_should_be_the_identity_are():
     the image exactly as it was."""
     data = _policy("randaugment", randaugment_magnitude=0.0, randaugment_magnitude_std=0.0)
     draws = _draws(data, range(64))
-    identity = {A.IDENTITY, A.ROTATE, A.SHEAR_X, A.SHEAR_Y, A.TRANSLATE_X, A.TRANSLATE_Y}
-    identity.add(A.SOLARIZE_ADD)
+    names = ["Identity", "Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"]
+    identity = {ID[name] for name in names + ["SolarizeAdd"]}
     keep = np.all(np.isin(draws["augment"]["op"].numpy(), list(identity)), axis=1)
     assert keep.sum() >= 10
     rng = np.random.default_rng(0)
@@ -285,10 +288,10 @@ def test_randaugment_draws_are_timms_distribution():
     draws = augment.draw(key, [4000], data)["augment"]
     op, arg = draws["op"].numpy(), draws["arg"].numpy()
     assert op.shape == (4000, 3)
-    assert abs((op == A.IDENTITY).mean() - 0.5) < 0.02
-    counts = np.bincount(op[op != A.IDENTITY], minlength=16)[1:]
+    assert abs((op == ID["Identity"]).mean() - 0.5) < 0.02
+    counts = np.bincount(op[op != ID["Identity"]], minlength=len(ID))[1:]
     assert counts.min() > 0.75 * counts.mean() and counts.max() < 1.25 * counts.mean()
-    rotate = np.abs(arg[op == A.ROTATE]) / 3  # degrees / 30 x 10 = the magnitude
+    rotate = np.abs(arg[op == ID["Rotate"]]) / 3  # degrees / 30 x 10 = the magnitude
     assert abs(rotate.mean() - 9.0) < 0.1 and 0.3 < rotate.std() < 0.6 and rotate.max() <= 10
 
 
@@ -299,9 +302,9 @@ def test_autoaugment_draws_follow_the_policy():
     op = augment.draw(key, [5000], data)["augment"]["op"].numpy()
     assert op.shape == (5000, 2)
     # Sub-policy 12 is (Equalize 0.0, Equalize 0.8): some pairs never happen.
-    assert not np.any((op[:, 0] == A.SHEAR_X) & (op[:, 1] != A.EQUALIZE) & (op[:, 1] != 0))
-    assert not np.any(op == A.BRIGHTNESS)  # not in the ImageNet policy
-    assert abs(np.mean(op[:, 0] == A.POSTERIZE) - (0.4 + 0.6 + 0.8) / 25) < 0.01
+    assert not np.any((op[:, 0] == ID["ShearX"]) & (op[:, 1] != ID["Equalize"]) & (op[:, 1] != 0))
+    assert not np.any(op == ID["Brightness"])  # not in the ImageNet policy
+    assert abs(np.mean(op[:, 0] == ID["Posterize"]) - (0.4 + 0.6 + 0.8) / 25) < 0.01
 
 
 @pytest.mark.fast
@@ -321,14 +324,14 @@ def test_random_erasing_boxes_and_noise(photos):
     for i, (y0, x0, y1, x1) in enumerate(draws["erase"]["box"].numpy()):
         inside[i, y0:y1, x0:x1] = True
     np.testing.assert_array_equal(out[~inside], images.numpy()[~inside])
-    noise = (out[inside] - augment_ops.IMAGENET_MEAN) / augment_ops.IMAGENET_STD
+    noise = (out[inside] - erasing.IMAGENET_MEAN) / erasing.IMAGENET_STD
     assert abs(noise.mean()) < 0.05 and abs(noise.std() - 1) < 0.05
 
 
 @pytest.mark.fast
 def test_pixel_noise_is_normal_and_per_seed():
     seeds = tf.constant([[1, 2], [1, 3], [1, 2]], tf.int64)
-    z = augment_ops.pixel_noise(seeds, 64, 64).numpy()
+    z = erasing.pixel_noise(seeds, 64, 64).numpy()
     np.testing.assert_array_equal(z[0], z[2])
     assert np.corrcoef(z[0].ravel(), z[1].ravel())[0, 1] < 0.02
     flat = z[:2].ravel()

@@ -26,7 +26,7 @@ class MixDraws(TypedDict):
 class AugmentDraws(TypedDict):
     """Each example's policy ops (present only with --augment_policy), L = ops per image."""
 
-    op: Tensor  # int32 [N, L]: augment_ops ids, applied in order (0: the identity)
+    op: Tensor  # int32 [N, L]: augment_ops.IDS, applied in order (0: the identity)
     arg: Tensor  # float32 [N, L]: each op's argument (degrees, bits, factor, ...)
 
 

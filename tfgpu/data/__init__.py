@@ -7,8 +7,10 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
   memory.py      small images: the train split decoded once into memory, batches cut from it
   host_ops.py    per-example work on the host: check, decode the crop window, draw the dice
   device_ops.py  per-batch float work, inside the step on the accelerator: resize, flip, mix
-  augment.py     augmentation policies (RandAugment, TrivialAugment, AutoAugment, erasing):
-                 per-example draws on the host, applied to the batch by augment_ops.py
+  augment.py     augmentation policies (RandAugment, TrivialAugment, AutoAugment): per-example
+                 draws on the host, applied to the batch in three batched stages
+  augment_ops.py the policies' ops, one registry entry each (``OPS``)
+  erasing.py     random erasing: its draws, and the noise that fills the boxes
   balance.py     class balance: --class_weights' weights (applied by the step's loss) and
                  balanced sampling's class probabilities (drawn by memory.py); no TensorFlow
   broken.py      records that fail to decode, named once (shard and index)

@@ -1,15 +1,19 @@
 """Augmentation policies that honour the determinism contract: RandAugment, TrivialAugmentWide
-and AutoAugment (``--augment_policy``), and random erasing (``--random_erasing``).
+and AutoAugment (``--augment_policy``), then random erasing (``--random_erasing``,
+``erasing.py``).
 
 Each example's random choices (which ops, their arguments, the erase box and its noise seed)
 are drawn on the host from its stateless seed (``draw``: the per-example pipeline gives it
 ``host_ops`` streams, the in-memory path the same draws as vectors over an epoch) and ride
 with the batch as small tensors, {"augment": {"op" int32 [N, L], "arg" float32 [N, L]},
 "erase": {"box" int32 [N, 4], "seed" int64 [N, 2]}}; the device only applies them
-(``apply``, vectorized over the batch: ``augment_ops.py``). So what an example becomes
-depends on (seed, epoch, position) alone, never on how the global batch is split.
+(``apply``, vectorized over the batch). So what an example becomes depends on (seed, epoch,
+position) alone, never on how the global batch is split.
 
-Magnitudes are timm's (``timm/data/auto_augment.py``):
+The ops are ``augment_ops.OPS`` (one entry each); a policy names the ones it draws, in its
+order (the draws index these lists, so an op joins a policy only on purpose), and takes each
+op's argument from the op's ``Level`` for it. Magnitudes are timm's
+(``timm/data/auto_augment.py``):
 
 - ``randaugment``: ``--randaugment_ops`` N layers, each a uniform choice (with replacement)
   of timm's 15 ops, applied with probability 0.5, magnitude M (``--randaugment_magnitude``,
@@ -23,85 +27,92 @@ Magnitudes are timm's (``timm/data/auto_augment.py``):
 - ``autoaugment``: timm's ``original`` ImageNet policy (Cubuk et al. 2019): one of its 25
   sub-policies, each op applied with its probability at its fixed magnitude.
 
-Random erasing is timm's RandomErasing with its train script's defaults (``--reprob`` P,
-``--remode pixel``, one box): area 2%-1/3 of the image, aspect 0.3-3.3 (log-uniform), 10
-attempts; the box gets per-pixel normal noise (``augment_ops.erase``). It runs after the
-policy and before MixUp/CutMix, as in timm.
-"""
+The ops of a slot are applied in three batched stages (``apply_ops``), each the identity for
+images whose op belongs to another stage:
 
-import math
+- "table" ops (AutoContrast, Equalize, Invert, Posterize, Solarize, SolarizeAdd, Contrast,
+  Brightness) are, in PIL too, a 256-entry table per channel; here one table per image x
+  channel [N, 3, 256] is built (from per-image histograms where needed) and applied with one
+  gather;
+- "blend" ops (Color with the image's grey, Sharpness with its 3x3 SMOOTH), masked per image;
+- "affine" ops (Rotate, ShearX/Y, TranslateX/Y) as one ``ImageProjectiveTransformV3`` over
+  the batch, an affine matrix per image (the identity for the others), fill 128 as timm;
+  bilinear (timm picks bilinear or bicubic at random; TensorFlow's op has no bicubic).
+
+Every op is masked, not partitioned by op (``tf.dynamic_partition``): the shapes stay static
+(no group sizes that change every batch), a slot costs the same whatever its images drew, and
+each image's result is exact integer arithmetic or a per-pixel formula, so it never depends on
+the other images of the batch. The transform has no XLA kernel: under ``--jit_compile`` the
+step applies the policy before XLA (``device_ops.augmented``).
+"""
 
 import tensorflow as tf
 
-from tfgpu.data import augment_ops as ops
-from tfgpu.data import streams
+from tfgpu.data import erasing, streams
+from tfgpu.data.augment_ops import (
+    FILL,
+    IDENTITY,
+    IDS,
+    OPS,
+    Tables,
+    blend,
+    grey,
+    histograms,
+    select,
+)
 
 # Stream ids of the draws (``streams.AUGMENT``); the caller's ``key(stream)`` turns them into
 # stateless seeds.
-_CHOICE, _APPLY, _LEVEL, _SIGN, _ERASE, _AREA, _ASPECT, _ERASE_Y, _ERASE_X, _NOISE = (
-    streams.AUGMENT.values()
+_CHOICE, _APPLY, _LEVEL, _SIGN = (streams.AUGMENT[k] for k in ("choice", "apply", "level", "sign"))
+
+# timm's _RAND_TRANSFORMS: RandAugment's ops, in its order.
+RAND_OPS = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "Posterize",
+    "Solarize",
+    "SolarizeAdd",
+    "Color",
+    "Contrast",
+    "Brightness",
+    "Sharpness",
+    "ShearX",
+    "ShearY",
+    "TranslateXRel",
+    "TranslateYRel",
 )
-
-# How a level in [0, 1] becomes an op's argument: offset + factor x rounding(level x scale),
-# negated half the time when signed. (op, scale, offset, factor, rounding, signed)
-_FLOAT, _TRUNC, _ROUND = 0, 1, 2
-_ENHANCE = (1.8, 0.1, 1.0, _FLOAT, False)
-_TIMM = {  # timm's LEVEL_TO_ARG (level = magnitude / 10)
-    "AutoContrast": (ops.AUTO_CONTRAST, 0.0, 0.0, 1.0, _FLOAT, False),
-    "Equalize": (ops.EQUALIZE, 0.0, 0.0, 1.0, _FLOAT, False),
-    "Invert": (ops.INVERT, 0.0, 0.0, 1.0, _FLOAT, False),
-    "Rotate": (ops.ROTATE, 30.0, 0.0, 1.0, _FLOAT, True),
-    "Posterize": (ops.POSTERIZE, 4.0, 0.0, 1.0, _TRUNC, False),
-    "PosterizeOriginal": (ops.POSTERIZE, 4.0, 4.0, 1.0, _TRUNC, False),
-    "Solarize": (ops.SOLARIZE, 256.0, 0.0, 1.0, _TRUNC, False),
-    "SolarizeAdd": (ops.SOLARIZE_ADD, 110.0, 0.0, 1.0, _TRUNC, False),
-    "Color": (ops.COLOR,) + _ENHANCE,
-    "Contrast": (ops.CONTRAST,) + _ENHANCE,
-    "Brightness": (ops.BRIGHTNESS,) + _ENHANCE,
-    "Sharpness": (ops.SHARPNESS,) + _ENHANCE,
-    "ShearX": (ops.SHEAR_X, 0.3, 0.0, 1.0, _FLOAT, True),
-    "ShearY": (ops.SHEAR_Y, 0.3, 0.0, 1.0, _FLOAT, True),
-    "TranslateXRel": (ops.TRANSLATE_X, 0.45, 0.0, 1.0, _FLOAT, True),
-    "TranslateYRel": (ops.TRANSLATE_Y, 0.45, 0.0, 1.0, _FLOAT, True),
-}
-RAND_OPS = tuple(name for name in _TIMM if name != "PosterizeOriginal")  # timm's 15
-
-
-def _trivial_wide(image_size: int) -> tuple:
-    """TrivialAugmentWide's 14 ops (torchvision), level = bin / 30: translations are whole
-    pixels (32 at most), as a fraction of the side; Posterize 8 - round(6 level) bits;
-    Solarize at 255 (1 - level); enhancements 1 +- 0.99 level."""
-    enhance = (0.99, 1.0, 1.0, _FLOAT, True)
-    return (
-        (ops.IDENTITY, 0.0, 0.0, 1.0, _FLOAT, False),
-        (ops.SHEAR_X, 0.99, 0.0, 1.0, _FLOAT, True),
-        (ops.SHEAR_Y, 0.99, 0.0, 1.0, _FLOAT, True),
-        (ops.TRANSLATE_X, 32.0, 0.0, 1.0 / image_size, _TRUNC, True),
-        (ops.TRANSLATE_Y, 32.0, 0.0, 1.0 / image_size, _TRUNC, True),
-        (ops.ROTATE, 135.0, 0.0, 1.0, _FLOAT, True),
-        (ops.BRIGHTNESS,) + enhance,
-        (ops.COLOR,) + enhance,
-        (ops.CONTRAST,) + enhance,
-        (ops.SHARPNESS,) + enhance,
-        (ops.POSTERIZE, 6.0, 8.0, -1.0, _ROUND, False),
-        (ops.SOLARIZE, 255.0, 255.0, -1.0, _FLOAT, False),
-        (ops.AUTO_CONTRAST, 0.0, 0.0, 1.0, _FLOAT, False),
-        (ops.EQUALIZE, 0.0, 0.0, 1.0, _FLOAT, False),
-    )
-
-
-# timm's auto_augment_policy_original: (op, probability, magnitude) pairs.
+# torchvision's TrivialAugmentWide._augmentation_space, in its order.
+WIDE_OPS = (
+    "Identity",
+    "ShearX",
+    "ShearY",
+    "TranslateXRel",
+    "TranslateYRel",
+    "Rotate",
+    "Brightness",
+    "Color",
+    "Contrast",
+    "Sharpness",
+    "Posterize",
+    "Solarize",
+    "AutoContrast",
+    "Equalize",
+)
+# timm's auto_augment_policy_original: (op, probability, magnitude) pairs. Its
+# PosterizeOriginal is Posterize at the original paper's levels (``Op.original``).
 AUTOAUGMENT = (
-    (("PosterizeOriginal", 0.4, 8), ("Rotate", 0.6, 9)),
+    (("Posterize", 0.4, 8), ("Rotate", 0.6, 9)),
     (("Solarize", 0.6, 5), ("AutoContrast", 0.6, 5)),
     (("Equalize", 0.8, 8), ("Equalize", 0.6, 3)),
-    (("PosterizeOriginal", 0.6, 7), ("PosterizeOriginal", 0.6, 6)),
+    (("Posterize", 0.6, 7), ("Posterize", 0.6, 6)),
     (("Equalize", 0.4, 7), ("Solarize", 0.2, 4)),
     (("Equalize", 0.4, 4), ("Rotate", 0.8, 8)),
     (("Solarize", 0.6, 3), ("Equalize", 0.6, 7)),
-    (("PosterizeOriginal", 0.8, 5), ("Equalize", 1.0, 2)),
+    (("Posterize", 0.8, 5), ("Equalize", 1.0, 2)),
     (("Rotate", 0.2, 3), ("Solarize", 0.6, 8)),
-    (("Equalize", 0.6, 8), ("PosterizeOriginal", 0.4, 6)),
+    (("Equalize", 0.6, 8), ("Posterize", 0.4, 6)),
     (("Rotate", 0.8, 8), ("Color", 0.4, 0)),
     (("Rotate", 0.4, 9), ("Equalize", 0.6, 2)),
     (("Equalize", 0.0, 7), ("Equalize", 0.8, 8)),
@@ -118,6 +129,26 @@ AUTOAUGMENT = (
     (("Color", 0.6, 4), ("Contrast", 1.0, 8)),
     (("Equalize", 0.8, 8), ("Equalize", 0.6, 3)),
 )
+# Which of an op's level mappings (``augment_ops.Op``) each policy reads.
+LEVELS = {
+    "randaugment": lambda op: op.timm,
+    "trivialaugment": lambda op: op.wide,
+    "autoaugment": lambda op: op.original or op.timm,
+}
+_FLOAT, _TRUNC, _ROUND = 0, 1, 2
+_ROUNDING = {"none": _FLOAT, "trunc": _TRUNC, "round": _ROUND}
+
+
+def level_table(policy: str, names, image_size: int) -> list:
+    """[(op id, scale, offset, factor, rounding, signed)]: the ``Level`` of each op of
+    ``names`` under ``policy``, levels in pixels made fractions of ``image_size``."""
+    out = []
+    for name in names:
+        level = LEVELS[policy](OPS[name])
+        factor = level.factor / image_size if level.per_side else level.factor
+        rounding = _ROUNDING[level.rounding]
+        out.append((IDS[name], level.scale, level.offset, factor, rounding, level.signed))
+    return out
 
 
 def num_slots(data) -> int:
@@ -142,7 +173,7 @@ def describe(data) -> str:
 
 
 def _arguments(rows, choice, level, sign):
-    """The op ids and arguments of ``choice`` (indices into ``rows``, the table above) at
+    """The op ids and arguments of ``choice`` (indices into ``rows``, a ``level_table``) at
     ``level`` in [0, 1] with ``sign`` (+-1): (int32, float32), shaped as ``choice``."""
     table = tf.constant([row[1:5] for row in rows], tf.float32)
     op = tf.gather(tf.constant([row[0] for row in rows], tf.int32), choice)
@@ -158,7 +189,7 @@ def _arguments(rows, choice, level, sign):
 def draw(key, shape, data) -> dict:
     """One batch's worth of draws for examples of ``shape`` ([] per example, [n] for n of
     them), from the stateless seeds ``key(stream)``: {"augment": {op, arg} of shape + [L]}
-    with a policy, {"erase": ``draw_erasing``} with ``--random_erasing``."""
+    with a policy, {"erase": ``erasing.draw``} with ``--random_erasing``."""
     out = {}
     slots = num_slots(data)
     if slots:
@@ -167,7 +198,7 @@ def draw(key, shape, data) -> dict:
         sign = tf.where(uniform(_SIGN) < 0.5, -1.0, 1.0)
         out["augment"] = _draw_policy(data, full, key, uniform, sign)
     if data.random_erasing > 0:
-        out["erase"] = draw_erasing(key, shape, data.image_size, data.random_erasing)
+        out["erase"] = erasing.draw(key, shape, data.image_size, data.random_erasing)
     return out
 
 
@@ -177,7 +208,7 @@ def _draw_policy(data, full, key, uniform, sign) -> dict:
         full, key(stream), maxval=count, dtype=tf.int32
     )
     if data.augment_policy == "randaugment":
-        rows = [_TIMM[name] for name in RAND_OPS]
+        rows = level_table("randaugment", RAND_OPS, data.image_size)
         choice = pick(len(rows), _CHOICE)
         m = data.randaugment_magnitude
         if data.randaugment_magnitude_std > 0:
@@ -185,13 +216,14 @@ def _draw_policy(data, full, key, uniform, sign) -> dict:
             m = m + data.randaugment_magnitude_std * noise
         level = tf.clip_by_value(m, 0.0, max(10.0, data.randaugment_magnitude)) / 10.0
         op, arg = _arguments(rows, choice, level * tf.ones(full), sign)
-        op = tf.where(uniform(_APPLY) < 0.5, op, ops.IDENTITY)
+        op = tf.where(uniform(_APPLY) < 0.5, op, IDENTITY)
     elif data.augment_policy == "trivialaugment":
-        rows = _trivial_wide(data.image_size)
+        rows = level_table("trivialaugment", WIDE_OPS, data.image_size)
         level = tf.cast(pick(31, _LEVEL), tf.float32) / 30.0
         op, arg = _arguments(rows, pick(len(rows), _CHOICE), level, sign)
     else:  # autoaugment: one sub-policy per example, the same for its two slots
-        rows = [_TIMM[name] for sub in AUTOAUGMENT for name, _, _ in sub]
+        names = [name for sub in AUTOAUGMENT for name, _, _ in sub]
+        rows = level_table("autoaugment", names, data.image_size)
         sub = tf.random.stateless_uniform(
             full[:-1], key(_CHOICE), maxval=len(AUTOAUGMENT), dtype=tf.int32
         )
@@ -199,39 +231,8 @@ def _draw_policy(data, full, key, uniform, sign) -> dict:
         level = tf.constant([m / 10 for s in AUTOAUGMENT for _, _, m in s], tf.float32)
         prob = tf.constant([p for s in AUTOAUGMENT for _, p, _ in s], tf.float32)
         op, arg = _arguments(rows, choice, tf.gather(level, choice), sign)
-        op = tf.where(uniform(_APPLY) < tf.gather(prob, choice), op, ops.IDENTITY)
+        op = tf.where(uniform(_APPLY) < tf.gather(prob, choice), op, IDENTITY)
     return {"op": op, "arg": arg}
-
-
-def draw_erasing(key, shape, image_size: int, probability: float) -> dict:
-    """timm's RandomErasing draws (one box, 10 attempts, see the module docstring) for
-    examples of ``shape``: {box int32 shape + [4] (y0, x0, y1, x1; zeros: not erased),
-    seed int64 shape + [2] (the noise's)}."""
-    attempts = list(shape) + [10]
-    side = float(image_size)
-    area = tf.random.stateless_uniform(attempts, key(_AREA), 0.02, 1 / 3) * side * side
-    log_ratio = tf.random.stateless_uniform(attempts, key(_ASPECT), math.log(0.3), -math.log(0.3))
-    ratio = tf.exp(log_ratio)
-    h = tf.cast(tf.round(tf.sqrt(area * ratio)), tf.int32)
-    w = tf.cast(tf.round(tf.sqrt(area / ratio)), tf.int32)
-    fits = (h < image_size) & (w < image_size)
-    first = tf.argmax(tf.cast(fits, tf.int32), -1, output_type=tf.int32)[..., None]
-    h = tf.gather(h, first, batch_dims=len(shape))[..., 0]
-    w = tf.gather(w, first, batch_dims=len(shape))[..., 0]
-    top = tf.random.stateless_uniform(list(shape), key(_ERASE_Y)) * tf.cast(
-        image_size - h + 1, tf.float32
-    )
-    left = tf.random.stateless_uniform(list(shape), key(_ERASE_X)) * tf.cast(
-        image_size - w + 1, tf.float32
-    )
-    top, left = tf.cast(top, tf.int32), tf.cast(left, tf.int32)
-    box = tf.stack([top, left, top + h, left + w], -1)
-    erased = tf.random.stateless_uniform(list(shape), key(_ERASE)) < probability
-    erased &= tf.reduce_any(fits, -1)
-    seed = tf.random.stateless_uniform(
-        list(shape) + [2], key(_NOISE), minval=None, maxval=None, dtype=tf.int64
-    )
-    return {"box": tf.where(erased[..., None], box, 0), "seed": seed}
 
 
 def identity_draws(batch_size: int, data) -> dict:
@@ -256,7 +257,88 @@ def apply(images, batch: dict):
         images = tf.round(images)
         op, arg = batch["augment"]["op"], batch["augment"]["arg"]
         for slot in range(op.shape[1]):
-            images = ops.apply_ops(images, op[:, slot], arg[:, slot])
+            images = apply_ops(images, op[:, slot], arg[:, slot])
     if "erase" in batch:
-        images = ops.erase(images, batch["erase"]["box"], batch["erase"]["seed"])
+        images = erasing.erase(images, batch["erase"]["box"], batch["erase"]["seed"])
     return images
+
+
+# --- applying them: one slot's ops in three batched stages ----------------------------------
+
+
+def _stage(stage: str) -> list:
+    """[(id, Op)] of the ops of ``stage``, in registry order."""
+    return [(i, op) for i, op in enumerate(OPS.values()) if op.stage == stage]
+
+
+def _lookup_tables(images, gray, op, arg):
+    """[N, 3, 256] float tables: each image's op if it is a "table" op, else the identity.
+    ``gray`` [N, H, W, 1] is ``grey(images)`` (Contrast's mean)."""
+    levels = tf.range(256, dtype=tf.float32)[None, None, :]
+    pixels = tf.cast(tf.reduce_prod(tf.shape(gray)[1:3]), tf.int32)
+    total = tf.reduce_sum(tf.cast(gray, tf.int32), [1, 2, 3])
+    mean = tf.cast((2 * total + pixels) // (2 * pixels), tf.float32)[:, None, None]  # int(m+.5)
+    tables = Tables(levels, arg[:, None, None], histograms(images), mean)
+    lut = tf.broadcast_to(levels, [tf.shape(op)[0], 3, 256])
+    for kind, entry in _stage("table"):
+        lut = tf.where((op == kind)[:, None, None], entry.fn(tables), lut)
+    return lut
+
+
+def _apply_tables(images, lut):
+    """One gather: pixel v of channel c of image i -> lut[i, c, v]."""
+    n = tf.shape(images)[0]
+    offset = tf.reshape(tf.range(n * 3) * 256, [-1, 1, 1, 3])
+    return tf.gather(tf.reshape(lut, [-1]), tf.cast(images, tf.int32) + offset)
+
+
+def _blends(images, gray, op, arg):
+    """The "blend" ops (Color with the grey image, Sharpness with ``smooth``) in one blend; the
+    other images blend with themselves, which leaves them exact (whole numbers)."""
+    degenerate = images
+    for kind, entry in _stage("blend"):
+        degenerate = select(op == kind, entry.fn(images, gray), degenerate)
+    return blend(degenerate, images, arg[:, None, None, None])
+
+
+def affine_rows(op, arg, height, width):
+    """[N, 6] PIL ``Image.transform(AFFINE)`` data (a, b, c, d, e, f) of each image's
+    "affine" op (``Op``), pixel centres at +0.5 as PIL; the identity for other ops."""
+    w, h = tf.cast(width, tf.float32), tf.cast(height, tf.float32)
+    one, zero = tf.ones_like(arg), tf.zeros_like(arg)
+    rows = [one, zero, zero, zero, one, zero]
+    for kind, entry in _stage("affine"):
+        mask = op == kind
+        values = entry.fn(arg, w, h)
+        rows = [tf.where(mask, value, row) for value, row in zip(values, rows)]
+    return tf.stack(rows, axis=1)
+
+
+def _geometry(images, op, arg):
+    """One projective transform of the batch: PIL's affine rows, moved from PIL's pixel
+    centres (+0.5) to TensorFlow's pixel indices, bilinear, fill 128, rounded to uint8."""
+    height, width = tf.shape(images)[1], tf.shape(images)[2]
+    a, b, c, d, e, f = tf.unstack(affine_rows(op, arg, height, width), axis=1)
+    zero = tf.zeros_like(a)
+    transforms = tf.stack(
+        [a, b, c + (a + b - 1) / 2, d, e, f + (d + e - 1) / 2, zero, zero], axis=1
+    )
+    moved = tf.raw_ops.ImageProjectiveTransformV3(
+        images=images,
+        transforms=transforms,
+        output_shape=tf.shape(images)[1:3],
+        fill_value=FILL,
+        interpolation="BILINEAR",
+        fill_mode="CONSTANT",
+    )
+    return tf.clip_by_value(tf.floor(moved + 0.5), 0.0, 255.0)
+
+
+def apply_ops(images, op, arg):
+    """images float32 [N, H, W, 3] (whole numbers in [0, 255]), op int32 [N] (``IDS``),
+    arg float32 [N] (the op's argument: degrees, bits, threshold, factor, shear, fraction
+    of the side) -> the images, each with its op applied."""
+    gray = grey(images)
+    images = _apply_tables(images, _lookup_tables(images, gray, op, arg))
+    images = _blends(images, gray, op, arg)
+    return _geometry(images, op, arg)
