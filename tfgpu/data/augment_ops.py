@@ -222,6 +222,16 @@ def _pil_enhance(kind: str):
     return lambda image, arg: getattr(_pil("ImageEnhance"), kind)(image).enhance(arg)
 
 
+def _image_ops(function: str, takes_arg: bool = False):
+    """``ImageOps.<function>(image)``, or ``(image, arg)`` when it ``takes_arg``."""
+
+    def call(image, arg):
+        ops = _pil("ImageOps")
+        return getattr(ops, function)(image, arg) if takes_arg else getattr(ops, function)(image)
+
+    return call
+
+
 # --- the registry: an op's id is its position here ------------------------------------------
 
 _ENHANCE = Level(1.8, 0.1)  # timm: 0.1 + 1.8 level
@@ -235,21 +245,21 @@ OPS = {
     "AutoContrast": Op(
         "table",
         _auto_contrast,
-        lambda image, arg: _pil("ImageOps").autocontrast(image),
+        _image_ops("autocontrast"),
         timm=NO_ARG,
         wide=NO_ARG,
     ),
     "Equalize": Op(
         "table",
         _equalize,
-        lambda image, arg: _pil("ImageOps").equalize(image),
+        _image_ops("equalize"),
         timm=NO_ARG,
         wide=NO_ARG,
     ),
     "Invert": Op(
         "table",
         lambda t: 255.0 - t.levels,
-        lambda image, arg: _pil("ImageOps").invert(image),
+        _image_ops("invert"),
         timm=NO_ARG,
     ),
     "Rotate": Op(
@@ -270,7 +280,7 @@ OPS = {
     "Solarize": Op(
         "table",
         lambda t: tf.where(t.levels < t.arg, t.levels, 255.0 - t.levels),
-        lambda image, arg: _pil("ImageOps").solarize(image, arg),
+        _image_ops("solarize", takes_arg=True),
         timm=Level(256.0, rounding="trunc"),
         wide=Level(255.0, 255.0, -1.0),  # at 255 (1 - level)
     ),
@@ -283,11 +293,7 @@ OPS = {
         timm=Level(110.0, rounding="trunc"),
     ),
     "Color": Op(
-        "blend",
-        lambda images, gray: gray,
-        _pil_enhance("Color"),
-        timm=_ENHANCE,
-        wide=_WIDE_ENHANCE,
+        "blend", lambda images, gray: gray, _pil_enhance("Color"), timm=_ENHANCE, wide=_WIDE_ENHANCE
     ),
     "Contrast": Op(
         "table",
