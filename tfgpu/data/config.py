@@ -12,8 +12,8 @@ from tfgpu.settings import ConfigError, positive, setting
 
 
 @dataclass(frozen=True)
-class DataConfig:
-    """Where the images come from and how the input pipeline treats them."""
+class _Source:
+    """Where the images come from: ``DataConfig``'s first settings."""
 
     data_dir: str = setting(
         "",
@@ -40,6 +40,12 @@ class DataConfig:
         "Subtracted from stored labels (1 for TF's official ImageNet records; -1 = from "
         "dataset_info.json, else 0).",
     )
+
+
+@dataclass(frozen=True)
+class _Reading(_Source):
+    """How tf.data reads, crops and decodes them: ``DataConfig``'s next settings."""
+
     image_size: int = setting(224, "Training and evaluation image side, in pixels.")
     random_flip: bool = setting(True, "Random left-right flips in training.")
     crop_min_area: float = setting(0.08, "Smallest area fraction of a random-resized crop.")
@@ -90,6 +96,15 @@ class DataConfig:
         "else host.",
         choices=RESIZE_ON,
     )
+
+
+@dataclass(frozen=True)
+class DataConfig(_Reading):
+    """Where the images come from and how the input pipeline treats them: ``_Source``'s and
+    ``_Reading``'s settings (base classes only to keep each class short: the order of the
+    fields, of the flags and of config.json is theirs, then these), then the in-memory path,
+    augmentation, balanced sampling and the tf.data service."""
+
     in_memory: str = setting(
         "auto",
         "Small datasets: decode the train split once into a uint8 array in host memory and cut "
