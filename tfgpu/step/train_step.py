@@ -117,21 +117,26 @@ class TrainStep:
         # Float16 overflows are expected (that is what the loss scale probes); elsewhere a
         # non-finite update is skipped only when asked, else the loop stops at it.
         self.skips_non_finite = skip_non_finite or loss_scale is not None
-        self.micro_batches = accumulate.MicroBatches(
-            model,
+        self.micro_batches = self._micro_batches(grad_accum_steps, sync_batchnorm, jit_compile)
+        self.variant = 0  # what the loop's tf.function traces for: see trainable_changed
+        with backend.scope():
+            # Built here: variables cannot be created inside the cond that may skip an update.
+            self.optimizer.build(model.trainable_variables)
+
+    def _micro_batches(self, grad_accum_steps, sync_batchnorm, jit_compile):
+        """A replica's micro-batch loop (``accumulate.MicroBatches``) over this step's model,
+        loss, loss scale, preparation and backend."""
+        return accumulate.MicroBatches(
+            self.model,
             self.loss,
-            loss_scale,
-            prepare,
-            backend,
+            self.loss_scale,
+            self.prepare,
+            self.backend,
             grad_accum_steps=grad_accum_steps,
             skips_non_finite=self.skips_non_finite,
             sync_batchnorm=sync_batchnorm,
             jit_compile=jit_compile,
         )
-        self.variant = 0  # what the loop's tf.function traces for: see trainable_changed
-        with backend.scope():
-            # Built here: variables cannot be created inside the cond that may skip an update.
-            self.optimizer.build(model.trainable_variables)
 
     @property
     def moving_stats(self) -> batchnorm.MovingStats:
