@@ -347,8 +347,3 @@ OPS = {
 }
 IDS = {name: i for i, name in enumerate(OPS)}  # name -> the id the batch carries
 IDENTITY = IDS["Identity"]  # 0: what draws that change nothing hold
-
-
-def _stage(stage: str) -> list:
-    """[(id, Op)] of the ops of ``stage``, in registry order."""
-    return [(i, op) for i, op in enumerate(OPS.values()) if op.stage == stage]
