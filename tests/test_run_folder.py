@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from conftest import cli_flags
 from tfgpu.config import SETTINGS, Config, config_from
 from tfgpu.config.rundir import (
     MAY_CHANGE,
+    may_change,
     read_run,
     restart_values,
     stored_settings,
@@ -28,6 +30,7 @@ from tfgpu.errors import ConfigError, DataError, TfgpuError, UsageError
 from tfgpu.files import check_output, open_append, replacing, write_json
 from tfgpu.predict import csv_cell, csv_text
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUN = dict(
     model="tiny_cnn",
     image_size=32,
@@ -143,9 +146,14 @@ def test_restart_values_keep_the_run_and_take_only_what_may_change():
 
 
 @pytest.mark.fast
-def test_may_change_names_settings():
+def test_what_a_restart_may_change_is_settings_and_documented():
     assert set(MAY_CHANGE) <= set(SETTINGS)
     assert not {"model", "num_classes", "image_size", "optimizer", "seed"} & set(MAY_CHANGE)
+    page = (ROOT / "docs" / "faults.md").read_text(encoding="utf-8")
+    section = page.split("## Starting a run again", 1)[1].split("\n## ", 1)[0]
+    listed = {n for n, s in SETTINGS.items() if may_change(n) and s.section != "dist"}
+    missing = [n for n in sorted(listed - {"model_dir"}) if f"`--{n}`" not in section]
+    assert not missing, f"docs/faults.md, Starting a run again, does not name {missing}"
 
 
 @pytest.mark.fast
