@@ -3,7 +3,8 @@
   python -m tfgpu.main [--flagfile=flags/RECIPE.flags] [--data_dir=DIR] [--model_dir=DIR] ...
 
 With no --data_dir, trains tiny_cnn on the built-in digits demo. A run writes everything to
---model_dir and resumes from the newest checkpoint found there. For example:
+--model_dir and resumes from the newest checkpoint found there, with its own settings
+(--model_dir alone is enough; docs/faults.md says which flags may change). For example:
 
   python -m tfgpu.main --strategy=mirrored --flagfile=flags/resnet50_imagenet.flags \\
       --data_dir=/data/imagenet-tfr --model_dir=runs/r50
@@ -12,10 +13,11 @@ The flags most runs set are below; --helpfull lists every flag by section, and d
 the reference. Guides, one per topic: docs/ (README.md has the map).
 """
 
-# Flags -> one validated, frozen Config -> ``train.run``. With no --data_dir (nor
-# --synthetic_data or --tfds_name) the run uses the built-in demo dataset and the demo recipe
-# for every flag the user did not set. TensorFlow is imported only once the Config is valid:
-# --help and a bad flag return at once (tests/test_imports.py).
+# Flags -> one validated, frozen Config -> ``train.run``. A --model_dir that holds a run gives
+# its config.json's settings for every flag the user did not set (``config.rundir``). Else,
+# with no --data_dir (nor --synthetic_data or --tfds_name), the run uses the built-in demo
+# dataset and the demo recipe for every flag the user did not set. TensorFlow is imported
+# only once the Config is valid: --help and a bad flag return at once (tests/test_imports.py).
 
 import datetime
 import os
