@@ -229,6 +229,30 @@ def test_hostile_outputs_are_one_line_before_any_work(tmp_path):
         check_output(os.path.join(folder, "out.csv"))
     assert check_output(str(tmp_path / "out.csv")) == str(tmp_path / "out.csv")
     assert sorted(os.listdir(tmp_path)) == ["a-folder", "ro"]  # the probe left nothing
+    (tmp_path / "link").symlink_to(tmp_path / "a-folder")  # a symlink is replaced, not entered
+    assert check_output(str(tmp_path / "link")) == str(tmp_path / "link")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_a_bad_output_stops_the_command_before_anything_is_loaded(
+    command, tmp_path, monkeypatch, capsys
+):
+    from tfgpu import evaluate, predict
+    from tfgpu.errors import run_command
+    from tfgpu.train import use
+
+    def load(*args, **kwargs):
+        raise AssertionError("loaded before --output was checked")
+
+    monkeypatch.setattr(use, "config_and_checkpoint", load)
+    output = str(tmp_path / "missing" / "out")
+    if command == "predict":
+        code = run_command(lambda: predict.predict([str(tmp_path)], "run", output=output))
+    else:
+        code = run_command(lambda: evaluate.evaluate("run", output=output))
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "--output=" in line and "no folder" in line
 
 
 @pytest.mark.fast

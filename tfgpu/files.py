@@ -85,7 +85,7 @@ def check_output(path: str, flag: str = "--output") -> str:
     a read-only file system and a full quota all show). Else a UsageError in one line naming
     ``flag``; call it before any work is done for the result."""
     full = os.path.expanduser(path)
-    if os.path.isdir(full):
+    if os.path.isdir(full) and not os.path.islink(full):  # a symlink is replaced, not entered
         raise UsageError(f"{flag}={shown(path)} is a folder; name a file in it")
     folder = os.path.dirname(full) or "."
     if not os.path.isdir(folder):
