@@ -146,6 +146,21 @@ def test_restart_values_keep_the_run_and_take_only_what_may_change():
 
 
 @pytest.mark.fast
+@settings(max_examples=50, deadline=None)
+@given(st.sets(st.sampled_from(sorted(SETTINGS)), max_size=12))
+def test_the_same_command_again_resumes_whatever_it_sets(present):
+    # The flags of the run's own command, given again: nothing contradicts, and the run's
+    # settings come back (but this command's spreading section and --model_dir).
+    stored = dict(Config().flat(), model="tiny_cnn", num_classes=4, image_size=32)
+    given = dict(stored, model_dir="/elsewhere", strategy="mirrored")
+    values = restart_values(stored, given, present, resuming=True)
+    assert {k: v for k, v in values.items() if k not in ("model_dir", "strategy")} == {
+        k: v for k, v in stored.items() if k not in ("model_dir", "strategy")
+    }
+    assert values["model_dir"] == "/elsewhere" and values["strategy"] == "mirrored"
+
+
+@pytest.mark.fast
 def test_what_a_restart_may_change_is_settings_and_documented():
     assert set(MAY_CHANGE) <= set(SETTINGS)
     assert not {"model", "num_classes", "image_size", "optimizer", "seed"} & set(MAY_CHANGE)
