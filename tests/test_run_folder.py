@@ -303,6 +303,15 @@ def test_a_result_replaces_a_symlink_and_never_writes_its_target(tmp_path):
 
 
 @pytest.mark.fast
+def test_json_results_keep_file_names_that_are_not_utf8(tmp_path):
+    name = os.fsdecode(b"/runs/caf\xe9/ckpt-4")  # a latin-1 folder name
+    write_json(str(tmp_path / "eval.json"), {"checkpoint": name})
+    data = (tmp_path / "eval.json").read_bytes()
+    data.decode("utf-8")  # the file is UTF-8 (the byte as its \\udcXX escape)
+    assert os.fsencode(json.loads(data)["checkpoint"]) == b"/runs/caf\xe9/ckpt-4"
+
+
+@pytest.mark.fast
 @given(st.text(max_size=12))
 def test_a_guarded_cell_is_never_a_formula_and_gives_its_text_back(text):
     cell = csv_cell(text)

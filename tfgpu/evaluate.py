@@ -144,8 +144,9 @@ def _write_image(report: dict, logdir: str, log) -> None:
 def format_report(r: dict) -> str:
     """The printed result: totals, per-class accuracy, the confusion matrix."""
     step = f" (step {r['step']})" if r["step"] is not None else ""
+    where = f"{shown(r['checkpoint'])}{step} on {r['split']} of {shown(r['data_dir'])}"
     lines = [
-        f"{r['checkpoint']}{step} on {r['split']} of {r['data_dir']}: {r['num_examples']} examples",
+        f"{where}: {r['num_examples']} examples",
         f"top1 {r['top1']:.4f}  top5 {r['top5']:.4f}  loss {r['loss']:.4f}",
     ]
     names, matrix = r["class_names"], r["confusion_matrix"]
