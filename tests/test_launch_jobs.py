@@ -116,7 +116,8 @@ def test_mpirun_auto_is_one_horovod_job(model, references, small_dataset, tmp_pa
 def test_mpirun_multi_worker_mirrored_needs_no_horovod(model, references, small_dataset, tmp_path):
     # Horovod hidden: the cluster comes from the MPI world alone (addresses through mpi4py).
     strategy = "multi_worker_mirrored"
-    flags = cli_flags(RUNS[model], data_dir=small_dataset, model_dir=tmp_path, strategy=strategy)
+    model_dir = tmp_path / "run"  # beside the hiding folder: a model_dir holds a run only
+    flags = cli_flags(RUNS[model], data_dir=small_dataset, model_dir=model_dir, strategy=strategy)
     hide = os.path.join(tmp_path, "no-horovod")
     os.makedirs(os.path.join(hide, "horovod"))
     with open(os.path.join(hide, "horovod", "__init__.py"), "w", encoding="utf-8") as f:
@@ -126,7 +127,7 @@ def test_mpirun_multi_worker_mirrored_needs_no_horovod(model, references, small_
     out = subprocess.run(
         cmd, env=_env(PYTHONPATH=env_path), capture_output=True, text=True, timeout=TIMEOUT_S
     )
-    check_one_job(out, tmp_path, references(model), strategy)
+    check_one_job(out, model_dir, references(model), strategy)
 
 
 @needs_mpirun

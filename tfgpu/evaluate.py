@@ -20,7 +20,7 @@ from absl import app, flags
 
 from tfgpu.train import use, watch
 from tfgpu.errors import UsageError, run_command
-from tfgpu.files import write_json
+from tfgpu.files import check_output, shown, write_json
 
 FLAGS = flags.FLAGS
 
@@ -36,7 +36,11 @@ def define_flags() -> None:
         ),
         "data_dir": ("", "Another converted dataset with the same classes (default: the run's)."),
         "split": ("validation", "Which split: train, validation or any other converted one."),
-        "output": ("", "Also write the results to this JSON file."),
+        "output": (
+            "",
+            "Also write the results to this file (checked before anything is loaded; written "
+            "whole through a temporary file in its folder, then renamed).",
+        ),
     }
     for name, (default, help_text) in own.items():
         if name not in FLAGS:
@@ -71,14 +75,16 @@ def evaluate(
     tensorboard/evaluate/ (none without either)."""
     if not model_dir and not (checkpoint.endswith(".keras") and data_dir):
         raise UsageError("give --model_dir, or --checkpoint=FILE.keras with --data_dir")
+    target = check_output(output) if output else ""  # before any work: a result is never lost
     config, path = use.config_and_checkpoint(
         model_dir, checkpoint, data_dir=data_dir, eval_batch_size=eval_batch_size
     )
-    from tfgpu.data.spec import class_names, split_spec
+    from tfgpu.data.spec import split_spec
     from tfgpu.train.evaluator import Evaluator
 
     trained = use.load(config, path)
     spec = split_spec(trained.spec, split)
+    names = use.class_names(spec)  # before evaluating: the report must not fail after it
     evaluator = Evaluator(
         trained.model,
         trained.backend,
@@ -89,7 +95,6 @@ def evaluate(
         per_class=True,
     )
     result = evaluator()
-    names = class_names(spec)
     report = {
         "checkpoint": path,
         "step": trained.step,
@@ -99,9 +104,9 @@ def evaluate(
         "class_names": names,
     }
     log(format_report(report))
-    if output:
-        write_json(os.path.expanduser(output), report)
-        log(f"written to {output}")
+    if target:
+        write_json(target, report)
+        log(f"written to {shown(output)}")
     _write_image(report, tensorboard_dir or _default_tensorboard_dir(model_dir), log)
     return report
 
@@ -139,8 +144,9 @@ def _write_image(report: dict, logdir: str, log) -> None:
 def format_report(r: dict) -> str:
     """The printed result: totals, per-class accuracy, the confusion matrix."""
     step = f" (step {r['step']})" if r["step"] is not None else ""
+    where = f"{shown(r['checkpoint'])}{step} on {r['split']} of {shown(r['data_dir'])}"
     lines = [
-        f"{r['checkpoint']}{step} on {r['split']} of {r['data_dir']}: {r['num_examples']} examples",
+        f"{where}: {r['num_examples']} examples",
         f"top1 {r['top1']:.4f}  top5 {r['top5']:.4f}  loss {r['loss']:.4f}",
     ]
     names, matrix = r["class_names"], r["confusion_matrix"]

@@ -1,11 +1,18 @@
-"""Files written safely: a new file never goes through a symlink, JSON lands atomically.
+"""Files written safely: a new file never goes through a symlink, a result lands whole
+(a temporary file in its folder, then a rename) or not at all, an append never follows a
+symlink, and an output is checked before any work is done for it.
 
 The one JSON writer and the one JSON reader of tfgpu (converter and trainer alike).
 """
 
+import contextlib
+import errno
 import json
 import os
 import stat
+import sys
+
+from tfgpu.errors import UsageError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -27,9 +34,88 @@ def open_new(path: str):
 def write_json(path: str, obj) -> None:
     """Writes ``obj`` as JSON to ``path`` atomically (a new temp file, then rename): readers
     see the old file or the new one, never half of one."""
-    with open_new(path + ".tmp") as f:
-        f.write(json.dumps(obj, indent=1, ensure_ascii=False).encode("utf-8"))
-    os.replace(path + ".tmp", path)
+    # A file name that is not UTF-8 (os.fsdecode's lone surrogates) is written as its \\u
+    # escape, which json reads back as the same string: os.fsencode gives its bytes again.
+    text = json.dumps(obj, indent=1, ensure_ascii=False)
+    with replacing(path) as f:
+        f.write(text.encode("utf-8", "backslashreplace"))
+
+
+@contextlib.contextmanager
+def replacing(path: str):
+    """Yields a binary file that becomes ``path`` when the block ends without an error: a
+    new temporary file in ``path``'s folder (``open_new``), renamed over ``path``. Whatever
+    was at ``path`` (a file, a symlink: the link itself, its target never written) is
+    replaced at once; after an error the temporary file is removed and ``path`` untouched."""
+    temp = path + ".tmp"
+    try:
+        with open_new(temp) as f:
+            yield f
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def open_append(path: str, warn=None):
+    """Opens ``path`` (a text file, UTF-8) to append to it, never through a symlink: a
+    symlink there is replaced by a new file of its own (its target is not written;
+    ``warn(line)`` says so), and anything but a regular file raises OSError."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | _NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        target = os.readlink(path)
+        os.unlink(path)
+        if warn:
+            warn(f"{shown(path)} was a symlink (to {shown(target)}): replaced by a file of its own")
+        fd = os.open(path, flags | os.O_EXCL, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return os.fdopen(fd, "a", encoding="utf-8", newline="")
+
+
+def check_output(path: str, flag: str = "--output") -> str:
+    """``path`` (``~`` expanded) once a result can be written there: it is not a folder, and
+    its folder exists and takes a new file (a real file is made and removed: permissions,
+    a read-only file system and a full quota all show). Else a UsageError in one line naming
+    ``flag``; call it before any work is done for the result."""
+    full = os.path.expanduser(path)
+    if os.path.isdir(full) and not os.path.islink(full):  # a symlink is replaced, not entered
+        raise UsageError(f"{flag}={shown(path)} is a folder; name a file in it")
+    folder = os.path.dirname(full) or "."
+    if not os.path.isdir(folder):
+        raise UsageError(f"{flag}={shown(path)}: no folder {shown(folder)}")
+    probe = os.path.join(folder, f".{os.path.basename(full)}.{os.getpid()}.probe.tmp")
+    try:
+        open_new(probe).close()
+        os.unlink(probe)
+    except OSError as err:
+        raise UsageError(
+            f"{flag}={shown(path)}: its folder {shown(folder)} takes no new file ({err.strerror})"
+        ) from None
+    return full
+
+
+def shown(path: str) -> str:
+    """``path`` for a message: bytes that are not UTF-8 (a file name from elsewhere) as
+    ``\\xNN``, so that printing it never fails."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def write_bytes_to_stdout(data: bytes) -> None:
+    """``data`` on standard output as it is (its own bytes, whatever the locale's encoding)."""
+    sys.stdout.flush()
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # a text-only stream (some test runners)
+        sys.stdout.write(data.decode("utf-8", "surrogateescape"))
+    else:
+        buffer.write(data)
+        buffer.flush()
 
 
 def read_json(path: str) -> dict:

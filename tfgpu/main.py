@@ -3,7 +3,8 @@
   python -m tfgpu.main [--flagfile=flags/RECIPE.flags] [--data_dir=DIR] [--model_dir=DIR] ...
 
 With no --data_dir, trains tiny_cnn on the built-in digits demo. A run writes everything to
---model_dir and resumes from the newest checkpoint found there. For example:
+--model_dir and resumes from the newest checkpoint found there, with its own settings
+(--model_dir alone is enough; docs/faults.md says which flags may change). For example:
 
   python -m tfgpu.main --strategy=mirrored --flagfile=flags/resnet50_imagenet.flags \\
       --data_dir=/data/imagenet-tfr --model_dir=runs/r50
@@ -12,10 +13,11 @@ The flags most runs set are below; --helpfull lists every flag by section, and d
 the reference. Guides, one per topic: docs/ (README.md has the map).
 """
 
-# Flags -> one validated, frozen Config -> ``train.run``. With no --data_dir (nor
-# --synthetic_data or --tfds_name) the run uses the built-in demo dataset and the demo recipe
-# for every flag the user did not set. TensorFlow is imported only once the Config is valid:
-# --help and a bad flag return at once (tests/test_imports.py).
+# Flags -> one validated, frozen Config -> ``train.run``. A --model_dir that holds a run gives
+# its config.json's settings for every flag the user did not set (``config.rundir``). Else,
+# with no --data_dir (nor --synthetic_data or --tfds_name), the run uses the built-in demo
+# dataset and the demo recipe for every flag the user did not set. TensorFlow is imported
+# only once the Config is valid: --help and a bad flag return at once (tests/test_imports.py).
 
 import datetime
 import os
@@ -24,10 +26,10 @@ from absl import app, flags, logging
 
 from tfgpu import demo, startup
 from tfgpu.train import faults, watch
-from tfgpu.config import validate
+from tfgpu.config import config_from, rundir, validate
 from tfgpu.distribute import env
 from tfgpu.errors import ConfigError, run_command
-from tfgpu.config.flags import KEY_FLAGS, config_from_flags, define_flags
+from tfgpu.config.flags import KEY_FLAGS, define_flags, given_flags
 
 define_flags()
 watch.define_flags(switch=False)  # a TF_CONFIG evaluator task runs the side-car evaluator
@@ -54,11 +56,23 @@ def default_model_dir() -> str:
 
 def make_config(flag_values=FLAGS):
     """The run's validated Config from parsed tfgpu flags (``flag_values``: absl's global
-    FLAGS, or the FlagValues another command parsed its tfgpu flags into, e.g. ``tfgpu-ray``);
-    the demo recipe gives the defaults when there is no data."""
-    fv = flag_values
-    use_demo = not (fv["data_dir"].present or fv.synthetic_data or fv.tfds_name)
-    config = config_from_flags(fv, demo.DEMO_RECIPE if use_demo else None)
+    FLAGS, or the FlagValues another command parsed its tfgpu flags into, e.g. ``tfgpu-ray``).
+    A --model_dir that holds a run gives its settings (its config.json) for every flag not
+    set, and refuses a set flag that contradicts its checkpoints (``rundir.restart_values``);
+    else the demo recipe gives the defaults when there is no data. A --model_dir that holds
+    something other than a tfgpu run is refused before anything is written."""
+    given, present = given_flags(flag_values)
+    model_dir = given["model_dir"]
+    stored = rundir.read_run(model_dir) if model_dir else None
+    use_demo = False
+    if stored is not None:
+        resuming = rundir.has_checkpoint(model_dir)
+        values = rundir.restart_values(stored, given, present, resuming, model_dir)
+    else:
+        use_demo = not ("data_dir" in present or given["synthetic_data"] or given["tfds_name"])
+        recipe = demo.DEMO_RECIPE if use_demo else {}
+        values = {k: recipe[k] if k in recipe and k not in present else v for k, v in given.items()}
+    config = config_from(**values)
     if not config.model_dir:
         config = config.with_settings(model_dir=default_model_dir())
     config = validate(config)

@@ -9,9 +9,16 @@ by evaluation's own function (``pipeline.decode_eval_image``: center crop, resiz
 predicted in batches, with the run's EMA weights when it kept them (as its evaluation). A file
 that is not an image, or is broken, is named on stderr and in its row's ``error``; the others
 are still predicted. Records of a converted split are named by their stored file name.
+
+The CSV is written as ``csv_text`` says: UTF-8, a name's bytes that are not UTF-8 kept as they
+are (``surrogateescape``), a text cell that a spreadsheet would run as a formula (first
+character ``= + - @``, tab or CR) or that starts with ``'`` given a leading ``'`` (OWASP's
+advice); ``--output`` is checked before anything is loaded and written whole (a temporary
+file in its folder, then a rename: a symlink there is replaced, its target never written).
 """
 
 import csv
+import io
 import os
 import sys
 
@@ -19,6 +26,7 @@ from absl import app, flags
 
 from tfgpu.train import use
 from tfgpu.errors import UsageError, run_command
+from tfgpu.files import check_output, replacing, shown, write_bytes_to_stdout
 
 FLAGS = flags.FLAGS
 
@@ -73,6 +81,7 @@ def predict(
         raise UsageError("--top_k and --batch_size must be positive")
     if split and not (model_dir or data_dir):
         raise UsageError("--split needs --data_dir (or a --model_dir whose run names its data)")
+    target = check_output(output) if output else ""  # before any work: a result is never lost
     files = image_files(inputs)
     config, path = use.config_and_checkpoint(model_dir, checkpoint, data_dir=data_dir)
     trained = _load(config, path, need_data=bool(split or data_dir or model_dir))
@@ -82,11 +91,16 @@ def predict(
         rows = _predict_split(trained, split, k, batch_size)
     else:
         rows = _predict_files(trained, files, k, batch_size)
-    _write(rows, k, output)
+    data = csv_text(rows, k).encode("utf-8", "surrogateescape")
+    if target:
+        with replacing(target) as f:
+            f.write(data)
+    else:
+        write_bytes_to_stdout(data)
     errors = sum(1 for r in rows if r["error"])
     print(
         f"predicted {len(rows) - errors} image(s), {errors} error(s)"
-        + (f": {output}" if output else ""),
+        + (f": {shown(output)}" if output else ""),
         file=sys.stderr if not output else sys.stdout,
         flush=True,
     )
@@ -100,11 +114,10 @@ def _load(config, path: str, need_data: bool) -> dict:
     import tensorflow as tf
 
     from tfgpu import compat
-    from tfgpu.data.spec import class_names
 
     if need_data:
         trained = use.load(config, path)
-        names = class_names(trained.spec)
+        names = use.class_names(trained.spec)  # checked before any image is read
     else:  # a .keras file alone: classes by number
         import keras
 
@@ -172,7 +185,7 @@ def _predict_files(t: dict, files, k: int, batch_size: int) -> list[dict]:
         except tf.errors.OpError as err:
             error = "cannot decode it: " + (err.message.strip().splitlines() or ["?"])[0][:200]
         if error:
-            print(f"tfgpu-predict: WARNING: {path}: {error}", file=sys.stderr, flush=True)
+            print(f"tfgpu-predict: WARNING: {shown(path)}: {error}", file=sys.stderr, flush=True)
             rows[path] = {"path": path, "top": [], "error": error}
             continue
         batch.append(image.numpy())
@@ -192,12 +205,14 @@ def _predict_split(t: dict, split: str, k: int, batch_size: int) -> list[dict]:
     spec = split_spec(trained.spec, split)
     rows = []
     for batch in pipeline.make_named_eval_dataset(spec, trained.config.data, batch_size):
-        paths = [n.decode("utf-8", "replace") for n in batch["name"].numpy()]
+        # A stored name that is not UTF-8 keeps its bytes (as file names from os.walk do).
+        paths = [n.decode("utf-8", "surrogateescape") for n in batch["name"].numpy()]
         probs = t["predict"](batch["image"])
         for row, valid in zip(_rows(t["class_names"], paths, probs, k), batch["valid"].numpy()):
             if not valid:
                 row = dict(row, top=[], error="not a whole image (cut short, or not an image)")
-                print(f"tfgpu-predict: WARNING: {row['path']}: {row['error']}", file=sys.stderr)
+                warning = f"tfgpu-predict: WARNING: {shown(row['path'])}: {row['error']}"
+                print(warning, file=sys.stderr)
             rows.append(row)
     return rows
 
@@ -206,15 +221,29 @@ def header(k: int) -> list[str]:
     return ["path", *[f"{c}_{i}" for i in range(1, k + 1) for c in ("label", "prob")], "error"]
 
 
-def _write(rows, k: int, output: str) -> None:
-    out = open(os.path.expanduser(output), "w", newline="", encoding="utf-8") if output else None
-    writer = csv.writer(out or sys.stdout)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP's CSV injection list
+
+
+def csv_cell(text: str) -> str:
+    """``text`` safe in a spreadsheet: a leading ``'`` when it starts as a formula would
+    (``FORMULA_STARTS``), or with ``'`` itself, so that removing one leading ``'`` from a
+    cell that has it always gives the text back."""
+    return "'" + text if text.startswith((*FORMULA_STARTS, "'")) else text
+
+
+def csv_text(rows, k: int) -> str:
+    """The CSV of ``rows`` (header, then one row per image) as text; a path may hold lone
+    surrogates (``os.fsdecode`` of bytes that are not UTF-8), which the caller encodes with
+    ``surrogateescape``: reading the file with ``encoding="utf-8",
+    errors="surrogateescape"`` and ``os.fsencode`` on a path gives its bytes."""
+    out = io.StringIO(newline="")
+    writer = csv.writer(out)
     writer.writerow(header(k))
     for r in rows:
-        cells = [c for label, p in r["top"] for c in (label, f"{p:.6f}")]
-        writer.writerow([r["path"], *cells, *[""] * (2 * k - len(cells)), r["error"]])
-    if out:
-        out.close()
+        cells = [c for label, p in r["top"] for c in (csv_cell(label), f"{p:.6f}")]
+        tail = [*[""] * (2 * k - len(cells)), csv_cell(r["error"])]
+        writer.writerow([csv_cell(r["path"]), *cells, *tail])
+    return out.getvalue()
 
 
 def main(argv):

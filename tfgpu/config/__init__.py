@@ -45,8 +45,9 @@ class Config:
 
     model_dir: str = setting(
         "",
-        "Where the run writes everything; resumes from the newest checkpoint there. Default: "
-        "a new folder under runs/.",
+        "Where the run writes everything; resumes from the newest checkpoint there, with the "
+        "settings of its config.json for every flag not given (docs/faults.md: Starting a run "
+        "again). Must be empty, new or a tfgpu run's. Default: a new folder under runs/.",
         per_node=True,
     )
     seed: int = setting(0, "Seed of initialization, shuffling and augmentation.")

@@ -57,12 +57,19 @@ def define_flags(flag_values=flags.FLAGS) -> None:
 def config_from_flags(flag_values=flags.FLAGS, defaults: dict | None = None) -> Config:
     """A Config from parsed flags; ``defaults`` (by flag name) replace the values of flags
     not given on the command line."""
-    values = {}
-    for name in SETTINGS:
-        flag = flag_values[name]
-        use_default = defaults and name in defaults and not flag.present
-        values[name] = defaults[name] if use_default else flag.value
+    given, present = given_flags(flag_values)
+    values = {
+        name: defaults[name] if defaults and name in defaults and name not in present else value
+        for name, value in given.items()
+    }
     return config_from(**values)
+
+
+def given_flags(flag_values=flags.FLAGS) -> tuple[dict, frozenset]:
+    """({flag name: value} of every setting's flag, the names of those set on the command
+    line or in a flagfile): what the config layer takes as plain data."""
+    given = {name: flag_values[name].value for name in SETTINGS}
+    return given, frozenset(name for name in SETTINGS if flag_values[name].present)
 
 
 def reference_markdown() -> str:

@@ -57,6 +57,13 @@ class Checkpoints:
                 missing = self._restore(path)
             except DAMAGED as err:
                 reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+                if readable(path):  # whole, but of another model: the older ones are too
+                    return (
+                        f"checkpoint {path} reads back but does not fit this run's model "
+                        f"({reason}): it was written with other settings; start the run with "
+                        "its own (--model_dir alone takes them from its config.json), or use "
+                        "another --model_dir"
+                    )
                 _warn(f"checkpoint {path} does not read back ({reason}); trying an older one")
                 continue
             log(f"resumed from {path} at step {int(self._step.numpy())}")
@@ -132,6 +139,18 @@ def _nested_layers(model):
     for layer in getattr(model, "layers", ()):
         yield layer
         yield from _nested_layers(layer)
+
+
+def readable(path: str) -> bool:
+    """True when every tensor of checkpoint ``path`` reads back from its files: a restore
+    that fails then failed on what the checkpoint holds (another model), not on damage."""
+    try:
+        reader = tf.train.load_checkpoint(path)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except DAMAGED:
+        return False
+    return True
 
 
 # What a truncated or corrupted checkpoint raises while it is read (a truncated .data file:

@@ -29,7 +29,7 @@ from tfgpu.train.build import (
     train_maker,
 )
 from tfgpu.train.checkpoints import refresh_derived_state
-from tfgpu.config import Config, ConfigError, resolve
+from tfgpu.config import Config, ConfigError, resolve, rundir
 from tfgpu.data import augment, broken, dct, memory
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, env, heartbeats
@@ -154,7 +154,9 @@ def run(config: Config, actions: Sequence[Action] = ()) -> dict:
     ``fit(callbacks=...)``), asked after the default ones at each loop boundary, before a
     preempted run's last checkpoint.
     The chief holds --model_dir's lock (``runlock``) from before it writes anything there to
-    the end: a second run into the same directory stops, on every one of its workers."""
+    the end: a second run into the same directory stops, on every one of its workers. A
+    --model_dir that holds something other than a tfgpu run is refused first (``rundir``)."""
+    rundir.read_run(config.model_dir)
     backend = backends.setup(config.dist)
     with runlock.held(config.model_dir, backend.is_chief) as in_use:
         if in_use and backend.num_workers == 1:

@@ -18,7 +18,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.files import write_json
+from tfgpu.files import open_append, write_json
+
+
+def _warn(line: str) -> None:
+    print(f"tfgpu: WARNING: {line}", file=sys.stderr, flush=True)
 
 
 class Window:
@@ -128,7 +132,7 @@ class RunWriter:
         self._tb["run"].flush()
 
     def _append(self, record: dict, split: str) -> None:
-        with open(os.path.join(self.model_dir, "metrics.jsonl"), "a", encoding="utf-8") as f:
+        with open_append(os.path.join(self.model_dir, "metrics.jsonl"), _warn) as f:
             f.write(json.dumps(record) + "\n")
         with self._tb[split].as_default(step=record["step"]):
             for key, value in record.items():
@@ -158,10 +162,9 @@ class RunWriter:
     def _append_csv(self, row: dict) -> None:
         """summary.csv: one row per evaluation, header once; a resumed run appends."""
         path = os.path.join(self.model_dir, "summary.csv")
-        new = not os.path.exists(path) or os.path.getsize(path) == 0
-        with open(path, "a", encoding="utf-8", newline="") as f:
+        with open_append(path, _warn) as f:
             out = csv.DictWriter(f, SUMMARY_CSV, extrasaction="ignore")
-            if new:
+            if os.fstat(f.fileno()).st_size == 0:
                 out.writeheader()
             out.writerow({k: "" if row.get(k) is None else row[k] for k in SUMMARY_CSV})
 

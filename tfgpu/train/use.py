@@ -12,33 +12,35 @@ import os
 from dataclasses import dataclass
 
 from tfgpu import startup
-from tfgpu.config import SETTINGS, Config, config_from, validate
-from tfgpu.errors import CheckpointError, UsageError
+from tfgpu.config import Config, config_from, rundir, validate
+from tfgpu.errors import CheckpointError, DataError, UsageError
 from tfgpu.files import read_json
 
-RUN_ONLY = ("num_replicas",)  # keys of config.json that are not settings
 # Training-only settings left out: evaluation is unweighted and reads each example once, and
 # a run's --class_weights file need not exist where its model is used.
 TRAINING_ONLY = ("class_weights", "balanced_sampling", "sampling_power")
+# Paths of config.json that the run writes to: a run folder from elsewhere must not make
+# evaluate or predict write there; only an override (the user naming it again) sets them.
+WRITTEN_PATHS = ("eval_snapshot_dir",)
 
 
 def run_config(model_dir: str, **overrides) -> Config:
-    """The Config of the run in ``model_dir`` (its config.json), on one device, without its
-    start weights (the checkpoint replaces them), with ``overrides`` (by flag name) that are
-    set. Without ``model_dir``: the defaults and ``overrides``."""
+    """The Config of the run in ``model_dir`` (its config.json, read back by
+    ``rundir.stored_settings``), on one device, without its start weights (the checkpoint
+    replaces them) and without the paths it writes to (``WRITTEN_PATHS``), with ``overrides``
+    (by flag name) that are set. Without ``model_dir``: the defaults and ``overrides``."""
     values = {}
     if model_dir:
         path = os.path.join(os.path.expanduser(model_dir), "config.json")
         try:
-            values = read_json(path)
+            stored = read_json(path)
         except ValueError as err:
             raise UsageError(str(err)) from None
-        if not values:
+        if not stored:
             raise UsageError(f"--model_dir={model_dir} holds no config.json (not a tfgpu run)")
-        dropped = RUN_ONLY + TRAINING_ONLY
-        values = {k: v for k, v in values.items() if k in SETTINGS and k not in dropped}
-        if "augment_policy" not in values:  # before the policies: RandAugment's old meanings
-            values = {k: v for k, v in values.items() if not k.startswith("randaugment_")}
+        values = rundir.stored_settings(stored, path)
+        for name in TRAINING_ONLY + WRITTEN_PATHS:
+            values.pop(name, None)
         values["model_dir"] = os.path.expanduser(model_dir)
     values.update(strategy="default", logical_cpu_devices=0, init_weights="")
     if overrides.get("data_dir"):  # another dataset of the same classes
@@ -158,3 +160,21 @@ def image_size_of(path: str) -> int:
 
     model = keras.saving.load_model(path, compile=False, safe_mode=True)
     return int(model.input_shape[1])
+
+
+def class_names(spec) -> list[str]:
+    """The class names of ``spec`` (its dataset_info.json, else "0", "1", ...) as text, for
+    the commands to check before any image is read: a name that is a number stands as its
+    digits; anything else (null, a list, true) is a DataError naming the file and the entry."""
+    from tfgpu.data.spec import class_names as stored
+
+    names = []
+    for i, name in enumerate(stored(spec)):
+        if isinstance(name, (int, float)) and not isinstance(name, bool):
+            name = str(name)
+        if not isinstance(name, str):
+            shown = repr(name)[:40]
+            where = os.path.join(spec.data_dir, "dataset_info.json")
+            raise DataError(f"{where}: class_names[{i}]={shown} is not a name (a string)")
+        names.append(name)
+    return names

@@ -1,0 +1,397 @@
+"""A run's folder and its results, read as a stranger's: a restart with --model_dir alone
+resumes with the run's own settings, a flag that contradicts its checkpoints is one line, a
+folder that is not a tfgpu run is never written, config.json is read back only as settings of
+the right types, and evaluate and predict never lose or misplace a result (hostile --output,
+names that are not UTF-8, spreadsheet formulas, paths another run's config.json names)."""
+
+import csv
+import io
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import cli_flags
+from tfgpu.config import SETTINGS, Config, config_from
+from tfgpu.config.rundir import (
+    MAY_CHANGE,
+    may_change,
+    read_run,
+    restart_values,
+    stored_settings,
+)
+from tfgpu.errors import ConfigError, DataError, TfgpuError, UsageError
+from tfgpu.files import check_output, open_append, replacing, write_json
+from tfgpu.predict import csv_cell, csv_text
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RUN = dict(
+    model="tiny_cnn",
+    image_size=32,
+    global_batch_size=16,
+    train_steps=4,
+    optimizer="adam",
+    learning_rate=0.003,
+    weight_decay=0.0,
+    steps_per_loop=2,
+    log_every_steps=2,
+    eval_every_steps=2,
+    input_probe_s=0.0,
+    export=False,
+)
+
+
+def _main(*flags):
+    return subprocess.run(
+        [sys.executable, "-m", "tfgpu.main", *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+
+
+def _error_lines(err: str, prog: str = "tfgpu") -> list[str]:
+    return [line for line in err.splitlines() if line.startswith(f"{prog}: error:")]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(small_dataset, tmp_path_factory):
+    """One tiny_cnn run of 4 updates, started as a user does (flags), shared by the module."""
+    model_dir = str(tmp_path_factory.mktemp("tiny") / "run")
+    out = _main(*cli_flags(RUN, data_dir=small_dataset, model_dir=model_dir))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return model_dir
+
+
+# --- restarting a run ------------------------------------------------------------------
+
+
+def test_a_restart_with_model_dir_alone_resumes_with_the_runs_own_settings(tiny_run):
+    before = json.load(open(os.path.join(tiny_run, "config.json")))
+    out = _main(f"--model_dir={tiny_run}")  # no other flag: the demo's defaults differ
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed from" in out.stdout and "ckpt-4 at step 4" in out.stdout
+    assert "damaged" not in out.stderr and "does not read back" not in out.stderr
+    after = json.load(open(os.path.join(tiny_run, "config.json")))
+    for name in ("model", "data_dir", "image_size", "global_batch_size", "train_steps"):
+        assert after[name] == before[name], name
+    assert json.loads(out.stdout.split("summary: ", 1)[1].splitlines()[0])["steps"] == 4
+
+
+def test_a_flag_that_contradicts_the_checkpoints_is_one_line(tiny_run):
+    before = open(os.path.join(tiny_run, "config.json")).read()
+    out = _main(f"--model_dir={tiny_run}", "--model=resnet18", "--train_steps=9")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    (line,) = _error_lines(out.stderr)
+    assert "--model=resnet18" in line and "--model=tiny_cnn" in line and tiny_run in line
+    assert open(os.path.join(tiny_run, "config.json")).read() == before
+
+
+def test_a_folder_that_is_not_a_tfgpu_run_is_refused_untouched(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "config.json").write_text('{"name": "another tool"}')
+    out = _main(f"--model_dir={tmp_path}", "--synthetic_data", "--num_classes=4")
+    assert out.returncode == 2
+    (line,) = _error_lines(out.stderr)
+    assert "not a tfgpu run's" in line
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "notes.txt"]
+    assert (tmp_path / "config.json").read_text() == '{"name": "another tool"}'
+
+
+def test_checkpoints_of_another_model_are_not_called_damaged(tiny_run, small_dataset, tmp_path):
+    # Without its config.json, a restart with other flags reaches the checkpoints: they read
+    # back whole, and the line says they were made with other settings, not that they broke.
+    from tfgpu import train
+    from tfgpu.config import validate
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_run, copy, ignore=shutil.ignore_patterns("config.json"))
+    values = dict(RUN, optimizer="sgd", train_steps=6)  # sgd: other slots than adam's
+    config = validate(config_from(data_dir=small_dataset, model_dir=str(copy), **values))
+    with pytest.raises(TfgpuError) as caught:
+        train.run(config)
+    message = caught.value.message
+    assert "reads back but does not fit" in message and "damaged" not in message
+
+
+@pytest.mark.fast
+def test_restart_values_keep_the_run_and_take_only_what_may_change():
+    stored = dict(Config().flat(), model="tiny_cnn", num_classes=4, train_steps=6)
+    stored = stored_settings(stored, "config.json")
+    given = dict(Config().flat(), model_dir="/runs/r", strategy="mirrored", train_steps=9)
+    # --model_dir alone: the run's settings; the spreading section is this command's.
+    values = restart_values(stored, given, {"model_dir"}, resuming=True)
+    assert values["model"] == "tiny_cnn" and values["num_classes"] == 4
+    assert values["train_steps"] == 6 and values["strategy"] == "mirrored"
+    # The length of training may change; a setting of the same value may be given again.
+    given = dict(given, num_classes=4)
+    values = restart_values(stored, given, {"train_steps", "num_classes"}, resuming=True)
+    assert values["train_steps"] == 9 and values["num_classes"] == 4
+    given = dict(given, model="resnet50")
+    with pytest.raises(ConfigError, match=r"--model=resnet50 .* --model=tiny_cnn"):
+        restart_values(stored, given, {"model"}, resuming=True, where="/runs/r")
+    # No checkpoint yet: nothing to contradict, the flags win.
+    assert restart_values(stored, given, {"model"}, resuming=False)["model"] == "resnet50"
+    # A setting the run predates takes this command's value.
+    del stored["crop_padding"]
+    given["crop_padding"] = 2
+    assert restart_values(stored, given, set(), resuming=True)["crop_padding"] == 2
+
+
+@pytest.mark.fast
+@settings(max_examples=50, deadline=None)
+@given(st.sets(st.sampled_from(sorted(SETTINGS)), max_size=12))
+def test_the_same_command_again_resumes_whatever_it_sets(present):
+    # The flags of the run's own command, given again: nothing contradicts, and the run's
+    # settings come back (but this command's spreading section and --model_dir).
+    stored = dict(Config().flat(), model="tiny_cnn", num_classes=4, image_size=32)
+    given = dict(stored, model_dir="/elsewhere", strategy="mirrored")
+    values = restart_values(stored, given, present, resuming=True)
+    assert {k: v for k, v in values.items() if k not in ("model_dir", "strategy")} == {
+        k: v for k, v in stored.items() if k not in ("model_dir", "strategy")
+    }
+    assert values["model_dir"] == "/elsewhere" and values["strategy"] == "mirrored"
+
+
+@pytest.mark.fast
+def test_what_a_restart_may_change_is_settings_and_documented():
+    assert set(MAY_CHANGE) <= set(SETTINGS)
+    assert not {"model", "num_classes", "image_size", "optimizer", "seed"} & set(MAY_CHANGE)
+    page = (ROOT / "docs" / "faults.md").read_text(encoding="utf-8")
+    section = page.split("## Starting a run again", 1)[1].split("\n## ", 1)[0]
+    listed = {n for n, s in SETTINGS.items() if may_change(n) and s.section != "dist"}
+    missing = [n for n in sorted(listed - {"model_dir"}) if f"`--{n}`" not in section]
+    assert not missing, f"docs/faults.md, Starting a run again, does not name {missing}"
+
+
+@pytest.mark.fast
+def test_read_run_tells_a_run_from_other_folders(tmp_path):
+    assert read_run(str(tmp_path / "new")) is None
+    assert read_run(str(tmp_path)) is None  # empty
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / ".tfgpu.lock").write_text("")
+    assert read_run(str(tmp_path)) is None  # only tfgpu's own files
+    (tmp_path / "photo.jpg").write_bytes(b"")
+    with pytest.raises(ConfigError, match="photo.jpg"):
+        read_run(str(tmp_path))
+    write_json(str(tmp_path / "config.json"), dict(Config().flat(), model="tiny_cnn"))
+    assert read_run(str(tmp_path))["model"] == "tiny_cnn"
+    with pytest.raises(ConfigError, match="not a folder"):
+        read_run(str(tmp_path / "photo.jpg"))
+
+
+# Every JSON value: what a config.json from elsewhere may hold.
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=6,
+)
+SOME_KEYS = st.sampled_from([*list(SETTINGS)[:40], "num_replicas", "no_such_setting"])
+
+
+@pytest.mark.fast
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(SOME_KEYS, JSON, max_size=6))
+def test_a_config_json_reads_back_as_typed_settings_or_one_line(values):
+    try:
+        out = stored_settings(values, "run/config.json")
+    except ConfigError as err:
+        assert "\n" not in err.message and err.message.startswith("run/config.json: ")
+        return
+    for key, value in out.items():
+        assert type(value) is type(SETTINGS[key].default) or key == "dct_scaled_decode"
+    config_from(**out)  # every value a Config takes
+
+
+@pytest.mark.fast
+@settings(max_examples=50, deadline=None)
+@given(
+    st.sampled_from(["tiny_cnn", "resnet18"]),
+    st.integers(1, 4096),
+    st.floats(1e-6, 10.0),
+    st.text(max_size=12).filter(lambda s: "\0" not in s),
+)
+def test_config_json_round_trips(model, batch, rate, path):
+    config = config_from(
+        model=model, global_batch_size=batch, learning_rate=rate, eval_snapshot_dir=path
+    )
+    text = json.dumps(config.flat(), ensure_ascii=False)
+    assert config_from(**stored_settings(json.loads(text), "config.json")) == config
+
+
+# --- results: --output, names, formulas --------------------------------------------------
+
+
+@pytest.mark.fast
+def test_hostile_outputs_are_one_line_before_any_work(tmp_path):
+    (tmp_path / "a-folder").mkdir()
+    with pytest.raises(UsageError, match="is a folder"):
+        check_output(str(tmp_path / "a-folder"))
+    with pytest.raises(UsageError, match="no folder"):
+        check_output(str(tmp_path / "missing" / "out.csv"))
+    # A folder that takes no new file: read-only for a user; root writes anywhere but /sys.
+    read_only = tmp_path / "ro"
+    read_only.mkdir(mode=0o555)
+    folder = "/sys" if os.geteuid() == 0 else str(read_only)
+    with pytest.raises(UsageError, match="takes no new file"):
+        check_output(os.path.join(folder, "out.csv"))
+    assert check_output(str(tmp_path / "out.csv")) == str(tmp_path / "out.csv")
+    assert sorted(os.listdir(tmp_path)) == ["a-folder", "ro"]  # the probe left nothing
+    (tmp_path / "link").symlink_to(tmp_path / "a-folder")  # a symlink is replaced, not entered
+    assert check_output(str(tmp_path / "link")) == str(tmp_path / "link")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_a_bad_output_stops_the_command_before_anything_is_loaded(
+    command, tmp_path, monkeypatch, capsys
+):
+    from tfgpu import evaluate, predict
+    from tfgpu.errors import run_command
+    from tfgpu.train import use
+
+    def load(*args, **kwargs):
+        raise AssertionError("loaded before --output was checked")
+
+    monkeypatch.setattr(use, "config_and_checkpoint", load)
+    output = str(tmp_path / "missing" / "out")
+    if command == "predict":
+        code = run_command(lambda: predict.predict([str(tmp_path)], "run", output=output))
+    else:
+        code = run_command(lambda: evaluate.evaluate("run", output=output))
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "--output=" in line and "no folder" in line
+
+
+@pytest.mark.fast
+def test_a_result_replaces_a_symlink_and_never_writes_its_target(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    link = tmp_path / "out.csv"
+    link.symlink_to(target)
+    with replacing(str(link)) as f:
+        f.write(b"result")
+    assert not link.is_symlink() and link.read_bytes() == b"result"
+    assert target.read_text() == "keep me"
+    with pytest.raises(RuntimeError), replacing(str(link)) as f:  # a failure: nothing lost
+        f.write(b"half")
+        raise RuntimeError
+    assert link.read_bytes() == b"result" and sorted(os.listdir(tmp_path)) == [
+        "out.csv",
+        "precious.txt",
+    ]
+    # Appends (metrics.jsonl, summary.csv) never follow a symlink either.
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.symlink_to(target)
+    warnings = []
+    with open_append(str(metrics), warnings.append) as f:
+        f.write("{}\n")
+    assert metrics.read_text() == "{}\n" and target.read_text() == "keep me"
+    assert "was a symlink" in warnings[0]
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(OSError):
+        open_append(str(tmp_path / "fifo"))  # and never hangs on a FIFO
+    with pytest.raises(OSError, match="not a regular file"):
+        open_append(os.devnull)
+
+
+@pytest.mark.fast
+def test_json_results_keep_file_names_that_are_not_utf8(tmp_path):
+    name = os.fsdecode(b"/runs/caf\xe9/ckpt-4")  # a latin-1 folder name
+    write_json(str(tmp_path / "eval.json"), {"checkpoint": name})
+    data = (tmp_path / "eval.json").read_bytes()
+    data.decode("utf-8")  # the file is UTF-8 (the byte as its \\udcXX escape)
+    assert os.fsencode(json.loads(data)["checkpoint"]) == b"/runs/caf\xe9/ckpt-4"
+
+
+@pytest.mark.fast
+@given(st.text(max_size=12))
+def test_a_guarded_cell_is_never_a_formula_and_gives_its_text_back(text):
+    cell = csv_cell(text)
+    assert not cell.startswith(("=", "+", "-", "@", "\t", "\r"))
+    assert (cell[1:] if cell.startswith("'") else cell) == text
+
+
+@pytest.mark.fast
+@settings(deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=10), min_size=1, max_size=4))
+def test_file_names_that_are_not_utf8_survive_the_csv(names):
+    paths = [os.fsdecode(b"/d/" + n.replace(b"/", b"_").replace(b"\0", b"_")) for n in names]
+    rows = [{"path": p, "top": [("=SUM(A1)", 0.5)], "error": ""} for p in paths]
+    data = csv_text(rows, 1).encode("utf-8", "surrogateescape")
+    text = data.decode("utf-8", "surrogateescape")
+    read = list(csv.reader(io.StringIO(text, newline="")))[1:]
+    assert [os.fsencode(r[0]) for r in read] == [os.fsencode(p) for p in paths]
+    assert all(r[1] == "'=SUM(A1)" for r in read)
+
+
+def test_predict_writes_names_and_formulas_safely_through_a_symlink(tiny_run, tmp_path, capsys):
+    from PIL import Image
+
+    from conftest import make_image_arrays
+    from tfgpu.predict import predict
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    image = make_image_arrays(1, size=40)[0][0]
+    names = [b"caf\xe9.jpg", b"=HYPERLINK(1).jpg", b"plain.jpg"]  # latin-1, a formula, plain
+    for name in names:
+        Image.fromarray(image).save(os.path.join(os.fsencode(folder), name), format="JPEG")
+    target = tmp_path / "someone-elses.csv"
+    target.write_text("keep me")
+    out = tmp_path / "predictions.csv"
+    out.symlink_to(target)
+    predict([str(folder)], model_dir=tiny_run, output=str(out), top_k=2)
+    assert not out.is_symlink() and target.read_text() == "keep me"
+    with open(out, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        rows = list(csv.reader(f))[1:]
+    paths = [r[0][1:] if r[0].startswith("'") else r[0] for r in rows]
+    assert sorted(os.path.basename(os.fsencode(p)) for p in paths) == sorted(names)
+    assert all(not r[-1] and r[1] in "abcd" for r in rows)
+    assert "predicted 3 image(s)" in capsys.readouterr().out
+
+
+def test_evaluate_writes_nowhere_a_foreign_config_names(tiny_run, small_dataset, tmp_path):
+    from tfgpu.evaluate import evaluate
+
+    # A run folder from elsewhere whose config.json names a snapshot folder: evaluate writes
+    # only what it is told to (its --output, whole, through a temporary file).
+    run = tmp_path / "their-run"
+    shutil.copytree(tiny_run, run)
+    elsewhere = tmp_path / "elsewhere"
+    config = json.load(open(run / "config.json"))
+    write_json(str(run / "config.json"), dict(config, eval_snapshot_dir=str(elsewhere)))
+    out = tmp_path / "eval.json"
+    result = evaluate(str(run), output=str(out), log=lambda _: None)
+    assert not elsewhere.exists() and result["class_names"] == ["a", "b", "c", "d"]
+    assert json.load(open(out))["num_examples"] == 24
+    assert sorted(os.listdir(tmp_path)) == ["eval.json", "their-run"]
+    # Class names that are no names: one line before anything is evaluated.
+    data = tmp_path / "their-data"
+    shutil.copytree(small_dataset, data)
+    info = json.load(open(data / "dataset_info.json"))
+    write_json(str(data / "dataset_info.json"), dict(info, class_names=[None, "b", "c", "d"]))
+    lines = []
+    with pytest.raises(UsageError, match="class_names"):
+        evaluate(str(run), data_dir=str(data), log=lines.append)
+    assert lines == []
+
+
+@pytest.mark.fast
+def test_class_names_that_are_numbers_stand_as_text(monkeypatch):
+    from tfgpu.data import spec
+    from tfgpu.train import use
+
+    fake = type("Spec", (), {"data_dir": "/data"})()
+    monkeypatch.setattr(spec, "class_names", lambda _: [7, 2.5, "cat"])
+    assert use.class_names(fake) == ["7", "2.5", "cat"]
+    monkeypatch.setattr(spec, "class_names", lambda _: ["cat", ["x"]])
+    with pytest.raises(DataError, match=r"class_names\[1\]=\['x'\] is not a name"):
+        use.class_names(fake)

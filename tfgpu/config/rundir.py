@@ -1,0 +1,217 @@
+"""A run's folder as the settings see it: its config.json read back (``stored_settings``), a
+folder that is not a tfgpu run refused (``read_run``), and the settings of a restart
+(``restart_values``): a run started again with ``--model_dir`` alone resumes with its own
+settings; the flags given again may change only ``MAY_CHANGE`` (and where the work runs).
+
+Plain data in, plain data out: ``tfgpu.main`` passes the flags' values and the names of those
+the user set (absl's ``present``); nothing here reads flags. No TensorFlow here.
+"""
+
+import math
+import os
+
+from tfgpu.config import SETTINGS
+from tfgpu.files import read_json
+from tfgpu.settings import ConfigError
+
+CONFIG_FILE = "config.json"
+
+# What a restart may change against the run's checkpoints: how long it trains, how often it
+# logs, evaluates and saves, what it keeps and exports at the end, and where the input work
+# runs. None of these changes what one update does. Besides these: every setting that may
+# differ between the machines of one run (paths, threads: ``per_node``), and the spreading
+# section (strategy, devices, timeouts), which each start takes from its own command line.
+MAY_CHANGE = (
+    "train_steps",
+    "epochs",
+    "steps_per_loop",
+    "log_every_steps",
+    "log_every_s",
+    "eval_every_steps",
+    "eval_every_epochs",
+    "eval_batch_size",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "keep_best",
+    "best_metric",
+    "early_stop_patience",
+    "sidecar_eval",
+    "export",
+    "export_best",
+    "profile_steps",
+    "profile_all_workers",
+    "max_skipped_updates",
+    "preprocess_on",
+    "resize_on",
+    "cache_eval",
+)
+LAUNCH_SECTION = "dist"  # never read back from config.json: each start says how it spreads
+
+# What tfgpu itself puts into a --model_dir (``train.results``, ``runlock``, ``best``,
+# ``watch``, tfgpu-ray), plus its temporary names: a folder holding anything else and no
+# config.json is not a tfgpu run.
+RUN_ENTRIES = frozenset(
+    {
+        CONFIG_FILE,
+        ".tfgpu.lock",
+        "checkpoints",
+        "tensorboard",
+        "metrics.jsonl",
+        "summary.csv",
+        "summary.json",
+        "sidecar.json",
+        "final.weights.h5",
+        "export",
+        "best",
+        "ray",
+    }
+)
+_LEGACY = {"dct_scaled_decode": {True: "on", False: "off"}}  # once a bool
+_INT_BOUND = 2**63
+
+
+def stored_settings(values: dict, where: str) -> dict:
+    """The settings of a config.json's object ``values`` ({flag name: value}), each of its
+    setting's type (an int for an int, a finite number for a float, a string without NUL);
+    keys that are no setting (``num_replicas``, a newer tfgpu's) are left out. A value of
+    another type raises a ConfigError naming ``where`` (the file) and the key."""
+    out = {}
+    for key, value in values.items():
+        s = SETTINGS.get(key)
+        if s is None:
+            continue
+        value = _LEGACY.get(key, {}).get(value, value) if isinstance(value, bool) else value
+        if not _fits(value, s.default):
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise ConfigError(f"{where}: {key}={shown} is not {_kind(s.default)}")
+        out[key] = float(value) if isinstance(s.default, float) else value
+    if "augment_policy" not in out:  # before the policies: RandAugment's old meanings
+        out = {k: v for k, v in out.items() if not k.startswith("randaugment_")}
+    return out
+
+
+def _fits(value, default) -> bool:
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if isinstance(default, int):
+        return isinstance(value, int) and abs(value) < _INT_BOUND
+    if isinstance(default, float):
+        if isinstance(value, int):
+            return abs(value) < _INT_BOUND
+        return isinstance(value, float) and math.isfinite(value)
+    return isinstance(value, str) and "\0" not in value
+
+
+def _kind(default) -> str:
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, int):
+        return "an integer"
+    return "a finite number" if isinstance(default, float) else "a string"
+
+
+def read_run(model_dir: str) -> dict | None:
+    """The settings stored in ``model_dir``'s config.json (``stored_settings``); None when
+    there is none: no such folder, an empty one, or one holding only tfgpu's own files. A
+    folder that holds something else, a config.json that is not a tfgpu run's, or a
+    ``model_dir`` that is not a folder raises a ConfigError in one line: a run must never
+    write into it."""
+    path = os.path.expanduser(model_dir)
+    if "://" in path or not os.path.lexists(path):
+        return None  # a URI (tfgpu-ray's storage): not looked into here
+    if not os.path.isdir(path):
+        raise ConfigError(f"--model_dir={model_dir} is not a folder")
+    config_path = os.path.join(path, CONFIG_FILE)
+    try:
+        values = read_json(config_path)
+    except ValueError as err:
+        raise ConfigError(f"--model_dir={model_dir}: {err}") from None
+    if not values:
+        foreign = sorted(e for e in _entries(path) if not _ours(e))
+        if foreign:
+            raise ConfigError(
+                f"--model_dir={model_dir} holds files that are not a tfgpu run's (e.g. "
+                f"{foreign[0]!r}) and no config.json: choose an empty or new folder"
+            )
+        return None
+    if not {"model", "global_batch_size"} <= set(values):
+        raise ConfigError(
+            f"--model_dir={model_dir}: its config.json is not a tfgpu run's (no model and "
+            "global_batch_size): choose an empty or new folder"
+        )
+    return stored_settings(values, config_path)
+
+
+def _entries(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError as err:
+        raise ConfigError(f"--model_dir={path} cannot be listed: {err.strerror}") from None
+
+
+def _ours(name: str) -> bool:
+    return name in RUN_ENTRIES or name.startswith(".write-test-") or name.endswith(".tmp")
+
+
+def has_checkpoint(model_dir: str) -> bool:
+    """True when ``model_dir/checkpoints`` holds a checkpoint (its index file)."""
+    folder = os.path.join(os.path.expanduser(model_dir), "checkpoints")
+    try:
+        return any(n.startswith("ckpt-") and n.endswith(".index") for n in os.listdir(folder))
+    except OSError:
+        return False
+
+
+def restart_values(stored: dict, given: dict, present, resuming: bool, where: str = "") -> dict:
+    """The settings ({flag name: value}) of a run started again in the folder ``where``, whose
+    config.json holds ``stored`` (``stored_settings``). ``given``: every flag's value on this
+    command line (its default when not set), ``present``: the names the user set.
+
+    The run's own settings, but the spreading section and ``model_dir`` (this command's),
+    settings the run predates (``given``), and the flags set (``present``). When ``resuming``
+    (its checkpoints are read back), a set flag outside ``MAY_CHANGE`` and the per-node
+    settings that differs from the stored value raises a ConfigError naming the flag and
+    both values."""
+    values = {}
+    for name, s in SETTINGS.items():
+        if s.section == LAUNCH_SECTION or name == "model_dir" or name not in stored:
+            values[name] = given[name]
+        elif name in present:
+            if resuming and not may_change(name) and not _same(given[name], stored[name]):
+                raise ConfigError(contradiction(name, given[name], stored[name], where))
+            values[name] = given[name]
+        else:
+            values[name] = stored[name]
+    return values
+
+
+def may_change(name: str) -> bool:
+    """True when a restart may set ``name`` to another value than its run's (``MAY_CHANGE``,
+    per-node settings, the spreading section)."""
+    s = SETTINGS[name]
+    return name in MAY_CHANGE or s.per_node or s.section == LAUNCH_SECTION
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return not isinstance(a, bool) and not isinstance(b, bool) and float(a) == float(b)
+    return a == b
+
+
+def contradiction(name: str, given, stored, where: str) -> str:
+    """The one line of a flag that contradicts the run's checkpoints."""
+    return (
+        f"--{name}={_shown(given)} contradicts the run in {where or 'its --model_dir'}, whose "
+        f"checkpoints were made with --{name}={_shown(stored)} (its config.json): leave the "
+        "flag out to resume with the run's own settings, or start a new run in another "
+        "--model_dir"
+    )
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if value != "" else '""'
