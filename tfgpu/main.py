@@ -19,6 +19,7 @@ the reference. Guides, one per topic: docs/ (README.md has the map).
 
 import datetime
 import os
+import sys
 
 from absl import app, flags, logging
 
@@ -27,6 +28,7 @@ from tfgpu.train import faults, watch
 from tfgpu.config import validate
 from tfgpu.distribute import env
 from tfgpu.errors import ConfigError, run_command
+from tfgpu.files import check_flagfiles
 from tfgpu.config.flags import KEY_FLAGS, config_from_flags, define_flags
 
 define_flags()
@@ -93,6 +95,11 @@ def _train() -> None:
 
 def run():
     """Console-script entry point (``tfgpu-train``)."""
+    # absl reads --flagfile itself: a FIFO there would hang it, bytes that are not UTF-8
+    # would end in a traceback. One line instead.
+    code = run_command(check_flagfiles, sys.argv, prog="tfgpu")
+    if code:
+        sys.exit(code)
     app.run(main)
 
 

@@ -26,6 +26,7 @@ from tfgpu.convert.items import (
     Source,
 )
 from tfgpu.errors import run_command
+from tfgpu.files import check_flagfiles
 from tfgpu.recordformat import INFO_FILE
 
 # Own FlagValues: the converter's flags must not clash with tfgpu.main's in one process.
@@ -280,6 +281,7 @@ def main(argv: list) -> int:
 def _convert(argv: list) -> int:
     try:
         FLAGS.unparse_flags()  # main may run more than once in a process (tests)
+        check_flagfiles(argv)  # absl would hang on a FIFO, or fail on bytes, with a traceback
         FLAGS(argv)
         start = time.perf_counter()
         info = convert_from_flags(FLAGS)

@@ -158,12 +158,15 @@ def _read_file(path: str, max_file_mb: int = DEFAULT_MAX_FILE_MB) -> bytes:
     try:
         # Non-blocking: opening a FIFO for reading would wait for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            os.close(fd)
+            raise BadImage(
+                not_regular_reason(info.st_mode)
+                if not stat.S_ISREG(info.st_mode)
+                else _too_many_bytes(info.st_size, max_file_mb)
+            )
         with os.fdopen(fd, "rb") as f:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise BadImage(not_regular_reason(info.st_mode))
-            if info.st_size > limit:
-                raise BadImage(_too_many_bytes(info.st_size, max_file_mb))
             data = f.read(limit + 1)  # the file may grow while it is read
     except OSError as err:
         raise BadImage(f"cannot read: {err.strerror or err}") from None
