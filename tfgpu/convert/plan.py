@@ -192,15 +192,15 @@ def _run_pool(jobs, output_dir, options, num_workers, bar) -> dict:
             try:
                 kind, name, pid, value = done.get(timeout=0.25)
             except queue.Empty:
-                _check_alive(procs, writing)
+                pass
             else:
                 writing[pid] = name if kind == "start" else None
-                if kind == "start":
-                    continue
-                in_flight -= 1
                 if kind == "error":
                     raise ConvertError(f"writing {name} failed: {value}")
-                results[name] = value
+                if kind == "done":
+                    in_flight -= 1
+                    results[name] = value
+            _check_alive(procs, writing)  # workers leave only when told to, after the loop
             bar.update(counter.value - bar.n)
         for _ in procs:
             tasks.put(None)

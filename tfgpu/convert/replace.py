@@ -16,6 +16,7 @@ import ctypes
 import os
 import re
 import shutil
+import stat
 
 from tfgpu.convert.items import ConvertError
 from tfgpu.recordformat import INFO_FILE
@@ -34,8 +35,12 @@ def is_own(name: str) -> bool:
 
 
 def has_finished(output_dir: str) -> bool:
-    """True when ``output_dir`` holds a finished dataset (its info file is written last)."""
-    return os.path.isfile(os.path.join(output_dir, INFO_FILE))
+    """True when ``output_dir`` holds a finished dataset: its info file (written last), a
+    regular file, not a symlink someone planted under that name."""
+    try:
+        return stat.S_ISREG(os.lstat(os.path.join(output_dir, INFO_FILE)).st_mode)
+    except OSError:
+        return False
 
 
 def staging_dir(output_dir: str) -> str:
