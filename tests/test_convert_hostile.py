@@ -254,6 +254,17 @@ def test_overwrite_that_fails_keeps_the_old_dataset_then_resumes(tmp_path, monke
 
 
 @pytest.mark.fast
+def test_overwrite_swaps_by_two_renames_where_there_is_no_exchange(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _write(out, _items(4))
+    (out / "notes.md").write_text("mine")
+    monkeypatch.setattr(replace, "_exchange", lambda a, b: False)
+    assert _write(out, _items(6), overwrite=True)["num_examples"] == {"train": 6}
+    assert _counts(out) == {"train": 6} and sorted(os.listdir(tmp_path)) == ["out"]
+    assert (out / "notes.md").read_text() == "mine"
+
+
+@pytest.mark.fast
 def test_overwrite_falls_back_to_file_by_file_when_the_folder_cannot_move(tmp_path, monkeypatch):
     """A mount point (or an unwritable parent) cannot be renamed: the new files move in one by
     one, the info file last."""
