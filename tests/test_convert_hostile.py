@@ -360,3 +360,19 @@ def test_listing_special_files_reads_nothing(tmp_path):
     ]
     with pytest.raises(BadImage, match="FIFO"):  # opened non-blocking: no writer needed
         worker.encode_image(str(tmp_path / "in" / "a" / "fifo.png"))
+
+
+@pytest.mark.fast
+def test_a_fifo_as_input_or_labels_file_is_one_line(tmp_path, capsys):
+    """Neither h5py's nor LMDB's sniffing, nor the labels file's read, may open a FIFO (an
+    alarm fails a regression that would block)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    signal.alarm(30)
+    try:
+        assert cli.main(["x", f"--input={fifo}", f"--output_dir={tmp_path / 'o'}"]) == 2
+        assert "is not a regular file (expected a folder, an HDF5" in capsys.readouterr().err
+        with pytest.raises(ConvertError, match="--lmdb_labels_file=.*fifo: not a regular file"):
+            lmdb_input.read_labels_file(str(fifo))
+    finally:
+        signal.alarm(0)

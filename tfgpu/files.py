@@ -76,7 +76,7 @@ def check_flagfiles(argv: list) -> None:
         if len(seen) > MAX_FLAGFILES:
             raise UsageError(f"--flagfile={name}: more than {MAX_FLAGFILES} flagfiles in all")
         try:
-            text = _read_flagfile(path)
+            text = read_text(path, MAX_FLAGFILE_BYTES)
         except ValueError as err:
             raise UsageError(f"--flagfile={name}: {err}") from None
         for line in text.splitlines():
@@ -100,19 +100,20 @@ def _flagfile_named(arg: str):
     return None
 
 
-def _read_flagfile(path: str) -> str:
-    """The text of a flagfile; ValueError saying why it is not one."""
+def read_text(path: str, max_bytes: int) -> str:
+    """The UTF-8 text of the regular file ``path``; ValueError saying why it is not that (a
+    FIFO or a device is refused unread: one would block, the other never end)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as err:
-        raise ValueError(f"cannot open: {err.strerror}") from None
+        raise ValueError(f"cannot read: {err.strerror}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ValueError("not a regular file")
     with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_FLAGFILE_BYTES + 1)
-    if len(data) > MAX_FLAGFILE_BYTES:
-        raise ValueError(f"larger than {MAX_FLAGFILE_BYTES >> 20} MB, not a flagfile")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"larger than {max_bytes >> 20} MB")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -235,6 +235,11 @@ def open_source(f) -> Source:
         return folders.folder_source(path, f.validation_fraction, f.seed)
     if not os.path.exists(path):
         raise ConvertError(f"--input={f.input} does not exist")
+    if not os.path.isfile(path):  # h5py would block on a FIFO
+        raise ConvertError(
+            f"--input={f.input} is not a regular file (expected a folder, an HDF5 file or an "
+            "LMDB database)"
+        )
     import h5py
 
     if not h5py.is_hdf5(path):

@@ -26,6 +26,7 @@ from tfgpu.convert.items import (
     Source,
     stratified_split,
 )
+from tfgpu.files import read_text
 
 LABEL_SUFFIX = b".label"  # the key beside an image that holds its label
 _SUFFIX = LABEL_SUFFIX.decode()
@@ -33,6 +34,7 @@ LAYOUTS = ("auto", "datum", "encoded")
 CHANNEL_ORDERS = ("bgr", "rgb")
 _LMDB_MAGIC = b"\xde\xc0\xef\xbe"  # MDB_MAGIC 0xBEEFC0DE, little-endian, in the first meta page
 _SAMPLE = 8  # values inspected to tell the layout
+_MAX_LABELS_FILE_BYTES = 4 << 30  # ~100 million 'key,label' lines
 _INT = re.compile(r"\d+")
 _LINE = re.compile(r"(.+?)\s*[,\t ]\s*([^,\t ]+)")  # key (may hold spaces), separator, label
 _PICKLE_HINT = (
@@ -47,8 +49,10 @@ def is_lmdb(path: str) -> bool:
     (told by its name or by the LMDB magic number of its first page)."""
     if os.path.isdir(path):
         return os.path.isfile(os.path.join(path, "data.mdb"))
+    if not os.path.isfile(path):  # a FIFO or a device is no database (and would block)
+        return False
     if os.path.basename(path) == "data.mdb":
-        return os.path.isfile(path)
+        return True
     try:
         with open(path, "rb") as f:
             head = f.read(20)
@@ -289,12 +293,9 @@ def read_labels_file(path: str) -> dict:
     """key -> label text from a JSON object, or from lines ``key,label`` / ``key label`` /
     ``key<TAB>label`` (the label is the last field; blank and ``#`` lines are ignored)."""
     try:
-        with open(os.path.expanduser(path), encoding="utf-8") as f:
-            text = f.read()
-    except OSError as err:
-        raise ConvertError(f"--lmdb_labels_file={path}: cannot read: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConvertError(f"--lmdb_labels_file={path} is not UTF-8 text") from None
+        text = read_text(os.path.expanduser(path), _MAX_LABELS_FILE_BYTES)
+    except ValueError as err:
+        raise ConvertError(f"--lmdb_labels_file={path}: {err}") from None
     if text.lstrip().startswith("{"):
         return _json_labels(text, path)
     table = {}
