@@ -6,7 +6,8 @@
   python tools/to_tfrecord.py --input=train_lmdb --output_dir=out  # Caffe Datum records
 
 Run again after an interruption with the same flags: finished shards are kept. Exit status:
-0 done, 2 bad input or flags (one line on stderr), 130 interrupted.
+0 done, 2 bad input or flags (one line on stderr), 5 a worker process died (one line: run
+again), 130 interrupted. Inputs that are not regular files, or over the caps, are skipped by name.
 """
 
 import os
