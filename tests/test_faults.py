@@ -219,6 +219,7 @@ def test_dataset_info_that_disagrees_with_the_shards_is_named(small_dataset, tmp
     info_path = os.path.join(data, "dataset_info.json")
     info = json.load(open(info_path))
     info["splits"]["train"]["shards"][1]["num_examples"] += 3
+    info["splits"]["train"]["num_examples"] += 3  # the file adds up; the shard on disk does not
     json.dump(info, open(info_path, "w"))
     with pytest.raises(DataError, match=r"train-00001-of-00004.tfrecord holds \d+ records but"):
         load_data_spec(data)

@@ -132,8 +132,75 @@ def read_json(path: str) -> dict:
             value = json.load(f)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # nesting too deep for the parser
         raise ValueError(f"{path} is not readable JSON: {err}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path} holds JSON but not an object")
     return value
+
+
+MAX_FLAGFILE_BYTES = 1 << 20  # recipes are a few hundred bytes
+MAX_FLAGFILES = 64  # files read through --flagfile, nested ones included
+
+
+def check_flagfiles(argv: list) -> None:
+    """Reads ahead every ``--flagfile`` of ``argv`` (and the ones they name) the way absl will,
+    and raises UsageError (one line naming it) for one absl would hang on or fail on with a
+    traceback: not a regular file (a FIFO blocks for ever, /dev/zero never ends), over
+    MAX_FLAGFILE_BYTES, not UTF-8, including itself under another spelling (absl recurses
+    until Python's stack runs out), or more than MAX_FLAGFILES of them in all."""
+    from tfgpu.errors import UsageError
+
+    seen: list = []
+
+    def visit(name: str, stack: tuple) -> None:
+        path = os.path.expanduser(name)
+        real = os.path.realpath(path) if path else ""
+        if real in stack:
+            return  # absl names and skips a file including itself under the same spelling
+        seen.append(real)
+        if len(seen) > MAX_FLAGFILES:
+            raise UsageError(f"--flagfile={name}: more than {MAX_FLAGFILES} flagfiles in all")
+        try:
+            text = read_text(path, MAX_FLAGFILE_BYTES)
+        except ValueError as err:
+            raise UsageError(f"--flagfile={name}: {err}") from None
+        for line in text.splitlines():
+            nested = _flagfile_named(line.strip())
+            if nested is not None:
+                visit(nested, stack + (real,))
+
+    for i, arg in enumerate(argv[1:], 1):
+        name = _flagfile_named(arg)
+        if name is None and arg in ("--flagfile", "-flagfile") and i + 1 < len(argv):
+            name = argv[i + 1]
+        if name:
+            visit(name, ())
+
+
+def _flagfile_named(arg: str):
+    """The file ``--flagfile=FILE`` (or ``-flagfile=FILE``) names, else None."""
+    for prefix in ("--flagfile=", "-flagfile="):
+        if arg.startswith(prefix):
+            return arg[len(prefix) :]
+    return None
+
+
+def read_text(path: str, max_bytes: int) -> str:
+    """The UTF-8 text of the regular file ``path``; ValueError saying why it is not that (a
+    FIFO or a device is refused unread: one would block, the other never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as err:
+        raise ValueError(f"cannot read: {err.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError("not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"larger than {max_bytes >> 20} MB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"not UTF-8 text (byte {err.start})") from None

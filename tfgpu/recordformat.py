@@ -162,3 +162,26 @@ def scan_shard(path: str) -> tuple[int, int]:
             f.seek(end)
             offset, count = end, count + 1
     return count, -1
+
+
+def damaged_at(path: str, offset: int) -> bool:
+    """True when the record of the local TFRecord file ``path`` that starts at byte
+    ``offset``, or whose data does (TensorFlow reports either), fails a CRC or is cut short:
+    what TensorFlow's reader calls a "corrupted record at <offset>" without naming the file.
+    Walks the record headers from the start (one small read per record), so an offset that
+    falls inside some record's data is never mistaken for a record."""
+    size = os.path.getsize(path)
+    position = 0
+    with open(path, "rb") as f:
+        while position <= offset and position < size:
+            f.seek(position)
+            header = f.read(HEADER_BYTES)
+            whole = len(header) == HEADER_BYTES and masked_crc(header[:8]) == header[8:]
+            length = struct.unpack("<Q", header[:8])[0] if whole else 0
+            end = position + HEADER_BYTES + length + FOOTER_BYTES
+            if offset in (position, position + HEADER_BYTES):
+                return not whole or end > size or masked_crc(f.read(length)) != f.read(4)
+            if not whole:
+                return False  # broken before ``offset``: not the record TensorFlow means
+            position = end
+    return False

@@ -4,6 +4,7 @@
   inputs/     where images come from (folders, HDF5, tensorflow-datasets, LMDB)
   items.py    what an input lists (Item, LazySplit, Source) and the converter's errors
   plan.py     deals items into shards, runs the workers, writes dataset_info.json last
+  replace.py  --overwrite: the new dataset written beside the old one, swapped in when complete
   worker.py   encodes images and writes one whole shard (records serialized by hand)
   verify.py   --verify: re-reads the output as the trainer does (the only part using TF)
 

@@ -6,20 +6,28 @@
   python tools/to_tfrecord.py --input=train_lmdb --output_dir=out  # Caffe Datum records
 
 Run again after an interruption with the same flags: finished shards are kept. Exit status:
-0 done, 2 bad input or flags (one line on stderr), 130 interrupted.
+0 done, 2 bad input or flags (one line on stderr), 5 a worker process died (one line: run
+again), 130 interrupted. Inputs that are not regular files, or over the caps, are skipped by name.
 """
 
 import os
 import re
 import sys
 import time
+from collections import Counter
 
 from absl import flags
 
 from tfgpu.convert import plan, verify
 from tfgpu.convert.inputs import folders, hdf5, lmdb_input, tfds_input
-from tfgpu.convert.items import ConvertError, Source
+from tfgpu.convert.items import (
+    DEFAULT_MAX_FILE_MB,
+    DEFAULT_MAX_MEGAPIXELS,
+    ConvertError,
+    Source,
+)
 from tfgpu.errors import run_command
+from tfgpu.files import check_flagfiles
 from tfgpu.recordformat import INFO_FILE
 
 # Own FlagValues: the converter's flags must not clash with tfgpu.main's in one process.
@@ -125,10 +133,25 @@ _FLAGS = [
         "Shrink images whose longer side exceeds this (0 = keep sizes).",
     ),
     (
+        flags.DEFINE_integer,
+        "max_file_mb",
+        DEFAULT_MAX_FILE_MB,
+        "Skip (by name, with the reason) input files larger than this many MB, unread.",
+    ),
+    (
+        flags.DEFINE_integer,
+        "max_megapixels",
+        DEFAULT_MAX_MEGAPIXELS,
+        "Skip images of more than this many million pixels, undecoded (their header says): "
+        "a decompression bomb, a few kB that decode to GBs, is skipped by name.",
+    ),
+    (
         flags.DEFINE_bool,
         "overwrite",
         False,
-        "Replace a finished or different conversion in --output_dir.",
+        "Replace a finished or different conversion in --output_dir. A finished dataset is "
+        "replaced only once the new one is complete (written beside it, then swapped in): an "
+        "interrupted run leaves it as it was.",
     ),
     (
         flags.DEFINE_bool,
@@ -155,6 +178,8 @@ def _check_flags(f) -> None:
         ("num_workers", f.num_workers >= 0, ">= 0"),
         ("jpeg_quality", 1 <= f.jpeg_quality <= 100, "in 1..100"),
         ("max_side", f.max_side >= 0, ">= 0"),
+        ("max_file_mb", f.max_file_mb > 0, "> 0"),
+        ("max_megapixels", f.max_megapixels > 0, "> 0"),
         ("lmdb_layout", f.lmdb_layout in lmdb_input.LAYOUTS, "auto, datum or encoded"),
         ("lmdb_channel_order", f.lmdb_channel_order in lmdb_input.CHANNEL_ORDERS, "bgr or rgb"),
     ]
@@ -162,8 +187,8 @@ def _check_flags(f) -> None:
         if not ok:
             raise ConvertError(f"--{name}={getattr(f, name)}: expected {expected}")
     if f.input:
-        inside = os.path.realpath(f.output_dir) + os.sep
-        if inside.startswith(os.path.realpath(f.input) + os.sep):
+        inside = os.path.realpath(os.path.expanduser(f.output_dir)) + os.sep
+        if inside.startswith(os.path.realpath(os.path.expanduser(f.input)) + os.sep):
             raise ConvertError(f"--output_dir={f.output_dir} is inside --input={f.input}")
     _check_lmdb_flags(f)
 
@@ -194,14 +219,15 @@ def _check_lmdb_flags(f) -> None:
 def open_source(f) -> Source:
     """The Source the flags name."""
     if f.tfds_name:
-        return tfds_input.tfds_source(f.tfds_name, f.tfds_data_dir, f.validation_fraction)
+        data_dir = os.path.expanduser(f.tfds_data_dir)
+        return tfds_input.tfds_source(f.tfds_name, data_dir, f.validation_fraction)
     path = os.path.expanduser(f.input)
     if lmdb_input.is_lmdb(path):
         return lmdb_input.lmdb_source(
             path,
             f.lmdb_layout,
             f.lmdb_label_regex,
-            f.lmdb_labels_file,
+            os.path.expanduser(f.lmdb_labels_file),
             f.lmdb_channel_order,
             f.validation_fraction,
             f.seed,
@@ -210,6 +236,11 @@ def open_source(f) -> Source:
         return folders.folder_source(path, f.validation_fraction, f.seed)
     if not os.path.exists(path):
         raise ConvertError(f"--input={f.input} does not exist")
+    if not os.path.isfile(path):  # h5py would block on a FIFO
+        raise ConvertError(
+            f"--input={f.input} is not a regular file (expected a folder, an HDF5 file or an "
+            "LMDB database)"
+        )
     import h5py
 
     if not h5py.is_hdf5(path):
@@ -240,6 +271,8 @@ def convert_from_flags(f) -> dict:
         jpeg_quality=f.jpeg_quality,
         lossless=f.lossless,
         max_side=f.max_side,
+        max_file_mb=f.max_file_mb,
+        max_megapixels=f.max_megapixels,
     )
 
 
@@ -254,6 +287,7 @@ def main(argv: list) -> int:
 def _convert(argv: list) -> int:
     try:
         FLAGS.unparse_flags()  # main may run more than once in a process (tests)
+        check_flagfiles(argv)  # absl would hang on a FIFO, or fail on bytes, with a traceback
         FLAGS(argv)
         start = time.perf_counter()
         info = convert_from_flags(FLAGS)
@@ -267,10 +301,21 @@ def _convert(argv: list) -> int:
     shards = sum(len(v["shards"]) for v in info["splits"].values())
     print(
         f"to_tfrecord: wrote {counts} images in {shards} shards to {FLAGS.output_dir} in "
-        f"{seconds:.1f} s; skipped {info['num_skipped']} inputs (reasons in {INFO_FILE})"
+        f"{seconds:.1f} s; skipped {info['num_skipped']} inputs{skip_summary(info)}"
         + ("; verified: every record decodes" if FLAGS.verify else "")
     )
     return 0
+
+
+def skip_summary(info: dict) -> str:
+    """ " (2 not a regular file, 1 cannot decode; reasons in dataset_info.json)": the skipped
+    inputs of ``info`` counted by the kind of reason (its words before any ':' or '(')."""
+    kinds = Counter(
+        re.split(r"[:(]", s["reason"], maxsplit=1)[0].strip()
+        for s in info["skipped"] + [s for v in info["splits"].values() for s in v["skipped"]]
+    )
+    listed = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
+    return f" ({listed}; reasons in {INFO_FILE})" if listed else ""
 
 
 def run() -> None:

@@ -5,6 +5,7 @@ by range; ``plan.py`` deals them into shards; ``worker.py`` encodes them. No Ten
 """
 
 import random
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -13,8 +14,30 @@ import numpy as np
 from tfgpu.errors import ConvertError  # noqa: F401  (what the converter's modules raise)
 
 
+# A larger class index is an image number or an ID caught by mistake, and class names
+# "0".."top" for it would fill memory (``range(10**12)``): both converter inputs refuse it.
+MAX_CLASSES = 100_000
+# The caps' defaults (``--max_file_mb``, ``--max_megapixels``): far above any photo or scan a
+# classifier trains on, far below what fills a worker's memory.
+DEFAULT_MAX_FILE_MB = 256
+DEFAULT_MAX_MEGAPIXELS = 100
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+}
+
+
 class BadImage(ValueError):
     """An input that cannot become a record; the message is the reason recorded."""
+
+
+def not_regular_reason(mode: int) -> str:
+    """The skip reason of a file whose ``st_mode`` is not a regular file's."""
+    return f"not a regular file: {_KINDS.get(stat.S_IFMT(mode), 'a special file')}"
 
 
 @dataclass(frozen=True)
@@ -41,6 +64,8 @@ class EncodeOptions:
     jpeg_quality: int = 95
     lossless: bool = False
     max_side: int = 0
+    max_file_mb: int = DEFAULT_MAX_FILE_MB  # larger files are skipped unread
+    max_megapixels: int = DEFAULT_MAX_MEGAPIXELS  # larger images are skipped undecoded
 
 
 @dataclass(frozen=True)

@@ -17,18 +17,16 @@ import multiprocessing
 import os
 import queue
 import random
-import re
+import signal
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from tfgpu.convert.items import ConvertError, EncodeOptions, Item, LazySplit
-from tfgpu.convert.worker import display_name, done_marker, init_worker, write_shard
+from tfgpu.convert.replace import PLAN_FILE, has_finished, is_own, staging_dir, swap_in
+from tfgpu.convert.worker import display_name, done_marker, serve, write_shard
+from tfgpu.errors import WorkerLost
 from tfgpu.files import read_json, write_json
 from tfgpu.recordformat import INFO_FILE, SCHEMA_VERSION
-
-PLAN_FILE = ".to_tfrecord-plan.json"
-# Everything a conversion may leave in --output_dir; --overwrite removes these and only these.
-_OWN_FILE = re.compile(r"^\.?[\w.]+-\d{5}-of-\d{5}\.tfrecord(\.tmp|\.json|\.json\.tmp)?$")
 
 
 @dataclass(frozen=True)
@@ -111,7 +109,7 @@ def prepare_output(output_dir: str, fingerprint: str, overwrite: bool) -> None:
         names = os.listdir(output_dir)
     except OSError as err:
         raise ConvertError(f"--output_dir={output_dir}: {err.strerror or err}") from None
-    own = [n for n in names if _OWN_FILE.match(n) or n.split(".tmp")[0] in (INFO_FILE, PLAN_FILE)]
+    own = [n for n in names if is_own(n)]
     if own and not overwrite:
         if INFO_FILE in names:
             raise ConvertError(
@@ -168,41 +166,81 @@ def run_jobs(
 
 
 def _run_pool(jobs, output_dir, options, num_workers, bar) -> dict:
+    """Writes the jobs' shards in ``num_workers`` processes. A worker that dies (killed by
+    the out-of-memory killer, say) stops the conversion with one line naming the shard it was
+    writing: its shard would otherwise never come, and a pool that silently replaces it waits
+    for ever. Finished shards are kept for the next run."""
     # forkserver: workers start from a fresh, small process (no TensorFlow, no threads),
     # whatever the parent has loaded.
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["tfgpu.convert.worker"])
     counter = ctx.Value("q", 0)
-    done: queue.Queue = queue.Queue()
-    results, todo, in_flight = {}, iter(jobs), 0
-    pool = ctx.Pool(num_workers, init_worker, (counter,))
+    tasks, done = ctx.Queue(), ctx.Queue()
+    args = (tasks, done, counter, output_dir, options)
+    procs = [ctx.Process(target=serve, args=args, daemon=True) for _ in range(num_workers)]
+    results, writing, todo, in_flight, finished = {}, {}, iter(jobs), 0, False
     try:
+        for proc in procs:
+            proc.start()
         while True:
             # Bounded: a lazy split's images are loaded only a few shards ahead.
             while in_flight < 2 * num_workers and (job := next(todo, None)) is not None:
-                pool.apply_async(
-                    write_shard,
-                    (output_dir, job.name, _job_items(job), options),
-                    callback=done.put,
-                    error_callback=lambda err, name=job.name: done.put((name, err)),
-                )
+                tasks.put((job.name, _job_items(job)))
                 in_flight += 1
             if not in_flight:
                 break
             try:
-                result = done.get(timeout=0.25)
-                in_flight -= 1
-                if isinstance(result, tuple):
-                    raise ConvertError(f"writing {result[0]} failed: {result[1]}")
-                results[result["file"]] = result
+                kind, name, pid, value = done.get(timeout=0.25)
             except queue.Empty:
                 pass
+            else:
+                writing[pid] = name if kind == "start" else None
+                if kind == "error":
+                    raise ConvertError(f"writing {name} failed: {value}")
+                if kind == "done":
+                    in_flight -= 1
+                    results[name] = value
+            _check_alive(procs, writing)  # workers leave only when told to, after the loop
             bar.update(counter.value - bar.n)
-        pool.close()
+        for _ in procs:
+            tasks.put(None)
+        finished = True
     finally:
-        pool.terminate()  # on error or Ctrl-C; the .tmp shards left are rewritten next run
-        pool.join()
+        # On error or Ctrl-C, workers are stopped; the .tmp shards left are rewritten next run.
+        _stop(procs, tasks, wait_s=5 if finished else 0)
     return results
+
+
+def _check_alive(procs: list, writing: dict) -> None:
+    """Raises WorkerLost when a worker process has ended before it was told to."""
+    for proc in procs:
+        if proc.exitcode is None:
+            continue
+        code = proc.exitcode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        if -code in signal.valid_signals():
+            how = f"was killed by {signal.Signals(-code).name}"
+        shard = writing.get(proc.pid)
+        raise WorkerLost(
+            f"a worker process (pid {proc.pid}) {how}"
+            + (f" while writing {shard}" if shard else "")
+            + "; the out-of-memory killer does this: lower --num_workers or --max_megapixels,"
+            " then run the same command again (finished shards are kept)"
+        )
+
+
+def _stop(procs: list, tasks, wait_s: float) -> None:
+    """Ends the worker processes: each may finish within ``wait_s``, then is terminated."""
+    tasks.cancel_join_thread()  # never wait to flush work nobody will take
+    for proc in procs:
+        if proc.pid is not None:
+            proc.join(timeout=wait_s)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
 
 
 def write_dataset(
@@ -223,13 +261,35 @@ def write_dataset(
     ``splits`` maps a split name to a list of Items or a LazySplit; ``num_shards`` gives
     each split's shard count; ``skipped`` lists inputs the source itself rejected.
     ``encode_options`` are EncodeOptions' fields. Shards that an interrupted run with the
-    same inputs and options completed are kept; ConvertError explains any refusal.
+    same inputs and options completed are kept; ConvertError explains any refusal. With
+    ``overwrite``, a finished dataset in ``output_dir`` is replaced only once the new one is
+    complete (``replace.py``).
     """
     options = EncodeOptions(**encode_options)
     jobs = [
         j for name, items in splits.items() for j in plan_split(items, name, num_shards[name], seed)
     ]
-    prepare_output(output_dir, plan_fingerprint(jobs, options, source), overwrite)
+    fingerprint = plan_fingerprint(jobs, options, source)
+    if overwrite and has_finished(output_dir):
+        staging = staging_dir(output_dir)
+        resume = _own_json(os.path.join(staging, PLAN_FILE)).get("fingerprint") == fingerprint
+        prepare_output(staging, fingerprint, overwrite=not resume)
+        info = _write_shards_and_info(
+            staging, jobs, class_names, source, skipped, options, seed, num_workers, progress
+        )
+        swap_in(staging, output_dir)
+        return info
+    prepare_output(output_dir, fingerprint, overwrite)
+    return _write_shards_and_info(
+        output_dir, jobs, class_names, source, skipped, options, seed, num_workers, progress
+    )
+
+
+def _write_shards_and_info(
+    output_dir, jobs, class_names, source, skipped, options, seed, num_workers, progress
+) -> dict:
+    """Writes the shards not finished yet, then the info file; returns the info."""
+    splits = list(dict.fromkeys(j.split for j in jobs))
     results = {j.name: r for j in jobs if (r := _finished(output_dir, j.name))}
     todo = [j for j in jobs if j.name not in results]
     results.update(run_jobs(todo, output_dir, options, num_workers, progress))

@@ -7,41 +7,67 @@ framed by ``tfgpu/recordformat.py``, which needs no TensorFlow either.
 
 import io
 import os
+import re
+import stat
 from collections.abc import Iterator
+from dataclasses import asdict
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from tfgpu.convert.items import ArrayRow, BadImage, EncodeOptions
+from tfgpu.convert.items import (
+    DEFAULT_MAX_FILE_MB,
+    DEFAULT_MAX_MEGAPIXELS,
+    ArrayRow,
+    BadImage,
+    EncodeOptions,
+    not_regular_reason,
+)
 from tfgpu.files import open_new, write_json
 from tfgpu.recordformat import encode_example, short_side_bucket, write_record
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
-_H5_CHUNK = 64  # rows read from HDF5 at once: one read per chunk, memory stays small
+_H5_READ_BYTES = 64 << 20  # HDF5 rows are read this many bytes' worth at a time (one read)
+_H5_MAX_ROWS = 64  # ... and at most this many rows: small images need no bigger reads
+_MB = 1 << 20
 
 
 # --- images ---------------------------------------------------------------------------------
 
 
-def encode_image(source, jpeg_quality: int = 95, lossless: bool = False, max_side: int = 0):
+def encode_image(
+    source,
+    jpeg_quality: int = 95,
+    lossless: bool = False,
+    max_side: int = 0,
+    max_file_mb: int = DEFAULT_MAX_FILE_MB,
+    max_megapixels: int = DEFAULT_MAX_MEGAPIXELS,
+):
     """Returns ``(encoded, format, height, width)`` for one image, or raises BadImage.
 
     ``source`` is encoded bytes, a uint8 array or a file path. RGB JPEGs that need no
     resizing pass through byte for byte once they decode; anything else (PNG, grayscale,
-    CMYK, alpha, BMP, GIF, arrays) becomes RGB JPEG, or PNG if ``lossless``.
+    CMYK, alpha, BMP, GIF, arrays) becomes RGB JPEG, or PNG if ``lossless``. A file that is
+    not a regular one, or holds more than ``max_file_mb`` MB, is not read; an image of more
+    than ``max_megapixels`` million pixels is not decoded (its header says its size).
     """
-    data = _read_file(source) if isinstance(source, str) else source
+    max_pixels = max_megapixels * 1_000_000
+    # PIL refuses images over twice its own limit, whatever ours is: ours is the one.
+    Image.MAX_IMAGE_PIXELS = max_pixels
+    data = _read_file(source, max_file_mb) if isinstance(source, str) else source
     if isinstance(data, np.ndarray):
-        image = _from_array(data)
+        image = _from_array(data, max_pixels)
     elif not data:
         raise BadImage("empty file")
+    elif len(data) > max_file_mb * _MB:
+        raise BadImage(_too_many_bytes(len(data), max_file_mb))
     elif data[:3] == _JPEG_MAGIC:
-        mode, height, width = _verify_jpeg(data)
+        mode, height, width = _verify_jpeg(data, max_pixels)
         if mode == "RGB" and not _too_big((width, height), max_side):
             return bytes(data), "JPEG", height, width
-        image = _decode(data)  # grayscale, CMYK or too big: re-encoded below
+        image = _decode(data, max_pixels)  # grayscale, CMYK or too big: re-encoded below
     else:
-        image = _decode(data)
+        image = _decode(data, max_pixels)
     try:
         return _reencode(image, jpeg_quality, lossless, max_side)
     except Exception as err:  # noqa: BLE001 - an odd mode PIL cannot convert: skip, go on
@@ -60,7 +86,42 @@ def _reencode(image: Image.Image, jpeg_quality: int, lossless: bool, max_side: i
     return out.getvalue(), "PNG" if lossless else "JPEG", image.height, image.width
 
 
-def _verify_jpeg(data: bytes) -> tuple[str, int, int]:
+def _open(data: bytes, max_pixels: int) -> Image.Image:
+    """The image ``data`` holds, its header read (nothing decoded yet); BadImage when it is
+    not one, or when it has more than ``max_pixels`` pixels (a decompression bomb: a few kB
+    of PNG can claim 100,000 x 100,000 pixels, 30 GB once decoded)."""
+    try:
+        image = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise BadImage("not an image (unknown format)") from None
+    except Image.DecompressionBombError as err:  # PIL's own check, at twice our cap
+        claimed = re.search(r"\((\d+) pixels\)", str(err))
+        raise BadImage(_too_many_pixels(claimed and int(claimed[1]), max_pixels)) from None
+    except Exception as err:  # noqa: BLE001 - PIL raises many types for bad data
+        raise BadImage(f"cannot decode: {err}") from None
+    width, height = image.size
+    if width * height > max_pixels:
+        raise BadImage(_too_many_pixels((width, height), max_pixels))
+    return image
+
+
+def _too_many_pixels(size, max_pixels: int) -> str:
+    """The skip reason of an image of ``size``: (width, height), a pixel count or None."""
+    if isinstance(size, tuple):
+        what = f"{size[0]}x{size[1]} pixels"
+    else:
+        what = f"{size} pixels" if size else "more pixels than PIL allows"
+    return (
+        f"image too large: {what}, over --max_megapixels={max_pixels // 1_000_000} "
+        "(a decompression bomb?)"
+    )
+
+
+def _too_many_bytes(size: int, max_file_mb: int) -> str:
+    return f"file too large: {size / _MB:.1f} MB, over --max_file_mb={max_file_mb}"
+
+
+def _verify_jpeg(data: bytes, max_pixels: int) -> tuple[str, int, int]:
     """(mode, height, width) of a JPEG that decodes; raises BadImage otherwise.
 
     It decodes at 1/8 scale (libjpeg's DCT scaling): the entropy decoder still walks every
@@ -69,39 +130,52 @@ def _verify_jpeg(data: bytes) -> tuple[str, int, int]:
     coefficients, are skipped. That makes the check ~40% cheaper than a full decode
     (0.60 against 0.95-1.0 CPU ms on 350-500 px JPEGs) and catches the same files (tests).
     """
+    image = _open(data, max_pixels)
     try:
-        image = Image.open(io.BytesIO(data))
         mode, (width, height) = image.mode, image.size
         image.draft(mode, (max(1, width // 8), max(1, height // 8)))
         image.load()
-    except UnidentifiedImageError:
-        raise BadImage("not an image (unknown format)") from None
     except Exception as err:  # noqa: BLE001 - PIL raises many types for bad data
         raise BadImage(f"cannot decode: {err}") from None
     return mode, height, width
 
 
-def _decode(data: bytes) -> Image.Image:
+def _decode(data: bytes, max_pixels: int) -> Image.Image:
     """A fully decoded image, or BadImage with the reason."""
+    image = _open(data, max_pixels)
     try:
-        image = Image.open(io.BytesIO(data))
         image.load()  # decodes fully: truncated or corrupt data fails here
         return image
-    except UnidentifiedImageError:
-        raise BadImage("not an image (unknown format)") from None
     except Exception as err:  # noqa: BLE001 - PIL raises many types for bad data
         raise BadImage(f"cannot decode: {err}") from None
 
 
-def _read_file(path: str) -> bytes:
+def _read_file(path: str, max_file_mb: int = DEFAULT_MAX_FILE_MB) -> bytes:
+    """The bytes of the regular file ``path``; BadImage for anything else (a FIFO would block
+    for ever, /dev/zero never ends) and for a file over ``max_file_mb`` MB. Checked on the
+    open file, whatever the listing saw: the entry may have been replaced since."""
+    limit = max_file_mb * _MB
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        # Non-blocking: opening a FIFO for reading would wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            os.close(fd)
+            raise BadImage(
+                not_regular_reason(info.st_mode)
+                if not stat.S_ISREG(info.st_mode)
+                else _too_many_bytes(info.st_size, max_file_mb)
+            )
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(limit + 1)  # the file may grow while it is read
     except OSError as err:
         raise BadImage(f"cannot read: {err.strerror or err}") from None
+    if len(data) > limit:
+        raise BadImage(_too_many_bytes(len(data), max_file_mb))
+    return data
 
 
-def _from_array(array: np.ndarray) -> Image.Image:
+def _from_array(array: np.ndarray, max_pixels: int) -> Image.Image:
     if (
         array.dtype != np.uint8
         or array.ndim not in (2, 3)
@@ -111,6 +185,8 @@ def _from_array(array: np.ndarray) -> Image.Image:
         raise BadImage(
             f"expected a uint8 HxW or HxWxC (C=1,3,4) array, got {array.dtype} {array.shape}"
         )
+    if array.shape[0] * array.shape[1] > max_pixels:
+        raise BadImage(_too_many_pixels(array.shape[1::-1], max_pixels))
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[:, :, 0]
     return Image.fromarray(np.ascontiguousarray(array))
@@ -152,8 +228,25 @@ def init_worker(progress) -> None:
     _progress = progress
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # PIL warns about odd metadata (EXIF, ICC) of images that decode fine; in N workers
-    # those lines would bury the progress bar. Undecodable images are reported anyway.
+    # those lines would bury the progress bar. Undecodable images are reported anyway, and
+    # images over --max_megapixels (PIL's bomb warning) are skipped by name.
     warnings.simplefilter("ignore")
+
+
+def serve(tasks, results, progress, output_dir: str, options: EncodeOptions) -> None:
+    """A worker process's loop: takes ``(name, items)`` from ``tasks`` until None, writes each
+    shard, and puts ``("start", name, pid, None)`` before it and ``("done", name, pid,
+    counts)`` or ``("error", name, pid, why)`` after it on ``results``, so the parent knows
+    which shard a worker that dies (the out-of-memory killer) was writing."""
+    init_worker(progress)
+    pid = os.getpid()
+    while (task := tasks.get()) is not None:
+        name, items = task
+        results.put(("start", name, pid, None))
+        try:
+            results.put(("done", name, pid, write_shard(output_dir, name, items, options)))
+        except Exception as err:  # noqa: BLE001 - reported by the parent in one line
+            results.put(("error", name, pid, f"{type(err).__name__}: {err}"))
 
 
 def display_name(name: str) -> str:
@@ -177,13 +270,11 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
     path = os.path.join(output_dir, name)
     count, per_class, skipped, sides = 0, {}, [], {}
     with open_new(path + ".tmp") as f:
-        for item, data in _load(items):
+        for item, data in _load(items, options):
             try:
                 if isinstance(data, BadImage):
                     raise data
-                encoded, fmt, height, width = encode_image(
-                    data, options.jpeg_quality, options.lossless, options.max_side
-                )
+                encoded, fmt, height, width = encode_image(data, **asdict(options))
             except BadImage as err:
                 skipped.append({"file": display_name(item.filename), "reason": str(err)})
             else:
@@ -211,19 +302,23 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
     return result
 
 
-def _load(items: list) -> Iterator[tuple]:
+def _load(items: list, options: EncodeOptions) -> Iterator[tuple]:
     """Yields ``(item, data)``: bytes or an array to encode, or the BadImage it raised.
 
-    HDF5 rows are read ``_H5_CHUNK`` at a time with one sorted read per chunk.
+    HDF5 rows are read a chunk at a time (one sorted read per chunk), the chunk's rows
+    chosen from the row size so that a read holds about ``_H5_READ_BYTES``; a row over the
+    pixel cap is not read at all.
     """
-    for start in range(0, len(items), _H5_CHUNK):
-        chunk = items[start : start + _H5_CHUNK]
-        rows = _read_rows([it.source for it in chunk if isinstance(it.source, ArrayRow)])
+    start = 0
+    while start < len(items):
+        chunk = items[start : start + _rows_per_read(items[start].source)]
+        start += len(chunk)
+        rows = _read_rows([it.source for it in chunk if isinstance(it.source, ArrayRow)], options)
         for item in chunk:
             source = item.source
             try:
                 if isinstance(source, str):
-                    yield item, _read_file(source)
+                    yield item, _read_file(source, options.max_file_mb)
                 elif isinstance(source, ArrayRow):
                     yield item, rows[source]
                 else:
@@ -232,17 +327,37 @@ def _load(items: list) -> Iterator[tuple]:
                 yield item, err
 
 
-def _read_rows(refs: list) -> dict:
-    if not refs:
-        return {}
+def _h5_dataset(row: ArrayRow):
     import h5py
 
+    if row.path not in _h5_files:
+        _h5_files[row.path] = h5py.File(row.path, "r")
+    return _h5_files[row.path][row.key]
+
+
+def _row_bytes(dataset) -> int:
+    return int(np.prod(dataset.shape[1:], dtype=object)) * dataset.dtype.itemsize
+
+
+def _rows_per_read(source) -> int:
+    """How many items to take at once: as many HDF5 rows as fit ``_H5_READ_BYTES``."""
+    if not isinstance(source, ArrayRow):
+        return _H5_MAX_ROWS
+    return max(1, min(_H5_MAX_ROWS, _H5_READ_BYTES // max(1, _row_bytes(_h5_dataset(source)))))
+
+
+def _read_rows(refs: list, options: EncodeOptions) -> dict:
+    """{ArrayRow: uint8 array, or the BadImage of a row that is not read}."""
     out = {}
     for path, key in {(r.path, r.key) for r in refs}:
-        if path not in _h5_files:
-            _h5_files[path] = h5py.File(path, "r")
+        dataset = _h5_dataset(ArrayRow(path, key, 0))
         wanted = sorted({r.index for r in refs if r.path == path and r.key == key})
-        block = _h5_files[path][key][wanted]  # h5py needs increasing indices
+        height, width = dataset.shape[1:3]
+        if height * width > options.max_megapixels * 1_000_000:
+            bad = BadImage(_too_many_pixels((width, height), options.max_megapixels * 1_000_000))
+            out.update({ArrayRow(path, key, i): bad for i in wanted})
+            continue
+        block = dataset[wanted]  # h5py needs increasing indices
         for index, row in zip(wanted, block):
             out[ArrayRow(path, key, index)] = row
     return out

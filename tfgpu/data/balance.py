@@ -18,12 +18,17 @@ class the same share, 0 the natural frequencies.
 
 import math
 import os
+import re
 
 import numpy as np
 
+from tfgpu.data.info import read_info
 from tfgpu.errors import ConfigError
 from tfgpu.files import read_json
 from tfgpu.recordformat import INFO_FILE
+
+
+_INDEX = re.compile(r"\s*[0-9]{1,18}\s*")  # a class index as a key (ASCII digits: int() takes it)
 
 
 def train_class_counts(data_dir: str, num_classes: int) -> np.ndarray | None:
@@ -31,8 +36,7 @@ def train_class_counts(data_dir: str, num_classes: int) -> np.ndarray | None:
     dataset_info.json lists them (``splits.train.per_class``, by class name, in the order of
     ``class_names``); None when it holds no such counts (no info file, or one another tool
     wrote without them)."""
-    path = os.path.join(data_dir, INFO_FILE) if data_dir else ""
-    info = read_json(path) if path and os.path.isfile(path) else {}
+    info = read_info(data_dir) if data_dir and os.path.isdir(data_dir) else {}
     per_class = info.get("splits", {}).get("train", {}).get("per_class")
     names = info.get("class_names", [])
     if not isinstance(per_class, dict) or len(names) != num_classes:
@@ -70,7 +74,7 @@ def weights_from_file(path: str, class_names: list[str]) -> np.ndarray:
     seen: dict[int, str] = {}
     for key, value in given.items():
         c = index.get(key)
-        if c is None and key.strip().isdigit() and int(key) < len(class_names):
+        if c is None and _INDEX.fullmatch(key) and int(key) < len(class_names):
             c = int(key)
         if c is None:
             raise ConfigError(

@@ -7,13 +7,20 @@ that runs only then (so it costs nothing per whole record). Records are known by
 ``origin``: the index of their file in ``files`` (upper 32 bits) and their index in it.
 """
 
+import os
+import re
 import sys
 import threading
 
 import tensorflow as tf
 
+from tfgpu.errors import DataError
+from tfgpu.recordformat import damaged_at
+
 _LOCK = threading.Lock()
 _SEEN: dict = {}  # (file, index) -> reason, in the order met
+_SHARDS: set = set()  # the shards datasets of this process list, to name a damaged one
+_DATA_LOSS = re.compile(r"(corrupted|truncated) record at (\d+)")
 REASON = "not a whole image (cut short, or not an image)"
 
 
@@ -70,3 +77,33 @@ def forget() -> None:
     """Starts a new run's list (runs in one process: tests)."""
     with _LOCK:
         _SEEN.clear()
+
+
+def reading(files) -> None:
+    """Remembers ``files`` as shards this process reads (``load_data_spec`` lists them)."""
+    with _LOCK:
+        _SHARDS.update(files)
+
+
+def data_loss_error(err) -> DataError | None:
+    """The one-line DataError for TensorFlow's DataLossError of a record that fails its
+    checksum, naming the shard and the byte (TensorFlow names neither file nor split), or
+    None for a DataLossError of something else. Such a record is not skipped: TensorFlow's
+    reader cannot go past it in its file, so skipping would silently drop the shard's rest.
+    The shards are searched only now, on the way out: reading costs nothing per record."""
+    found = _DATA_LOSS.search(getattr(err, "message", "") or str(err))
+    if not found:
+        return None
+    offset = int(found[2])
+    with _LOCK:
+        shards = sorted(_SHARDS)
+    for path in shards:
+        if "://" not in path and os.path.isfile(path) and damaged_at(path, offset):
+            return DataError(
+                f"{path}: the record at byte {offset} is {found[1]} (it fails its checksum: the "
+                "file is damaged); re-copy or re-convert it"
+            )
+    return DataError(
+        f"a shard holds a {found[1]} record at byte {offset} (it fails its checksum; TensorFlow "
+        "does not say which file): re-copy or re-convert the dataset"
+    )

@@ -13,7 +13,8 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfgpu.errors import DataError
-from tfgpu.files import read_json
+from tfgpu.data import broken
+from tfgpu.data.info import read_info
 from tfgpu.recordformat import INFO_FILE, parse_example, scan_shard
 from tfgpu.schema import tfds_keys
 
@@ -92,13 +93,6 @@ def _split_files(data_dir: str, info: dict, split: str) -> tuple:
     return tuple(sorted(tf.io.gfile.glob(os.path.join(data_dir, f"{split}-*"))))
 
 
-def _read_info(data_dir: str) -> dict:
-    try:
-        return read_json(os.path.join(data_dir, INFO_FILE))
-    except ValueError as err:
-        raise DataError(str(err)) from None
-
-
 def load_data_spec(
     data_dir: str, num_classes: int = 0, label_offset: int = -1, skip_truncated: bool = False
 ) -> DataSpec:
@@ -110,7 +104,7 @@ def load_data_spec(
     """
     if not os.path.isdir(data_dir):
         raise DataError(f"--data_dir={data_dir} is not a directory")
-    info = _read_info(data_dir)
+    info = read_info(data_dir)
     train = _split_files(data_dir, info, "train")
     evaluation = _split_files(data_dir, info, "validation")
     if not train:
@@ -121,6 +115,7 @@ def load_data_spec(
     if classes <= 0:
         raise DataError(f"--data_dir={data_dir} has no {INFO_FILE}: set --num_classes")
     check_shards(train + evaluation, skip_truncated, _shard_counts(info))
+    broken.reading(train + evaluation)
     counts = {k: v.get("num_examples", 0) for k, v in info.get("splits", {}).items()}
     spec = DataSpec(
         data_dir=data_dir,
@@ -260,8 +255,9 @@ def split_spec(spec: DataSpec, split: str) -> DataSpec:
     elif spec.parser is not None or not spec.data_dir:
         raise DataError(f"--split={split}: only train and validation of this dataset are known")
     else:
-        info = _read_info(spec.data_dir)
+        info = read_info(spec.data_dir)
         files = _split_files(spec.data_dir, info, split)
+        broken.reading(files)
         count = info.get("splits", {}).get(split, {}).get("num_examples", 0)
         count = count or count_records(files)
         sides = _short_sides(info, split)
@@ -272,7 +268,7 @@ def split_spec(spec: DataSpec, split: str) -> DataSpec:
 
 def class_names(spec: DataSpec) -> list[str]:
     """The dataset's class names (dataset_info.json), else "0", "1", ..."""
-    info = _read_info(spec.data_dir) if spec.data_dir and os.path.isdir(spec.data_dir) else {}
+    info = read_info(spec.data_dir) if spec.data_dir and os.path.isdir(spec.data_dir) else {}
     names = list(info.get("class_names", []))
     return names if len(names) == spec.num_classes else [str(i) for i in range(spec.num_classes)]
 

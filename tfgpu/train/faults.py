@@ -203,6 +203,10 @@ def translate(err: Exception):
         return None
     from tfgpu.data.spec import LABEL_ERROR
 
+    if isinstance(err, tf.errors.DataLossError):  # a damaged shard: named, exit 2
+        from tfgpu.data.broken import data_loss_error
+
+        return data_loss_error(err)
     if isinstance(err, tf.errors.InvalidArgumentError):
         if LABEL_ERROR not in err.message:
             return None  # not a label: keep TensorFlow's full error

@@ -89,7 +89,7 @@ def datum_image(value, bgr: bool):
     if not len(data):
         what = "float_data only (float pixels, not uint8)" if datum["float_data"] else "no pixels"
         raise BadImage(f"Caffe Datum with {what}")
-    if int(np.prod(shape)) != len(data):
+    if shape[0] * shape[1] * shape[2] != len(data):  # Python ints: varints reach 2**64
         raise BadImage(
             f"corrupt value: Datum data holds {len(data)} bytes, not channels x height x width "
             f"= {shape[0]}x{shape[1]}x{shape[2]}"

@@ -3,7 +3,7 @@
 import os
 import random
 
-from tfgpu.convert.items import ConvertError, Item, Source, split_items
+from tfgpu.convert.items import ConvertError, Item, Source, not_regular_reason, split_items
 
 _SPLIT_DIRS = {"train": ("train",), "validation": ("validation", "val")}
 _SIZE_SAMPLE = 1000  # files stat-ed to estimate a split's size for --shard_size_mb
@@ -62,12 +62,27 @@ def _list_dir(path: str, skipped: list, root: str) -> tuple[list, list]:
             continue  # .DS_Store, .git, editors' temp files: never data
         if entry.is_dir(follow_symlinks=False):
             folders.append(entry.name)
-        elif entry.is_symlink() and entry.is_dir():
-            rel = os.path.relpath(entry.path, root)
-            skipped.append({"file": rel, "reason": "symlink to a folder, not followed"})
-        else:
+        elif entry.is_file():  # a regular file, or a symlink to one
             files.append(entry.name)
+        else:
+            rel = os.path.relpath(entry.path, root)
+            skipped.append({"file": rel, "reason": _not_a_file(entry)})
     return sorted(folders), sorted(files)
+
+
+def _not_a_file(entry: os.DirEntry) -> str:
+    """Why an entry that is neither a folder nor a regular file is skipped: a FIFO would
+    block the reader for ever, a link to /dev/zero would fill its memory."""
+    if entry.is_symlink() and entry.is_dir():
+        return "symlink to a folder, not followed"
+    try:
+        mode = entry.stat().st_mode  # follows a symlink: what it points to
+    except OSError as err:
+        return f"cannot read: {err.strerror}" + (
+            " (a broken symlink)" if entry.is_symlink() else ""
+        )
+    reason = not_regular_reason(mode)
+    return f"{reason} (through a symlink)" if entry.is_symlink() else reason
 
 
 def _class_items(top: str, classes: list, root: str, skipped: list) -> list:

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from tfgpu.convert.items import ArrayRow, ConvertError, Item, Source, split_items
+from tfgpu.convert.items import MAX_CLASSES, ArrayRow, ConvertError, Item, Source, split_items
 
 
 def hdf5_source(
@@ -31,6 +31,11 @@ def hdf5_source(
     low = min(int(labels.min(initial=0)) for _, labels, _ in arrays.values())
     if low < 0:
         raise ConvertError(f"--hdf5_labels={labels_key} in {path} holds negative labels")
+    if top >= MAX_CLASSES and not names:
+        raise ConvertError(
+            f"--hdf5_labels={labels_key} in {path} holds label {top}: expected class indices "
+            f"below {MAX_CLASSES} (or a class_names attribute naming every class)"
+        )
     names = names or [str(i) for i in range(top + 1)]
     if top >= len(names):
         raise ConvertError(f"{path}: label {top} but only {len(names)} class_names")
@@ -73,13 +78,16 @@ def _h5_arrays(f, prefix: str, images_key: str, labels_key: str, path: str) -> t
         labels.dtype.kind not in "iu"
         or labels.ndim not in (1, 2)
         or labels.shape[0] != images.shape[0]
+        or labels.ndim == 2
+        and not labels.shape[1]
     ):
         raise ConvertError(
             f"--hdf5_labels={labels_key}: {path} holds {labels.dtype} {labels.shape}, "
             f"expected {images.shape[0]} integer labels"
         )
-    values = np.asarray(labels[...], dtype=np.int64).reshape(images.shape[0], -1)[:, 0]
-    return prefix + images_key, values, int(np.prod(images.shape[1:]))
+    # A label per row: the first column of an (N, k) dataset, read alone.
+    values = np.asarray(labels[:, 0] if labels.ndim == 2 else labels[...], dtype=np.int64)
+    return prefix + images_key, values, int(np.prod(images.shape[1:], dtype=object))
 
 
 def _h5_class_names(f, labels_name: str) -> list:

@@ -7,6 +7,7 @@ never its pixels), splits them, and reads values a shard's range at a time (``La
 Pickled values are refused, never unpickled: unpickling runs whatever code the data names.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,7 +17,16 @@ from functools import partial
 
 
 from tfgpu.convert.inputs.caffe_datum import datum_image, datum_label, is_pickle, value_kind
-from tfgpu.convert.items import BadImage, ConvertError, Item, LazySplit, Source, stratified_split
+from tfgpu.convert.items import (
+    MAX_CLASSES,
+    BadImage,
+    ConvertError,
+    Item,
+    LazySplit,
+    Source,
+    stratified_split,
+)
+from tfgpu.files import read_text
 
 LABEL_SUFFIX = b".label"  # the key beside an image that holds its label
 _SUFFIX = LABEL_SUFFIX.decode()
@@ -24,7 +34,7 @@ LAYOUTS = ("auto", "datum", "encoded")
 CHANNEL_ORDERS = ("bgr", "rgb")
 _LMDB_MAGIC = b"\xde\xc0\xef\xbe"  # MDB_MAGIC 0xBEEFC0DE, little-endian, in the first meta page
 _SAMPLE = 8  # values inspected to tell the layout
-_MAX_CLASSES = 100_000  # a larger class index is an image number caught by a wrong regex
+_MAX_LABELS_FILE_BYTES = 4 << 30  # ~100 million 'key,label' lines
 _INT = re.compile(r"\d+")
 _LINE = re.compile(r"(.+?)\s*[,\t ]\s*([^,\t ]+)")  # key (may hold spaces), separator, label
 _PICKLE_HINT = (
@@ -39,8 +49,10 @@ def is_lmdb(path: str) -> bool:
     (told by its name or by the LMDB magic number of its first page)."""
     if os.path.isdir(path):
         return os.path.isfile(os.path.join(path, "data.mdb"))
+    if not os.path.isfile(path):  # a FIFO or a device is no database (and would block)
+        return False
     if os.path.basename(path) == "data.mdb":
-        return os.path.isfile(path)
+        return True
     try:
         with open(path, "rb") as f:
             head = f.read(20)
@@ -67,6 +79,33 @@ def lmdb_source(
     """
     path = os.path.abspath(path)
     env = _open(path)
+    with _database_errors(path):
+        keys, label_keys, sample, layout, labels, skipped, labelled_by = _survey(
+            env, path, layout, label_regex, labels_file
+        )
+    class_names, index = _class_names(labels, labelled_by)
+    entries = [(i, index[label]) for i, label in enumerate(labels) if label is not None]
+    orders = _split_orders(entries, validation_fraction, seed)
+    if "train" not in orders:
+        raise ConvertError(f"--input={path}: --validation_fraction leaves no training images")
+    read = partial(_read_range, env, path, keys, layout, channel_order == "bgr")
+    splits = {s: LazySplit(len(order), partial(read, order)) for s, order in orders.items()}
+    # Only for --shard_size_mb: raw pixels shrink about 8-fold as JPEG (a guess, as for HDF5).
+    with _database_errors(path):
+        used = _used_bytes(env)
+    used //= 8 if any(k == "datum-raw" for _, _, k in sample) else 1
+    sizes = {s: used * len(order) // len(keys) for s, order in orders.items()}
+    what = "Caffe Datum records" if layout == "datum" else "encoded images"
+    description = (  # the listing's hash: a changed database is another conversion, not a resume
+        f"LMDB {path} ({what}, labels from {labelled_by}; {len(keys)} keys, "
+        f"listing {_digest(keys, orders)})"
+    )
+    return Source(description, class_names, splits, sizes, skipped)
+
+
+def _survey(env, path, layout, label_regex, labels_file) -> tuple:
+    """(image keys, label keys, sampled values, layout, labels, skipped, where the labels come
+    from): everything listed before the splits."""
     keys, label_keys = _list_keys(env)
     if not keys:
         raise ConvertError(
@@ -81,25 +120,26 @@ def lmdb_source(
     )
     if not any(label is not None for label in labels):
         raise ConvertError(_no_labels_message(path, keys, skipped, labelled_by))
-    class_names, index = _class_names(labels, labelled_by)
-    entries = [(i, index[label]) for i, label in enumerate(labels) if label is not None]
-    orders = _split_orders(entries, validation_fraction, seed)
-    if "train" not in orders:
-        raise ConvertError(f"--input={path}: --validation_fraction leaves no training images")
-    read = partial(_read_range, env, keys, layout, channel_order == "bgr")
-    splits = {s: LazySplit(len(order), partial(read, order)) for s, order in orders.items()}
-    # Only for --shard_size_mb: raw pixels shrink about 8-fold as JPEG (a guess, as for HDF5).
-    used = _used_bytes(env) // (8 if any(k == "datum-raw" for _, _, k in sample) else 1)
-    sizes = {s: used * len(order) // len(keys) for s, order in orders.items()}
-    what = "Caffe Datum records" if layout == "datum" else "encoded images"
-    description = (  # the listing's hash: a changed database is another conversion, not a resume
-        f"LMDB {path} ({what}, labels from {labelled_by}; {len(keys)} keys, "
-        f"listing {_digest(keys, orders)})"
-    )
-    return Source(description, class_names, splits, sizes, skipped)
+    return keys, label_keys, sample, layout, labels, skipped, labelled_by
 
 
 # --- the database ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _database_errors(path: str):
+    """Turns an error of the database itself (a damaged page, a file cut short, a read that
+    fails) into one line naming it: what it held cannot be trusted past that point, so the
+    conversion stops there (finished shards are kept)."""
+    import lmdb
+
+    try:
+        yield
+    except lmdb.Error as err:
+        raise ConvertError(
+            f"--input={path}: the LMDB database fails while being read ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else 'no detail'}); check or re-copy it"
+        ) from None
 
 
 def _open(path: str):
@@ -253,12 +293,9 @@ def read_labels_file(path: str) -> dict:
     """key -> label text from a JSON object, or from lines ``key,label`` / ``key label`` /
     ``key<TAB>label`` (the label is the last field; blank and ``#`` lines are ignored)."""
     try:
-        with open(os.path.expanduser(path), encoding="utf-8") as f:
-            text = f.read()
-    except OSError as err:
-        raise ConvertError(f"--lmdb_labels_file={path}: cannot read: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConvertError(f"--lmdb_labels_file={path} is not UTF-8 text") from None
+        text = read_text(os.path.expanduser(path), _MAX_LABELS_FILE_BYTES)
+    except ValueError as err:
+        raise ConvertError(f"--lmdb_labels_file={path}: {err}") from None
     if text.lstrip().startswith("{"):
         return _json_labels(text, path)
     table = {}
@@ -297,10 +334,10 @@ def _class_names(labels: list, source: str) -> tuple[list, dict]:
     if all(isinstance(v, int) or _INT.fullmatch(v) for v in values):
         index = {v: int(v) for v in values}
         top = max(index.values())
-        if top >= _MAX_CLASSES:
+        if top >= MAX_CLASSES:
             raise ConvertError(
                 f"labels from {source} reach {top}: expected class indices below "
-                f"{_MAX_CLASSES} or class names (does the pattern catch an image number?)"
+                f"{MAX_CLASSES} or class names (does the pattern catch an image number?)"
             )
         return [str(i) for i in range(top + 1)], index
     names = sorted(str(v) for v in values)
@@ -333,12 +370,13 @@ def _split_orders(entries: list, validation_fraction: float, seed: int) -> dict:
     return {s: order for s, order in (("train", train), ("validation", validation)) if order}
 
 
-def _read_range(env, keys: list, layout: str, bgr: bool, order: list, start: int, end: int):
+def _read_range(env, path, keys, layout: str, bgr: bool, order: list, start: int, end: int):
     """The Items of ``order[start:end]``, read in key order in one read transaction; a value
     that cannot be an image becomes an Item whose source is its BadImage, which the worker
-    records as skipped (so a resumed run records it too)."""
+    records as skipped (so a resumed run records it too); the database failing is a
+    ConvertError."""
     items = []
-    with env.begin() as txn:
+    with _database_errors(path), env.begin() as txn:
         for i, label in sorted(order[start:end]):
             source = _image_source(txn.get(keys[i]), layout, bgr)
             items.append(Item(source, label, key_name(keys[i])))
