@@ -7,6 +7,8 @@ import contextlib
 import io
 import json
 import os
+import subprocess
+import sys
 import shutil
 import tempfile
 
@@ -329,3 +331,21 @@ def test_flagfiles_that_absl_would_hang_on_are_refused(flag_dir, tmp_path):
     fan.write_text(f"--flagfile={tmp_path}/f0\n")
     with pytest.raises(UsageError, match=f"more than {MAX_FLAGFILES} flagfiles"):
         check_flagfiles(["prog", f"--flagfile={fan}"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "module", ["tfgpu.main", "tfgpu.evaluate", "tfgpu.predict", "tfgpu.launch"]
+)
+def test_every_command_refuses_a_fifo_flagfile_in_one_line(tmp_path, module):
+    """absl itself would block on the FIFO for ever: the timeout fails a regression."""
+    os.mkfifo(tmp_path / "fifo")
+    out = subprocess.run(
+        [sys.executable, "-m", module, f"--flagfile={tmp_path}/fifo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "not a regular file" in out.stderr and "Traceback" not in out.stderr, out.stderr

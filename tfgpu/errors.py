@@ -127,3 +127,17 @@ def op_error_cause(err: BaseException) -> str:
         return reason
     words = [w for w in text.split() if "_temp" not in w and ".tempstate" not in w]
     return " ".join(words).strip(" ;:") or type(err).__name__
+
+
+def run_app(main, prog: str) -> None:
+    """absl's ``app.run(main)`` for a command called ``prog``, after reading ahead the
+    ``--flagfile``s absl will read: absl would hang on a FIFO there and end in a traceback on
+    bytes that are not UTF-8; this exits with one line instead (files.check_flagfiles)."""
+    from absl import app
+
+    from tfgpu.files import check_flagfiles
+
+    code = run_command(check_flagfiles, sys.argv, prog=prog)
+    if code:
+        sys.exit(code)
+    app.run(main)

@@ -19,7 +19,7 @@ import sys
 from absl import app, flags
 
 from tfgpu.train import use, watch
-from tfgpu.errors import UsageError, run_command
+from tfgpu.errors import UsageError, run_app, run_command
 from tfgpu.files import check_output, shown, write_json
 
 FLAGS = flags.FLAGS
@@ -197,7 +197,7 @@ def run():
     define_flags()
     define_own_flags()
     watch.define_flags()
-    app.run(main)
+    run_app(main, prog="tfgpu-evaluate")
 
 
 if __name__ == "__main__":

@@ -18,10 +18,10 @@ import sys
 import threading
 import time
 
-from absl import app, flags
+from absl import flags
 
 from tfgpu.distribute.env import free_ports
-from tfgpu.errors import run_command
+from tfgpu.errors import run_app, run_command
 
 flags.DEFINE_integer("num_workers", 2, "Worker processes to start on this machine.")
 flags.DEFINE_string("host", "localhost", "Address the workers listen on.")
@@ -122,7 +122,7 @@ def _launch(argv) -> int:
 
 def run():
     """Console-script entry point (``tfgpu-launch``)."""
-    app.run(main)
+    run_app(main, prog="tfgpu.launch")
 
 
 if __name__ == "__main__":

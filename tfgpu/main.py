@@ -21,7 +21,6 @@ the reference. Guides, one per topic: docs/ (README.md has the map).
 
 import datetime
 import os
-import sys
 
 from absl import app, flags, logging
 
@@ -29,9 +28,8 @@ from tfgpu import demo, startup
 from tfgpu.train import faults, watch
 from tfgpu.config import config_from, rundir, validate
 from tfgpu.distribute import env
-from tfgpu.errors import ConfigError, run_command
+from tfgpu.errors import ConfigError, run_app, run_command
 from tfgpu.config.flags import KEY_FLAGS, define_flags, given_flags
-from tfgpu.files import check_flagfiles
 
 define_flags()
 watch.define_flags(switch=False)  # a TF_CONFIG evaluator task runs the side-car evaluator
@@ -109,12 +107,7 @@ def _train() -> None:
 
 def run():
     """Console-script entry point (``tfgpu-train``)."""
-    # absl reads --flagfile itself: a FIFO there would hang it, bytes that are not UTF-8
-    # would end in a traceback. One line instead.
-    code = run_command(check_flagfiles, sys.argv, prog="tfgpu")
-    if code:
-        sys.exit(code)
-    app.run(main)
+    run_app(main, prog="tfgpu")
 
 
 if __name__ == "__main__":

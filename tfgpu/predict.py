@@ -22,10 +22,10 @@ import io
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from tfgpu.train import use
-from tfgpu.errors import UsageError, run_command
+from tfgpu.errors import UsageError, run_app, run_command
 from tfgpu.files import check_output, replacing, shown, write_bytes_to_stdout
 
 FLAGS = flags.FLAGS
@@ -268,7 +268,7 @@ def _command(inputs) -> None:
 def run():
     """Console-script entry point (``tfgpu-predict``)."""
     define_flags()
-    app.run(main)
+    run_app(main, prog="tfgpu-predict")
 
 
 if __name__ == "__main__":
