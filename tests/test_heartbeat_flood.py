@@ -6,38 +6,17 @@ messages included) is shown by tests/test_hangs.py's frozen-worker scenario."""
 
 import os
 import re
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
-from procs import Output, kill_tree, popen
+from procs import Output, kill_tree, popen, start_flood
 
 from tfgpu import launch, train
 from tfgpu.config import config_from, validate
 
-FLOOD = os.path.join(os.path.dirname(__file__), "flood.py")
 TIMEOUT = 240
-
-
-def start_flood(output: Output, timeout: float = 120) -> subprocess.Popen:
-    """Once the chief has said where the heartbeats listen, a flooder aimed at those ports."""
-    found = wait_for(output, r"listening: heartbeats on UDP ([\d.:, ]+) \(", timeout)
-    ports = [address.rsplit(":", 1)[1] for address in found.group(1).split(", ")]
-    return subprocess.Popen(
-        [sys.executable, FLOOD, *ports], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-
-
-def wait_for(output: Output, pattern: str, timeout: float):
-    """The first match of ``pattern`` in ``output`` (waits for it, bounded)."""
-    deadline = time.time() + timeout
-    while not re.search(pattern, output.text):
-        assert output.proc.poll() is None and time.time() < deadline, output.text[-3000:]
-        time.sleep(0.1)
-    return re.search(pattern, output.text)
 
 
 @pytest.fixture(scope="module")

@@ -193,7 +193,7 @@ class Board:
             if self.phase == DONE:
                 return
             if self.timeout_s and self._all_gone(now):
-                self._leave(f"every other worker went silent ({self.silent()})")
+                _leave(f"every other worker went silent ({self.silent()})")
             if mine["reduced"] != self._moved[1] or self.phase != "train":
                 self._moved = (now, mine["reduced"])
                 continue
@@ -216,15 +216,10 @@ class Board:
         return None if when is None else max(when, self._listening_since)
 
     def _stop(self, mine: dict, idle: float) -> None:
-        self._leave(
+        _leave(
             f"training stalled at update {mine['step'] + 1} (no update for {idle:.0f} s, "
             f"--stall_timeout_s={self.timeout_s:g}): {self.culprit()}; every worker stops"
         )
-
-    def _leave(self, why: str) -> None:
-        line = f"tfgpu: error: {why}; the last checkpoint is kept\n"
-        os.write(sys.stderr.fileno(), line.encode())
-        os._exit(WorkerLost.exit_code)  # the main thread is stuck in TensorFlow
 
     def culprit(self) -> str:
         """Who holds the others up: a worker gone silent, else one that has not reached the
@@ -272,6 +267,13 @@ class Board:
         return "; ".join(out)
 
 
+def _leave(why: str) -> None:
+    """Ends the process with one line: the main thread is stuck in TensorFlow."""
+    line = f"tfgpu: error: {why}; the last checkpoint is kept\n"
+    os.write(sys.stderr.fileno(), line.encode())
+    os._exit(WorkerLost.exit_code)  # the main thread is stuck in TensorFlow
+
+
 def _address(peer: str) -> tuple[str, int]:
     """``host:port`` -> (its IPv4 address, port): what datagrams from it carry as source."""
     host, port = peer.rsplit(":", 1)
@@ -293,4 +295,6 @@ def listeners_line(strategy: str, peers: list) -> str:
             "unauthenticated (they run any graph sent to them: keep this network isolated, "
             "docs/security.md)"
         )
+    elif os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        line += "; horovodrun's rendezvous on EVERY interface, unauthenticated (docs/security.md)"
     return line

@@ -272,7 +272,7 @@ def _agreed_spec(config: Config, backend, heartbeat: str, in_use: str = "") -> t
     listed = None if weights is None else weights.tolist()
     mine = consensus.fingerprint(config.shared(), summary, error, listed)
     # The chief draws the heartbeats' key; it reaches the others with the fingerprints.
-    key = heartbeat_wire.new_key() if backend.is_chief and heartbeat else ""
+    key = heartbeat_wire.new_key() if heartbeat and backend.is_chief else ""
     mine = dict(mine, heartbeat=heartbeat, heartbeat_key=key)
     return spec, weights, consensus.agree(backend, mine)
 
