@@ -16,7 +16,6 @@ the run's HMAC key, every field, a growing counter against replays); what it ref
 counted, and nothing a datagram holds can end the thread that reads it.
 """
 
-import errno
 import os
 import socket
 import sys
@@ -45,9 +44,8 @@ def open_socket(advertised_host: str) -> tuple[socket.socket, str]:
             if ip:
                 sock.bind((ip, 0))
                 return sock, f"{ip}:{sock.getsockname()[1]}"
-        except OSError as err:
-            if err.errno != errno.EADDRNOTAVAIL:
-                raise
+        except OSError:  # not an address of this machine (EADDRNOTAVAIL): the next one
+            pass
     sock.bind(("0.0.0.0", 0))
     _say(
         f"warning: heartbeats: no address of this machine for {advertised_host!r}: listening "
