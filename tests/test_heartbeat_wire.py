@@ -166,3 +166,18 @@ def _until(condition, what, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out: {what}"
         time.sleep(0.05)
+
+
+def test_a_name_not_of_this_machine_binds_the_route_to_it_else_every_interface(capfd):
+    """A TF_CONFIG host that is not this machine's (a service name, a NAT): the address on
+    the route to it, never every interface while there is one."""
+    sock, address = heartbeats.open_socket("203.0.113.7")  # TEST-NET-3: nobody's address
+    try:
+        bound, port = sock.getsockname()
+        route = heartbeats._route_to("203.0.113.7")
+        if route:
+            assert bound == route and address == f"{route}:{port}"
+        else:  # no route at all here: the one case that listens everywhere, and says so
+            assert bound == "0.0.0.0" and "every interface" in capfd.readouterr().err
+    finally:
+        sock.close()
