@@ -90,14 +90,15 @@ def silent_peers() -> str:
     return _CURRENT[0].silent() if _CURRENT else ""
 
 
-def dropped() -> str:
-    """ "N datagram(s) dropped (why: count, ...)" for what this process's board refused,
-    or "" (none, or no board)."""
-    counts = _CURRENT[0].inbox.dropped if _CURRENT else {}
-    if not counts:
+def tally() -> str:
+    """ "N heard from peers, M dropped (why: count, ...)" (or "none dropped"): what this
+    process's board accepted and refused; "" without a board."""
+    if not _CURRENT:
         return ""
-    reasons = ", ".join(f"{why}: {n}" for why, n in counts.most_common())
-    return f"{sum(counts.values())} datagram(s) dropped ({reasons})"
+    inbox = _CURRENT[0].inbox
+    reasons = ", ".join(f"{why}: {n}" for why, n in inbox.dropped.most_common())
+    dropped = f"{sum(inbox.dropped.values())} dropped ({reasons})" if reasons else "none dropped"
+    return f"{inbox.accepted} heard from peers, {dropped}"
 
 
 def finish() -> None:
