@@ -4,6 +4,7 @@ and kill whole process trees however a test ends."""
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 
@@ -65,3 +66,26 @@ def rank_process(horovodrun: subprocess.Popen, rank: int) -> psutil.Process:
         except psutil.Error:
             continue
     raise AssertionError(f"no process of rank {rank}")
+
+
+FLOOD = os.path.join(os.path.dirname(__file__), "flood.py")
+
+
+def start_flood(output: Output, timeout: float = 150) -> subprocess.Popen:
+    """Once a run's chief has said where its heartbeats listen, a process flooding those
+    ports with hostile datagrams (``tests/flood.py``); kill it with ``kill_tree``."""
+    found = wait_for(output, r"listening: heartbeats on UDP ([\d.:, ]+) \(", timeout)
+    ports = [address.rsplit(":", 1)[1] for address in found.group(1).split(", ")]
+    return subprocess.Popen(
+        [sys.executable, FLOOD, *ports], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def wait_for(output: Output, pattern: str, timeout: float) -> re.Match:
+    """The first match of ``pattern`` in a process's ``output``, waited for (bounded)."""
+    deadline = time.time() + timeout
+    while not re.search(pattern, output.text):
+        assert output.proc.poll() is None, output.text[-3000:]
+        assert time.time() < deadline, f"no {pattern!r}: " + output.text[-3000:]
+        time.sleep(0.1)
+    return re.search(pattern, output.text)

@@ -311,6 +311,15 @@ def test_training_through_a_local_service_says_what_it_guarantees(procs, small_d
     port = free_ports(1)[0]
     local = service(procs, "--role=local", "--num_workers=2", f"--port={port}")
     assert f"grpc://localhost:{port} with 2 worker(s)" in local.out.text
+    # What it says about where it listens is what the kernel says (docs/security.md).
+    listening = {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process(local.proc.pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+    assert len({p for _, p in listening}) == 3 and (port in {p for _, p in listening})
+    assert {ip for ip, _ in listening} <= {"0.0.0.0", "::"}, listening
+    assert "it listens on EVERY interface, unauthenticated" in local.out.text
     run = trainer(procs, small_dataset, tmp_path / "run", port, train_steps=60)
     assert run.wait(120) == 0, run.out.text[-3000:]
     lines = [line for line in run.out.text.splitlines() if line.startswith("data service ")]

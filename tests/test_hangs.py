@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 from conftest import cli_flags
-from procs import Output, kill_tree, popen, rank_process
+from procs import Output, kill_tree, popen, rank_process, start_flood
 
 from tfgpu import launch
 
@@ -89,13 +89,17 @@ def _wait_for_training(output: Output) -> None:
 
 
 def _frozen_worker(data, tmp):
+    """Worker 1 frozen, while another process floods the heartbeats with junk and, as root,
+    replays worker 1's genuine messages (``tests/flood.py``): they must not keep it alive."""
     procs, outs = _mwms([cli_flags(RUN, data_dir=data, model_dir=tmp / f"w{i}") for i in (0, 1)])
+    flood = None
     try:
+        flood = start_flood(outs[0])
         outs[0].wait_for_step(6)
         os.kill(procs[1].pid, signal.SIGSTOP)
         return _ended(procs[0], time.time(), outs[0])
     finally:
-        for p in procs:
+        for p in [*procs, *([flood] if flood else [])]:
             kill_tree(p)
 
 
@@ -232,7 +236,9 @@ def _check(outcome: dict, *expected: str, code=5) -> str:
 
 
 def test_a_frozen_worker_is_named_mwms(outcomes):
-    _check(outcomes["frozen_worker"].result(), r"worker 1 \(localhost:\d+\)", r"update \d+")
+    outcome = outcomes["frozen_worker"].result()
+    _check(outcome, r"worker 1 \(localhost:\d+\)", r"worker 1 .* went silent at update \d+")
+    assert "warning: heartbeats: dropped a datagram from" in outcome["text"]  # the flood
 
 
 def test_a_frozen_rank_is_named_horovod(outcomes):

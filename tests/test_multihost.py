@@ -84,6 +84,11 @@ def test_multi_worker_across_two_hosts(hosts, reference, small_dataset, tmp_path
         procs.append(hosts.start(host, argv, logs[-1], env=_env(TF_CONFIG=tf_config)))
     outputs = hosts.wait(procs, logs, TIMEOUT_S)
     _check_trained(tmp_path / hosts.a.name, tmp_path / hosts.b.name, "\n".join(outputs), reference)
+    # The heartbeats listen on each host's own address only, and each heard the other.
+    addresses = ", ".join(rf"{re.escape(h.address)}:\d+" for h in hosts.hosts)
+    assert re.search(rf"heartbeats on UDP {addresses} \(", outputs[0]), outputs[0][-3000:]
+    for i, text in enumerate(outputs):
+        assert re.search(rf"worker {i}: heartbeats: [1-9]\d* heard from peers, none dropped", text)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Nothing a user supplies is unpickled, evaluated or executed."""
+"""tfgpu's own code never unpickles, evaluates or executes what a user supplies (what the
+servers TensorFlow starts will run is docs/security.md's subject)."""
 
 import pathlib
 import re

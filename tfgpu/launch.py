@@ -24,7 +24,12 @@ from tfgpu.distribute.env import free_ports
 from tfgpu.errors import run_app, run_command
 
 flags.DEFINE_integer("num_workers", 2, "Worker processes to start on this machine.")
-flags.DEFINE_string("host", "localhost", "Address the workers listen on.")
+flags.DEFINE_string(
+    "host",
+    "localhost",
+    "The host name written into each worker's TF_CONFIG: where the workers reach each other. "
+    "TensorFlow's gRPC servers listen on every interface whatever it is (docs/security.md).",
+)
 flags.DEFINE_float("grace_s", 30.0, "Seconds the others get to stop after one worker fails.")
 FLAGS = flags.FLAGS
 

@@ -15,6 +15,10 @@ process, to try it out on one machine.
 Each role prints one line once it serves, and stops on SIGTERM or SIGINT. Exit status: 0
 stopped by a signal, 2 a bad flag or a busy port (one line on stderr).
 
+Every role listens on every interface, unauthenticated, whatever address it prints: TensorFlow
+2.21 binds its servers to 0.0.0.0 and offers no credentials, and the workers run any dataset
+graph a client sends. Keep them on a network only the trainers reach (docs/security.md).
+
 No TensorFlow is imported before the flags are checked.
 """
 
@@ -33,6 +37,11 @@ from tfgpu.errors import UsageError, run_command
 from tfgpu.startup import import_tensorflow
 
 PROG = "tfgpu-data-service"
+# What every "serving" line ends with: TensorFlow gives these servers no narrower bind.
+EXPOSED = (
+    "it listens on EVERY interface, unauthenticated, and runs any dataset graph sent to it "
+    "(docs/security.md)"
+)
 ROLES = ("dispatcher", "worker", "local")
 STOP_TIMEOUT_S = 5.0  # a worker's stop() can wait for a dead dispatcher: then _exit
 WAIT_NOTICE_S = 5.0
@@ -41,7 +50,11 @@ WAIT_NOTICE_S = 5.0
 FLAGS = flags.FlagValues()
 flags.DEFINE_string("role", "", "dispatcher, worker or local.", flag_values=FLAGS)
 flags.DEFINE_integer(
-    "port", 5050, "dispatcher and local: the dispatcher's port.", flag_values=FLAGS
+    "port",
+    5050,
+    "dispatcher and local: the dispatcher's port (on every interface: TensorFlow offers no "
+    "narrower bind).",
+    flag_values=FLAGS,
 )
 flags.DEFINE_string(
     "work_dir",
@@ -58,7 +71,7 @@ flags.DEFINE_string(
     "worker_host",
     "",
     "worker: the name or address trainers reach it at (default: this machine's address on the "
-    "route to the dispatcher).",
+    "route to the dispatcher); it listens on every interface whatever this is.",
     flag_values=FLAGS,
 )
 flags.DEFINE_integer("num_workers", 2, "local: workers started in this process.", flag_values=FLAGS)
@@ -226,7 +239,8 @@ def serve(f, stop: _Stop) -> int:
                 sys.stdout.flush()
                 os._exit(0)  # the constructor still blocks on its thread
             servers.append(worker)
-            line = f"worker serving {host}:{worker._address.rpartition(':')[2]} for {dispatcher}"
+            port = worker._address.rpartition(":")[2]
+            line = f"worker serving {host}:{port} for {dispatcher}; {EXPOSED}"
         elif f.role == "local":
             for _ in range(f.num_workers):
                 worker = _start_worker(f"localhost:{f.port}", "localhost", 0, stop)
@@ -236,7 +250,8 @@ def serve(f, stop: _Stop) -> int:
             workers = ", ".join(w._address for w in servers[1:])
             line = (
                 f"local service serving grpc://localhost:{f.port} with {f.num_workers} "
-                f"worker(s) ({workers}); train with --data_service=grpc://localhost:{f.port}"
+                f"worker(s) ({workers}); train with --data_service=grpc://localhost:{f.port}; "
+                f"{EXPOSED}"
             )
         else:
             journal = (
@@ -246,7 +261,7 @@ def serve(f, stop: _Stop) -> int:
             )
             line = (
                 f"dispatcher serving grpc://{socket.gethostname()}:{f.port} ({journal}); train "
-                f"with --data_service=grpc://{socket.gethostname()}:{f.port}"
+                f"with --data_service=grpc://{socket.gethostname()}:{f.port}; {EXPOSED}"
             )
     except UsageError:
         raise

@@ -12,6 +12,7 @@ horovodrun, mpirun, Slurm, Ray) and Horovod.
   common.py      what both kinds of backend share (counters, timing, scratch directories)
   consensus.py   what the workers agree on at start-up, and step-time skew
   heartbeats.py  the UDP side channel and stall watchdog that name a stuck worker
+  heartbeat_wire.py  its signed messages, and the judge of every datagram that arrives
   failures.py    a lost worker's error, in one line naming it
   hvdrun.py      tfgpu-horovodrun: horovodrun with one line instead of its traceback
   ray_train.py   tfgpu-ray's Ray Train job: the trainer, each worker's run, failures in one line

@@ -9,15 +9,21 @@ system, a deadlocked input thread): the others wait for --collective_timeout_s. 
 stall inspector never reports under Gloo in 0.28.1 (it watches zero ranks), and Gloo's
 timeout names no rank. Collectives release the GIL, so these threads run while the main
 thread waits; what they read (the step counters) are variables, read concurrently.
+
+Strangers can neither stop nor fool it: the socket is bound to this worker's advertised
+address only, and every datagram is judged by ``heartbeat_wire.Inbox`` (the peers' addresses,
+the run's HMAC key, every field, a growing counter against replays); what it refuses is
+counted, and nothing a datagram holds can end the thread that reads it.
 """
 
-import json
 import os
 import socket
 import sys
 import threading
 import time
 
+from tfgpu.distribute import env
+from tfgpu.distribute import heartbeat_wire as wire
 from tfgpu.errors import WorkerLost
 
 INTERVAL_S = 1.0
@@ -26,10 +32,54 @@ DONE = "done"
 
 
 def open_socket(advertised_host: str) -> tuple[socket.socket, str]:
-    """A UDP socket bound on every interface, and the ``host:port`` others reach it at."""
+    """A UDP socket bound to ``advertised_host``'s address (that interface only), and the
+    ``ip:port`` others reach it at. A host name that is not an address of this machine (a
+    Kubernetes service name, a NAT's address) gives way to this machine's address on the
+    route to it; only when neither can be bound does the socket listen on every interface
+    (the messages are still authenticated), with a warning."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for candidate in (_resolve, _route_to):
+        ip = candidate(advertised_host)
+        try:
+            if ip:
+                sock.bind((ip, 0))
+                return sock, f"{ip}:{sock.getsockname()[1]}"
+        except OSError:  # not an address of this machine (EADDRNOTAVAIL): the next one
+            pass
     sock.bind(("0.0.0.0", 0))
+    _say(
+        f"warning: heartbeats: no address of this machine for {advertised_host!r}: listening "
+        "on every interface (messages are still authenticated)"
+    )
     return sock, f"{advertised_host}:{sock.getsockname()[1]}"
+
+
+def _resolve(host: str) -> str:
+    """``host``'s IPv4 address, or "" when it has none."""
+    try:
+        return socket.gethostbyname(host.strip("[]"))
+    except (OSError, UnicodeError):
+        return ""
+
+
+def _route_to(host: str) -> str:
+    """This machine's address on the route to ``host`` (no packet is sent), or ""."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((_resolve(host) or host, 9))
+        return probe.getsockname()[0]
+    except (OSError, UnicodeError):
+        return ""
+    finally:
+        probe.close()
+
+
+def _say(line: str) -> None:
+    """One line on stderr, written at once (also from a thread, while the main one waits)."""
+    try:
+        os.write(sys.stderr.fileno(), f"tfgpu: {line}\n".encode())
+    except OSError:  # stderr gone (its reader ended): nothing to tell
+        pass
 
 
 _CURRENT: list = []  # this process's board, once there is one
@@ -38,6 +88,17 @@ _CURRENT: list = []  # this process's board, once there is one
 def silent_peers() -> str:
     """What this process's board says about peers gone silent ("" without a board)."""
     return _CURRENT[0].silent() if _CURRENT else ""
+
+
+def tally() -> str:
+    """ "N heard from peers, M dropped (why: count, ...)" (or "none dropped"): what this
+    process's board accepted and refused; "" without a board."""
+    if not _CURRENT:
+        return ""
+    inbox = _CURRENT[0].inbox
+    reasons = ", ".join(f"{why}: {n}" for why, n in inbox.dropped.most_common())
+    dropped = f"{sum(inbox.dropped.values())} dropped ({reasons})" if reasons else "none dropped"
+    return f"{inbox.accepted} heard from peers, {dropped}"
 
 
 def finish() -> None:
@@ -57,40 +118,65 @@ class Board:
     """What every worker last said, and the watchdog that reads it.
 
     ``progress()`` returns this process's {"reduced": all-reduces entered, "step": updates
-    done}; ``names[i]`` says how to call worker i in a message. ``phase`` is set by the loop:
-    only "train" counts against the stall timeout, once an update has completed.
+    done}; ``names[i]`` says how to call worker i in a message; ``peers[i]`` is where worker
+    i's heartbeats are heard (``ip:port``, from ``open_socket``); ``key``: the run's
+    heartbeat key (``heartbeat_wire.new_key``'s bytes). ``phase`` is set by the loop: only
+    "train" counts against the stall timeout, once an update has completed.
     """
 
-    def __init__(self, sock, index: int, peers: list, names: list, progress, timeout_s: float):
+    def __init__(self, sock, index, peers, names, progress, timeout_s: float, key: bytes):
         self.sock, self.index, self.peers, self.names = sock, index, peers, names
         self.progress, self.timeout_s = progress, timeout_s
         self.phase = "startup"
         self.heard: dict = {}  # worker -> (monotonic time, its message)
         self._moved = (time.monotonic(), None)  # (when our counter last changed, its value)
         self._listening_since = time.monotonic()
+        senders = {_address(p): i for i, p in enumerate(peers) if i != index}
+        self.inbox, self.key = wire.Inbox(key, senders, len(peers)), key
         _CURRENT[:] = [self]
         for target in (self._send, self._receive, self._watch):
             threading.Thread(target=target, daemon=True, name=f"tfgpu-{target.__name__}").start()
 
     def _send(self) -> None:
-        addresses = [_split(p) for i, p in enumerate(self.peers) if i != self.index]
+        addresses = [_address(p) for i, p in enumerate(self.peers) if i != self.index]
+        seq = 0
         while True:
-            message = json.dumps({"worker": self.index, "phase": self.phase, **self.progress()})
+            seq += 1  # a receiver takes only a larger one: a replayed message says nothing
+            mine = self.progress()
+            message = wire.encode(
+                self.key, self.index, seq, self.phase, mine["reduced"], mine["step"]
+            )
+            if self.sock.fileno() < 0:
+                return  # closed: the board is over
             for address in addresses:
                 try:
-                    self.sock.sendto(message.encode(), address)
+                    self.sock.sendto(message, address)
                 except OSError:  # unreachable for now: the watchdog judges, not the sender
                     pass
             time.sleep(INTERVAL_S)
 
     def _receive(self) -> None:
+        """Reads datagrams for ever: each is judged by the inbox (which never raises), and
+        nothing else here can fail on what a datagram holds."""
+        warned = False
         while True:
-            data, _ = self.sock.recvfrom(4096)
             try:
-                message = json.loads(data)
-                self.heard[int(message["worker"])] = (time.monotonic(), message)
-            except (ValueError, KeyError, TypeError):
-                continue  # not ours
+                # One byte more than a message may have: a longer datagram is seen as such.
+                data, source = self.sock.recvfrom(wire.MAX_BYTES + 1)
+            except OSError:
+                if self.sock.fileno() < 0:
+                    return  # closed: the board is over
+                time.sleep(0.01)  # a queued ICMP error, say: the next read goes on
+                continue
+            message, why = self.inbox.accept(data, source)
+            if message is not None:
+                self.heard[message["worker"]] = (time.monotonic(), message)
+            elif not warned and why != "replayed or out of order":  # reordering is normal
+                warned = True
+                _say(
+                    f"warning: heartbeats: dropped a datagram from {source[0]}:{source[1]} "
+                    f"({why}); further ones are counted and reported at the end"
+                )
 
     def _watch(self) -> None:
         """Stops the process when its all-reduce counter stands still for the timeout during
@@ -106,7 +192,7 @@ class Board:
             if self.phase == DONE:
                 return
             if self.timeout_s and self._all_gone(now):
-                self._leave(f"every other worker went silent ({self.silent()})")
+                _leave(f"every other worker went silent ({self.silent()})")
             if mine["reduced"] != self._moved[1] or self.phase != "train":
                 self._moved = (now, mine["reduced"])
                 continue
@@ -129,15 +215,10 @@ class Board:
         return None if when is None else max(when, self._listening_since)
 
     def _stop(self, mine: dict, idle: float) -> None:
-        self._leave(
+        _leave(
             f"training stalled at update {mine['step'] + 1} (no update for {idle:.0f} s, "
             f"--stall_timeout_s={self.timeout_s:g}): {self.culprit()}; every worker stops"
         )
-
-    def _leave(self, why: str) -> None:
-        line = f"tfgpu: error: {why}; the last checkpoint is kept\n"
-        os.write(sys.stderr.fileno(), line.encode())
-        os._exit(WorkerLost.exit_code)  # the main thread is stuck in TensorFlow
 
     def culprit(self) -> str:
         """Who holds the others up: a worker gone silent, else one that has not reached the
@@ -185,6 +266,34 @@ class Board:
         return "; ".join(out)
 
 
-def _split(address: str) -> tuple[str, int]:
-    host, port = address.rsplit(":", 1)
-    return host, int(port)
+def _leave(why: str) -> None:
+    """Ends the process with one line: the main thread is stuck in TensorFlow."""
+    line = f"tfgpu: error: {why}; the last checkpoint is kept\n"
+    os.write(sys.stderr.fileno(), line.encode())
+    os._exit(WorkerLost.exit_code)  # the main thread is stuck in TensorFlow
+
+
+def _address(peer: str) -> tuple[str, int]:
+    """``host:port`` -> (its IPv4 address, port): what datagrams from it carry as source."""
+    host, port = peer.rsplit(":", 1)
+    return _resolve(host) or host, int(port)
+
+
+def listeners_line(strategy: str, peers: list) -> str:
+    """The start-up line naming what this run listens on: the heartbeats' ``peers``
+    (``ip:port`` per worker) and, under multi_worker_mirrored, TensorFlow's gRPC servers,
+    which listen on every interface (docs/security.md says what to isolate)."""
+    line = f"listening: heartbeats on UDP {', '.join(peers)} (each on its worker's address only, "
+    line += "signed with this run's key)"
+    if strategy == "multi_worker_mirrored":
+        cluster_spec = (env.cluster() or {}).get("cluster", {})
+        tasks = env.TRAINING_TASKS
+        ports = [a.rsplit(":", 1)[-1] for t in tasks for a in cluster_spec.get(t, [])]
+        line += (
+            f"; TensorFlow's gRPC servers on ports {', '.join(ports)} on EVERY interface, "
+            "unauthenticated (they run any graph sent to them: keep this network isolated, "
+            "docs/security.md)"
+        )
+    elif os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        line += "; horovodrun's rendezvous on EVERY interface, unauthenticated (docs/security.md)"
+    return line

@@ -164,7 +164,8 @@ def _connect(job: RayJob) -> str:
     except (ConnectionError, RuntimeError, ValueError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise DistributeError(f"Ray could not start or connect ({first})") from None
-    return "a local Ray cluster"
+    # Ray's servers bind every interface (measured: GCS, raylet, each worker): say so.
+    return "a local Ray cluster (it listens on EVERY interface: docs/security.md)"
 
 
 def build_trainer(config, job: RayJob, worker):

@@ -32,7 +32,7 @@ from tfgpu.train.checkpoints import refresh_derived_state
 from tfgpu.config import Config, ConfigError, resolve, rundir
 from tfgpu.data import augment, broken, dct, memory
 from tfgpu.data import spec as data_spec
-from tfgpu.distribute import backends, consensus, env, heartbeats
+from tfgpu.distribute import backends, consensus, env, heartbeat_wire, heartbeats
 from tfgpu.train.faults import PreemptionGuard
 from tfgpu.step.loops import make_train_loop
 from tfgpu.train.evaluator import Evaluator
@@ -178,9 +178,10 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
     writer = RunWriter(config.model_dir, backend.is_chief)
     writer.write_config(config, backend)
     r = build(config, backend, spec, class_weights)
+    writer.info(_start_line(r))
     if multi:
         _heartbeats(r, sock, fingerprints)
-    writer.info(_start_line(r))
+        writer.info(heartbeats.listeners_line(backend.name, [f["heartbeat"] for f in fingerprints]))
     if r.init_line:
         writer.info(r.init_line)
     evaluate = Evaluator.of(r)
@@ -202,6 +203,8 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
     final_eval = _finish(r, evaluate, writer, throughput)
     throughput["broken"] = _broken_records(backend)  # the last collective
     heartbeats.finish()
+    if multi:  # what the side channel heard: a flood or a deaf board shows here
+        print(f"worker {backend.worker_index}: heartbeats: {heartbeats.tally()}", flush=True)
     summary = _summary(r, final_eval, throughput, time.time() - started)
     writer.write_summary(summary)
     # Every worker says what it ended with: replicas that disagree are a bug, and visible.
@@ -270,7 +273,10 @@ def _agreed_spec(config: Config, backend, heartbeat: str, in_use: str = "") -> t
     summary = spec.summary() if spec else None
     listed = None if weights is None else weights.tolist()
     mine = consensus.fingerprint(config.shared(), summary, error, listed)
-    return spec, weights, consensus.agree(backend, dict(mine, heartbeat=heartbeat))
+    # The chief draws the heartbeats' key; it reaches the others with the fingerprints.
+    key = heartbeat_wire.new_key() if heartbeat and backend.is_chief else ""
+    mine = dict(mine, heartbeat=heartbeat, heartbeat_key=key)
+    return spec, weights, consensus.agree(backend, mine)
 
 
 def _heartbeats(r: Training, sock, fingerprints: list) -> None:
@@ -278,6 +284,7 @@ def _heartbeats(r: Training, sock, fingerprints: list) -> None:
     kind = "rank" if r.backend.name == "horovod" else "worker"
     names = [f"{kind} {i} ({f['where']})" for i, f in enumerate(fingerprints)]
     counters = r.backend.all_reduce_calls, r.global_step
+    (key,) = [f["heartbeat_key"] for f in fingerprints if f["heartbeat_key"]]
     heartbeats.Board(
         sock,
         r.backend.worker_index,
@@ -285,6 +292,7 @@ def _heartbeats(r: Training, sock, fingerprints: list) -> None:
         names,
         lambda: {"reduced": int(counters[0].numpy()), "step": int(counters[1].numpy())},
         r.config.dist.stall_timeout_s,
+        heartbeat_wire.parse_key(key),
     )
 
 
