@@ -15,7 +15,7 @@ from tfgpu.train import loop as train
 from tfgpu.config import config_from, validate
 from tfgpu.convert import plan
 from tfgpu.convert.items import items_from_arrays
-from tfgpu.data import balance, memory
+from tfgpu.data import balance, memory, sampling
 from tfgpu.data import spec as data_spec
 from tfgpu.data.config import DataConfig
 from tfgpu.distribute import InputShard, backends
@@ -211,7 +211,7 @@ def test_the_tables_draw_each_example_of_a_class_and_never_a_broken_one():
     assert balance.cumulative(p)[2:].tolist() == [1.0, 1.0]
     key = lambda stream: tf.constant([11, -stream], tf.int64)  # noqa: E731
     tables = {"members": members, "starts": starts, "counts": counts, "cdf": balance.cumulative(p)}
-    index = memory.balanced_index(key, 30_000, {k: tf.constant(v) for k, v in tables.items()})
+    index = sampling.balanced_index(key, 30_000, {k: tf.constant(v) for k, v in tables.items()})
     seen = np.bincount(index.numpy(), minlength=6)
     assert seen[2] == 0 and seen[3] == pytest.approx(10_000, rel=0.05)
     assert seen[0] == pytest.approx(5_000, rel=0.07) and seen[5] == pytest.approx(5_000, rel=0.07)

@@ -80,16 +80,19 @@ def _floatx(dtype: str):
         keras.config.set_dtype_policy("float32")
 
 
-def _train(name, strategy="default", accum=1, sync=False, updates=UPDATES, dtype="float32"):
+def _train(
+    name, strategy="default", accum=1, sync=False, updates=UPDATES, dtype="float32", remat=False
+):
     """Trains registry model ``name`` for ``updates`` sgd updates of GLOBAL_BATCH with its
-    layers in ``dtype``; returns (model, backend)."""
+    layers in ``dtype`` (``remat``: the step runs it as --remat does); returns (model,
+    backend)."""
     backend = backends.build_backend(strategy)
     keras.utils.set_random_seed(5)
     with backend.scope(), _floatx(dtype):
         model = _build(name)
         opt = optim.build_optimizer("sgd", 0.01, momentum=0.9, weight_decay=0.0)
         step = TrainStep(
-            model,
+            models.rematerialized(model, name) if remat else model,
             opt,
             backend,
             global_batch_size=GLOBAL_BATCH,
@@ -137,8 +140,9 @@ def test_sync_batchnorm_two_replicas_equal_one_device_of_the_whole_batch(name, d
 @pytest.mark.parametrize("name", UNSYNCED_MODELS)
 def test_without_sync_replicas_hold_the_mean_and_equal_accumulation(name):
     """2 replicas of 4 and 2 micro-batches of 4 on one device: each micro-batch normalizes by
-    itself, the moving statistics move once per update by the mean; every replica holds it."""
-    mirrored, _ = _train(name, "mirrored")
+    itself, the moving statistics move once per update by the mean; every replica holds it.
+    The replicas run with --remat (blocks recomputed in the backward pass): the same again."""
+    mirrored, _ = _train(name, "mirrored", remat=True)
     accumulated, _ = _train(name, "default", accum=2)
     for var in batchnorm.moving_statistics(mirrored):
         first, second = _components(var)

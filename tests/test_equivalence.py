@@ -1,6 +1,6 @@
 """Same seed, same global batch, same updates: every way to spread training ends with the same
-weights (to float rounding), with RandAugment and random erasing on, and there is one gradient
-all-reduce per update."""
+weights (to float rounding), with RandAugment, random erasing, repeated augmentation and
+per-block gradient checkpointing on, and there is one gradient all-reduce per update."""
 
 import json
 import os
@@ -18,7 +18,16 @@ from tfgpu.config import config_from, validate
 STEPS = 6
 # With a per-example policy and random erasing on: their draws, like the crops' and flips',
 # depend on (seed, epoch, position) only, so every split of the batch sees the same images.
-FLAGS = dict(TINY_RUN, train_steps=STEPS, augment_policy="randaugment", random_erasing=0.25)
+# Repeated augmentation (2 copies, 8 apart in each batch of 16: on different replicas) and
+# --remat (the step's forward recomputed per block, inside the accumulation loop too).
+FLAGS = dict(
+    TINY_RUN,
+    train_steps=STEPS,
+    augment_policy="randaugment",
+    random_erasing=0.25,
+    repeated_augment=2,
+    remat=True,
+)
 
 
 def _assert_same(a, b):

@@ -1,12 +1,12 @@
 """One frozen, validated Config per run: the one home of every setting.
 
-Each setting is a field of one section (``data``, ``model``, ``optim``, ``train``, ``dist``) or
-of the run itself, declared with its default, its help and its choices; ``flags.py`` makes
-one flat absl flag of each (the field's name, or the ``flag`` it declares), so
-``--global_batch_size`` is ``config.train.global_batch_size``. The packages own their
-sections (``data/config.py``: ``DataConfig``, ``distribute/config.py``: ``DistConfig``;
-``sections.py`` here: the model's, the optimizer's and training's); the input pipeline takes
-``config.data`` as it is: no copy, no renaming.
+Each setting is a field of one section (``data``, ``model``, ``optim``, ``train``, ``dist``,
+``curriculum``) or of the run itself, declared with its default, its help and its choices;
+``flags.py`` makes one flat absl flag of each (the field's name, or the ``flag`` it declares),
+so ``--global_batch_size`` is ``config.train.global_batch_size``. The packages own their
+sections (``data/config.py``: ``DataConfig`` and ``CurriculumConfig``, ``distribute/config.py``:
+``DistConfig``; ``sections.py`` here: the model's, the optimizer's and training's); the input
+pipeline takes ``config.data`` as it is: no copy, no renaming.
 
 No TensorFlow here (nor in the modules whose choices it reads): ``--help`` and a bad flag
 must not wait for TensorFlow's start-up.
@@ -25,7 +25,7 @@ from tfgpu.config.sections import (
     profile_window,  # noqa: F401  (the run's users read it here)
     split_batch,  # noqa: F401
 )
-from tfgpu.data.config import DataConfig, check_data
+from tfgpu.data.config import CurriculumConfig, DataConfig, check_curriculum, check_data
 from tfgpu.distribute.config import DistConfig
 from tfgpu.settings import ConfigError, collect, replace_settings, setting
 
@@ -36,6 +36,7 @@ SECTIONS = {
     "optim": OptimConfig,
     "train": TrainConfig,
     "dist": DistConfig,
+    "curriculum": CurriculumConfig,
 }
 
 
@@ -59,6 +60,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
     def shared(self) -> dict:
         """{flag name: value} of the settings every worker of one run must agree on."""
@@ -94,6 +96,7 @@ def validate(config: Config) -> Config:
             )
     check_data(config.data)
     check_train(config.train)
+    check_curriculum(config.curriculum, config.data, config.train.global_batch_size)
     if config.optim.max_skipped_updates < 0:
         raise ConfigError(
             f"--max_skipped_updates={config.optim.max_skipped_updates} must not be negative"

@@ -55,6 +55,13 @@ class ModelConfig:
         choices=models.DTYPES,
     )
     jit_compile: bool = setting(False, "Compile the train step with XLA.")
+    remat: bool = setting(
+        False,
+        "Gradient checkpointing per block: the train step keeps only each block's input and "
+        "recomputes the block in the backward pass (~1 more forward pass of compute for less "
+        "activation memory: a larger batch or model per GPU; bench/remat.py). Same gradients, "
+        "BatchNorm statistics and checkpoints as without.",
+    )
     sync_batchnorm: bool = setting(
         False,
         "BatchNorm statistics of each micro-step over all replicas (two small collectives per "

@@ -11,7 +11,7 @@ so every example's term is fixed before any split: replicas and accumulation add
 large batch exactly. ``auto`` is normalized so that the mean weight over the training
 examples is 1, which keeps the loss (and the learning rate that suits it) on its scale.
 
-Sampling (``sampling_probabilities``, used by ``memory.py``): class c is drawn with
+Sampling (``sampling_probabilities``, used by ``sampling.py``): class c is drawn with
 probability proportional to n_c^(1 - power), n_c its train examples: power 1 gives every
 class the same share, 0 the natural frequencies.
 """

@@ -210,6 +210,40 @@ class DataConfig(_Reading):
         return self.mixup_alpha > 0 or self.cutmix_alpha > 0
 
 
+@dataclass(frozen=True)
+class CurriculumConfig:
+    """How what the model sees changes over training, beyond the per-example draws:
+    repeated augmentation (``repeat.py``). A section of its own (``config.curriculum``)."""
+
+    repeated_augment: int = setting(
+        1,
+        "Repeated augmentation (timm's RepeatAugSampler, DeiT): each example K times in a "
+        "row of global batches, each copy with its own augmentation draws, the copies "
+        "global_batch_size / K positions apart (on different replicas when there are at least "
+        "K). An epoch stays the train split's size, as timm's default: about N / K distinct "
+        "examples, each K times (a pass over the data takes K epochs). 1: off.",
+    )
+
+
+def check_curriculum(c: CurriculumConfig, d: DataConfig, global_batch_size: int) -> None:
+    """Raises a ConfigError naming the first --flag of ``c`` that cannot work with the data
+    settings ``d`` and --global_batch_size."""
+    k = c.repeated_augment
+    if not 1 <= k <= 64:
+        raise ConfigError(f"--repeated_augment={k} must be in 1..64 (1: off)")
+    if k > 1 and global_batch_size % k:
+        raise ConfigError(
+            f"--repeated_augment={k} must divide --global_batch_size={global_batch_size}: "
+            "each global batch holds global_batch_size / K examples, K times"
+        )
+    for flag, on in (("--data_service", d.data_service), ("--synthetic_data", d.synthetic_data)):
+        if k > 1 and on:
+            raise ConfigError(
+                f"--repeated_augment and {flag} do not go together: it repeats the examples of "
+                "tfgpu's own train pipelines"
+            )
+
+
 def check_data(d: DataConfig) -> None:
     """Raises a ConfigError naming the first --flag of ``d`` that cannot work."""
     positive(d, "image_size")

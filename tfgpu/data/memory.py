@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.data import augment, balance, broken, device_ops, host_ops, pipeline, streams
+from tfgpu.data import augment, broken, device_ops, host_ops, pipeline, sampling, streams
 from tfgpu.data.spec import DataError, DataSpec
 from tfgpu.distribute import InputShard
 
@@ -42,9 +42,7 @@ MB = 1 << 20
 
 # Streams of an epoch's stateless key, one per vector drawn for the whole epoch (the
 # policies' draws share the key: streams.AUGMENT).
-_ORDER, _FLIP, _CROP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X, _CLASS, _MEMBER = (
-    streams.EPOCH.values()
-)
+_ORDER, _FLIP, _CROP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X, _, _ = streams.EPOCH.values()
 
 
 AUTO_MAX_SIDE = 64  # --in_memory=auto takes small images only (CIFAR, digits, MNIST-like)
@@ -198,18 +196,26 @@ def _epoch_key(seed: int, epoch: tf.Tensor, stream: int) -> tf.Tensor:
     return tf.stack([tf.cast(seed, tf.int64) * 1_000_003 + epoch, tf.constant(-stream, tf.int64)])
 
 
-def epoch_draws(epoch, n: int, data, seed: int, sampler: dict | None = None) -> dict:
-    """Everything random of epoch ``epoch``, as vectors over its ``n`` positions: {index of
-    the example at each position int64 [n], flip bool [n], offset int32 [n, 2] (crop y, x in
-    [0, 2 * --crop_padding]), and with MixUp/CutMix ``mix`` (``mixing_draws``)}. Drawn once
-    per epoch, from keys of (seed, epoch): position p's draws depend on (seed, epoch, p).
-    The index is a permutation, or with a ``sampler`` (``class_sampler``) balanced draws."""
+def epoch_index(epoch, n: int, data, seed: int, sampler: dict | None = None) -> tf.Tensor:
+    """int64 [n]: the example at each position of epoch ``epoch``, a permutation drawn from
+    (seed, epoch), or with a ``sampler`` (``sampling.class_sampler``) balanced draws."""
     key = lambda stream: _epoch_key(seed, epoch, stream)  # noqa: E731
-    index = tf.range(n, dtype=tf.int64)
     if sampler is not None:
-        index = balanced_index(key, n, sampler)
-    elif data.shuffle_buffer > 1:  # as on the per-example path, 0 or 1 keeps the files' order
+        return sampling.balanced_index(key, n, sampler)
+    index = tf.range(n, dtype=tf.int64)
+    if data.shuffle_buffer > 1:  # as on the per-example path, 0 or 1 keeps the files' order
         index = tf.random.experimental.stateless_shuffle(index, seed=key(_ORDER))
+    return index
+
+
+def epoch_draws(epoch, n: int, data, seed: int, sampler=None, index=None) -> dict:
+    """Everything random of epoch ``epoch``, as vectors over its ``n`` positions: {index of
+    the example at each position int64 [n] (``index``, else ``epoch_index``), flip bool [n],
+    offset int32 [n, 2] (crop y, x in [0, 2 * --crop_padding]), and with MixUp/CutMix ``mix``
+    (``mixing_draws``)}. Drawn once per epoch, from keys of (seed, epoch): position p's draws
+    depend on (seed, epoch, p)."""
+    key = lambda stream: _epoch_key(seed, epoch, stream)  # noqa: E731
+    index = epoch_index(epoch, n, data, seed, sampler) if index is None else index
     flip = tf.random.stateless_uniform([n], key(_FLIP)) < 0.5
     span = 2 * data.crop_padding + 1
     offset = tf.random.stateless_uniform([n, 2], key(_CROP), maxval=span, dtype=tf.int32)
@@ -217,32 +223,6 @@ def epoch_draws(epoch, n: int, data, seed: int, sampler: dict | None = None) -> 
     if data.mixing:
         draws["mix"] = mixing_draws(key, n, data.image_size, data.mixup_alpha, data.cutmix_alpha)
     return draws | augment.draw(key, [n], data)
-
-
-def class_sampler(mem: InMemory, power: float) -> dict:
-    """--balanced_sampling's tables for ``balanced_index``, from the split in memory: its
-    usable examples (weight > 0) grouped by class, and the classes' cumulative probabilities
-    (p(class) proportional to count^(1 - ``power``), ``balance.sampling_probabilities``)."""
-    labels, weights = mem.labels.numpy(), mem.weights.numpy()
-    members, starts, counts = balance.class_pools(labels, weights, mem.num_classes)
-    if not counts.sum():
-        raise DataError("--balanced_sampling: the train split holds no usable examples")
-    cdf = balance.cumulative(balance.sampling_probabilities(counts, power))
-    tables = {"members": members, "starts": starts, "counts": counts, "cdf": cdf}
-    return {k: tf.constant(v) for k, v in tables.items()}
-
-
-def balanced_index(key, n: int, sampler: dict) -> tf.Tensor:
-    """int64 [n]: the example at each of an epoch's ``n`` positions under balanced sampling:
-    a class by inverse CDF of one uniform draw, then one of its examples by another, both
-    from the epoch's stateless keys (with replacement: a position depends on (seed, epoch,
-    position) only, so resume and every split of the batch see the same examples)."""
-    u = tf.random.stateless_uniform([n], key(_CLASS), dtype=tf.float64)
-    cls = tf.searchsorted(sampler["cdf"], u, side="right")
-    count = tf.gather(sampler["counts"], cls)
-    v = tf.random.stateless_uniform([n], key(_MEMBER), dtype=tf.float64)
-    within = tf.minimum(tf.cast(v * tf.cast(count, tf.float64), tf.int64), count - 1)
-    return tf.gather(sampler["members"], tf.gather(sampler["starts"], cls) + within)
 
 
 def mixing_draws(key, n: int, image_size: int, mixup_alpha: float, cutmix_alpha: float) -> dict:
@@ -274,16 +254,21 @@ def mixing_draws(key, n: int, image_size: int, mixup_alpha: float, cutmix_alpha:
 
 
 def _draw_batches(
-    n: int, data, seed: int, batch_size: int, start_index: int, sampler=None
+    n: int, data, seed: int, batch_size: int, start_index: int, sampler=None, repeats=1, chunk=1
 ) -> tf.data.Dataset:
     """The endless stream of ``epoch_draws`` cut into batches of ``batch_size`` positions from
     global position ``start_index`` on: positions run on across epoch boundaries, as the
-    per-example path counts them (a batch may end one epoch and begin the next)."""
-    first_epoch, skip = divmod(start_index, n)
+    per-example path counts them (a batch may end one epoch and begin the next). With
+    ``repeats`` > 1 an epoch has ``repeats`` x n positions, laid out by chunks of ``chunk``
+    (``sampling.repeated_index``)."""
+    m = n * repeats
+    first_epoch, skip = divmod(start_index, m)
+    source = lambda e: epoch_index(e, n, data, seed, sampler)  # noqa: E731
 
     def epoch(e):
         begin = tf.where(e == first_epoch, skip, 0)
-        draws = epoch_draws(e, n, data, seed, sampler)
+        index = None if repeats == 1 else sampling.repeated_index(e, n, repeats, chunk, source)
+        draws = epoch_draws(e, m, data, seed, sampler, index)
         return tf.nest.map_structure(lambda v: v[begin:], draws)
 
     # rebatch cuts the epochs' vectors into batches with slice copies, not row by row.
@@ -355,6 +340,7 @@ def make_train_dataset(
     seed: int,
     deterministic: bool,
     start_index: int = 0,
+    repeats: int = 1,
 ) -> tf.data.Dataset:
     """The endless training stream of one input pipeline from ``mem``, batched ``batch_size``
     per replica in the layout ``pipeline.train_layout(data)`` names: the contract of
@@ -362,7 +348,8 @@ def make_train_dataset(
 
     Each of ``shard.count`` pipelines keeps its contiguous part of every global batch (the
     replica batches ``shard.index * k .. + k - 1`` of it, k = global / (batch_size x count)),
-    whatever ``deterministic`` says. ``start_index`` global examples are skipped (resume).
+    whatever ``deterministic`` says. ``start_index`` global examples are skipped (resume);
+    ``repeats``: each example that many times (``sampling.py``).
     """
     del deterministic  # the stream is deterministic either way, at no cost
     if (mem.padding, mem.image_size) != (data.crop_padding, data.image_size):
@@ -372,8 +359,10 @@ def make_train_dataset(
         )
     if data.mixing:
         device_ops.check_mixing_batch(batch_size)
-    sampler = class_sampler(mem, data.sampling_power) if data.balanced_sampling else None
-    draws = _draw_batches(mem.num_examples, data, seed, batch_size, start_index, sampler)
+    sampler = sampling.class_sampler(mem, data.sampling_power) if data.balanced_sampling else None
+    sampling.check(repeats, global_batch_size, mem.num_examples)
+    n, chunk = mem.num_examples, global_batch_size
+    draws = _draw_batches(n, data, seed, batch_size, start_index, sampler, repeats, chunk)
     if shard.count > 1:
         per_global = global_batch_size // batch_size
         per_pipeline = per_global // shard.count

@@ -16,7 +16,7 @@ import os
 
 import tensorflow as tf
 
-from tfgpu.data import augment, broken, dct, device_ops, host_ops
+from tfgpu.data import augment, broken, dct, device_ops, host_ops, sampling
 from tfgpu.data.spec import DataSpec
 from tfgpu.distribute import InputShard
 
@@ -244,6 +244,7 @@ def make_train_dataset(
     deterministic: bool,
     start_index: int = 0,
     name_broken: bool = True,
+    repeats: int = 1,
 ) -> tf.data.Dataset:
     """The endless training stream of one input pipeline, batched ``batch_size`` per replica,
     in the layout ``train_layout(data)`` names. Broken records get weight 0 and, with
@@ -253,7 +254,8 @@ def make_train_dataset(
     With ``deterministic`` (or fewer files than pipelines) every pipeline reads the same
     global order and keeps its own contiguous slice of each global batch, so the examples of
     an update do not depend on the number of workers; otherwise each pipeline reads its own
-    files. ``start_index`` global examples are skipped (resume).
+    files. ``start_index`` global examples are skipped (resume). ``repeats``: each example that
+    many times (``sampling.py``).
     """
     if data.mixing:
         device_ops.check_mixing_batch(batch_size)
@@ -264,9 +266,13 @@ def make_train_dataset(
         files = files[shard.index :: shard.count]
 
     epoch_size = spec.num_train // (shard.count if by_file else 1)
-    first_epoch = start_index // max(epoch_size, 1)
+    chunk = global_batch_size // (shard.count if by_file else 1)  # --repeated_augment's unit
+    sampling.check(repeats, chunk, epoch_size)
+    source_start, rest = sampling.split_start(start_index, chunk, repeats)
+    first_epoch = source_start // max(epoch_size, 1)
     ds = _train_records(files, data, spec, first_epoch, seed, deterministic)
-    ds = ds.skip(start_index - first_epoch * epoch_size)
+    ds = ds.skip(source_start - first_epoch * epoch_size)
+    ds = sampling.repeat_examples(ds, repeats, chunk).skip(rest)
     if not by_file and shard.count > 1:
         per_pipeline = global_batch_size // shard.count
         ds = ds.enumerate().filter(

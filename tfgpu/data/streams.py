@@ -12,7 +12,7 @@ one new id here; the numbers of existing ones never change (runs would not repea
 # Draws from an example's seed (host_ops.py).
 EXAMPLE = {"flip": 1, "mix_kind": 2, "gamma_a": 3, "gamma_b": 4, "cut_y": 5, "cut_x": 6}
 # Draws from an epoch's key, one vector per epoch (memory.py); class and member: balanced
-# sampling's class of each position, then its example.
+# sampling's class of each position, then its example (sampling.py).
 EPOCH = {
     "order": 1,
     "flip": 2,

@@ -66,6 +66,15 @@ def build_model(
     )
 
 
+def rematerialized(model, name: str):
+    """``model`` (built as registry model ``name``) wrapped so that its forward pass keeps only
+    each block's input and the backward pass recomputes the block (``--remat``: ``remat.py``);
+    it shares ``model``'s layers and variables."""
+    from tfgpu.models import remat
+
+    return remat.rematerialized(model, MODELS[name][0])
+
+
 def load_initial_weights(model, path: str) -> list[str]:
     """Loads ``--init_weights`` into ``model``; returns the names of the layers left as built.
 

@@ -16,7 +16,7 @@ from tfgpu.models import pretrained
 from tfgpu.train.best import Best, tracks_best_in_loop
 from tfgpu.train.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch
-from tfgpu.data import augment, balance, device_ops, memory, pipeline
+from tfgpu.data import augment, balance, device_ops, memory, pipeline, sampling
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import Backend
 from tfgpu.step.train_step import DynamicLossScale, TrainStep
@@ -122,7 +122,11 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
         fresh = models.load_initial_weights(model, config.model.init_weights)
         init_line = _init_line(config, model, fresh)
     tuning = finetune.describe(config, step.optimizer, plan.total_steps)
-    init_line = "\n".join(line for line in (balance_line, init_line, tuning) if line)
+    repeated = sampling.describe(
+        config.curriculum.repeated_augment, spec.num_train, config.train.global_batch_size
+    )
+    lines = (balance_line, repeated, init_line, tuning)
+    init_line = "\n".join(line for line in lines if line)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
     if loss_scale:
@@ -195,6 +199,8 @@ def build_step(
         layout = "uint8"
     if layout == "uint8" and augment.num_slots(config.data) + config.data.random_erasing > 0:
         unpack = _then(unpack, device_ops.augmented)  # outside XLA too, see augmented
+    if config.model.remat:  # only the step runs the blocks so; checkpoints hold ``model``
+        model = models.rematerialized(model, config.model.name)
     return TrainStep(
         model,
         optimizer,
@@ -246,6 +252,7 @@ def train_maker(training: Training, start_step: int):
         seed=config.seed,
         deterministic=config.deterministic,
         start_index=start_step * config.train.global_batch_size,
+        repeats=config.curriculum.repeated_augment,
     )
 
 

@@ -1,0 +1,78 @@
+"""--remat (tfgpu/models/remat.py): per-block gradient checkpointing gives the gradients,
+BatchNorm statistics and dropout masks of the model without it, for every family, and leaves
+the model's checkpoint object graph as it is. Memory and time: bench/remat.py."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgpu import models
+from tfgpu.models import remat
+
+
+def _gradients(model, trained, images, labels):
+    """Gradients of ``trained`` (a model's variables) at one training forward pass of
+    ``model``, and the model's non-trainable variables (moving statistics, seeds) after it."""
+
+    @tf.function
+    def grads():
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+            loss = tf.reduce_mean(loss)
+        return tape.gradient(loss, trained.trainable_variables)
+
+    before = [v.numpy() for v in trained.non_trainable_variables]
+    out = [g.numpy() for g in grads()]
+    after = [v.numpy() for v in trained.non_trainable_variables]
+    for v, value in zip(trained.non_trainable_variables, before):
+        v.assign(value)  # the next pass starts from the same state
+    return out, after
+
+
+@pytest.mark.slow  # builds and traces keras.applications models (10-60 s each)
+@pytest.mark.parametrize(
+    "name,drop_path",
+    [
+        ("tiny_cnn", -1.0),
+        ("resnet18", -1.0),
+        ("efficientnet_b0", 0.2),  # stochastic depth on: the recompute must draw the same masks
+        pytest.param("densenet121", -1.0, marks=pytest.mark.heavy),
+    ],
+)
+def test_remat_gives_the_same_gradients_statistics_and_checkpoint(name, drop_path, tmp_path):
+    keras.utils.set_random_seed(1)
+    model = models.build_model(name, 4, 32, small_input=True, drop_path_rate=drop_path)
+    saved = tf.train.Checkpoint(model=model).write(str(tmp_path / "before"))
+    wrapped = models.rematerialized(model, name)
+    assert wrapped.blocks >= 2
+    # The optimizer sees the same variables in the same order (its slots, its checkpoint).
+    assert [id(v) for v in wrapped.trainable_variables] == [
+        id(v) for v in model.trainable_variables
+    ]
+    rng = np.random.default_rng(0)
+    images = tf.constant(rng.integers(0, 256, (4, 32, 32, 3)).astype(np.float32))
+    labels = tf.constant([0, 1, 2, 3])
+    grads, state = _gradients(model, model, images, labels)
+    remat_grads, remat_state = _gradients(wrapped, model, images, labels)
+    scale = max(float(np.abs(g).max()) for g in grads)
+    for a, b in zip(grads, remat_grads):
+        np.testing.assert_allclose(b, a, atol=1e-6 * scale, rtol=0)
+    initial = [v.numpy() for v in model.non_trainable_variables]
+    if name != "tiny_cnn":  # BatchNorm statistics (and seeds) moved: the comparison means something
+        assert any(np.any(a != b) for a, b in zip(state, initial))
+    for a, b in zip(state, remat_state):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)  # moved once, not twice
+    # Wrapping added nothing to what a checkpoint of the model holds.
+    after = tf.train.Checkpoint(model=model).write(str(tmp_path / "after"))
+    names = lambda path: sorted(n for n, _ in tf.train.list_variables(path))  # noqa: E731
+    assert names(after) == names(saved)
+
+
+@pytest.mark.fast
+def test_a_model_without_blocks_is_refused():
+    inputs = keras.Input((8, 8, 3))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="logits")(inputs))
+    with pytest.raises(ValueError, match="no blocks found"):
+        remat.rematerialized(model, "tiny_cnn")
