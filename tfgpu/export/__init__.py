@@ -116,29 +116,27 @@ def export(
     log(f"exporting {source.checkpoint} as {name} ...")
     module.write(source, staged, quantize, calibration, full_integer)
     entry = _checked(source, module.runner(staged), check_images, batch_size)
-    entry.update(
-        format=fmt,
-        quantize=quantize,
-        full_integer=full_integer,
-        checkpoint=source.checkpoint,
-        step=source.trained.step,
-        model=source.trained.config.model.name,
-        image_size=source.image_size,
-        class_names=source.class_names,
-        bytes=_size(staged),
-    )
+    entry.update(format=fmt, quantize=quantize, full_integer=full_integer, bytes=_size(staged))
     refused = check.verdict(entry, quantize, max_prob_diff, max_top1_change)
-    key = os.path.basename(output)
+    return _settle(entry, staged, output, refused, source.class_names, log)
+
+
+def _settle(entry: dict, staged: str, output: str, refused: str, class_names, log) -> dict:
+    """Puts a checked export in place (``output``, labels.txt beside it) or, when
+    ``refused``, leaves it at ``staged`` and raises ExportRefused; either way report.json
+    beside ``output`` gets ``entry``, with its verdict and file."""
+    from tfgpu.export import check
+
+    directory, key = os.path.dirname(os.path.abspath(output)), os.path.basename(output)
     if refused:
         entry.update(verdict=f"refused: {refused}", file=staged)
-        report = check.add_to_report(os.path.dirname(os.path.abspath(output)), key, entry)
+        report = check.add_to_report(directory, key, entry)
         raise ExportRefused(f"{staged}: refused: {refused} (see {report})")
     _remove(output)
     os.replace(staged, output)
-    _write_labels(output, source.class_names)
+    _write_labels(output, class_names)
     entry.update(verdict="ok", file=output)
-    report = check.add_to_report(os.path.dirname(os.path.abspath(output)), key, entry)
-    log(summary_line(entry, report))
+    log(summary_line(entry, check.add_to_report(directory, key, entry)))
     return entry
 
 
@@ -178,7 +176,10 @@ def _checked(source, run, check_images: int, batch_size: int) -> dict:
     images = next(batches.as_numpy_iterator())["image"]
     entry["reference"].update(check.timing(reference, images))
     entry.update(check.timing(lambda x: run({"image": x}), images), machine=check.machine())
-    entry["split"] = "validation"
+    trained = source.trained
+    entry.update(split="validation", checkpoint=source.checkpoint, step=trained.step)
+    entry.update(model=trained.config.model.name, image_size=source.image_size)
+    entry["class_names"] = source.class_names
     return entry
 
 
