@@ -198,46 +198,67 @@ FAMILY_MODELS = {
     "efficientnet": "efficientnet_b0",
     "efficientnetv2": "efficientnetv2_b0",
 }
-# resnet18 in every default run (tiny_cnn is the trained run's); the keras.applications
-# families take 1-2 minutes each on 2 cores: heavy.
+FORMATS = ("saved_model", "litert", "litert_int8", "onnx")
+# tiny_cnn goes through every format in the trained run's tests above, resnet18's float
+# formats in every default run; the rest (keras.applications families: 1-3 minutes each on 2
+# cores, int8 calibration) are heavy.
 CASES = [
-    pytest.param(n, marks=[] if n == "resnet18" else [pytest.mark.heavy])
-    for n in FAMILY_MODELS.values()
-    if n != "tiny_cnn"
+    pytest.param(
+        name,
+        fmt,
+        marks=[] if name == "resnet18" and fmt != "litert_int8" else [pytest.mark.heavy],
+    )
+    for name in FAMILY_MODELS.values()
+    if name != "tiny_cnn"
+    for fmt in FORMATS
 ]
 
 
-@pytest.mark.slow  # builds and converts a model 4 times: ~30 s
+@pytest.mark.slow  # builds and converts a model: 5-15 s
 @needs_litert
 @needs_onnx
-@pytest.mark.parametrize("name", CASES)
-def test_every_family_exports_in_every_format(name, tmp_path):
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name, fmt", CASES)
+def test_every_family_exports_in_every_format(name, fmt, tmp_path):
     import tensorflow as tf
 
-    from tfgpu.export import litert, onnx, saved_model
-    from tfgpu.train.serving import decode_images
+    from tfgpu.export import litert, onnx
 
     assert set(FAMILY_MODELS) == set(FAMILIES) and family_of(name) in FAMILIES
     source = _random_source(name)
     images = make_image_arrays(8, size=32, seed=3)[0]
+    expected = tf.nn.softmax(source.model(images.astype(np.float32))).numpy()
+    path = str(tmp_path / {"saved_model": "sm", "onnx": "m.onnx"}.get(fmt, "m.tflite"))
+    if fmt == "saved_model":
+        _check_saved_model(source, path, images, expected)
+    elif fmt == "onnx":
+        onnx.write(source, path, "none")
+        got = onnx.runner(path)({"image": images})["onnx"]
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    elif fmt == "litert":
+        litert.write(source, path, "none")
+        got = litert.runner(path)({"image": images})["litert"]
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    else:
+        calibration = make_image_arrays(16, size=32, seed=4)[0].astype(np.float32)
+        litert.write(source, path, "int8", calibration, full_integer=True)
+        got = litert.runner(path)({"image": images})["litert"]
+        assert got.shape == expected.shape and np.abs(got - expected).max() < 0.1
+
+
+def _check_saved_model(source, path, images, expected):
+    """The pixels signature is the model; the bytes and tf.Example ones are the model on
+    evaluation's decode of the same JPEGs."""
+    import tensorflow as tf
+
+    from tfgpu.export import saved_model
+    from tfgpu.train.serving import decode_images
+
+    saved_model.write(source, path, "none")
     encoded = np.array([_jpeg(i) for i in images], dtype=object)
-    softmax = lambda x: tf.nn.softmax(source.model(tf.cast(x, tf.float32))).numpy()
-    expected = softmax(images)
-    saved_model.write(source, str(tmp_path / "saved_model"), "none")
-    served = saved_model.runner(str(tmp_path / "saved_model"))(
-        {"image": images, "encoded": encoded}
-    )
+    served = saved_model.runner(path)({"image": images, "encoded": encoded})
     np.testing.assert_allclose(served["images"], expected, atol=1e-5)
-    decoded = softmax(decode_images(tf.constant(list(encoded)), source.data)[0])
-    np.testing.assert_allclose(served["bytes"], decoded, atol=1e-5)
-    np.testing.assert_allclose(served["examples"], decoded, atol=1e-5)
-    onnx.write(source, str(tmp_path / "m.onnx"), "none")
-    got = onnx.runner(str(tmp_path / "m.onnx"))({"image": images})["onnx"]
-    np.testing.assert_allclose(got, expected, atol=1e-5)
-    litert.write(source, str(tmp_path / "m.tflite"), "none")
-    got = litert.runner(str(tmp_path / "m.tflite"))({"image": images})["litert"]
-    np.testing.assert_allclose(got, expected, atol=1e-5)
-    calibration = make_image_arrays(16, size=32, seed=4)[0].astype(np.float32)
-    litert.write(source, str(tmp_path / "q.tflite"), "int8", calibration, full_integer=True)
-    got = litert.runner(str(tmp_path / "q.tflite"))({"image": images})["litert"]
-    assert got.shape == expected.shape and np.abs(got - expected).max() < 0.1
+    decoded = decode_images(tf.constant(list(encoded)), source.data)[0]
+    on_decoded = tf.nn.softmax(source.model(tf.cast(decoded, tf.float32))).numpy()
+    np.testing.assert_allclose(served["bytes"], on_decoded, atol=1e-5)
+    np.testing.assert_allclose(served["examples"], on_decoded, atol=1e-5)

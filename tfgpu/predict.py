@@ -134,6 +134,7 @@ def predictor(trained):
         with ema or contextlib.nullcontext():
             return probabilities(images).numpy()
 
+    run.probabilities = probabilities  # the model alone, with the weights it holds now
     return run
 
 

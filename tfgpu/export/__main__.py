@@ -60,8 +60,11 @@ def define_flags() -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from absl import logging
+
     from tfgpu.train.faults import translate
 
+    logging.set_verbosity(logging.WARNING)  # the SavedModel writer logs each step at INFO
     return run_command(_command, prog="tfgpu-export", translate=translate)
 
 

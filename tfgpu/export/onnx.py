@@ -9,6 +9,8 @@ input only), so they become constants. Input: float32 pixels [N, S, S, 3] in [0,
 center-cropped and resized as evaluation does; output: probabilities [N, C].
 """
 
+import logging
+
 import numpy as np
 
 QUANTIZE = ("none",)
@@ -20,23 +22,35 @@ WHY_NOT = (
 
 def write(source, path: str, quantize: str, calibration=None, full_integer=False) -> None:
     """The .onnx file at ``path``."""
-    import tensorflow as tf
     import tf2onnx
 
     from tfgpu.export.source import float32_twin
 
     size = source.image_size
-    with source.evaluation_weights():
-        model = float32_twin(source)
-        function = tf.function(lambda images: tf.nn.softmax(model(images, training=False)))
-        spec = tf.TensorSpec([None, size, size, 3], tf.float32, name="images")
-        concrete = function.get_concrete_function(spec)
-        inputs = [concrete.inputs[0].name]  # the rest are captures, frozen into constants
-        outputs = [t.name for t in concrete.outputs]
-        frozen = tf2onnx.tf_loader.from_function(concrete, inputs, outputs)
-    tf2onnx.convert.from_graph_def(
-        frozen, name="tfgpu", input_names=inputs, output_names=outputs, output_path=path
-    )
+    # tf2onnx freezes with TF1 helpers, and TensorFlow logs a deprecation notice for each.
+    quiet = logging.getLogger("tensorflow")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with source.evaluation_weights():
+            frozen, inputs, outputs = _frozen(float32_twin(source), size, tf2onnx)
+        tf2onnx.convert.from_graph_def(
+            frozen, name="tfgpu", input_names=inputs, output_names=outputs, output_path=path
+        )
+    finally:
+        quiet.setLevel(level)
+
+
+def _frozen(model, size: int, tf2onnx) -> tuple:
+    """(the frozen GraphDef of pixels -> softmax(model), its input names, its output names)."""
+    import tensorflow as tf
+
+    function = tf.function(lambda images: tf.nn.softmax(model(images, training=False)))
+    spec = tf.TensorSpec([None, size, size, 3], tf.float32, name="images")
+    concrete = function.get_concrete_function(spec)
+    inputs = [concrete.inputs[0].name]  # the rest are captures, frozen into constants
+    outputs = [t.name for t in concrete.outputs]
+    return tf2onnx.tf_loader.from_function(concrete, inputs, outputs), inputs, outputs
 
 
 def runner(path: str, threads: int = 0):
