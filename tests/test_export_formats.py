@@ -262,3 +262,27 @@ def _check_saved_model(source, path, images, expected):
     on_decoded = tf.nn.softmax(source.model(tf.cast(decoded, tf.float32))).numpy()
     np.testing.assert_allclose(served["bytes"], on_decoded, atol=1e-5)
     np.testing.assert_allclose(served["examples"], on_decoded, atol=1e-5)
+
+
+@needs_litert
+def test_a_mixed_precision_model_exports_from_a_float32_copy(tmp_path):
+    import keras
+
+    from tfgpu.export import litert
+    from tfgpu.export.source import float32_twin
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        source = _random_source("tiny_cnn")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    source.trained.config = source.trained.config.with_settings(dtype="mixed_float16")
+    twin = float32_twin(source)
+    assert source.model.compute_dtype == "float16" and twin.compute_dtype == "float32"
+    images = make_image_arrays(4, size=32, seed=6)[0].astype(np.float32)
+    expected = keras.ops.convert_to_numpy(keras.ops.softmax(twin(images)))
+    mixed = keras.ops.convert_to_numpy(keras.ops.softmax(source.model(images)))
+    np.testing.assert_allclose(mixed, expected, atol=1e-2)  # float16 compute, same weights
+    litert.write(source, str(tmp_path / "m.tflite"), "none")
+    got = litert.runner(str(tmp_path / "m.tflite"))({"image": images})["litert"]
+    np.testing.assert_allclose(got, expected, atol=1e-5)
