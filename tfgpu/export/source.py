@@ -11,7 +11,7 @@ import contextlib
 from dataclasses import dataclass
 
 from tfgpu.train import use
-from tfgpu.errors import DataError
+from tfgpu.errors import DataError, UsageError
 
 
 @dataclass
@@ -67,6 +67,11 @@ def float32_twin(source: Source):
     if all(w.dtype == "float32" for w in model.weights) and model.compute_dtype == "float32":
         return model
     config = source.trained.config
+    if source.checkpoint.endswith(".keras"):  # no run: its registry name is not known
+        raise UsageError(
+            f"{source.checkpoint} computes in {model.compute_dtype}: export it from its run "
+            "(--model_dir), whose config names the model to rebuild in float32"
+        )
     previous = keras.config.dtype_policy()
     keras.mixed_precision.set_global_policy("float32")
     try:
