@@ -199,14 +199,13 @@ FAMILY_MODELS = {
     "efficientnetv2": "efficientnetv2_b0",
 }
 FORMATS = ("saved_model", "litert", "litert_int8", "onnx")
-# tiny_cnn goes through every format in the trained run's tests above, resnet18's float
-# formats in every default run; the rest (keras.applications families: 1-3 minutes each on 2
-# cores, int8 calibration) are heavy.
+# tiny_cnn goes through every format in the trained run's tests above, and resnet18 to ONNX
+# in every default run (tiny_cnn has no Normalization layer, whose captured constants Keras'
+# own ONNX route gets wrong: onnx.py). The rest are heavy: 20-190 s each on 2 shared cores
+# (all 16 passed in 23 min); test_export.py exports resnet18's SavedModel by default.
 CASES = [
     pytest.param(
-        name,
-        fmt,
-        marks=[] if name == "resnet18" and fmt != "litert_int8" else [pytest.mark.heavy],
+        name, fmt, marks=[] if (name, fmt) == ("resnet18", "onnx") else [pytest.mark.heavy]
     )
     for name in FAMILY_MODELS.values()
     if name != "tiny_cnn"
@@ -214,7 +213,7 @@ CASES = [
 ]
 
 
-@pytest.mark.slow  # builds and converts a model: 5-15 s
+@pytest.mark.slow  # builds and converts a model: 10-60 s
 @needs_litert
 @needs_onnx
 @pytest.mark.timeout(900)
