@@ -44,6 +44,7 @@ def run_dir(small_dataset, tmp_path_factory):
         steps_per_loop=3,
         seed=1,
         input_probe_s=0.0,
+        export=False,  # the tests export it themselves
     )
     train.run(validate(config))
     return str(model_dir)
@@ -165,6 +166,8 @@ def test_what_cannot_be_exported_is_one_line(monkeypatch):
             assert unsupported(fmt, "none", family=family) == ""
     with pytest.raises(UsageError, match="is not supported: tfgpu-export quantizes"):
         export("x", fmt="onnx", quantize="float16")
+    with pytest.raises(UsageError, match=r"--output=m.onnx: a --format=litert file's name ends"):
+        export("x", fmt="litert", output="m.onnx")
     import importlib.util
 
     real = importlib.util.find_spec

@@ -89,11 +89,15 @@ def export(
     """Exports as the command does; returns its report.json entry. Raises UsageError for what
     cannot be exported (one line), ExportRefused when the check fails (the export is then
     left at ``unchecked_path(output)``)."""
-    why = unsupported(fmt, quantize, full_integer) or missing_packages(fmt)
+    suffix = {"litert": ".tflite", "onnx": ".onnx"}.get(fmt, "")
+    why = unsupported(fmt, quantize, full_integer)
+    if not why and output and not output.endswith(suffix):
+        why = f"--output={output}: a --format={fmt} file's name ends in {suffix}"
+    if not why and not model_dir and not output:
+        why = "give --model_dir (the export goes to its export/), or --output"
+    why = why or missing_packages(fmt)
     if why:
         raise UsageError(why)
-    if not model_dir and not output:
-        raise UsageError("give --model_dir (the export goes to its export/), or --output")
     if min(check_images, calibration_images, batch_size) < 1:
         raise UsageError("--check_images, --calibration_images and --batch_size must be positive")
     from tfgpu.export import check
