@@ -7,15 +7,15 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-heavy test-fast install horovod system ray bench
+.PHONY: demo test test-heavy test-fast install horovod system ray export bench
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
-test: system install horovod ray
+test: system install horovod ray export
 	$(PY) -m pytest -q --durations=25 tests
 
 # Everything, with the opt-in heavy tests too (tests/conftest.py: HEAVY_ENV).
-test-heavy: system install horovod ray
+test-heavy: system install horovod ray export
 	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q --durations=25 tests
 
 # The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
@@ -43,4 +43,11 @@ ray: $(STAMP)-ray
 
 $(STAMP)-ray: $(STAMP)
 	$(PY) -m pip install -q -e '.[ray]'
+	touch $@
+
+# LiteRT and ONNX for tfgpu-export, the [export] extra: tests/test_export_formats.py runs them.
+export: $(STAMP)-export
+
+$(STAMP)-export: $(STAMP)
+	$(PY) -m pip install -q -e '.[export]'
 	touch $@

@@ -2,7 +2,7 @@
 against the exported SavedModel called directly?
 
 One model (``--model`` at ``--image_size``, random weights: speed does not depend on them) is
-exported as tfgpu exports a run (``results.export_model``: model.keras and a SavedModel whose
+exported as tfgpu exports a run (``serving.export_model``: model.keras and a SavedModel whose
 ``serve`` takes uint8 images); ``--num_images`` generated JPEGs (320x240, quality 90) are
 written to a folder and converted by tools/to_tfrecord.py. Then, in ONE run, ``--rounds``
 rounds of every contender in turn, the order reversed every other round (the machine is
@@ -84,7 +84,7 @@ def convert(photos: str, out: str) -> None:
 def export(workdir: str, model_name: str, image_size: int) -> str:
     """The model exported as a run exports it; the export folder."""
     from tfgpu import models
-    from tfgpu.train.results import export_model
+    from tfgpu.train.serving import export_model
 
     directory = os.path.join(workdir, "export")
     model = models.build_model(model_name, len(CLASSES), image_size)

@@ -1,4 +1,5 @@
-"""export/model.keras and export/saved_model load and predict in a Python without tfgpu."""
+"""export/model.keras and export/saved_model (its pixel and bytes signatures) load and predict
+in a Python without tfgpu."""
 
 import json
 import os
@@ -9,9 +10,13 @@ import zipfile
 
 import numpy as np
 import pytest
+import tensorflow as tf
+from PIL import Image
 
+from conftest import make_image_arrays
 from tfgpu import models
-from tfgpu.train.results import export_model
+from tfgpu.config import config_from
+from tfgpu.train.serving import decode_images, export_model
 
 # Runs in a fresh interpreter where `import tfgpu` fails (the package is installed editable,
 # so hiding the repo from sys.path is not enough: the module entry is blocked instead).
@@ -30,6 +35,8 @@ LOADER = textwrap.dedent(
     loaded = tf.saved_model.load(export + "/saved_model")  # kept: it owns the variables
     served = loaded.serve(tf.constant(images))
     np.save(sys.argv[3], np.stack([model(images.astype("float32")).numpy(), served.numpy()]))
+    encoded = tf.constant([open(sys.argv[4], "rb").read()])
+    np.save(sys.argv[5], loaded.classify_bytes(encoded)["probabilities"].numpy())
     print("tfgpu" in sys.modules and sys.modules["tfgpu"] is not None)
     """
 )
@@ -43,8 +50,11 @@ def test_exported_model_predicts_the_same_without_tfgpu(tmp_path, name):
     model = models.build_model(name, num_classes=5, image_size=32, small_input=True)
     images = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
     expected = model(images.astype(np.float32), training=False).numpy()
-    export_model(model, str(tmp_path / "export"), image_size=32)
+    data = config_from(image_size=32).data
+    export_model(model, str(tmp_path / "export"), 32, class_names=list("abcde"), data=data)
     np.save(tmp_path / "images.npy", images)
+    photo = make_image_arrays(1, size=45, seed=2)[0][0]
+    Image.fromarray(photo).save(tmp_path / "photo.png")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run(
         [
@@ -54,6 +64,8 @@ def test_exported_model_predicts_the_same_without_tfgpu(tmp_path, name):
             str(tmp_path / "export"),
             str(tmp_path / "images.npy"),
             str(tmp_path / "out.npy"),
+            str(tmp_path / "photo.png"),
+            str(tmp_path / "bytes.npy"),
         ],
         capture_output=True,
         check=False,
@@ -67,6 +79,10 @@ def test_exported_model_predicts_the_same_without_tfgpu(tmp_path, name):
     from_keras, from_saved_model = np.load(tmp_path / "out.npy")
     np.testing.assert_allclose(from_keras, expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(from_saved_model, expected, rtol=1e-4, atol=1e-5)
+    # The bytes signature, without tfgpu: evaluation's crop and resize inside the graph.
+    decoded, _ = decode_images(tf.constant([(tmp_path / "photo.png").read_bytes()]), data)
+    by_tfgpu = tf.nn.softmax(model(tf.cast(decoded, tf.float32), training=False)).numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "bytes.npy"), by_tfgpu, atol=1e-6)
 
 
 @pytest.mark.fast

@@ -90,6 +90,8 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
         "tfgpu.evaluate",
         "tfgpu.train.watch",
         "tfgpu.predict",
+        "tfgpu.export",
+        "tfgpu.export.__main__",
         "tfgpu.convert.cli",
         "tfgpu.convert.plan",
         "tfgpu.convert.worker",
@@ -131,7 +133,7 @@ def test_the_converter_and_the_reader_share_only_the_record_format(package, othe
 # The house's layers, top to bottom: a module may import its own layer's or lower ones', never
 # a higher one's (at its top or inside a function). CONTRIBUTING.md draws the same picture.
 LAYERS = (
-    ("main", "evaluate", "predict", "ray", "launch"),  # commands
+    ("main", "evaluate", "predict", "export", "ray", "launch"),  # commands
     ("train",),  # a run: loop, build, actions, checkpoints, best, results, faults, ...
     ("step", "config"),  # one update and what runs compiled; the settings
     ("optim",),  # optimizers, schedules, fine-tuning groups

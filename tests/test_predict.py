@@ -11,7 +11,7 @@ from conftest import make_image_arrays
 from tfgpu import models
 from tfgpu.errors import UsageError
 from tfgpu.predict import header, predict
-from tfgpu.train.results import export_model
+from tfgpu.train.serving import export_model
 
 
 @pytest.fixture(scope="module")

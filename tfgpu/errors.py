@@ -75,6 +75,13 @@ class WorkerLost(TfgpuError):
     exit_code = 5
 
 
+class ExportRefused(TfgpuError):
+    """An exported model that departs from the Keras model beyond its tolerance
+    (``tfgpu-export``'s check): it is left unchecked beside the output, not at it."""
+
+    exit_code = 6
+
+
 class Preempted(TfgpuError):
     """The run was asked to stop (SIGTERM/SIGINT) and saved a checkpoint; run it again."""
 

@@ -109,11 +109,6 @@ def predict(
 
 def _load(config, path: str, need_data: bool) -> dict:
     """{"trained", "predict(images uint8) -> probabilities", "class_names"}."""
-    import contextlib
-
-    import tensorflow as tf
-
-    from tfgpu import compat
 
     if need_data:
         trained = use.load(config, path)
@@ -124,6 +119,19 @@ def _load(config, path: str, need_data: bool) -> dict:
         model = keras.saving.load_model(path, compile=False, safe_mode=True)
         trained = use.Trained(config, None, None, model, None, None, 0)
         names = [str(i) for i in range(model.output_shape[-1])]
+    return {"trained": trained, "predict": predictor(trained), "class_names": names}
+
+
+def predictor(trained):
+    """The function tfgpu.predict classifies with: uint8 images [N, S, S, 3] (numpy or
+    tensor) -> float32 probabilities [N, C] (numpy), with the run's EMA weights when it kept
+    them (``trained``: a ``use.Trained``)."""
+    import contextlib
+
+    import tensorflow as tf
+
+    from tfgpu import compat
+
     model = trained.model
     size = trained.config.data.image_size
 
@@ -139,7 +147,8 @@ def _load(config, path: str, need_data: bool) -> dict:
         with ema or contextlib.nullcontext():
             return probabilities(images).numpy()
 
-    return {"trained": trained, "predict": run, "class_names": names}
+    run.probabilities = probabilities  # the model alone, with the weights it holds now
+    return run
 
 
 def _rows(names, paths, probs, k: int) -> list[dict]:

@@ -206,7 +206,9 @@ class TrainConfig:
         False, "With --profile_steps: trace every worker (worker i under tensorboard/worker<i>)."
     )
     export: bool = setting(
-        True, "At the end, export the model as .keras and as a SavedModel taking uint8 images."
+        True,
+        "At the end, export the model as .keras and as a SavedModel (signatures for uint8 "
+        "images, encoded image bytes and tf.Examples; tfgpu-export: docs/deploying.md).",
     )
 
 

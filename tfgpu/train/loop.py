@@ -36,7 +36,8 @@ from tfgpu.distribute import backends, consensus, env, heartbeat_wire, heartbeat
 from tfgpu.train.faults import PreemptionGuard
 from tfgpu.step.loops import make_train_loop
 from tfgpu.train.evaluator import Evaluator
-from tfgpu.train.results import RunWriter, export_model, final_eval_of
+from tfgpu.train.results import RunWriter, final_eval_of
+from tfgpu.train.serving import export_model
 from tfgpu.errors import NonFiniteLoss
 
 
@@ -240,15 +241,21 @@ def _export(r: Training, writer: RunWriter) -> None:
     summary's fingerprint is of the last model, on every worker)."""
     config = r.config
     directory = os.path.join(config.model_dir, "export")
+    # The serving signatures: class names, and evaluation's preprocessing as evaluation
+    # resolves it for this data (dct.resolved), so classify_bytes is exactly evaluation's.
+    served = dict(
+        class_names=data_spec.class_names(r.spec),
+        data=dct.resolved(config.data, r.spec.eval_sides, train=False),
+    )
     if not (config.train.export_best and r.best is not None and r.best.kept):
-        export_model(r.model, directory, config.data.image_size)
+        export_model(r.model, directory, config.data.image_size, **served)
         return
     best = r.best.kept[0]
     last = [keras.ops.convert_to_numpy(w) for w in r.model.weights]
     tf.train.Checkpoint(model=r.model).read(best["checkpoint"]).expect_partial()
     refresh_derived_state(r.model)
     writer.info(f"export: the best model by {r.best.metric}, step {best['step']}")
-    export_model(r.model, directory, config.data.image_size)
+    export_model(r.model, directory, config.data.image_size, **served)
     for weight, value in zip(r.model.weights, last):
         weight.assign(value)
     refresh_derived_state(r.model)

@@ -3,8 +3,8 @@
 config.json, metrics.jsonl (one JSON object per logged step or evaluation), summary.csv (one
 row per evaluation, as timm's), tensorboard/ (train/ and eval/ scalars; at its top the run's
 settings as hparams and its final metrics; evaluate/: what ``tfgpu.evaluate`` writes later,
-the confusion matrix as an image), summary.json, final.weights.h5 and export/ (model.keras
-and a SavedModel taking uint8).
+the confusion matrix as an image), summary.json and final.weights.h5 (export/ is
+``serving.py``'s).
 """
 
 import csv
@@ -14,7 +14,6 @@ import os
 import sys
 import time
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -259,21 +258,6 @@ def format_progress(record: dict, total_steps: int, global_batch: int) -> str:
             f"/update (median {record['median_compute_s']:.3f})"
         )
     return line
-
-
-def export_model(model: keras.Model, directory: str, image_size: int) -> None:
-    """Saves ``model.keras`` and a SavedModel whose ``serve`` signature takes uint8 images
-    [N, image_size, image_size, 3] and returns float32 logits."""
-    os.makedirs(directory, exist_ok=True)
-    model.save(os.path.join(directory, "model.keras"))
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint(
-        "serve",
-        lambda images: model(tf.cast(images, tf.float32), training=False),
-        input_signature=[tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")],
-    )
-    archive.write_out(os.path.join(directory, "saved_model"), verbose=False)
 
 
 INPUT_BOUND = 0.10  # the share of step time waiting for input that is worth a warning

@@ -1,0 +1,290 @@
+"""tfgpu-export: one trained run exported as a SavedModel with serving signatures, as LiteRT
+(float32, float16, int8, full-integer int8) and as ONNX, each checked against tfgpu.predict;
+every model family built (random weights, 32x32) and exported in every format."""
+
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import make_image_arrays
+from tfgpu import train
+from tfgpu.config import config_from, validate
+from tfgpu.errors import ExportRefused, UsageError, run_command
+from tfgpu.export import FAMILIES, export, family_of, missing_packages, unsupported
+
+needs_litert = pytest.mark.skipif(
+    bool(missing_packages("litert")), reason="no ai-edge-litert: pip install '.[export]'"
+)
+needs_onnx = pytest.mark.skipif(
+    bool(missing_packages("onnx")), reason="no tf2onnx/onnxruntime: pip install '.[export]'"
+)
+
+
+@pytest.fixture(scope="module")
+def run_dir(small_dataset, tmp_path_factory):
+    """tiny_cnn, 6 updates of Adam with EMA weights (what evaluation and the export use)."""
+    model_dir = tmp_path_factory.mktemp("run")
+    config = config_from(
+        strategy="default",
+        model="tiny_cnn",
+        data_dir=small_dataset,
+        model_dir=str(model_dir),
+        image_size=32,
+        global_batch_size=16,
+        train_steps=6,
+        optimizer="adam",
+        learning_rate=0.003,
+        weight_decay=0.0,
+        ema_decay=0.9,
+        lr_schedule="constant",
+        steps_per_loop=3,
+        seed=1,
+        input_probe_s=0.0,
+        export=False,  # the tests export it themselves
+    )
+    train.run(validate(config))
+    return str(model_dir)
+
+
+def _jpeg(image) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(image).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def _quiet(*_):
+    pass
+
+
+def test_saved_model_signatures_are_predicts(run_dir, tmp_path):
+    import tensorflow as tf
+
+    from tfgpu.predict import predict
+
+    entry = export(run_dir, fmt="saved_model", log=_quiet)
+    assert entry["verdict"] == "ok" and entry["num_images"] == 24
+    assert set(entry["outputs"]) == {"images", "bytes", "examples"}
+    for out in entry["outputs"].values():
+        assert out["top1_agreement"] == 1.0 and out["max_prob_diff"] < 1e-5
+    assert entry["latency_ms"] > 0 and entry["reference"]["images_per_sec"] > 0
+    report = json.load(open(os.path.join(run_dir, "export", "report.json")))
+    assert report["exports"]["saved_model"]["verdict"] == "ok"
+    # A JPEG the model never saw, of another size: the bytes signature's crop and resize are
+    # tfgpu.predict's.
+    image = make_image_arrays(1, size=57, seed=5)[0][0]
+    (tmp_path / "x.jpg").write_bytes(_jpeg(image))
+    row = predict(
+        [str(tmp_path / "x.jpg")], model_dir=run_dir, top_k=4, output=str(tmp_path / "p.csv")
+    )[0]
+    loaded = tf.saved_model.load(entry["file"])
+    served = loaded.signatures["classify_bytes"](image_bytes=tf.constant([_jpeg(image)]))
+    names = [n.decode() for n in served["top_k_names"].numpy()[0]]
+    assert names == [label for label, _ in row["top"]] and bool(served["valid"].numpy()[0])
+    np.testing.assert_allclose(
+        served["top_k_probabilities"].numpy()[0], [p for _, p in row["top"]], atol=1e-6
+    )
+    broken = loaded.classify_bytes(tf.constant([b"\xff\xd8\xffnot a jpeg"]))
+    assert not bool(broken["valid"].numpy()[0])
+    assert loaded.serve(tf.zeros([2, 32, 32, 3], tf.uint8)).shape == (2, 4)  # logits, as before
+
+
+@needs_litert
+@pytest.mark.parametrize(
+    "quantize, full_integer", [("none", False), ("float16", False), ("int8", True)]
+)
+def test_litert(run_dir, quantize, full_integer):
+    from ai_edge_litert.interpreter import Interpreter
+
+    entry = export(run_dir, fmt="litert", quantize=quantize, full_integer=full_integer, log=_quiet)
+    out = entry["outputs"]["litert"]
+    assert entry["verdict"] == "ok" and os.path.isfile(entry["file"])
+    if quantize == "none":
+        assert out["max_prob_diff"] < 1e-5 and out["top1_agreement"] == 1.0
+    elif quantize == "float16":
+        assert out["max_prob_diff"] < 2e-2
+    else:  # reported; a 4-class model on 24 images keeps most answers
+        assert out["top1_agreement"] >= 0.75 and out["max_prob_diff"] < 0.25
+        given = Interpreter(model_path=entry["file"]).get_input_details()[0]
+        assert given["dtype"] == np.uint8
+    labels = open(os.path.join(run_dir, "export", "labels.txt")).read().split()
+    assert labels == ["a", "b", "c", "d"]
+
+
+@needs_onnx
+def test_onnx_runs_in_onnx_runtime_as_predict(run_dir, small_dataset):
+    import onnxruntime
+
+    from tfgpu.predict import predict
+
+    entry = export(run_dir, fmt="onnx", log=_quiet)
+    assert entry["verdict"] == "ok" and entry["outputs"]["onnx"]["max_prob_diff"] < 1e-5
+    session = onnxruntime.InferenceSession(entry["file"], providers=["CPUExecutionProvider"])
+    images = make_image_arrays(3, size=32, seed=7)[0]
+    probabilities = session.run(None, {session.get_inputs()[0].name: images.astype(np.float32)})[0]
+    assert probabilities.shape == (3, 4)
+    np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-5)
+    rows = predict(split="validation", model_dir=run_dir, top_k=1)
+    assert len(rows) == 24  # predict and the export's check read the same split
+
+
+def test_an_export_that_departs_is_refused_and_not_put_in_place(
+    run_dir, tmp_path, capsys, monkeypatch
+):
+    import contextlib
+
+    from tfgpu.export.source import Source
+
+    # A real departure: the export written with the last trained weights instead of the EMA
+    # weights that evaluation and tfgpu.predict use.
+    monkeypatch.setattr(Source, "evaluation_weights", lambda self: contextlib.nullcontext())
+    output = tmp_path / "strict" / "saved_model"
+    code = run_command(
+        lambda: export(run_dir, output=str(output), log=_quiet) and None, prog="tfgpu-export"
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == ExportRefused.exit_code == 6 and len(err) == 1, err
+    assert (
+        err[0].startswith("tfgpu-export: error: ") and "beyond the float tolerance 0.0001" in err[0]
+    )
+    assert not output.exists() and (tmp_path / "strict" / "saved_model.unchecked").is_dir()
+    report = json.load(open(tmp_path / "strict" / "report.json"))
+    assert report["exports"]["saved_model"]["verdict"].startswith("refused: ")
+
+
+@pytest.mark.fast
+def test_what_cannot_be_exported_is_one_line(monkeypatch):
+    assert "onnxruntime.quantization" in unsupported("onnx", "int8")
+    assert "quantize for LiteRT" in unsupported("saved_model", "float16")
+    assert "for --format=litert --quantize=int8" in unsupported("litert", "none", True)
+    assert unsupported("litert", "int8", True) == ""
+    for fmt in ("saved_model", "litert", "onnx"):
+        for family in FAMILIES:
+            assert unsupported(fmt, "none", family=family) == ""
+    with pytest.raises(UsageError, match="is not supported: tfgpu-export quantizes"):
+        export("x", fmt="onnx", quantize="float16")
+    with pytest.raises(UsageError, match=r"--output=m.onnx: a --format=litert file's name ends"):
+        export("x", fmt="litert", output="m.onnx")
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n: None if n == "tf2onnx" else real(n))
+    with pytest.raises(UsageError, match=r"needs tf2onnx: pip install 'tfgpu\[export\]'"):
+        export("x", fmt="onnx")
+    assert [family_of(n) for n in ("tiny_cnn", "resnet50", "densenet169")] == [
+        "tiny_cnn", "resnet", "densenet"
+    ]  # fmt: skip
+    assert [family_of(n) for n in ("efficientnet_b3", "efficientnetv2_s")] == [
+        "efficientnet", "efficientnetv2"
+    ]  # fmt: skip
+
+
+def _random_source(name: str):
+    """A registry model with random weights (32x32, 4 classes) as an export's Source."""
+    from tfgpu import models
+    from tfgpu.export.source import Source
+    from tfgpu.train import use
+
+    config = use.run_config("", model=name, image_size=32, small_input=True)
+    model = models.build_model(name, num_classes=4, image_size=32, small_input=True)
+    trained = use.Trained(config, None, None, model, None, None, 0)
+    return Source(trained, ["a", "b", "c", "d"], config.data, "random weights")
+
+
+FAMILY_MODELS = {
+    "tiny_cnn": "tiny_cnn",
+    "resnet": "resnet18",
+    "densenet": "densenet121",
+    "efficientnet": "efficientnet_b0",
+    "efficientnetv2": "efficientnetv2_b0",
+}
+FORMATS = ("saved_model", "litert", "litert_int8", "onnx")
+# tiny_cnn goes through every format in the trained run's tests above, and resnet18 to ONNX
+# in every default run (tiny_cnn has no Normalization layer, whose captured constants Keras'
+# own ONNX route gets wrong: onnx.py). The rest are heavy: 20-190 s each on 2 shared cores
+# (all 16 passed in 23 min); test_export.py exports resnet18's SavedModel by default.
+CASES = [
+    pytest.param(
+        name, fmt, marks=[] if (name, fmt) == ("resnet18", "onnx") else [pytest.mark.heavy]
+    )
+    for name in FAMILY_MODELS.values()
+    if name != "tiny_cnn"
+    for fmt in FORMATS
+]
+
+
+@pytest.mark.slow  # builds and converts a model: 10-60 s
+@needs_litert
+@needs_onnx
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name, fmt", CASES)
+def test_every_family_exports_in_every_format(name, fmt, tmp_path):
+    import tensorflow as tf
+
+    from tfgpu.export import litert, onnx
+
+    assert set(FAMILY_MODELS) == set(FAMILIES) and family_of(name) in FAMILIES
+    source = _random_source(name)
+    images = make_image_arrays(8, size=32, seed=3)[0]
+    expected = tf.nn.softmax(source.model(images.astype(np.float32))).numpy()
+    path = str(tmp_path / {"saved_model": "sm", "onnx": "m.onnx"}.get(fmt, "m.tflite"))
+    if fmt == "saved_model":
+        _check_saved_model(source, path, images, expected)
+    elif fmt == "onnx":
+        onnx.write(source, path, "none")
+        got = onnx.runner(path)({"image": images})["onnx"]
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    elif fmt == "litert":
+        litert.write(source, path, "none")
+        got = litert.runner(path)({"image": images})["litert"]
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    else:
+        calibration = make_image_arrays(16, size=32, seed=4)[0].astype(np.float32)
+        litert.write(source, path, "int8", calibration, full_integer=True)
+        got = litert.runner(path)({"image": images})["litert"]
+        assert got.shape == expected.shape and np.abs(got - expected).max() < 0.1
+
+
+def _check_saved_model(source, path, images, expected):
+    """The pixels signature is the model; the bytes and tf.Example ones are the model on
+    evaluation's decode of the same JPEGs."""
+    import tensorflow as tf
+
+    from tfgpu.export import saved_model
+    from tfgpu.train.serving import decode_images
+
+    saved_model.write(source, path, "none")
+    encoded = np.array([_jpeg(i) for i in images], dtype=object)
+    served = saved_model.runner(path)({"image": images, "encoded": encoded})
+    np.testing.assert_allclose(served["images"], expected, atol=1e-5)
+    decoded = decode_images(tf.constant(list(encoded)), source.data)[0]
+    on_decoded = tf.nn.softmax(source.model(tf.cast(decoded, tf.float32))).numpy()
+    np.testing.assert_allclose(served["bytes"], on_decoded, atol=1e-5)
+    np.testing.assert_allclose(served["examples"], on_decoded, atol=1e-5)
+
+
+@needs_litert
+def test_a_mixed_precision_model_exports_from_a_float32_copy(tmp_path):
+    import keras
+
+    from tfgpu.export import litert
+    from tfgpu.export.source import float32_twin
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        source = _random_source("tiny_cnn")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    source.trained.config = source.trained.config.with_settings(dtype="mixed_float16")
+    twin = float32_twin(source)
+    assert source.model.compute_dtype == "float16" and twin.compute_dtype == "float32"
+    images = make_image_arrays(4, size=32, seed=6)[0].astype(np.float32)
+    expected = keras.ops.convert_to_numpy(keras.ops.softmax(twin(images)))
+    mixed = keras.ops.convert_to_numpy(keras.ops.softmax(source.model(images)))
+    np.testing.assert_allclose(mixed, expected, atol=1e-2)  # float16 compute, same weights
+    litert.write(source, str(tmp_path / "m.tflite"), "none")
+    got = litert.runner(str(tmp_path / "m.tflite"))({"image": images})["litert"]
+    np.testing.assert_allclose(got, expected, atol=1e-5)

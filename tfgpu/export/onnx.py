@@ -1,0 +1,70 @@
+"""ONNX, converted with tf2onnx and run with ONNX Runtime.
+
+Not through Keras' ``model.export(format="onnx")``: it hands tf2onnx the traced function with
+the constants the function captures (a Normalization layer's mean and variance: the first layer
+of every tfgpu model but tiny_cnn) left as graph inputs, and ONNX Runtime then refuses to run
+without them ("Required inputs ... are missing from input feed", Keras 3.15 + tf2onnx 1.17).
+Here the function is frozen first (tf2onnx's own ``tf_loader.from_function``, given the real
+input only), so they become constants. Input: float32 pixels [N, S, S, 3] in [0, 255], already
+center-cropped and resized as evaluation does; output: probabilities [N, C].
+"""
+
+import logging
+
+import numpy as np
+
+QUANTIZE = ("none",)
+WHY_NOT = (
+    "tfgpu-export quantizes for LiteRT only; ONNX Runtime's own tools "
+    "(onnxruntime.quantization) quantize the float model this writes"
+)
+
+
+def write(source, path: str, quantize: str, calibration=None, full_integer=False) -> None:
+    """The .onnx file at ``path``."""
+    import tf2onnx
+
+    from tfgpu.export.source import float32_twin
+
+    size = source.image_size
+    # tf2onnx freezes with TF1 helpers, and TensorFlow logs a deprecation notice for each.
+    quiet = logging.getLogger("tensorflow")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with source.evaluation_weights():
+            frozen, inputs, outputs = _frozen(float32_twin(source), size, tf2onnx)
+        tf2onnx.convert.from_graph_def(
+            frozen, name="tfgpu", input_names=inputs, output_names=outputs, output_path=path
+        )
+    finally:
+        quiet.setLevel(level)
+
+
+def _frozen(model, size: int, tf2onnx) -> tuple:
+    """(the frozen GraphDef of pixels -> softmax(model), its input names, its output names)."""
+    import tensorflow as tf
+
+    function = tf.function(lambda images: tf.nn.softmax(model(images, training=False)))
+    spec = tf.TensorSpec([None, size, size, 3], tf.float32, name="images")
+    concrete = function.get_concrete_function(spec)
+    inputs = [concrete.inputs[0].name]  # the rest are captures, frozen into constants
+    outputs = [t.name for t in concrete.outputs]
+    return tf2onnx.tf_loader.from_function(concrete, inputs, outputs), inputs, outputs
+
+
+def runner(path: str, threads: int = 0):
+    """batch {image uint8} -> {"onnx": probabilities float32 [N, C]}."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+
+    def run(batch: dict) -> dict:
+        images = np.asarray(batch["image"], np.float32)
+        return {"onnx": session.run(None, {name: images})[0]}
+
+    return run

@@ -1,0 +1,119 @@
+"""The run's SavedModel and .keras file (export/), with its serving signatures: the one writer
+of them, for the end of a run and for ``tfgpu-export --format=saved_model``.
+
+Signatures (``tf.saved_model.load(dir).signatures[name]``, or TF Serving's
+``"signature_name"``):
+
+- ``serve`` (also ``serving_default``): uint8 images [N, S, S, 3] -> float32 logits [N, C],
+  as every tfgpu SavedModel has had.
+- ``classify_images``: the same uint8 images -> ``probabilities`` [N, C], the ``top_k`` most
+  probable classes' ``top_k_indices`` (int32), ``top_k_names`` (string) and
+  ``top_k_probabilities`` [N, k].
+- ``classify_bytes``: ``image_bytes``, encoded JPEG/PNG/GIF/BMP files [N] -> the same, and
+  ``valid`` [N]; each decoded, center-cropped and resized inside the graph by evaluation's own
+  function (``pipeline.decode_eval_image``). The input name ends in ``_bytes``: TF Serving and
+  Vertex AI then take base64 (``{"b64": ...}``) in JSON.
+- ``classify_examples``: serialized ``tf.Example``s [N] holding ``image/encoded`` (the record
+  schema) -> as ``classify_bytes``.
+
+An image that does not look whole (``host_ops.looks_whole``: cut short, not an image) is
+classified as zeros, as evaluation does, and its ``valid`` is False.
+"""
+
+import os
+
+import keras
+import tensorflow as tf
+
+from tfgpu.data import pipeline
+from tfgpu.recordformat import FEATURES
+
+TOP_K = 5
+ENCODED = "image/encoded"
+assert ENCODED in FEATURES  # the record schema's name for the encoded image
+
+
+def export_model(
+    model: keras.Model,
+    directory: str,
+    image_size: int,
+    class_names=None,
+    data=None,
+    saved_model_dir: str = "",
+) -> None:
+    """Saves ``model.keras`` in ``directory`` and the SavedModel (``saved_model_dir``, by
+    default ``directory``/saved_model). ``serve`` takes uint8 images [N, image_size,
+    image_size, 3] and returns float32 logits; with ``class_names`` (one per class) also
+    ``classify_images``, and with ``data`` (the run's ``DataConfig``, as evaluation resolves
+    it) ``classify_bytes`` and ``classify_examples`` (the module's docstring says what each
+    returns)."""
+    os.makedirs(directory, exist_ok=True)
+    model.save(os.path.join(directory, "model.keras"))
+    pixels = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(
+        "serve",
+        lambda images: model(tf.cast(images, tf.float32), training=False),
+        input_signature=[pixels],
+    )
+    if class_names is not None:
+        classify = classifier(model, class_names)
+        archive.add_endpoint("classify_images", classify, input_signature=[pixels])
+    if class_names is not None and data is not None:
+        from_bytes = lambda encoded: _with_decoded(classify, encoded, data)
+        archive.add_endpoint(
+            "classify_bytes",
+            from_bytes,
+            input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")],
+        )
+        archive.add_endpoint(
+            "classify_examples",
+            lambda examples: from_bytes(parse_encoded(examples)),
+            input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
+        )
+    archive.write_out(saved_model_dir or os.path.join(directory, "saved_model"), verbose=False)
+
+
+def classifier(model: keras.Model, class_names):
+    """uint8 images [N, S, S, 3] -> {probabilities [N, C], top_k_indices int32 [N, k],
+    top_k_names string [N, k], top_k_probabilities [N, k]}, k = min(TOP_K, C)."""
+    if len(class_names) != model.output_shape[-1]:
+        raise ValueError(f"{len(class_names)} class names for {model.output_shape[-1]} classes")
+    names = tf.constant([str(n) for n in class_names])
+    k = min(TOP_K, len(class_names))
+
+    def classify(images):
+        logits = model(tf.cast(images, tf.float32), training=False)
+        probabilities = tf.nn.softmax(tf.cast(logits, tf.float32))
+        top = tf.math.top_k(probabilities, k=k)
+        return {
+            "probabilities": probabilities,
+            "top_k_indices": top.indices,
+            "top_k_names": tf.gather(names, top.indices),
+            "top_k_probabilities": top.values,
+        }
+
+    return classify
+
+
+def decode_images(encoded, data):
+    """Encoded images [N] -> (uint8 [N, S, S, 3], valid bool [N]): evaluation's preprocessing
+    of each (``pipeline.decode_eval_image``), zeros where not ``valid``."""
+    size = data.image_size
+    return tf.map_fn(
+        lambda one: pipeline.decode_eval_image(one, data),
+        encoded,
+        fn_output_signature=(tf.TensorSpec([size, size, 3], tf.uint8), tf.TensorSpec([], tf.bool)),
+    )
+
+
+def parse_encoded(examples):
+    """Serialized tf.Examples [N] -> their ``image/encoded`` [N] (no label needed)."""
+    feature = {ENCODED: tf.io.FixedLenFeature([], tf.string)}
+    return tf.io.parse_example(examples, feature)[ENCODED]
+
+
+def _with_decoded(classify, encoded, data) -> dict:
+    images, valid = decode_images(encoded, data)
+    return dict(classify(images), valid=valid)
