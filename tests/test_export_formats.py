@@ -5,6 +5,7 @@ every model family built (random weights, 32x32) and exported in every format.""
 import io
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -44,10 +45,30 @@ def run_dir(small_dataset, tmp_path_factory):
         steps_per_loop=3,
         seed=1,
         input_probe_s=0.0,
-        export=False,  # the tests export it themselves
     )
     train.run(validate(config))
+    # The run's own export, kept aside: the tests below write export/ again.
+    kept = tmp_path_factory.mktemp("end-of-run") / "model.keras"
+    shutil.copy(model_dir / "export" / "model.keras", kept)
     return str(model_dir)
+
+
+def test_the_runs_own_export_holds_the_ema_weights(run_dir):
+    """As evaluation, predict and tfgpu-export: the end-of-run export/ is the averaged model."""
+    import keras
+
+    from tfgpu.predict import predictor
+    from tfgpu.train import use
+
+    kept = os.path.join(os.path.dirname(run_dir), "end-of-run0", "model.keras")
+    model = keras.saving.load_model(kept, compile=False)
+    trained = use.load(*use.config_and_checkpoint(run_dir, "latest"))
+    images = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
+    averaged = predictor(trained)(images)
+    last = predictor(trained).probabilities(images).numpy()  # the weights as trained
+    exported = keras.ops.convert_to_numpy(keras.ops.softmax(model(images.astype("float32"))))
+    assert np.abs(exported - averaged).max() < 1e-5
+    assert np.abs(exported - last).max() > 1e-4  # EMA at 0.9 over 6 updates is another model
 
 
 def _jpeg(image) -> bytes:

@@ -28,7 +28,7 @@ class Checkpoints:
         self._backend = backend
         self._model = tracked.get("model")  # None: no Keras model among them
         self._step = tracked["step"]
-        self._variables = _variables(tracked.values())
+        self._variables = variables_of(tracked.values())
         self._manager = tf.train.CheckpointManager(
             self.checkpoint, backend.checkpoint_dir(self.directory), keep
         )
@@ -162,7 +162,7 @@ def _warn(message: str) -> None:
     print(f"tfgpu: WARNING: {message}", file=sys.stderr, flush=True)
 
 
-def _variables(trackables) -> list:
+def variables_of(trackables) -> list:
     """The tf.Variables behind ``trackables`` (Keras models and optimizers, variables), in
     a fixed order, as a broadcast needs them (Keras 3 variables unwrapped)."""
     out = []

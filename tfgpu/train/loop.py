@@ -28,7 +28,7 @@ from tfgpu.train.build import (
     train_batches,
     train_maker,
 )
-from tfgpu.train.checkpoints import refresh_derived_state
+from tfgpu.train.checkpoints import refresh_derived_state, variables_of
 from tfgpu.config import Config, ConfigError, resolve, rundir
 from tfgpu.data import augment, broken, dct, memory
 from tfgpu.data import spec as data_spec
@@ -236,9 +236,10 @@ def _finish(r: Training, evaluate: Evaluator, writer: RunWriter, throughput: dic
 
 
 def _export(r: Training, writer: RunWriter) -> None:
-    """export/: the last model, or with --export_best the best kept checkpoint's: its model
-    is read into the run's model for the export, then the last weights are put back (the
-    summary's fingerprint is of the last model, on every worker)."""
+    """export/: the last model, or with --export_best the best kept checkpoint's (its model
+    and optimizer are read into the run's, then the last values are put back: the summary's
+    fingerprint is of the last model, on every worker); with the EMA weights where the run
+    keeps them (--ema_decay), as evaluation and tfgpu-export use."""
     config = r.config
     directory = os.path.join(config.model_dir, "export")
     # The serving signatures: class names, and evaluation's preprocessing as evaluation
@@ -248,16 +249,21 @@ def _export(r: Training, writer: RunWriter) -> None:
         data=dct.resolved(config.data, r.spec.eval_sides, train=False),
     )
     if not (config.train.export_best and r.best is not None and r.best.kept):
-        export_model(r.model, directory, config.data.image_size, **served)
+        with compat.ema_weights(r.optimizer):
+            export_model(r.model, directory, config.data.image_size, **served)
         return
     best = r.best.kept[0]
-    last = [keras.ops.convert_to_numpy(w) for w in r.model.weights]
-    tf.train.Checkpoint(model=r.model).read(best["checkpoint"]).expect_partial()
+    held = variables_of([r.model, r.optimizer])
+    last = [v.numpy() for v in held]
+    tf.train.Checkpoint(model=r.model, optimizer=r.optimizer).read(
+        best["checkpoint"]
+    ).expect_partial()
     refresh_derived_state(r.model)
     writer.info(f"export: the best model by {r.best.metric}, step {best['step']}")
-    export_model(r.model, directory, config.data.image_size, **served)
-    for weight, value in zip(r.model.weights, last):
-        weight.assign(value)
+    with compat.ema_weights(r.optimizer):
+        export_model(r.model, directory, config.data.image_size, **served)
+    for variable, value in zip(held, last):
+        variable.assign(value)
     refresh_derived_state(r.model)
 
 
