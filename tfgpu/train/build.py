@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from tfgpu import models
+from tfgpu import models, optim
 from tfgpu.optim import finetune
 from tfgpu.models import pretrained
 from tfgpu.train.best import Best, tracks_best_in_loop
@@ -122,7 +122,8 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
         fresh = models.load_initial_weights(model, config.model.init_weights)
         init_line = _init_line(config, model, fresh)
     tuning = finetune.describe(config, step.optimizer, plan.total_steps)
-    init_line = "\n".join(line for line in (balance_line, init_line, tuning) if line)
+    rate = optim.describe_learning_rate(config.optim, config.train.global_batch_size)
+    init_line = "\n".join(line for line in (balance_line, init_line, tuning, rate) if line)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
     if loss_scale:
@@ -210,6 +211,8 @@ def build_step(
         jit_compile=config.model.jit_compile,
         sync_batchnorm=config.model.sync_batchnorm,
         class_weights=_in_dtype(class_weights, config.model.dtype),
+        loss=config.optim.loss,
+        bce_target_threshold=config.optim.bce_target_threshold,
     )
 
 
