@@ -69,7 +69,9 @@ def ema_decay_at(iterations, decay: float, warmup: bool):
 
     done = tf.cast(iterations, tf.float64)
     n = done + 1.0  # Model Garden reads its step after the update has counted it
-    value = tf.minimum(decay, (1.0 + n) / (10.0 + n)) if warmup else tf.constant(decay, tf.float64)
+    value = tf.constant(decay, tf.float64)
+    if warmup:
+        value = tf.minimum(value, (1.0 + n) / (10.0 + n))
     return tf.where(done > 0, value, tf.zeros_like(value))
 
 
