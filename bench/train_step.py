@@ -1,7 +1,7 @@
 """tfgpu's train step against Keras `fit`, and gradient accumulation's cost, side by side.
 
     python bench/train_step.py [--model=resnet18] [--image_size=32] [--batch=64] [--rounds=5]
-                               [--only=metrics]
+                               [--only=metrics|large_batch]
 
 (1) images/s of tfgpu's loop (loops.make_train_loop, `--steps_per_loop` updates per call) and of
     `model.fit` with `steps_per_execution` equal, same model, batch, optimizer and data (one
@@ -9,7 +9,11 @@
 (2) images/s of k=4 micro-batches of b against k=1 at micro-batch b;
 (3) images/s of the step with its per-window diagnostics (grad_norm, clipped, weight_norm:
     docs/training-loop.md) against the same step without them (``--only=metrics``: this
-    row alone).
+    row alone);
+(4) with ``--only=large_batch``: images/s of LARS against SGD with momentum (both with the
+    cross-entropy), and of the BCE loss with the EMA warmed up and averaging BatchNorm's
+    statistics against the cross-entropy with the plain EMA (both with SGD): what
+    docs/large-batch.md's settings cost per update.
 Rounds alternate between the contenders and ratios are medians of per-round ratios, so the
 machine's noise hits both sides alike.
 """
@@ -26,6 +30,8 @@ import keras
 import tensorflow as tf
 from absl import app, flags
 
+from calibration import calibration
+
 from tfgpu import models
 from tfgpu.train import build
 from tfgpu.step import loops
@@ -39,14 +45,17 @@ flags.DEFINE_integer("image_size", 32, "Image side.")
 flags.DEFINE_integer("batch", 64, "Micro-batch b (and the fit batch).")
 flags.DEFINE_integer("steps", 20, "Updates timed per round.")
 flags.DEFINE_integer("rounds", 5, "Alternating rounds.")
-flags.DEFINE_enum("only", "", ["", "metrics"], "Run one comparison only (metrics: row 3).")
+flags.DEFINE_enum(
+    "only", "", ["", "metrics", "large_batch"], "Run one comparison only (metrics: row 3)."
+)
 FLAGS = flags.FLAGS
 
 
-def make_trainer(backend, global_batch: int, accum: int, extra_metrics: bool = True):
+def make_trainer(backend, global_batch: int, accum: int, extra_metrics: bool = True, **settings):
     """tfgpu's train loop (``loops.make_train_loop``, ``--steps_per_loop`` updates a call) on
-    synthetic batches, with or without the step's diagnostics; returns ``run(steps)``."""
-    config = config_from(
+    synthetic batches, with or without the step's diagnostics, ``settings`` (by flag name)
+    replacing the defaults here; returns ``run(steps)``."""
+    values = dict(
         strategy="default",
         model=FLAGS.model,
         image_size=FLAGS.image_size,
@@ -62,6 +71,7 @@ def make_trainer(backend, global_batch: int, accum: int, extra_metrics: bool = T
         weight_decay=0.0,
         model_dir=tempfile.mkdtemp(),
     )
+    config = config_from(**dict(values, **settings))
     run = build.build(config, backend, load_spec(config.data))
     run.step.extra_metrics = extra_metrics  # read when the loop is traced (its first call)
     loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
@@ -122,8 +132,23 @@ def main(argv):
         f"{FLAGS.model} {FLAGS.image_size}x{FLAGS.image_size}, b={b}, {FLAGS.steps} updates x "
         f"{FLAGS.rounds} rounds, {os.cpu_count()} CPU cores, TF {tf.__version__}"
     )
+    print(calibration())
     print("| comparison | images/s (first) | images/s (second) | ratio |")
     print("|---|---|---|---|")
+    if FLAGS.only == "large_batch":
+        lars = make_trainer(backend, b, 1, optimizer="lars", learning_rate=5.0)
+        compare("lars", lars, "sgd", make_trainer(backend, b, 1), b, b)
+        ema = dict(ema_decay=0.9999)
+        bce = make_trainer(backend, b, 1, loss="bce", ema_warmup=True, ema_batchnorm=True, **ema)
+        compare(
+            "bce + ema warm-up + bn",
+            bce,
+            "cross-entropy + ema",
+            make_trainer(backend, b, 1, **ema),
+            b,
+            b,
+        )
+        return 0
     if FLAGS.only == "metrics":
         with_, without = make_trainer(backend, b, 1), make_trainer(backend, b, 1, False)
         compare("with diagnostics", with_, "without", without, b, b)

@@ -32,8 +32,13 @@ MODELS = [
     pytest.param("densenet121", "float64", 1e-9, marks=pytest.mark.heavy),
 ]
 # Without sync the code path is the same for every family (the moving statistics of every
-# BatchNorm layer, whatever the network): resnet18 keeps the suite's time.
-UNSYNCED_MODELS = ["resnet18"]
+# BatchNorm layer, whatever the network): resnet18 keeps the suite's time. The large-batch
+# recipe runs the same path with more on it (LARS, BCE, the EMA of the moving statistics):
+# it runs by default, plain sgd is heavy.
+UNSYNCED_CASES = [
+    pytest.param("resnet18", "sgd", marks=pytest.mark.heavy),
+    ("resnet18", "large_batch"),
+]
 
 
 def _batches(n=GLOBAL_BATCH * UPDATES, seed=0):
@@ -80,17 +85,44 @@ def _floatx(dtype: str):
         keras.config.set_dtype_policy("float32")
 
 
+def _large_batch(model) -> tuple:
+    """(optimizer, loss arguments) of a large-batch recipe: LARS at a rate that moves each
+    layer by 0.5% of its norm per update, an EMA warmed up that averages BatchNorm's moving
+    statistics too, BCE with smoothing and a target threshold."""
+    opt = optim.build_optimizer(
+        "lars",
+        5.0,
+        momentum=0.9,
+        weight_decay=1e-4,
+        ema_decay=0.9,
+        ema_warmup=True,
+        ema_extra=optim.batchnorm_statistics(model),
+    )
+    return opt, dict(loss="bce", label_smoothing=0.1, bce_target_threshold=0.2)
+
+
 def _train(
-    name, strategy="default", accum=1, sync=False, updates=UPDATES, dtype="float32", remat=False
+    name,
+    strategy="default",
+    accum=1,
+    sync=False,
+    updates=UPDATES,
+    dtype="float32",
+    kept=None,
+    remat=False,
 ):
     """Trains registry model ``name`` for ``updates`` sgd updates of GLOBAL_BATCH with its
     layers in ``dtype`` (``remat``: the step runs it as --remat does); returns (model,
-    backend)."""
+    backend). With a dict ``kept``: the ``_large_batch`` recipe instead of sgd, its optimizer
+    kept there."""
     backend = backends.build_backend(strategy)
     keras.utils.set_random_seed(5)
     with backend.scope(), _floatx(dtype):
         model = _build(name)
-        opt = optim.build_optimizer("sgd", 0.01, momentum=0.9, weight_decay=0.0)
+        opt, loss = optim.build_optimizer("sgd", 0.01, momentum=0.9, weight_decay=0.0), {}
+        if kept is not None:
+            opt, loss = _large_batch(model)
+            kept["optimizer"] = opt
         step = TrainStep(
             models.rematerialized(model, name) if remat else model,
             opt,
@@ -98,6 +130,7 @@ def _train(
             global_batch_size=GLOBAL_BATCH,
             grad_accum_steps=accum,
             sync_batchnorm=sync,
+            **loss,
         )
     per_replica = GLOBAL_BATCH // backend.num_replicas
     data = backend.distribute_dataset(
@@ -137,17 +170,32 @@ def test_sync_batchnorm_two_replicas_equal_one_device_of_the_whole_batch(name, d
     _assert_same_weights(model, _train(name, dtype=dtype)[0], atol=atol)
 
 
-@pytest.mark.parametrize("name", UNSYNCED_MODELS)
-def test_without_sync_replicas_hold_the_mean_and_equal_accumulation(name):
+@pytest.mark.parametrize("name,recipe", UNSYNCED_CASES)
+def test_without_sync_replicas_hold_the_mean_and_equal_accumulation(name, recipe):
     """2 replicas of 4 and 2 micro-batches of 4 on one device: each micro-batch normalizes by
     itself, the moving statistics move once per update by the mean; every replica holds it.
-    The replicas run with --remat (blocks recomputed in the backward pass): the same again."""
-    mirrored, _ = _train(name, "mirrored", remat=True)
-    accumulated, _ = _train(name, "default", accum=2)
-    for var in batchnorm.moving_statistics(mirrored):
+    With the large-batch recipe (``_large_batch``: LARS, BCE, an EMA of the weights and of the
+    moving statistics) the averages are the same too, on every replica. The replicas run with
+    --remat (blocks recomputed in the backward pass): the same again."""
+    kept = ({}, {}) if recipe == "large_batch" else (None, None)
+    mirrored, _ = _train(name, "mirrored", kept=kept[0], remat=True)
+    accumulated, _ = _train(name, "default", accum=2, kept=kept[1])
+    stats = batchnorm.moving_statistics(mirrored)
+    for var in stats:
         first, second = _components(var)
         np.testing.assert_array_equal(first, second, err_msg=var.path)
     _assert_same_weights(mirrored, accumulated)
+    if recipe != "large_batch":
+        return
+    trained = [_components(v)[0] for v in stats]
+    with compat.ema_weights(kept[0]["optimizer"]), compat.ema_weights(kept[1]["optimizer"]):
+        _assert_same_weights(mirrored, accumulated)
+        for var in stats:
+            first, second = _components(var)
+            np.testing.assert_array_equal(first, second, err_msg=var.path)
+        # The averaged statistics are in place, not the trained ones.
+        moved = [np.abs(_components(v)[0] - t).max() for v, t in zip(stats, trained)]
+        assert max(moved) > 1e-4
 
 
 def test_moving_statistics_are_the_mean_of_the_replicas_batch_statistics():

@@ -1,6 +1,8 @@
 """Same seed, same global batch, same updates: every way to spread training ends with the same
 weights (to float rounding), with RandAugment, random erasing, repeated augmentation and
-per-block gradient checkpointing on, and there is one gradient all-reduce per update."""
+per-block gradient checkpointing on, and there is one gradient all-reduce per update; with the
+large-batch settings (LARS, BCE on MixUp/CutMix targets, poly decay, a scaled rate, the EMA's
+warm-up) too, across 2 worker processes."""
 
 import json
 import os
@@ -99,3 +101,36 @@ def test_horovod_two_ranks_equals_default(small_dataset, reference, tmp_path, ho
     cmd = list(horovodrun_tfgpu)
     cmd += _cli_flags(small_dataset, tmp_path, "horovod")
     _check_two_process_run(cmd, tmp_path, reference)
+
+
+# LARS at a rate (2.5 per 8 images, scaled linearly to 16) that moves each layer by ~0.5% of
+# its norm per update, BCE with a target threshold on mixed targets, poly decay, EMA warm-up.
+LARGE_BATCH = dict(
+    optimizer="lars",
+    learning_rate=2.5,
+    lr_scaling="linear",
+    base_batch_size=8,
+    lr_schedule="poly",
+    warmup_steps=2,
+    weight_decay=1e-4,
+    loss="bce",
+    label_smoothing=0.1,
+    bce_target_threshold=0.2,
+    mixup_alpha=0.2,
+    cutmix_alpha=1.0,
+    ema_decay=0.9,
+    ema_warmup=True,
+)
+
+
+def test_large_batch_settings_on_two_workers_equal_default(small_dataset, tmp_path):
+    model_dir = tmp_path / "default"
+    summary, reference = _in_process(small_dataset, model_dir, strategy="default", **LARGE_BATCH)
+    assert np.isfinite(summary["final_eval"]["loss"])
+    with open(model_dir / "config.json", encoding="utf-8") as f:
+        assert json.load(f)["optimizer"] == "lars"
+    cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
+    flags = cli_flags(dict(FLAGS, **LARGE_BATCH), data_dir=small_dataset, model_dir=tmp_path / "mw")
+    _check_two_process_run(
+        cmd + flags + ["--strategy=multi_worker_mirrored"], tmp_path / "mw", reference
+    )

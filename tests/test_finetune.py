@@ -124,16 +124,19 @@ def _grads(variables, seed):
 def _reference(o, multiplier: float):
     """An optimizer of the run's kind for one variable, at ``lr * multiplier``."""
     schedule = WarmupDecay(o.learning_rate * multiplier, 10, o.warmup_steps, o.lr_schedule)
-    return optim.build_optimizer(o.name, schedule, momentum=o.momentum, weight_decay=o.weight_decay)
+    return optim.build_optimizer(o.name, schedule, **optim.optimizer_options(o))
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("optimizer, weight_decay", [("sgd", 1e-3), ("adamw", 1e-2)])
+@pytest.mark.parametrize(
+    "optimizer, weight_decay", [("sgd", 1e-3), ("adamw", 1e-2), ("lars", 1e-3)]
+)
 def test_each_block_updates_as_with_its_own_learning_rate(optimizer, weight_decay):
     # Warmup over the first 2 updates: every group must follow the head's schedule, at the
     # head's count (a group a step ahead or behind would use another rate).
     config = _config(
         optimizer=optimizer,
+        learning_rate=5.0 if optimizer == "lars" else 0.01,  # LARS' steps: lr x eeta x |w|/|g|
         weight_decay=weight_decay,
         layer_lr_decay=0.5,
         backbone_lr_multiplier=0.5,

@@ -25,15 +25,16 @@ def _batches():
     }
 
 
-def _train(strategy: str, optimizer: str, accum: int, weight_decay: float):
-    """Trains tiny_cnn for UPDATES updates; returns (weights, step, traced update fn)."""
+def _train(strategy: str, optimizer: str, accum: int, weight_decay: float, lr=0.01, **loss):
+    """Trains tiny_cnn for UPDATES updates (``loss``: TrainStep's loss arguments); returns
+    (weights, step, traced update fn)."""
     backend = backends.build_backend(strategy)
     keras.utils.set_random_seed(7)
     with backend.scope():
         model = models.build_model("tiny_cnn", num_classes=5, image_size=16)
-        opt = optim.build_optimizer(optimizer, 0.01, momentum=0.9, weight_decay=weight_decay)
+        opt = optim.build_optimizer(optimizer, lr, momentum=0.9, weight_decay=weight_decay)
         step = TrainStep(
-            model, opt, backend, global_batch_size=GLOBAL_BATCH, grad_accum_steps=accum
+            model, opt, backend, global_batch_size=GLOBAL_BATCH, grad_accum_steps=accum, **loss
         )
     per_replica = GLOBAL_BATCH // backend.num_replicas
     data = backend.distribute_dataset(
@@ -78,6 +79,24 @@ def test_two_replicas_equal_one():
         np.testing.assert_allclose(a, b, atol=3e-5, rtol=0)
 
 
+@pytest.mark.slow  # 2 short trainings of tiny_cnn
+def test_lars_with_bce_on_two_replicas_in_micro_batches_equals_one_device():
+    """LARS' per-layer norms are of the all-reduced gradient of the global batch, and BCE is a
+    sum over examples: 2 replicas of 2 micro-batches each update as one device of 16. The
+    learning rate makes LARS' steps 0.5% of each layer's norm (eeta 0.001 x lr 5)."""
+    settings = dict(lr=5.0, loss="bce", label_smoothing=0.1, bce_target_threshold=0.2)
+    keras.utils.set_random_seed(7)
+    start = [
+        w.numpy() for w in models.build_model("tiny_cnn", num_classes=5, image_size=16).weights
+    ]
+    one, _, _ = _train("default", "lars", 1, 1e-4, **settings)
+    two, backend, _ = _train("mirrored", "lars", 2, 1e-4, **settings)
+    assert backend.num_replicas == 2
+    assert max(float(np.abs(a - b).max()) for a, b in zip(one, start)) > 1e-3  # it trained
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
 @pytest.mark.fast
 def test_weight_decay_skips_batchnorm_and_bias():
     model = models.build_model("resnet18", num_classes=3, image_size=32, small_input=True)
@@ -97,7 +116,7 @@ def test_schedule_warms_up_then_decays_to_zero():
     assert rates[4] == pytest.approx(0.0, abs=1e-7)
     step = schedules.WarmupDecay(1.0, total_steps=100, decay="step")
     assert [round(float(step(s)), 6) for s in (0, 30, 60, 95)] == [1.0, 0.1, 0.01, 0.001]
-    assert optim.scaled_learning_rate(0.1, 1024, True) == pytest.approx(0.4)
+    assert optim.scaled_learning_rate(0.1, 1024, "linear") == pytest.approx(0.4)
 
 
 def _loss_and_logit_grads(step, logits, targets):

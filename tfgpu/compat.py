@@ -13,6 +13,11 @@ PRIVATE_NAMES = (
     ("keras.src.backend.tensorflow.optimizer", "TFOptimizer._all_reduce_sum_gradients"),
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer._trainable_variables"),
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer._model_variables_moving_average"),
+    (
+        "keras.src.optimizers.base_optimizer",
+        "BaseOptimizer._update_model_variables_moving_average",
+    ),
+    ("keras.src.optimizers.base_optimizer", "BaseOptimizer._get_variable_index"),
     ("tensorflow.python.framework.config", "disable_op_determinism"),
     ("tensorflow.python.framework.config", "is_op_determinism_enabled"),
     ("tensorflow.python.eager.context", "Context.configure_coordination_service"),
@@ -50,17 +55,87 @@ def without_implicit_all_reduce(optimizer):
     return optimizer
 
 
+def variable_index(optimizer, variable) -> int:
+    """The place of ``variable`` (a Keras variable, or a replica's component of one inside
+    ``update_step``) among the variables ``optimizer`` was built on: where its slots are."""
+    return optimizer._get_variable_index(variable)
+
+
+def ema_decay_at(iterations, decay: float, warmup: bool):
+    """The float64 decay of the weight average at the update after ``iterations`` updates:
+    0 at the first (Keras' average starts as a copy of the weights), then ``decay``, or with
+    ``warmup`` TF Model Garden's min(decay, (1 + n) / (10 + n)), n counting this update."""
+    import tensorflow as tf
+
+    done = tf.cast(iterations, tf.float64)
+    n = done + 1.0  # Model Garden reads its step after the update has counted it
+    value = tf.constant(decay, tf.float64)
+    if warmup:
+        value = tf.minimum(value, (1.0 + n) / (10.0 + n))
+    return tf.where(done > 0, value, tf.zeros_like(value))
+
+
+class _AverageMoreMixin:
+    """Keras' weight average (``use_ema``) with a warm-up of its decay and more variables
+    averaged beside the trained ones (BatchNorm's moving statistics), ``average_more``'s.
+    Keras has no hook for either: its ``_update_model_variables_moving_average`` is replaced
+    (the same arithmetic, with ``ema_decay_at``'s decay)."""
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        extra = self._tfgpu_average["extra"]
+        # Added last: the optimizer's checkpointed variables keep their places before them.
+        self._tfgpu_average["averages"] = (
+            self.add_optimizer_variables(extra, "average") if extra else []
+        )
+
+    def _update_model_variables_moving_average(self, trainable_variables):
+        if not self.use_ema:
+            return
+        import tensorflow as tf
+
+        state = self._tfgpu_average
+        decay = ema_decay_at(self.iterations, self.ema_momentum, state["warmup"])
+        pairs = list(zip(trainable_variables, self._model_variables_moving_average))
+        for var, average in pairs + list(zip(state["extra"], state["averages"])):
+            if average is not None:
+                d = tf.cast(decay, var.dtype)
+                average.assign(d * tf_variable(average) + (1 - d) * tf_variable(var))
+
+
+def average_more(optimizer, *, warmup: bool, extra: list):
+    """Re-classes the Keras ``optimizer`` (built with ``use_ema``, not built yet) so that its
+    weight average warms up (``warmup``) and covers ``extra`` variables too, which
+    ``ema_weights`` then swaps in with the weights. Returns it."""
+    cls = type(optimizer)
+    optimizer.__class__ = type(cls.__name__, (_AverageMoreMixin, cls), {})
+    # Set past Keras' attribute tracking: the averages are tracked as optimizer variables.
+    object.__setattr__(optimizer, "_tfgpu_average", {"warmup": warmup, "extra": extra})
+    return optimizer
+
+
+def _averaged(member) -> tuple[list, list]:
+    """(variables, their averages) of the Keras optimizer ``member``'s weight average."""
+    state = getattr(member, "_tfgpu_average", None) or {"extra": [], "averages": []}
+    variables = member._trainable_variables + list(state["extra"])
+    return variables, member._model_variables_moving_average + list(state["averages"])
+
+
 @contextlib.contextmanager
 def ema_weights(optimizer):
     """Inside, the trained variables hold their exponential moving averages (an optimizer
-    built with ``use_ema``); outside, their trained values again. Keras exports only the
-    one-way ``finalize_variable_values``. An optimizer never applied (a group of a backbone
-    still frozen) has no average yet: its variables stay as they are."""
+    built with ``use_ema``; with ``average_more``'s extra variables, those too); outside,
+    their trained values again. Keras exports only the one-way ``finalize_variable_values``.
+    An optimizer never applied (a group of a backbone still frozen) has no average yet: its
+    variables stay as they are."""
     variables, averages = [], []
     for member in _members(optimizer):
         if member.use_ema and int(member.iterations.numpy()) > 0:
-            variables += member._trainable_variables
-            averages += member._model_variables_moving_average
+            mine, theirs = _averaged(member)
+            variables += mine
+            averages += theirs
     if not variables:
         yield
         return

@@ -21,6 +21,7 @@ from tfgpu.config.sections import (
     TrainConfig,
     check_class_weights,
     check_model,
+    check_optim,
     check_train,
     profile_window,  # noqa: F401  (the run's users read it here)
     split_batch,  # noqa: F401
@@ -102,6 +103,7 @@ def validate(config: Config) -> Config:
             f"--max_skipped_updates={config.optim.max_skipped_updates} must not be negative"
         )
     check_model(config.model)
+    check_optim(config.optim)
     models.check_finetune(config.model, config.optim)
     check_class_weights(config.optim)
     if config.deterministic and config.model.jit_compile:

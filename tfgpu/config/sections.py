@@ -1,12 +1,12 @@
-"""The settings of the model, the optimizer and the length of training (``ModelConfig``,
-``OptimConfig``, ``TrainConfig``: sections of ``tfgpu.config.Config``), and the checks of each
-that can run before TensorFlow starts. No TensorFlow here.
+"""The settings of the model and the length of training (``ModelConfig``, ``TrainConfig``:
+sections of ``tfgpu.config.Config``), and the checks of each that can run before TensorFlow
+starts. No TensorFlow here. The optimizer's section is its package's (``optim/config.py``).
 """
 
-import os
 from dataclasses import dataclass
 
-from tfgpu import models, optim
+from tfgpu import models
+from tfgpu.optim.config import OptimConfig, check_class_weights, check_optim  # noqa: F401
 from tfgpu.settings import ConfigError, positive, setting
 
 BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
@@ -72,65 +72,6 @@ class ModelConfig:
         -1.0,
         "Stochastic depth of EfficientNets (Keras' drop_connect_rate; -1: the family's 0.2). "
         "Its masks are drawn per replica: 0 makes replicas equal one device exactly.",
-    )
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """The optimizer, its learning-rate schedule and what is done to the gradients."""
-
-    name: str = setting(
-        "sgd", "sgd, nesterov, adam, adamw or lamb.", choices=optim.OPTIMIZERS, flag="optimizer"
-    )
-    learning_rate: float = setting(0.1, "Base learning rate (peak, after warmup).")
-    scale_lr_with_batch: bool = setting(
-        False, "Multiply --learning_rate by global_batch_size / 256."
-    )
-    momentum: float = setting(0.9, "Momentum of sgd and nesterov.")
-    weight_decay: float = setting(
-        5e-5, "Decoupled weight decay; BatchNorm and bias variables are not decayed."
-    )
-    lr_schedule: str = setting(
-        "cosine",
-        "After warmup: constant, cosine, linear or step (x0.1 at 30/60/90%).",
-        choices=optim.SCHEDULES,
-    )
-    warmup_steps: int = setting(0, "Linear learning-rate warmup, in optimizer updates.")
-    backbone_lr_multiplier: float = setting(
-        1.0,
-        "Learning rate of the backbone (every layer before the head, logits) relative to the "
-        "head's, in (0, 1] (1: off); with --layer_lr_decay=D a block at depth d trains at "
-        "lr * M * D^d.",
-    )
-    layer_lr_decay: float = setting(
-        1.0,
-        "Layer-wise learning-rate decay D in (0, 1] (1: off): the head (logits) trains at the "
-        "learning rate, a block at depth d (d blocks before the head) at lr * D^d. Blocks by "
-        "layer name, depth 1 first: EfficientNet(V2) top (top_conv, top_bn), blockN .. block1, "
-        "stem; DenseNet conv5 (last dense block and bn), conv4 (with its transition pool4) .. "
-        "conv2, conv1 (stem); ResNet stage4 .. stage1, stem.",
-    )
-    label_smoothing: float = setting(0.0, "Label smoothing of the cross-entropy.")
-    class_weights: str = setting(
-        "",
-        "Weight each example's loss by its class (docs/data.md: Class balance). auto: inverse "
-        "frequency from the train split's per-class counts in dataset_info.json, normalized so "
-        "the mean weight over training examples is 1; or a JSON file {class name or index: "
-        "weight} (classes not in it: 1). Empty: off. Evaluation stays unweighted.",
-    )
-    clip_norm: float = setting(0.0, "Clip the all-reduced gradients to this global norm (0: off).")
-    ema_decay: float = setting(
-        0.0, "Keep an exponential moving average of the weights with this decay (0: off)."
-    )
-    skip_non_finite: bool = setting(
-        False,
-        "Skip an update whose loss or gradients are not finite, and count it, instead of "
-        "stopping (mixed_float16 always skips and lowers the loss scale).",
-    )
-    max_skipped_updates: int = setting(
-        100,
-        "Stop (exit code 3) after this many skipped updates in a row: with mixed_float16 "
-        "those at the loss scale's floor of 1, with --skip_non_finite any (0: never stop).",
     )
 
 
@@ -283,17 +224,6 @@ def check_model(m: ModelConfig) -> None:
         )
     if not (m.drop_path_rate == -1.0 or 0.0 <= m.drop_path_rate < 1.0):
         raise ConfigError(f"--drop_path_rate={m.drop_path_rate} must be in [0, 1), or -1")
-
-
-def check_class_weights(o: OptimConfig) -> None:
-    """--class_weights is empty, auto or a file (what it holds is checked against the
-    dataset's classes when the run is built: ``data/balance.py``)."""
-    value = o.class_weights
-    if value not in ("", "auto") and not os.path.isfile(os.path.expanduser(value)):
-        raise ConfigError(
-            f"--class_weights={value}: no such file (auto, or a JSON file of class name or "
-            "index -> weight)"
-        )
 
 
 def check_train(t: TrainConfig) -> None:

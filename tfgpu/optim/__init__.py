@@ -4,22 +4,71 @@ No Keras at import: ``config.py`` checks ``--optimizer`` and ``--lr_schedule`` a
 registries before TensorFlow starts.
 """
 
-# --optimizer -> (keras.optimizers class, its fixed arguments).
+import math
+
+# --optimizer -> (keras.optimizers class, or tfgpu's own in optim/<module>.py, its fixed
+# arguments).
 OPTIMIZERS = {
     "sgd": ("SGD", {"nesterov": False}),
     "nesterov": ("SGD", {"nesterov": True}),
     "adam": ("Adam", {}),
     "adamw": ("AdamW", {}),
     "lamb": ("Lamb", {}),
+    "lars": ("lars.LARS", {}),
 }
-SCHEDULES = ("constant", "cosine", "linear", "step")  # schedules.WarmupDecay's decays
+SCHEDULES = ("constant", "cosine", "linear", "poly", "step")  # schedules.WarmupDecay's decays
+LR_SCALINGS = ("none", "linear", "sqrt")  # --lr_scaling: the rate's factor of global / base
+LOSSES = ("cross_entropy", "bce")  # --loss: step/losses.py
 # BatchNorm scales/offsets and biases are not decayed (Goyal et al. 2017, "no bias decay").
 NO_DECAY = ["bias", "gamma", "beta"]
 
 
-def scaled_learning_rate(base_lr: float, global_batch_size: int, scale_with_batch: bool) -> float:
-    """The linear scaling rule: ``base_lr * global_batch / 256`` when asked for."""
-    return base_lr * global_batch_size / 256 if scale_with_batch else base_lr
+def scaled_learning_rate(
+    base_lr: float, global_batch_size: int, scaling: str = "none", base_batch_size: int = 256
+) -> float:
+    """``base_lr`` (the rate of a batch of ``base_batch_size``) at ``global_batch_size``:
+    as it is (none), times the ratio (linear: Goyal et al. 2017) or its square root (sqrt:
+    Krizhevsky 2014, timm's rule for adaptive optimizers)."""
+    ratio = global_batch_size / base_batch_size
+    return base_lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[scaling]
+
+
+def lr_scaling_of(o) -> tuple[str, int]:
+    """(rule, base batch) of ``o`` (a config.OptimConfig): --scale_lr_with_batch is linear
+    from 256."""
+    return ("linear", 256) if o.scale_lr_with_batch else (o.lr_scaling, o.base_batch_size)
+
+
+def run_learning_rate(o, global_batch_size: int) -> float:
+    """The peak learning rate a run of ``o`` uses at ``global_batch_size``."""
+    return scaled_learning_rate(o.learning_rate, global_batch_size, *lr_scaling_of(o))
+
+
+def describe_learning_rate(o, global_batch_size: int) -> str:
+    """The start-up line of a scaled learning rate ("" when --learning_rate is used as is)."""
+    rule, base = lr_scaling_of(o)
+    if rule == "none":
+        return ""
+    rate = run_learning_rate(o, global_batch_size)
+    return (
+        f"learning rate: {rate:.6g} at the global batch {global_batch_size} (--learning_rate="
+        f"{o.learning_rate:g} for a batch of {base}, scaled {rule})"
+    )
+
+
+def optimizer_options(o) -> dict:
+    """``build_optimizer``'s keyword arguments for the run's settings ``o``."""
+    from tfgpu.optim.config import patterns
+
+    return dict(
+        momentum=o.momentum,
+        weight_decay=o.weight_decay,
+        ema_decay=o.ema_decay,
+        ema_warmup=o.ema_warmup,
+        eeta=o.lars_eeta,
+        lars_no_decay=patterns(o.lars_exclude_from_decay),
+        lars_no_adaptation=patterns(o.lars_exclude_from_adaptation),
+    )
 
 
 def build_optimizer(
@@ -29,35 +78,75 @@ def build_optimizer(
     momentum: float = 0.9,
     weight_decay: float = 0.0,
     ema_decay: float = 0.0,
+    ema_warmup: bool = False,
+    ema_extra=(),
+    eeta: float = 0.001,
+    lars_no_decay=tuple(NO_DECAY),
+    lars_no_adaptation=tuple(NO_DECAY),
 ):
-    """A Keras optimizer by registry name; decay skips BatchNorm and bias variables."""
+    """A Keras optimizer by registry name; decay skips BatchNorm and bias variables (lars:
+    those matching ``lars_no_decay``). With ``ema_decay``, it keeps an average of the weights,
+    warmed up with ``ema_warmup`` and of ``ema_extra`` (BatchNorm's moving statistics) too."""
     import keras
 
+    from tfgpu import compat
+
     class_name, fixed = OPTIMIZERS[name]
-    kwargs = dict(fixed, weight_decay=weight_decay or None)
-    if class_name == "SGD":
-        kwargs["momentum"] = momentum
-    if class_name == "AdamW":
-        kwargs["weight_decay"] = weight_decay  # AdamW's own default would be 0.004
-    if ema_decay:
-        kwargs.update(use_ema=True, ema_momentum=ema_decay)
-    optimizer = getattr(keras.optimizers, class_name)(learning_rate, **kwargs)
-    if weight_decay:
-        optimizer.exclude_from_weight_decay(var_names=NO_DECAY)
+    ema = dict(use_ema=True, ema_momentum=ema_decay) if ema_decay else {}
+    if class_name == "lars.LARS":
+        from tfgpu.optim.lars import LARS
+
+        optimizer = LARS(
+            learning_rate,
+            momentum=momentum,
+            weight_decay_rate=weight_decay,
+            eeta=eeta,
+            exclude_from_weight_decay=list(lars_no_decay),
+            exclude_from_layer_adaptation=list(lars_no_adaptation),
+            **ema,
+        )
+    else:
+        kwargs = dict(fixed, weight_decay=weight_decay or None, **ema)
+        if class_name == "SGD":
+            kwargs["momentum"] = momentum
+        if class_name == "AdamW":
+            kwargs["weight_decay"] = weight_decay  # AdamW's own default would be 0.004
+        optimizer = getattr(keras.optimizers, class_name)(learning_rate, **kwargs)
+        if weight_decay:
+            optimizer.exclude_from_weight_decay(var_names=NO_DECAY)
+    if ema_decay and (ema_warmup or ema_extra):
+        compat.average_more(optimizer, warmup=ema_warmup, extra=list(ema_extra))
     return optimizer
 
 
-def build_for_run(optim, global_batch_size: int, total_steps: int):
+def build_for_run(optim, global_batch_size: int, total_steps: int, ema_extra=()):
     """The optimizer ``optim`` (a config.OptimConfig) asks for, with its warmup-and-decay
-    schedule over ``total_steps`` updates."""
+    schedule over ``total_steps`` updates; ``ema_extra``: variables its weight average
+    covers beside the trained ones (``batchnorm_statistics``)."""
     from tfgpu.optim.schedules import WarmupDecay
 
-    lr = scaled_learning_rate(optim.learning_rate, global_batch_size, optim.scale_lr_with_batch)
-    schedule = WarmupDecay(lr, total_steps, optim.warmup_steps, optim.lr_schedule)
-    return build_optimizer(
-        optim.name,
-        schedule,
-        momentum=optim.momentum,
-        weight_decay=optim.weight_decay,
-        ema_decay=optim.ema_decay,
+    lr = run_learning_rate(optim, global_batch_size)
+    schedule = WarmupDecay(
+        lr, total_steps, optim.warmup_steps, optim.lr_schedule, power=optim.lr_poly_power
     )
+    return build_optimizer(optim.name, schedule, ema_extra=ema_extra, **optimizer_options(optim))
+
+
+def batchnorm_statistics(model) -> list:
+    """The moving means and variances of every BatchNormalization layer of ``model`` and its
+    nested models, once each (what --ema_batchnorm averages)."""
+    import keras
+
+    found, seen = [], set()
+
+    def walk(layer):
+        if id(layer) in seen:
+            return
+        seen.add(id(layer))
+        if isinstance(layer, keras.layers.BatchNormalization):
+            found.extend((layer.moving_mean, layer.moving_variance))
+        for sub in getattr(layer, "layers", ()):
+            walk(sub)
+
+    walk(model)
+    return found

@@ -169,22 +169,17 @@ def run_optimizer(config, model, total_steps: int):
     """The run's optimizer: ``optim.build_for_run``'s, or a GroupedOptimizer when a fine-tuning
     flag is set (``lr_groups``). Call it before the backbone is frozen."""
     o = config.optim
-    head = optim.build_for_run(o, config.train.global_batch_size, total_steps)
+    # BatchNorm's moving statistics (--ema_batchnorm) are averaged by the head's optimizer,
+    # the one applied at every update.
+    extra = optim.batchnorm_statistics(model) if o.ema_batchnorm else ()
+    head = optim.build_for_run(o, config.train.global_batch_size, total_steps, ema_extra=extra)
     groups = lr_groups(config, model)
     if groups is None:
         return head
     optimizers = [head]
     for _, multiplier, _ in groups[1:]:
         rate = lambda m=multiplier: head.learning_rate * m  # noqa: E731 (the head's schedule, now)
-        optimizers.append(
-            optim.build_optimizer(
-                o.name,
-                rate,
-                momentum=o.momentum,
-                weight_decay=o.weight_decay,
-                ema_decay=o.ema_decay,
-            )
-        )
+        optimizers.append(optim.build_optimizer(o.name, rate, **optim.optimizer_options(o)))
     labels, multipliers, variables = zip(*groups)
     return GroupedOptimizer(optimizers, list(variables), list(labels), list(multipliers))
 

@@ -101,12 +101,16 @@ class TrainStep:
         jit_compile: bool = False,
         sync_batchnorm: bool = False,
         class_weights=None,
+        loss: str = "cross_entropy",
+        bce_target_threshold: float = 0.0,
     ):
         self.model = model
         self.optimizer = compat.without_implicit_all_reduce(optimizer)
         self.backend = backend
         self.global_batch_size = global_batch_size
-        self.loss = losses.Loss(global_batch_size, label_smoothing, class_weights)
+        self.loss = losses.Loss(
+            global_batch_size, label_smoothing, class_weights, loss, bce_target_threshold
+        )
         self.clip_norm = clip_norm
         self.loss_scale = loss_scale
         self.prepare = prepare  # also run alone, by bench/gpu_probes.py

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from tfgpu import models
+from tfgpu import models, optim
 from tfgpu.optim import finetune
 from tfgpu.models import pretrained
 from tfgpu.train.best import Best, tracks_best_in_loop
@@ -125,7 +125,8 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
     repeated = sampling.describe(
         config.curriculum.repeated_augment, spec.num_train, config.train.global_batch_size
     )
-    lines = (balance_line, repeated, init_line, tuning)
+    rate = optim.describe_learning_rate(config.optim, config.train.global_batch_size)
+    lines = (balance_line, repeated, init_line, tuning, rate)
     init_line = "\n".join(line for line in lines if line)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
@@ -216,6 +217,8 @@ def build_step(
         jit_compile=config.model.jit_compile,
         sync_batchnorm=config.model.sync_batchnorm,
         class_weights=_in_dtype(class_weights, config.model.dtype),
+        loss=config.optim.loss,
+        bce_target_threshold=config.optim.bce_target_threshold,
     )
 
 
