@@ -7,6 +7,8 @@ import io
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import TINY_RUN
 
@@ -29,6 +31,30 @@ STAGED = dict(
 )
 
 
+@pytest.mark.fast
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(2, 64),
+    total=st.integers(1, 10_000),
+    final=st.integers(8, 600),
+    data=st.data(),
+)
+def test_any_plan_covers_every_update_once_with_sides_growing_to_the_final(n, total, final, data):
+    low = data.draw(st.integers(8, final))
+    c = CurriculumConfig(progressive_stages=n, progressive_min_image_size=low)
+    stages = plan_.plan(c, DataConfig(image_size=final), total)
+    assert stages[0].start == 0 and stages[-1].end == total
+    assert all(a.end == b.start for a, b in zip(stages, stages[1:]))
+    assert all(s.start < s.end for s in stages) and len(stages) <= n
+    sides = [s.image_size for s in stages]
+    assert sides == sorted(sides) and sides[-1] == final
+    assert all(side % 8 == 0 and side >= 8 for side in sides[:-1])
+    for step in (0, total // 2, total - 1):
+        stage = plan_.stage_at(stages, step)
+        assert stage.start <= step < stage.end
+
+
+@pytest.mark.fast
 def test_plan_splits_the_updates_and_grows_size_and_strength_linearly():
     c = CurriculumConfig(
         progressive_stages=4, progressive_min_image_size=128, progressive_min_magnitude=5
@@ -36,7 +62,7 @@ def test_plan_splits_the_updates_and_grows_size_and_strength_linearly():
     d = DataConfig(image_size=300, augment_policy="randaugment", randaugment_magnitude=15)
     stages = plan_.plan(c, d, total_steps=10)
     assert [(s.start, s.end) for s in stages] == [(0, 2), (2, 5), (5, 7), (7, 10)]
-    # 128 + 172 s / 3, to a multiple of 8 but the last: 128, 185.3 -> 184, 242.7 -> 240, 300.
+    # 128 + 172 s / 3, down to a multiple of 8 but the last: 128, 185.3 -> 184, 242.7 -> 240, 300.
     assert [s.image_size for s in stages] == [128, 184, 240, 300]
     assert [round(s.magnitude, 6) for s in stages] == [5, 8.333333, 11.666667, 15]
     assert {s.mixup_alpha for s in stages} == {0.0}  # -1: the final value throughout
@@ -44,6 +70,7 @@ def test_plan_splits_the_updates_and_grows_size_and_strength_linearly():
     assert plan_.plan(CurriculumConfig(progressive_stages=1), d, 10) == []
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "settings, flag",
     [

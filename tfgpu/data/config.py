@@ -233,8 +233,8 @@ class CurriculumConfig:
     )
     progressive_min_image_size: int = setting(
         0,
-        "--progressive_stages: the first stage's image side (rounded to a multiple of 8 like "
-        "every stage's but the last, which is --image_size).",
+        "--progressive_stages: the first stage's image side (rounded down to a multiple of 8 "
+        "like every stage's but the last, which is --image_size).",
     )
     progressive_min_magnitude: float = setting(
         -1.0,

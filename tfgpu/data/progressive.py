@@ -32,7 +32,7 @@ def _between(low: float, high: float, s: int, n: int) -> float:
 def plan(curriculum, data, total_steps: int) -> list[Stage]:
     """The stages of a run of ``total_steps`` updates under ``curriculum`` (a
     config.CurriculumConfig) and ``data`` (a config.DataConfig); [] when progressive resizing
-    is off. Stage s covers updates [s * T // N, (s + 1) * T // N); its side is rounded to a
+    is off. Stage s covers updates [s * T // N, (s + 1) * T // N); its side is rounded down to a
     multiple of SIZE_MULTIPLE (the last stage's is --image_size)."""
     n, c = curriculum.progressive_stages, curriculum
     if n <= 1:
@@ -40,7 +40,8 @@ def plan(curriculum, data, total_steps: int) -> list[Stage]:
     stages = []
     for s in range(n):
         side = _between(c.progressive_min_image_size, data.image_size, s, n)
-        size = data.image_size if s == n - 1 else round(side / SIZE_MULTIPLE) * SIZE_MULTIPLE
+        # Down: never past --image_size, which need not be a multiple itself.
+        size = data.image_size if s == n - 1 else int(side // SIZE_MULTIPLE) * SIZE_MULTIPLE
         stages.append(
             Stage(
                 index=s,

@@ -49,7 +49,8 @@ class Staged:
         stage = progressive.stage_at(self.stages, step)
         data = self.data_at(step)
         self.training.step.use_input(*input_fns(data, self.training.spec.num_classes))
-        line = progressive.describe(stage, len(self.stages), self.training.config.data)
+        config = self.training.config  # N as set: a run shorter than N updates skips some
+        line = progressive.describe(stage, config.curriculum.progressive_stages, config.data)
         resumed = f", resumed at update {step}" if step > stage.start else ""
         self.info(f"step {step}: {line}{resumed}")
         self.current = stage
