@@ -1,8 +1,8 @@
 """Same seed, same global batch, same updates: every way to spread training ends with the same
-weights (to float rounding), with RandAugment, random erasing, repeated augmentation and
-per-block gradient checkpointing on, and there is one gradient all-reduce per update; with the
-large-batch settings (LARS, BCE on MixUp/CutMix targets, poly decay, a scaled rate, the EMA's
-warm-up) too, across 2 worker processes."""
+weights (to float rounding), with RandAugment, random erasing, repeated augmentation,
+per-block gradient checkpointing and progressive resizing on, and there is one gradient
+all-reduce per update; with the large-batch settings (LARS, BCE on MixUp/CutMix targets, poly
+decay, a scaled rate, the EMA's warm-up) too, across 2 worker processes."""
 
 import json
 import os
@@ -22,6 +22,8 @@ STEPS = 6
 # depend on (seed, epoch, position) only, so every split of the batch sees the same images.
 # Repeated augmentation (2 copies, 8 apart in each batch of 16: on different replicas) and
 # --remat (the step's forward recomputed per block, inside the accumulation loop too).
+# Two progressive stages (24x24 at RandAugment M=3, then 32x32 at M=9): every backend takes
+# the second stage's dataset and traces its step at the same update.
 FLAGS = dict(
     TINY_RUN,
     train_steps=STEPS,
@@ -29,6 +31,9 @@ FLAGS = dict(
     random_erasing=0.25,
     repeated_augment=2,
     remat=True,
+    progressive_stages=2,
+    progressive_min_image_size=24,
+    progressive_min_magnitude=3,
 )
 
 

@@ -18,7 +18,7 @@ SECTION_TITLES = {
     "optim": "optimizer, loss and schedule",
     "train": "length, evaluation, checkpoints and logging",
     "dist": "spreading training",
-    "curriculum": "repeated augmentation",
+    "curriculum": "repeated augmentation, progressive resizing",
 }
 # What `--help` shows: the flags most runs set (the rest: --helpfull, docs/flags.md).
 KEY_FLAGS = (

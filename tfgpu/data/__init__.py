@@ -13,6 +13,8 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
   erasing.py     random erasing: its draws, and the noise that fills the boxes
   balance.py     class balance: --class_weights' weights (applied by the step's loss) and
                  balanced sampling's class probabilities (drawn by memory.py); no TensorFlow
+  progressive.py --progressive_stages' plan: each stage's updates, image size, magnitude and
+                 mixing; no TensorFlow
   broken.py      records that fail to decode, named once (shard and index)
   service_client.py  --data_service: the train pipeline run by tf.data service workers
   service_server.py  the service itself (dispatcher, workers): tfgpu-data-service

@@ -66,13 +66,30 @@ def build_model(
     )
 
 
-def rematerialized(model, name: str):
+def any_input_size(model) -> None:
+    """Lets ``model`` (and every model nested in it, as keras.applications' backbones) take
+    images of any side, for --progressive_stages: its layers are the same, only the input
+    check built for --image_size is widened (convolutions and global pooling need no fixed
+    side)."""
+    import keras
+
+    model.input_spec = keras.InputSpec(shape=(None, None, None, model.input_shape[-1]))
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            any_input_size(layer)
+
+
+def rematerialized(model, name: str, any_size: bool = False):
     """``model`` (built as registry model ``name``) wrapped so that its forward pass keeps only
     each block's input and the backward pass recomputes the block (``--remat``: ``remat.py``);
-    it shares ``model``'s layers and variables."""
+    it shares ``model``'s layers and variables. ``any_size``: its blocks take any image side,
+    as ``any_input_size`` makes ``model``'s."""
     from tfgpu.models import remat
 
-    return remat.rematerialized(model, MODELS[name][0])
+    wrapped = remat.rematerialized(model, MODELS[name][0])
+    for segment in wrapped.segments if any_size else ():
+        any_input_size(segment)
+    return wrapped
 
 
 def load_initial_weights(model, path: str) -> list[str]:

@@ -55,6 +55,11 @@ class Rematerialized(keras.Model):
         """How many segments are recomputed."""
         return sum(remat for _, remat in self._plan.segments)
 
+    @property
+    def segments(self) -> list:
+        """The sub-models it runs, in order (recomputed or not)."""
+        return [segment for segment, _ in self._plan.segments]
+
     def build(self, input_shape):
         self.built = True  # the model it wraps is built
 

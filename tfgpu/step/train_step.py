@@ -154,6 +154,14 @@ class TrainStep:
         self.micro_batches.follow_trainable()
         self.variant += 1
 
+    def use_input(self, prepare, unpack=None) -> None:
+        """Call at a loop boundary when the train batches change (a --progressive_stages
+        stage): the step prepares them with ``prepare`` and ``unpack`` (as ``__init__``'s), and
+        the loop traces it anew."""
+        self.prepare, self.unpack = prepare, unpack
+        self.micro_batches.prepare = prepare
+        self.trainable_changed()
+
     def replica_step(self, batch: dict):
         """Runs on each replica: accumulate k micro-batches, then all-reduce once.
 

@@ -11,6 +11,7 @@
   runlock.py      one run per --model_dir
   watch.py        the side-car evaluator (``tfgpu.evaluate --watch``)
   use.py          a trained run's Config, model and checkpoint, for evaluate/predict/export
+  progressive.py  --progressive_stages: each stage's train dataset and step preparation
 
 ``tfgpu.train.loop.run`` is ``loop.run``, loaded on first use, so that the light modules here
 (best, runlock, watch) import without TensorFlow.

@@ -104,6 +104,8 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
             config.model.small_input,
             drop_path_rate=config.model.drop_path_rate,
         )
+        if config.curriculum.progressive_stages > 1:  # its stages train at smaller sides
+            models.any_input_size(model)
         # Its groups (fine-tuning flags) hold every variable that trains at some point: made
         # before the freeze, which hides the backbone's from the step until it unfreezes.
         optimizer = finetune.run_optimizer(config, model, plan.total_steps)
@@ -193,15 +195,10 @@ def build_step(
 ):
     """The TrainStep for batches of the layout the train pipeline makes (``class_weights``:
     float [K], or None)."""
-    layout = pipeline.train_layout(config.data)
-    unpack = None
-    if layout == "packed":  # resized first, outside XLA; then the "uint8" path on floats
-        unpack = lambda batch: device_ops.resized(batch, config.data.image_size)  # noqa: E731
-        layout = "uint8"
-    if layout == "uint8" and augment.num_slots(config.data) + config.data.random_erasing > 0:
-        unpack = _then(unpack, device_ops.augmented)  # outside XLA too, see augmented
+    prepare, unpack = input_fns(config.data, num_classes)
     if config.model.remat:  # only the step runs the blocks so; checkpoints hold ``model``
-        model = models.rematerialized(model, config.model.name)
+        staged = config.curriculum.progressive_stages > 1
+        model = models.rematerialized(model, config.model.name, any_size=staged)
     return TrainStep(
         model,
         optimizer,
@@ -212,7 +209,7 @@ def build_step(
         clip_norm=config.optim.clip_norm,
         loss_scale=loss_scale,
         skip_non_finite=config.optim.skip_non_finite,
-        prepare=device_ops.make_batch_fn(layout, num_classes, config.data),
+        prepare=prepare,
         unpack=unpack,
         jit_compile=config.model.jit_compile,
         sync_batchnorm=config.model.sync_batchnorm,
@@ -222,6 +219,19 @@ def build_step(
     )
 
 
+def input_fns(data, num_classes: int) -> tuple:
+    """(prepare, unpack): what the TrainStep does to the batches of the layout the train
+    pipeline makes under ``data`` (a config.DataConfig), ``TrainStep``'s arguments."""
+    layout = pipeline.train_layout(data)
+    unpack = None
+    if layout == "packed":  # resized first, outside XLA; then the "uint8" path on floats
+        unpack = lambda batch: device_ops.resized(batch, data.image_size)  # noqa: E731
+        layout = "uint8"
+    if layout == "uint8" and augment.num_slots(data) + data.random_erasing > 0:
+        unpack = _then(unpack, device_ops.augmented)  # outside XLA too, see augmented
+    return device_ops.make_batch_fn(layout, num_classes, data), unpack
+
+
 def _in_dtype(weights, dtype: str):
     """Class weights in the loss' dtype: float64 for --dtype=float64, else float32."""
     if weights is None:
@@ -229,26 +239,26 @@ def _in_dtype(weights, dtype: str):
     return weights.astype("float64" if dtype == "float64" else "float32")
 
 
-def train_maker(training: Training, start_step: int):
+def train_maker(training: Training, start_step: int, data=None):
     """``make(InputShard) -> tf.data.Dataset`` of per-replica train batches from update
     ``start_step`` on: cut from the decoded train split in memory when ``memory.load`` gives
     it (--in_memory, loaded here, once), else read and decoded per example (or synthetic, or
-    through the tf.data service)."""
+    through the tf.data service). ``data``: the DataConfig to read by (a progressive stage's;
+    None: the run's)."""
     config, spec = training.config, training.spec
+    data = data or config.data
     replica_batch = training.plan.replica_batch
-    if config.data.synthetic_data:
-        return lambda _: pipeline.make_synthetic_dataset(
-            replica_batch, spec.num_classes, config.data
-        )
-    if config.data.data_service:  # the per-example pipeline, on a tf.data service's workers
+    if data.synthetic_data:
+        return lambda _: pipeline.make_synthetic_dataset(replica_batch, spec.num_classes, data)
+    if data.data_service:  # the per-example pipeline, on a tf.data service's workers
         from tfgpu.data import service_client as service  # noqa: PLC0415
 
         return service.train_maker(training)
-    mem = memory.load(spec, config.data)  # None: read per example
+    mem = memory.load(spec, data)  # None: read per example
     source, reader = (spec, pipeline) if mem is None else (mem, memory)
     return lambda shard: reader.make_train_dataset(
         source,
-        config.data,
+        data,
         shard,
         batch_size=replica_batch,
         global_batch_size=config.train.global_batch_size,

@@ -34,6 +34,7 @@ from tfgpu.data import augment, broken, dct, memory
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, env, heartbeat_wire, heartbeats
 from tfgpu.train.faults import PreemptionGuard
+from tfgpu.train.progressive import Staged
 from tfgpu.step.loops import make_train_loop
 from tfgpu.train.evaluator import Evaluator
 from tfgpu.train.results import RunWriter, final_eval_of
@@ -41,19 +42,23 @@ from tfgpu.train.serving import export_model
 from tfgpu.errors import NonFiniteLoss
 
 
-def _next_stop(actions, step: int, total_steps: int, steps_per_loop: int) -> int:
-    """The next step at which some action is due by its step count, or the loop call ends."""
-    stops = [total_steps, step + steps_per_loop]
+def _next_stop(actions, step: int, total_steps: int, steps_per_loop: int, staged=None) -> int:
+    """The next step at which some action is due by its step count, the loop call ends, or
+    (``staged``: a ``progressive.Staged``) the stage ends."""
+    stops = [total_steps, step + steps_per_loop] + ([staged.end(step)] if staged else [])
     stops += [s for s in (a.next_stop(step) for a in actions) if s is not None]
     return min(stops)
 
 
-def fit(training: Training, batches, actions, writer: RunWriter, input_ips=None) -> dict:
+def fit(
+    training: Training, batches, actions, writer: RunWriter, input_ips=None, staged=None
+) -> dict:
     """Trains from the restored step to the plan's last, handing each loop boundary to the
     ``actions`` that are due (``actions.default_actions``: log, evaluate, checkpoint,
     preemption, and the run's own). Returns {"images_per_sec", "skipped_records",
     "input_wait_fraction", "stopped", "last_images_per_sec"}. ``input_ips``: images/s of the
-    input alone (``build.probe_input``), logged with each window.
+    input alone (``build.probe_input``), logged with each window. ``staged``: the run's
+    ``progressive.Staged`` (None: one stage), whose batches replace ``batches`` stage by stage.
     """
     max_skipped = training.config.optim.max_skipped_updates
     loop = make_train_loop(
@@ -67,7 +72,9 @@ def fit(training: Training, batches, actions, writer: RunWriter, input_ips=None)
         # nets; say so, or the run looks stuck.
         writer.info(f"step {state.step}: tracing the train step, the first window takes longer")
     while not state.last and not state.stopped:
-        _train_until_due(training, loop, batches, actions, state)
+        if staged and staged.begins(state.step):
+            batches = staged.enter(state.step)
+        _train_until_due(training, loop, batches, actions, state, staged)
         _ask(actions, state)
     return {
         "images_per_sec": state.window.images_per_sec(),
@@ -86,12 +93,12 @@ def _ask(actions, state: LoopState, at_start: bool = False) -> None:
             action(state)
 
 
-def _train_until_due(training: Training, loop, batches, actions, state: LoopState) -> None:
+def _train_until_due(training: Training, loop, batches, actions, state: LoopState, staged) -> None:
     """One call of the compiled ``loop``: the updates up to the next step an action is due
     (or --steps_per_loop); ``state`` takes the step, the window's sums and skipped records.
     Raises NonFiniteLoss for a non-finite update (unless skipped) or a diverged run."""
     t = training.config.train
-    stop = _next_stop(actions, state.step, training.plan.total_steps, t.steps_per_loop)
+    stop = _next_stop(actions, state.step, training.plan.total_steps, t.steps_per_loop, staged)
     phase("train", state.step)
     totals, first_bad, diverged = loop(
         batches, tf.constant(stop - state.step), training.step.variant
@@ -189,17 +196,21 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
     start_step = r.checkpoints.restore(writer.info)
     if r.best is not None:
         r.best.resume(start_step)
-    make = train_maker(r, start_step)
+    staged = Staged.of(r, writer.info)  # None: one stage
+    make = staged.maker(start_step) if staged else train_maker(r, start_step)
     input_ips = probe_input(r, make, config.data.input_probe_s)
     if input_ips:
         writer.info(
             f"input alone: {input_ips:,.0f} img/s on this worker (read for "
             f"--input_probe_s={config.data.input_probe_s:g} s)"
         )
-    batches = train_batches(r, start_step, make)
+    if staged:
+        batches = staged.enter(start_step, make)
+    else:
+        batches = train_batches(r, start_step, make)
     with PreemptionGuard() as guard:
         loop_actions = default_actions(r, evaluate, guard, extra=actions)
-        throughput = fit(r, batches, loop_actions, writer, input_ips)
+        throughput = fit(r, batches, loop_actions, writer, input_ips, staged)
     throughput["input_images_per_sec"] = input_ips
     final_eval = _finish(r, evaluate, writer, throughput)
     throughput["broken"] = _broken_records(backend)  # the last collective

@@ -1,0 +1,89 @@
+"""Progressive resizing (--progressive_stages; EfficientNetV2's progressive learning, Tan & Le
+2021): the run's updates in N equal stages whose train image size, RandAugment magnitude and
+MixUp/CutMix alpha grow linearly from the --progressive_min_* values to the final ones. Each
+stage's reader and step take a DataConfig of their own (``stage_data``); evaluation keeps
+--image_size. No TensorFlow here.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+SIZE_MULTIPLE = 8  # stage sides but the last: what strided nets divide without remainder
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Stage ``index`` (0-based): updates [start, end) at these train settings."""
+
+    index: int
+    start: int
+    end: int
+    image_size: int
+    magnitude: float
+    mixup_alpha: float
+    cutmix_alpha: float
+
+
+def _between(low: float, high: float, s: int, n: int) -> float:
+    """Stage ``s`` of ``n``'s value, linearly from ``low`` (-1: ``high`` throughout)."""
+    return high if low < 0 else low + (high - low) * s / (n - 1)
+
+
+def plan(curriculum, data, total_steps: int) -> list[Stage]:
+    """The stages of a run of ``total_steps`` updates under ``curriculum`` (a
+    config.CurriculumConfig) and ``data`` (a config.DataConfig); [] when progressive resizing
+    is off. Stage s covers updates [s * T // N, (s + 1) * T // N); its side is rounded down to a
+    multiple of SIZE_MULTIPLE (the last stage's is --image_size)."""
+    n, c = curriculum.progressive_stages, curriculum
+    if n <= 1:
+        return []
+    stages = []
+    for s in range(n):
+        side = _between(c.progressive_min_image_size, data.image_size, s, n)
+        # Down: never past --image_size, which need not be a multiple itself.
+        size = data.image_size if s == n - 1 else int(side // SIZE_MULTIPLE) * SIZE_MULTIPLE
+        stages.append(
+            Stage(
+                index=s,
+                start=s * total_steps // n,
+                end=(s + 1) * total_steps // n,
+                image_size=max(SIZE_MULTIPLE, size),
+                magnitude=_between(c.progressive_min_magnitude, data.randaugment_magnitude, s, n),
+                mixup_alpha=_between(c.progressive_min_mixup_alpha, data.mixup_alpha, s, n),
+                cutmix_alpha=_between(c.progressive_min_cutmix_alpha, data.cutmix_alpha, s, n),
+            )
+        )
+    return [stage for stage in stages if stage.end > stage.start]
+
+
+def stage_at(stages: list[Stage], step: int) -> Stage:
+    """The stage that update ``step`` belongs to (the last one from its end on)."""
+    return next((s for s in stages if s.start <= step < s.end), stages[-1])
+
+
+def stage_data(data, stage: Stage, in_memory: bool):
+    """``data`` (a config.DataConfig) as stage ``stage``'s reader and step take it.
+    ``in_memory``: whether the run reads its train split from memory, decided once at the final
+    size (a smaller stage must not change the path, which draws differently)."""
+    return dataclasses.replace(
+        data,
+        image_size=stage.image_size,
+        randaugment_magnitude=stage.magnitude,
+        mixup_alpha=stage.mixup_alpha,
+        cutmix_alpha=stage.cutmix_alpha,
+        in_memory="on" if in_memory else "off",
+    )
+
+
+def describe(stage: Stage, num_stages: int, data) -> str:
+    """The line logged when ``stage`` begins (``data``: the run's DataConfig, for which of
+    magnitude and mixing are in use)."""
+    line = f"stage {stage.index + 1}/{num_stages} (updates {stage.start}..{stage.end - 1}): "
+    line += f"train images {stage.image_size}x{stage.image_size}"
+    if data.augment_policy == "randaugment":
+        line += f", RandAugment magnitude {stage.magnitude:g}"
+    if data.mixup_alpha > 0:
+        line += f", MixUp alpha {stage.mixup_alpha:g}"
+    if data.cutmix_alpha > 0:
+        line += f", CutMix alpha {stage.cutmix_alpha:g}"
+    return line
