@@ -10,6 +10,7 @@ import contextlib
 
 # (module, attribute path) of every private name used below.
 PRIVATE_NAMES = (
+    ("tensorflow.python.data.experimental.service.server_lib", "WorkerServer._address"),
     ("keras.src.backend.tensorflow.optimizer", "TFOptimizer._all_reduce_sum_gradients"),
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer._trainable_variables"),
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer._model_variables_moving_average"),
@@ -338,3 +339,9 @@ def ops_refused_under_gpu_determinism(fn, *args) -> set:
     """The op types of ``fn``'s graph and functions that a GPU refuses to run under op
     determinism (``--deterministic``): GPU_DETERMINISM_REFUSED."""
     return {n.op for n in _graph_nodes(fn, *args)} & GPU_DETERMINISM_REFUSED
+
+
+def data_service_worker_address(worker) -> str:
+    """``host:port`` a tf.data service WorkerServer serves on (its port chosen by the OS when
+    asked for 0): TensorFlow keeps it only in a private property."""
+    return worker._address

@@ -46,9 +46,9 @@ def check(repeats: int, chunk: int, num_examples: int) -> None:
 
 def split_start(start_index: int, chunk: int, repeats: int) -> tuple[int, int]:
     """(source examples before the chunk holding position ``start_index``, positions of that
-    chunk before it): where a resumed repeated stream starts."""
-    chunks, rest = divmod(start_index, chunk)
-    return chunks * (chunk // repeats), rest
+    chunk before it): where a resumed repeated stream starts. ``start_index`` may be a
+    tensor (the data service's per-epoch pipelines): operators, not divmod."""
+    return (start_index // chunk) * (chunk // repeats), start_index % chunk
 
 
 def repeat_examples(ds: tf.data.Dataset, repeats: int, chunk: int) -> tf.data.Dataset:

@@ -33,6 +33,7 @@ import time
 
 from absl import flags
 
+from tfgpu import compat
 from tfgpu.errors import UsageError, run_command
 from tfgpu.startup import import_tensorflow
 
@@ -223,6 +224,39 @@ def _stop_all(servers: list, stop: _Stop) -> None:
     print(f"{PROG}: stopped by {stop.name}", flush=True)
 
 
+def _start_local_workers(f, stop: _Stop) -> list:
+    """--role=local's ``--num_workers`` workers, beside its dispatcher on ``--port``."""
+    workers = []
+    for _ in range(f.num_workers):
+        worker = _start_worker(f"localhost:{f.port}", "localhost", 0, stop)
+        if worker is None:
+            os._exit(0)  # stopped while waiting: the constructor still blocks on its thread
+        workers.append(worker)
+    return workers
+
+
+def _local_line(f, workers) -> str:
+    addresses = ", ".join(compat.data_service_worker_address(w) for w in workers)
+    return (
+        f"local service serving grpc://localhost:{f.port} with {f.num_workers} "
+        f"worker(s) ({addresses}); train with --data_service=grpc://localhost:{f.port}; "
+        f"{EXPOSED}"
+    )
+
+
+def _dispatcher_line(f) -> str:
+    journal = (
+        f"fault-tolerant, journal in {f.work_dir}"
+        if f.work_dir
+        else "no --work_dir: a restart loses its jobs"
+    )
+    host = socket.gethostname()
+    return (
+        f"dispatcher serving grpc://{host}:{f.port} ({journal}); train "
+        f"with --data_service=grpc://{host}:{f.port}; {EXPOSED}"
+    )
+
+
 def serve(f, stop: _Stop) -> int:
     """Starts what ``--role`` says, prints where it serves, waits for a signal, stops."""
     import_tensorflow()  # without its start-up notices
@@ -239,30 +273,13 @@ def serve(f, stop: _Stop) -> int:
                 sys.stdout.flush()
                 os._exit(0)  # the constructor still blocks on its thread
             servers.append(worker)
-            port = worker._address.rpartition(":")[2]
+            port = compat.data_service_worker_address(worker).rpartition(":")[2]
             line = f"worker serving {host}:{port} for {dispatcher}; {EXPOSED}"
         elif f.role == "local":
-            for _ in range(f.num_workers):
-                worker = _start_worker(f"localhost:{f.port}", "localhost", 0, stop)
-                if worker is None:
-                    os._exit(0)
-                servers.append(worker)
-            workers = ", ".join(w._address for w in servers[1:])
-            line = (
-                f"local service serving grpc://localhost:{f.port} with {f.num_workers} "
-                f"worker(s) ({workers}); train with --data_service=grpc://localhost:{f.port}; "
-                f"{EXPOSED}"
-            )
+            servers += _start_local_workers(f, stop)
+            line = _local_line(f, servers[1:])
         else:
-            journal = (
-                f"fault-tolerant, journal in {f.work_dir}"
-                if f.work_dir
-                else "no --work_dir: a restart loses its jobs"
-            )
-            line = (
-                f"dispatcher serving grpc://{socket.gethostname()}:{f.port} ({journal}); train "
-                f"with --data_service=grpc://{socket.gethostname()}:{f.port}; {EXPOSED}"
-            )
+            line = _dispatcher_line(f)
     except UsageError:
         raise
     except Exception as err:  # noqa: BLE001  (TensorFlow's errors at start: one line)

@@ -87,6 +87,18 @@ class _FromConfig(enum.Enum):
 FROM_CONFIG = _FromConfig.FROM_CONFIG
 
 
+def _setup_lines(config: Config, spec, step, plan, balance_line: str, init_line: str) -> str:
+    """What the run says of its set-up before training (class balance, repeated
+    augmentation, the initial weights, fine-tuning groups, the learning rate in use): the
+    lines that apply, joined."""
+    tuning = finetune.describe(config, step.optimizer, plan.total_steps)
+    batch = config.train.global_batch_size
+    repeated = sampling.describe(config.curriculum.repeated_augment, spec.num_train, batch)
+    rate = optim.describe_learning_rate(config.optim, batch)
+    lines = (balance_line, repeated, init_line, tuning, rate)
+    return "\n".join(line for line in lines if line)
+
+
 def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_CONFIG) -> Training:
     """Plans the run, then builds model, optimizer, train step, counters and checkpoints
     under the backend's scope (``Checkpoints.restore`` then gives every worker the chief's
@@ -123,13 +135,7 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
     if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
         fresh = models.load_initial_weights(model, config.model.init_weights)
         init_line = _init_line(config, model, fresh)
-    tuning = finetune.describe(config, step.optimizer, plan.total_steps)
-    repeated = sampling.describe(
-        config.curriculum.repeated_augment, spec.num_train, config.train.global_batch_size
-    )
-    rate = optim.describe_learning_rate(config.optim, config.train.global_batch_size)
-    lines = (balance_line, repeated, init_line, tuning, rate)
-    init_line = "\n".join(line for line in lines if line)
+    init_line = _setup_lines(config, spec, step, plan, balance_line, init_line)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
     if loss_scale:

@@ -172,6 +172,24 @@ def run(config: Config, actions: Sequence[Action] = ()) -> dict:
         return _run(config, backend, in_use, actions)
 
 
+def _train_input(r: Training, start_step: int, writer: RunWriter):
+    """(the run's ``progressive.Staged`` or None for one stage, the train batches from
+    ``start_step``, the input's own images/s or None); the input alone is probed first
+    (--input_probe_s) and said."""
+    probe_s = r.config.data.input_probe_s
+    staged = Staged.of(r, writer.info)
+    make = staged.maker(start_step) if staged else train_maker(r, start_step)
+    input_ips = probe_input(r, make, probe_s)
+    if input_ips:
+        writer.info(
+            f"input alone: {input_ips:,.0f} img/s on this worker (read for "
+            f"--input_probe_s={probe_s:g} s)"
+        )
+    if staged:
+        return staged, staged.enter(start_step, make), input_ips
+    return staged, train_batches(r, start_step, make), input_ips
+
+
 def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -> dict:
     """``run`` once the backend is set up (``in_use``: the chief's lock error, which every
     worker stops with at the start-up agreement)."""
@@ -196,18 +214,7 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
     start_step = r.checkpoints.restore(writer.info)
     if r.best is not None:
         r.best.resume(start_step)
-    staged = Staged.of(r, writer.info)  # None: one stage
-    make = staged.maker(start_step) if staged else train_maker(r, start_step)
-    input_ips = probe_input(r, make, config.data.input_probe_s)
-    if input_ips:
-        writer.info(
-            f"input alone: {input_ips:,.0f} img/s on this worker (read for "
-            f"--input_probe_s={config.data.input_probe_s:g} s)"
-        )
-    if staged:
-        batches = staged.enter(start_step, make)
-    else:
-        batches = train_batches(r, start_step, make)
+    staged, batches, input_ips = _train_input(r, start_step, writer)
     with PreemptionGuard() as guard:
         loop_actions = default_actions(r, evaluate, guard, extra=actions)
         throughput = fit(r, batches, loop_actions, writer, input_ips, staged)
