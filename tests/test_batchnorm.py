@@ -33,7 +33,7 @@ MODELS = [
 ]
 # Without sync the code path is the same for every family (the moving statistics of every
 # BatchNorm layer, whatever the network): resnet18 keeps the suite's time.
-UNSYNCED_MODELS = ["resnet18"]
+UNSYNCED_MODEL = "resnet18"
 
 
 def _batches(n=GLOBAL_BATCH * UPDATES, seed=0):
@@ -80,9 +80,9 @@ def _floatx(dtype: str):
         keras.config.set_dtype_policy("float32")
 
 
-def _train(name, strategy="default", accum=1, sync=False, updates=UPDATES, dtype="float32"):
-    """Trains registry model ``name`` for ``updates`` sgd updates of GLOBAL_BATCH with its
-    layers in ``dtype``; returns (model, backend)."""
+def _train(name, strategy="default", accum=1, sync=False, dtype="float32", after_first=None):
+    """Trains registry model ``name`` for UPDATES sgd updates of GLOBAL_BATCH with its layers
+    in ``dtype``, calling ``after_first(model)`` after the first; returns (model, backend)."""
     backend = backends.build_backend(strategy)
     keras.utils.set_random_seed(5)
     with backend.scope(), _floatx(dtype):
@@ -101,8 +101,10 @@ def _train(name, strategy="default", accum=1, sync=False, updates=UPDATES, dtype
         lambda shard: tf.data.Dataset.from_tensor_slices(_batches()).batch(per_replica)
     )
     update, iterator = tf.function(step.update), iter(data)
-    for _ in range(updates):
+    for i in range(UPDATES):
         update(next(iterator))
+        if i == 0 and after_first is not None:
+            after_first(model)
     return model, backend
 
 
@@ -134,46 +136,64 @@ def test_sync_batchnorm_two_replicas_equal_one_device_of_the_whole_batch(name, d
     _assert_same_weights(model, _train(name, dtype=dtype)[0], atol=atol)
 
 
-@pytest.mark.parametrize("name", UNSYNCED_MODELS)
-def test_without_sync_replicas_hold_the_mean_and_equal_accumulation(name):
+@pytest.fixture(scope="module")
+def unsynced_mirrored():
+    """resnet18 trained by 2 replicas without sync; ``first`` holds every replica's copy of
+    its first BatchNorm's moving mean after the first update (one run for both tests below)."""
+    first = []
+
+    def record(model):
+        first.extend(_components(model.get_layer("stem_bn").moving_mean))
+
+    model, _ = _train(UNSYNCED_MODEL, "mirrored", after_first=record)
+    return model, first
+
+
+def test_without_sync_replicas_hold_the_mean_and_equal_accumulation(unsynced_mirrored):
     """2 replicas of 4 and 2 micro-batches of 4 on one device: each micro-batch normalizes by
     itself, the moving statistics move once per update by the mean; every replica holds it."""
-    mirrored, _ = _train(name, "mirrored")
-    accumulated, _ = _train(name, "default", accum=2)
+    mirrored, _ = unsynced_mirrored
+    accumulated, _ = _train(UNSYNCED_MODEL, "default", accum=2)
     for var in batchnorm.moving_statistics(mirrored):
         first, second = _components(var)
         np.testing.assert_array_equal(first, second, err_msg=var.path)
     _assert_same_weights(mirrored, accumulated)
 
 
-def test_moving_statistics_are_the_mean_of_the_replicas_batch_statistics():
-    """One update from the initial statistics (mean 0, variance 1, momentum 0.9): the first
-    BatchNorm's moving mean is 0.1 x the mean of the two half-batches' means, computed here
-    from the stem convolution's outputs."""
-    model, _ = _train("resnet18", "mirrored", updates=1)
+def test_moving_statistics_are_the_mean_of_the_replicas_batch_statistics(unsynced_mirrored):
+    """After the first update from the initial statistics (mean 0, variance 1, momentum 0.9):
+    the first BatchNorm's moving mean is 0.1 x the mean of the two half-batches' means,
+    computed here from the stem convolution's outputs."""
+    _, after_first = unsynced_mirrored
     keras.utils.set_random_seed(5)
-    fresh = _build("resnet18")  # same seed: the weights before the update
+    fresh = _build(UNSYNCED_MODEL)  # same seed: the weights before the update
     stem = keras.Model(fresh.input, fresh.get_layer("stem_conv").output)
     images = _batches()["image"][:GLOBAL_BATCH].astype(np.float32)
     halves = [stem(images[:4]).numpy().mean((0, 1, 2)), stem(images[4:]).numpy().mean((0, 1, 2))]
     expected = 0.1 * (halves[0] + halves[1]) / 2
-    for copy in _components(model.get_layer("stem_bn").moving_mean):
+    assert len(after_first) == 2
+    for copy in after_first:
         np.testing.assert_allclose(copy, expected, atol=1e-5, rtol=1e-4)
     wrong = 0.1 * halves[0]  # what replica 0 alone would hold
     assert np.abs(expected - wrong).max() > 1e-3
 
 
+@pytest.fixture(scope="module")
+def regularized():
+    """The regularized net trained on one device, the reference of the tests below."""
+    model, _ = _train("regularized")
+    return model
+
+
 @pytest.mark.parametrize("strategy,accum", [("default", 2), ("mirrored", 2)])
-def test_regularization_losses_count_once_per_update(strategy, accum):
-    reference, _ = _train("regularized")
-    assert reference.losses, "the test model must have regularization losses"
+def test_regularization_losses_count_once_per_update(regularized, strategy, accum):
+    assert regularized.losses, "the test model must have regularization losses"
     split, _ = _train("regularized", strategy, accum=accum)
-    _assert_same_weights(split, reference)
+    _assert_same_weights(split, regularized)
 
 
-def test_regularization_losses_change_the_update():
+def test_regularization_losses_change_the_update(regularized):
     """The regularizers are not ignored: without them the same start ends elsewhere."""
-    regularized, _ = _train("regularized")
     unregularized, _ = _train("unregularized")
     kernels = [m.layers[2].kernel.numpy() for m in (regularized, unregularized)]
     assert regularized.layers[2].name.startswith("conv2d")
