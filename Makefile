@@ -11,12 +11,16 @@ STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
+# Two workers (pytest-xdist): most tests wait on processes or trace on one core. A module's
+# tests stay on one worker, the modules that start processes first (tests/conftest.py: spread).
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+
 test: system install horovod ray
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # Everything, with the opt-in heavy tests too (tests/conftest.py: HEAVY_ENV).
 test-heavy: system install horovod ray
-	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q --durations=25 tests
+	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
 # cores, and no Horovod or Ray needed.
