@@ -1,0 +1,62 @@
+"""How ``make test`` hands modules to its two pytest-xdist workers (conftest.spread): a module's
+tests in one group, so a module-scoped fixture runs once; the modules that start processes
+first, then those with slow tests, then the fast ones."""
+
+import types
+
+import pytest
+from conftest import spread
+
+
+class _Item:
+    """What spread reads of a pytest item: its module and its markers."""
+
+    def __init__(self, module, *marks):
+        self.module, self.marks = module, {name: getattr(pytest.mark, name).mark for name in marks}
+
+    def get_closest_marker(self, name):
+        return self.marks.get(name)
+
+    def add_marker(self, decorator):
+        self.marks.setdefault(decorator.name, decorator.mark)
+
+
+def _module(name, **names):
+    return types.SimpleNamespace(__name__=name, **names)
+
+
+def test_modules_that_start_processes_go_first_and_stay_together():
+    quick = _module("test_quick")
+    trains = _module("test_trains")
+    launches = _module("test_launches", subprocess=types.ModuleType("subprocess"))  # a stand-in
+    items = [
+        _Item(quick, "fast"),
+        _Item(trains, "slow"),
+        _Item(launches, "slow", "skip"),  # a skipped heavy test weighs nothing
+        _Item(trains, "slow"),
+        _Item(quick, "fast"),
+        _Item(launches, "slow"),
+    ]
+    names = [item.module.__name__ for item in items]
+    spread(items)
+    assert [item.module.__name__ for item in items] == [
+        "test_launches",
+        "test_launches",
+        "test_trains",
+        "test_trains",
+        "test_quick",
+        "test_quick",
+    ]
+    assert sorted(names) == sorted(item.module.__name__ for item in items)
+    for item in items:
+        assert item.get_closest_marker("xdist_group").args == (item.module.__name__,)
+
+
+def test_more_slow_tests_first_and_an_explicit_group_is_kept():
+    few, many = _module("test_few"), _module("test_many")
+    own = _Item(few, "slow")
+    own.add_marker(pytest.mark.xdist_group("shared"))
+    items = [own, _Item(many, "slow"), _Item(many, "slow")]
+    spread(items)
+    assert [item.module.__name__ for item in items] == ["test_many", "test_many", "test_few"]
+    assert own.get_closest_marker("xdist_group").args == ("shared",)
