@@ -13,7 +13,7 @@ demo: install
 
 # Two workers (pytest-xdist): most tests wait on processes or trace on one core. A module's
 # tests stay on one worker, the modules that start processes first (tests/conftest.py: spread).
-XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
 test: system install horovod ray
 	$(PY) -m pytest -q $(XDIST) --durations=25 tests

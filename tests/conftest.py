@@ -125,15 +125,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def spread(items) -> None:
-    """For pytest-xdist's ``--dist loadgroup --no-loadscope-reorder`` (``make test``): a
-    module's tests go to one worker together (its group), so a module-scoped fixture, one run
-    shared by several tests, runs once; and ``items`` is reordered (in place, stably) so that
-    the modules that start processes are handed out first, most slow tests first, then those
-    that train in-process, then the fast ones, which fill in evenly at the end."""
+    """For pytest-xdist's ``--dist loadfile --no-loadscope-reorder`` (``make test``), which
+    keeps a module's tests on one worker (a module-scoped fixture, one run shared by several
+    tests, runs once) and hands out modules in collection order: reorders ``items`` (in
+    place, stably) so that the modules that start processes come first, most slow tests
+    first, then those that train in-process, then the fast ones, which fill in at the end."""
     slow = collections.Counter()
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
         if item.get_closest_marker("slow") and not item.get_closest_marker("skip"):
             slow[item.module.__name__] += 1
 

@@ -1,6 +1,6 @@
-"""How ``make test`` hands modules to its two pytest-xdist workers (conftest.spread): a module's
-tests in one group, so a module-scoped fixture runs once; the modules that start processes
-first, then those with slow tests, then the fast ones."""
+"""The order in which ``make test`` hands modules to its two pytest-xdist workers
+(conftest.spread): the modules that start processes first, then those with slow tests, then
+the fast ones; a module's tests stay together (``--dist loadfile`` keeps them on one worker)."""
 
 import types
 
@@ -16,9 +16,6 @@ class _Item:
 
     def get_closest_marker(self, name):
         return self.marks.get(name)
-
-    def add_marker(self, decorator):
-        self.marks.setdefault(decorator.name, decorator.mark)
 
 
 def _module(name, **names):
@@ -48,15 +45,12 @@ def test_modules_that_start_processes_go_first_and_stay_together():
         "test_quick",
     ]
     assert sorted(names) == sorted(item.module.__name__ for item in items)
-    for item in items:
-        assert item.get_closest_marker("xdist_group").args == (item.module.__name__,)
 
 
-def test_more_slow_tests_first_and_an_explicit_group_is_kept():
+def test_more_slow_tests_first_and_the_order_within_a_module_is_kept():
     few, many = _module("test_few"), _module("test_many")
-    own = _Item(few, "slow")
-    own.add_marker(pytest.mark.xdist_group("shared"))
-    items = [own, _Item(many, "slow"), _Item(many, "slow")]
+    items = [_Item(few, "slow"), _Item(many, "slow"), _Item(many, "slow")]
+    second = items[2]
     spread(items)
     assert [item.module.__name__ for item in items] == ["test_many", "test_many", "test_few"]
-    assert own.get_closest_marker("xdist_group").args == ("shared",)
+    assert items[1] is second
