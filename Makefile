@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-heavy test-fast install horovod system ray export bench
+.PHONY: demo test test-parallel test-heavy test-fast install horovod system ray export bench
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
@@ -17,6 +17,13 @@ test: system install horovod ray export
 # Everything, with the opt-in heavy tests too (tests/conftest.py: HEAVY_ENV).
 test-heavy: system install horovod ray export
 	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q --durations=25 tests
+
+# The same on two pytest-xdist workers (a module's tests stay on one; tests/conftest.py: spread
+# hands out the modules that start processes first). Not the default: timing-bound tests
+# (hangs, launchers) have failed their bounds with two heavy modules side by side on 2 cores.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+test-parallel: system install horovod ray export
+	$(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
 # cores, and no Horovod or Ray needed.

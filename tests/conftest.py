@@ -31,6 +31,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # exact float sums for equivalence tests
 
+import collections
 import inspect
 import shutil
 import sys
@@ -119,6 +120,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(name)
         if heavy and not heavy_enabled():
             item.add_marker(skip_heavy)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (``make test``: -n 2)
+        spread(items)
+
+
+def spread(items) -> None:
+    """For pytest-xdist's ``--dist loadfile --no-loadscope-reorder`` (``make test``), which
+    keeps a module's tests on one worker (a module-scoped fixture, one run shared by several
+    tests, runs once) and hands out modules in collection order: reorders ``items`` (in
+    place, stably) so that the modules that start processes come first, most slow tests
+    first, then those that train in-process, then the fast ones, which fill in at the end."""
+    slow = collections.Counter()
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("skip"):
+            slow[item.module.__name__] += 1
+
+    def order(item):
+        return (not module_starts_processes(item.module), -slow[item.module.__name__])
+
+    items.sort(key=order)
 
 
 def pytest_terminal_summary(terminalreporter, config):

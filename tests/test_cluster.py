@@ -5,6 +5,7 @@ that disagree, a worker that lacks its data. Every worker is a real process with
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -16,6 +17,10 @@ from tfgpu import launch, train
 from tfgpu.config import config_from, validate
 
 RUN = dict(TINY_RUN, train_steps=6, checkpoint_every_steps=3)
+# --micro_batch_size=8 keeps the global batch of 16 whatever the count: 2 workers take one
+# micro-batch each (as without it), one process takes two. Every part of a run uses the same
+# flags.
+RESIZED = dict(RUN, micro_batch_size=8)
 TIMEOUT = 240
 
 
@@ -55,6 +60,18 @@ def _mwms(flags_per_worker: list) -> list:
     return out
 
 
+@pytest.fixture(scope="module")
+def stopped_at_3(small_dataset, tmp_path_factory) -> list:
+    """The node-local --model_dirs of 2 workers that ran RESIZED for 3 of 6 steps: the run
+    that two tests go on with, each from its own copy (2 workers again; one process)."""
+    root = tmp_path_factory.mktemp("stopped-at-3")
+    dirs = [root / "node0", root / "node1"]
+    flags = dict(RESIZED, train_steps=3)
+    for out in _mwms([cli_flags(flags, data_dir=small_dataset, model_dir=d) for d in dirs]):
+        assert out.returncode == 0, out.stderr[-3000:]
+    return dirs
+
+
 def _horovod(horovodrun_tfgpu, flags: list, model_dir_pattern: str):
     """Two Horovod ranks, each with its own --model_dir (``pattern`` with {rank})."""
     python, rest = horovodrun_tfgpu[:-3], horovodrun_tfgpu[-3:]
@@ -71,15 +88,24 @@ def _assert_same(weights, reference):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
-def test_node_local_model_dirs_resume_from_the_chief_mwms(small_dataset, uninterrupted, tmp_path):
-    dirs = [tmp_path / "node0", tmp_path / "node1"]
-    flags = lambda steps: [  # noqa: E731
-        cli_flags(dict(RUN, train_steps=steps), data_dir=small_dataset, model_dir=d) for d in dirs
-    ]
-    for out in _mwms(flags(3)):
-        assert out.returncode == 0, out.stderr[-3000:]
+def _copies(dirs, to) -> list:
+    """Copies of the run directories ``dirs`` (those that exist) under ``to``, same names."""
+    copies = [to / os.path.basename(d) for d in dirs]
+    for d, copy in zip(dirs, copies):
+        if os.path.exists(d):
+            shutil.copytree(d, copy)
+    return copies
+
+
+def test_node_local_model_dirs_resume_from_the_chief_mwms(
+    small_dataset, uninterrupted, stopped_at_3, tmp_path
+):
+    dirs = _copies(stopped_at_3, tmp_path)
     assert os.listdir(dirs[0] / "checkpoints") and not (dirs[1] / "checkpoints").exists()
-    second = _mwms(flags(6))
+    flags = [
+        cli_flags(dict(RESIZED, train_steps=6), data_dir=small_dataset, model_dir=d) for d in dirs
+    ]
+    second = _mwms(flags)
     for out in second:
         assert out.returncode == 0, out.stderr[-3000:]
     assert "resumed from" in second[0].stdout and "at step 3" in second[0].stdout
@@ -164,9 +190,6 @@ def test_a_worker_without_its_data_is_named_by_every_worker(small_dataset, tmp_p
 
 
 # --- restarts on another number of workers --------------------------------------------------
-# --micro_batch_size=8 keeps the global batch of 16 whatever the count: 2 workers take one
-# micro-batch each, one process takes two. Every part of a run uses the same flags.
-RESIZED = dict(RUN, micro_batch_size=8)
 
 
 def _default(data_dir, model_dir, steps):
@@ -188,9 +211,9 @@ def _two_workers(data_dir, model_dir, steps):
     return runs[0]
 
 
-def test_two_workers_then_one_process_ends_bit_identical(small_dataset, tmp_path):
+def test_two_workers_then_one_process_ends_bit_identical(small_dataset, stopped_at_3, tmp_path):
     _two_workers(small_dataset, tmp_path / "uninterrupted", 6)
-    _two_workers(small_dataset, tmp_path / "resized", 3)
+    shutil.copytree(stopped_at_3[0], tmp_path / "resized")  # the chief's directory goes on
     out = _default(small_dataset, tmp_path / "resized", 6)
     assert "at step 3" in out.stdout and "2 micro-batch(es) of 8" in out.stdout
     for a, b in zip(final_weights(tmp_path / "resized"), final_weights(tmp_path / "uninterrupted")):
