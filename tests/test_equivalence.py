@@ -2,7 +2,7 @@
 weights (to float rounding), with RandAugment, random erasing, repeated augmentation,
 per-block gradient checkpointing and progressive resizing on, and there is one gradient
 all-reduce per update; with the large-batch settings (LARS, BCE on MixUp/CutMix targets, poly
-decay, a scaled rate, the EMA's warm-up) too, across 2 worker processes."""
+decay, a scaled rate, the EMA's warm-up) too, under multi_worker_mirrored and Horovod."""
 
 import json
 import os
@@ -128,14 +128,26 @@ LARGE_BATCH = dict(
 )
 
 
-def test_large_batch_settings_on_two_workers_equal_default(small_dataset, tmp_path):
-    model_dir = tmp_path / "default"
-    summary, reference = _in_process(small_dataset, model_dir, strategy="default", **LARGE_BATCH)
+@pytest.fixture(scope="module")
+def large_batch_reference(small_dataset, tmp_path_factory):
+    """The final weights of one process with FLAGS and LARGE_BATCH (one run for both tests)."""
+    model_dir = tmp_path_factory.mktemp("large-batch-default")
+    summary, weights = _in_process(small_dataset, model_dir, strategy="default", **LARGE_BATCH)
     assert np.isfinite(summary["final_eval"]["loss"])
     with open(model_dir / "config.json", encoding="utf-8") as f:
         assert json.load(f)["optimizer"] == "lars"
-    cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
-    flags = cli_flags(dict(FLAGS, **LARGE_BATCH), data_dir=small_dataset, model_dir=tmp_path / "mw")
+    return weights
+
+
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "horovod"])
+def test_large_batch_settings_on_two_processes_equal_default(
+    small_dataset, large_batch_reference, tmp_path, strategy, request
+):
+    if strategy == "horovod":
+        cmd = list(request.getfixturevalue("horovodrun_tfgpu"))  # skips without Horovod
+    else:
+        cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
+    flags = cli_flags(dict(FLAGS, **LARGE_BATCH), data_dir=small_dataset, model_dir=tmp_path)
     _check_two_process_run(
-        cmd + flags + ["--strategy=multi_worker_mirrored"], tmp_path / "mw", reference
+        cmd + flags + [f"--strategy={strategy}"], tmp_path, large_batch_reference
     )
