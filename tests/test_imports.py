@@ -139,7 +139,7 @@ LAYERS = (
     ("optim",),  # optimizers, schedules, fine-tuning groups
     ("models", "data", "demo"),  # the registry and the nets; the reader; the demo dataset
     ("distribute", "convert"),  # launchers, strategies, backends; the converter
-    ("settings", "errors", "schema", "recordformat", "compat", "constants", "files", "startup"),
+    ("errors", "schema", "recordformat", "compat", "files", "startup"),
 )
 
 

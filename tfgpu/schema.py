@@ -1,13 +1,95 @@
-"""The named shapes that cross module boundaries: the batch layouts, the step's metrics, and
-how a tensorflow-datasets dataset's image and label are found. The record format (feature
-names, info file, framing) is ``recordformat.py``.
+"""The contracts that cross package boundaries: how a setting is declared (``setting``) and
+found again by its flag name (``Setting``), the numbers several packages share (the ImageNet
+mean and std), the batch layouts, the step's metrics, and how a tensorflow-datasets dataset's
+image and label are found. The record format (feature names, info file, framing) is
+``recordformat.py``.
 
-No TensorFlow here: ``config.py`` and the converter import this module before TensorFlow starts.
+No TensorFlow here: ``config/`` and the converter import this module before TensorFlow starts.
 """
 
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from tfgpu.errors import ConfigError
+
 Tensor = Any  # a tf.Tensor; this module must not import TensorFlow
+
+
+# --- settings: how config/ and each package's section declare a flag ---------------------------
+# config/ declares every setting with these; config/flags.py turns each into an absl flag.
+
+
+def positive(section, *names: str) -> None:
+    """Raises a ConfigError for the first of ``names`` (fields of ``section``) not above 0."""
+    for name in names:
+        if getattr(section, name) <= 0:
+            raise ConfigError(f"--{name}={getattr(section, name)} must be positive")
+
+
+def setting(default, help: str, *, choices=(), flag: str = "", per_node: bool = False):  # noqa: A002
+    """A Config field: its default, its ``--help`` text, the values it may take (checked once,
+    by ``validate``), its flag name when that is not the field's name, and whether it may
+    differ between the machines of one run (paths, thread counts: ``per_node``)."""
+    meta = {"help": help, "choices": tuple(choices), "flag": flag, "per_node": per_node}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Where one flag lives in Config: ``section`` (None: the run itself) and ``field``."""
+
+    flag: str
+    section: str | None
+    field: str
+    default: object
+    help: str
+    choices: tuple
+    per_node: bool
+
+    def get(self, config):
+        owner = getattr(config, self.section) if self.section else config
+        return getattr(owner, self.field)
+
+
+def collect(config_class, sections: dict) -> dict:
+    """{flag name: Setting} of ``config_class``'s own fields and of its ``sections``
+    ({field name: section class})."""
+    out = {}
+    owners = [(None, config_class), *sections.items()]
+    for section, cls in owners:
+        for f in dataclasses.fields(cls):
+            if "help" not in f.metadata:
+                continue  # a section itself
+            flag = f.metadata["flag"] or f.name
+            meta = f.metadata
+            out[flag] = Setting(
+                flag, section, f.name, f.default, meta["help"], meta["choices"], meta["per_node"]
+            )
+    return out
+
+
+def replace_settings(config, changes):
+    """A copy of ``config`` with each (Setting, value) of ``changes`` applied."""
+    by_section: dict = {}
+    for s, value in changes:
+        by_section.setdefault(s.section, {})[s.field] = value
+    top = by_section.pop(None, {})
+    for section, fields in by_section.items():
+        top[section] = dataclasses.replace(getattr(config, section), **fields)
+    return dataclasses.replace(config, **top)
+
+
+# --- numbers several packages share, defined once ----------------------------------------------
+
+# ImageNet's per-channel mean and standard deviation (RGB), on images scaled to [0, 1]: what
+# keras.applications' models normalize by, and so tfgpu's own nets and augmentation fills.
+IMAGENET_MEAN_UNIT = (0.485, 0.456, 0.406)
+IMAGENET_STD_UNIT = (0.229, 0.224, 0.225)
+# The same on uint8 pixel values (0-255), as the models receive them.
+IMAGENET_MEAN = tuple(m * 255 for m in IMAGENET_MEAN_UNIT)
+IMAGENET_STD = tuple(s * 255 for s in IMAGENET_STD_UNIT)
+IMAGENET_VAR = tuple(s * s for s in IMAGENET_STD)
 
 
 # --- batches: what the input pipeline hands the step -----------------------------------------

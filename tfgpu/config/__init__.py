@@ -28,7 +28,7 @@ from tfgpu.config.sections import (
 )
 from tfgpu.data.config import CurriculumConfig, DataConfig, check_curriculum, check_data
 from tfgpu.distribute.config import DistConfig
-from tfgpu.settings import ConfigError, collect, replace_settings, setting
+from tfgpu.schema import ConfigError, collect, replace_settings, setting
 
 
 SECTIONS = {

@@ -12,7 +12,7 @@ import os
 
 from tfgpu.config import SETTINGS
 from tfgpu.files import read_json
-from tfgpu.settings import ConfigError
+from tfgpu.schema import ConfigError
 
 CONFIG_FILE = "config.json"
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tfgpu import models
 from tfgpu.optim.config import OptimConfig, check_class_weights, check_optim  # noqa: F401
-from tfgpu.settings import ConfigError, positive, setting
+from tfgpu.schema import ConfigError, positive, setting
 
 BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
 

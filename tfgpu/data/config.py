@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, fields
 
 from tfgpu.data import AUGMENT_POLICIES, DCT_SCALED_DECODE, IN_MEMORY, PREPROCESS_ON, RESIZE_ON
-from tfgpu.settings import ConfigError, positive, setting
+from tfgpu.schema import ConfigError, positive, setting
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import math
 
 import tensorflow as tf
 
-from tfgpu.constants import IMAGENET_MEAN, IMAGENET_STD
+from tfgpu.schema import IMAGENET_MEAN, IMAGENET_STD
 from tfgpu.data import streams
 from tfgpu.data.augment_ops import select
 

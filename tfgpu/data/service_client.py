@@ -38,7 +38,7 @@ import os
 import tensorflow as tf
 
 from tfgpu import __version__
-from tfgpu.settings import collect
+from tfgpu.schema import collect
 from tfgpu.data import pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.data.spec import DataError, DataSpec

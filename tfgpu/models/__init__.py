@@ -8,7 +8,7 @@ only for some families (``has_backbone``, ``check_finetune``: ``finetune.py``'s 
 
 import os
 
-from tfgpu.settings import ConfigError
+from tfgpu.schema import ConfigError
 
 DTYPES = ("float32", "mixed_float16", "mixed_bfloat16", "float64")  # Keras dtype policies
 

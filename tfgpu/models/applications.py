@@ -5,7 +5,7 @@ normalization and head."""
 import keras
 from keras import layers
 
-from tfgpu.constants import IMAGENET_MEAN, IMAGENET_VAR
+from tfgpu.schema import IMAGENET_MEAN, IMAGENET_VAR
 from tfgpu.models import layers as layers_
 
 

@@ -19,7 +19,7 @@ before TensorFlow starts, ``config.validate``).
 import os
 import re
 
-from tfgpu.constants import IMAGENET_STD_UNIT
+from tfgpu.schema import IMAGENET_STD_UNIT
 from tfgpu.errors import ConfigError
 
 # The registry families with ImageNet files in keras.applications.

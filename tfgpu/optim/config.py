@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from tfgpu.optim import LOSSES, LR_SCALINGS, OPTIMIZERS, SCHEDULES
-from tfgpu.settings import ConfigError, positive, setting
+from tfgpu.schema import ConfigError, positive, setting
 
 
 @dataclass(frozen=True)
