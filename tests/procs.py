@@ -16,11 +16,21 @@ class Output:
 
     def __init__(self, proc):
         self.proc, self.lines = proc, []
+        self.closed = threading.Event()  # set when the process's end of the pipe is closed
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
+        try:
+            for line in self.proc.stdout:
+                self.lines.append(line)
+        finally:
+            self.closed.set()
+
+    def drained(self, timeout: float = 10) -> str:
+        """The whole output once the pipe is closed (the process and its children that
+        share its stdout have ended, or were killed), waiting at most ``timeout`` s."""
+        self.closed.wait(timeout)
+        return self.text
 
     @property
     def text(self) -> str:

@@ -76,8 +76,7 @@ def _ended(proc, started: float, output: Output) -> dict:
     except Exception:  # noqa: BLE001 - reported below as a timeout
         pass
     seconds = time.time() - started
-    time.sleep(0.5)  # the reader thread drains the pipe
-    return {"code": proc.poll(), "seconds": seconds, "text": output.text}
+    return {"code": proc.poll(), "seconds": seconds, "text": output.drained(timeout=5)}
 
 
 def _wait_for_training(output: Output) -> None:

@@ -59,8 +59,7 @@ def _finish(proc, out: Output) -> str:
         proc.wait(timeout=TIMEOUT)
     finally:
         kill_tree(proc)  # the local Ray cluster's processes, if any were left
-    time.sleep(0.3)  # the last lines are still on their way through the pipe
-    return out.text
+    return out.drained()
 
 
 def _fingerprints(text: str) -> dict:

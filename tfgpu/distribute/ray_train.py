@@ -26,11 +26,14 @@ import os
 import re
 import signal
 import sys
+import time
 
 from tfgpu.distribute import DistributeError
 from tfgpu.errors import TfgpuError, WorkerLost
 
 INSTALL = "pip install 'tfgpu[ray]'"
+# Seconds the driver waits, after a run ends, for the workers' last lines (see run_job).
+LOG_GRACE_S = 2.0
 # Set before Ray is imported (it reads them then), unless the user set them.
 RAY_ENV = {
     # Every worker prints its weights fingerprint: lines alike but for numbers, which Ray's
@@ -92,6 +95,10 @@ def run_job(config, job: RayJob, worker) -> int:
     print(f"tfgpu-ray: {_describe(job)} on {where}; --model_dir={config.model_dir}", flush=True)
     try:
         build_trainer(config, job, worker).fit()
+        # The workers' last lines (each one's weights fingerprint) travel file -> Ray's log
+        # monitor -> the driver; ray.shutdown() drops what has not arrived yet
+        # (ray-project/ray#31931): measured lost on a loaded 2-core machine.
+        time.sleep(LOG_GRACE_S)
     except TrainingFailedError as err:
         return job_failed(err, job)
     except KeyboardInterrupt:
