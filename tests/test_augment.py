@@ -21,7 +21,7 @@ from tfgpu.data import augment_ops as A
 from tfgpu.data import spec as data_spec
 from tfgpu.data.config import DataConfig
 from tfgpu.distribute import InputShard
-from tfgpu.schema import ConfigError
+from tfgpu.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

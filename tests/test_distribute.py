@@ -185,7 +185,8 @@ def test_multi_worker_survivor_stops_with_clear_error_then_resumes(small_dataset
     finally:
         for p in procs:
             kill_tree(p)
-    chief.drained(), other.drained()
+    chief.drained()
+    other.drained()
     assert procs[0].returncode == EXIT_WORKER_LOST, chief.text[-3000:] + other.text[-500:]
     assert LOST_LINE in chief.text and "Traceback" not in chief.text, chief.text[-3000:]
     _resumes_and_finishes([sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", *flags])

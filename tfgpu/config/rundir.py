@@ -11,8 +11,8 @@ import math
 import os
 
 from tfgpu.config import SETTINGS
+from tfgpu.errors import ConfigError
 from tfgpu.files import read_json
-from tfgpu.schema import ConfigError
 
 CONFIG_FILE = "config.json"
 

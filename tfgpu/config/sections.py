@@ -6,8 +6,9 @@ starts. No TensorFlow here. The optimizer's section is its package's (``optim/co
 from dataclasses import dataclass
 
 from tfgpu import models
+from tfgpu.errors import ConfigError
 from tfgpu.optim.config import OptimConfig, check_class_weights, check_optim  # noqa: F401
-from tfgpu.schema import ConfigError, positive, setting
+from tfgpu.schema import positive, setting
 
 BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
 

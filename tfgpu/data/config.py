@@ -8,7 +8,8 @@ import re
 from dataclasses import dataclass, fields
 
 from tfgpu.data import AUGMENT_POLICIES, DCT_SCALED_DECODE, IN_MEMORY, PREPROCESS_ON, RESIZE_ON
-from tfgpu.schema import ConfigError, positive, setting
+from tfgpu.errors import ConfigError
+from tfgpu.schema import positive, setting
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import math
 
 import tensorflow as tf
 
-from tfgpu.schema import IMAGENET_MEAN, IMAGENET_STD
 from tfgpu.data import streams
 from tfgpu.data.augment_ops import select
+from tfgpu.schema import IMAGENET_MEAN, IMAGENET_STD
 
 # Stream ids of the draws (``streams.AUGMENT``); the caller's ``key(stream)`` turns them into
 # stateless seeds.

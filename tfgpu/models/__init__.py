@@ -8,7 +8,7 @@ only for some families (``has_backbone``, ``check_finetune``: ``finetune.py``'s 
 
 import os
 
-from tfgpu.schema import ConfigError
+from tfgpu.errors import ConfigError
 
 DTYPES = ("float32", "mixed_float16", "mixed_bfloat16", "float64")  # Keras dtype policies
 

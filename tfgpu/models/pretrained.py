@@ -19,8 +19,8 @@ before TensorFlow starts, ``config.validate``).
 import os
 import re
 
-from tfgpu.schema import IMAGENET_STD_UNIT
 from tfgpu.errors import ConfigError
+from tfgpu.schema import IMAGENET_STD_UNIT
 
 # The registry families with ImageNet files in keras.applications.
 IMAGENET_FAMILIES = ("DenseNet", "EfficientNetB", "EfficientNetV2")

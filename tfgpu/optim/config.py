@@ -6,8 +6,9 @@ import os
 import re
 from dataclasses import dataclass
 
+from tfgpu.errors import ConfigError
 from tfgpu.optim import LOSSES, LR_SCALINGS, OPTIMIZERS, SCHEDULES
-from tfgpu.schema import ConfigError, positive, setting
+from tfgpu.schema import positive, setting
 
 
 @dataclass(frozen=True)
