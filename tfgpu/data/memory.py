@@ -364,10 +364,7 @@ def make_train_dataset(
     n, chunk = mem.num_examples, global_batch_size
     draws = _draw_batches(n, data, seed, batch_size, start_index, sampler, repeats, chunk)
     if shard.count > 1:
-        per_global = global_batch_size // batch_size
-        per_pipeline = per_global // shard.count
-        mine = lambda i, _: (i % per_global) // per_pipeline == shard.index  # noqa: E731
-        draws = draws.enumerate().filter(mine).map(lambda _, d: d)
+        draws = sampling.slice_of_each_batch(draws, global_batch_size // batch_size, shard)
     # The array enters as a dataset element (from_tensors, repeated: no copy), not as a
     # constant captured by the map function, which would be serialized into its graph.
     arrays = tf.data.Dataset.from_tensors((mem.images, mem.labels, mem.weights)).repeat()

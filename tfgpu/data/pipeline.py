@@ -274,17 +274,19 @@ def make_train_dataset(
     ds = ds.skip(source_start - first_epoch * epoch_size)
     ds = sampling.repeat_examples(ds, repeats, chunk).skip(rest)
     if not by_file and shard.count > 1:
-        per_pipeline = global_batch_size // shard.count
-        ds = ds.enumerate().filter(
-            lambda i, _: (i % global_batch_size) // per_pipeline == shard.index
-        )
-        ds = ds.map(lambda _, element: element)
+        ds = sampling.slice_of_each_batch(ds, global_batch_size, shard)
     report = broken.reporter(files) if name_broken else None
     ds = ds.map(
         lambda example: decode_train_example(example, data, seed, report),
         num_parallel_calls=AUTOTUNE,
         deterministic=deterministic,
     )
+    return _batched(ds, spec, data, batch_size, deterministic)
+
+
+def _batched(ds, spec: DataSpec, data, batch_size: int, deterministic: bool) -> tf.data.Dataset:
+    """Decoded train examples -> prefetched batches of ``batch_size`` in the train layout
+    (packed crops, uint8 crops, or floats preprocessed on the host)."""
     if _crops_layout(data) == "packed":
         ds = _flat_batches(ds, batch_size, deterministic)
     else:

@@ -126,3 +126,13 @@ def balanced_index(key, n: int, sampler: dict) -> tf.Tensor:
     v = tf.random.stateless_uniform([n], key(_MEMBER), dtype=tf.float64)
     within = tf.minimum(tf.cast(v * tf.cast(count, tf.float64), tf.int64), count - 1)
     return tf.gather(sampler["members"], tf.gather(sampler["starts"], cls) + within)
+
+
+def slice_of_each_batch(ds, per_global: int, shard) -> tf.data.Dataset:
+    """The contiguous slice of each global batch that pipeline ``shard.index`` of
+    ``shard.count`` (an InputShard) keeps, from a stream in the global order whose elements
+    come ``per_global`` to a global batch (examples; the in-memory path's batch draws): the
+    examples of an update do not depend on the number of pipelines."""
+    per_pipeline = per_global // shard.count
+    ds = ds.enumerate().filter(lambda i, _: (i % per_global) // per_pipeline == shard.index)
+    return ds.map(lambda _, element: element)

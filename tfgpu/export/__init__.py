@@ -89,15 +89,7 @@ def export(
     """Exports as the command does; returns its report.json entry. Raises UsageError for what
     cannot be exported (one line), ExportRefused when the check fails (the export is then
     left at ``unchecked_path(output)``)."""
-    suffix = {"litert": ".tflite", "onnx": ".onnx"}.get(fmt, "")
-    why = unsupported(fmt, quantize, full_integer)
-    if not why and output and not output.endswith(suffix):
-        why = f"--output={output}: a --format={fmt} file's name ends in {suffix}"
-    if not why and not model_dir and not output:
-        why = "give --model_dir (the export goes to its export/), or --output"
-    why = why or missing_packages(fmt)
-    if why:
-        raise UsageError(why)
+    _check_request(model_dir, fmt, quantize, full_integer, output)
     if min(check_images, calibration_images, batch_size) < 1:
         raise UsageError("--check_images, --calibration_images and --batch_size must be positive")
     from tfgpu.export import check
@@ -123,6 +115,21 @@ def export(
     entry.update(format=fmt, quantize=quantize, full_integer=full_integer, bytes=_size(staged))
     refused = check.verdict(entry, quantize, max_prob_diff, max_top1_change)
     return _settle(entry, staged, output, refused, source.class_names, log)
+
+
+def _check_request(model_dir: str, fmt: str, quantize: str, full_integer: bool, output: str):
+    """Raises UsageError (one line) for an export that cannot be made before anything is
+    loaded: an unsupported format or quantization, an --output without the format's suffix,
+    no place to put it, or the format's packages missing."""
+    suffix = {"litert": ".tflite", "onnx": ".onnx"}.get(fmt, "")
+    why = unsupported(fmt, quantize, full_integer)
+    if not why and output and not output.endswith(suffix):
+        why = f"--output={output}: a --format={fmt} file's name ends in {suffix}"
+    if not why and not model_dir and not output:
+        why = "give --model_dir (the export goes to its export/), or --output"
+    why = why or missing_packages(fmt)
+    if why:
+        raise UsageError(why)
 
 
 def _settle(entry: dict, staged: str, output: str, refused: str, class_names, log) -> dict:
