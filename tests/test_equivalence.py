@@ -96,12 +96,17 @@ def _check_two_process_run(cmd, model_dir, reference):
         assert json.load(f)["gradient_all_reduces"] == STEPS  # one per update, across processes
 
 
+# The large-batch cases below run this contract, with more settings on it, under both backends
+# in the default tier (and test_launch_jobs.py runs it with TINY_RUN under mpirun and a TFJob):
+# these, the same two launches with the plain settings, are heavy.
+@pytest.mark.heavy
 def test_multi_worker_two_processes_equals_default(small_dataset, reference, tmp_path):
     cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
     cmd += _cli_flags(small_dataset, tmp_path, "multi_worker_mirrored")
     _check_two_process_run(cmd, tmp_path, reference)
 
 
+@pytest.mark.heavy
 def test_horovod_two_ranks_equals_default(small_dataset, reference, tmp_path, horovodrun_tfgpu):
     cmd = list(horovodrun_tfgpu)
     cmd += _cli_flags(small_dataset, tmp_path, "horovod")

@@ -67,6 +67,18 @@ def _fingerprints(text: str) -> dict:
     return {int(w): h for w, h in FINGERPRINT.findall(text)}
 
 
+# Ray Train's detached placement-group cleaner polls the state API from a thread; when its
+# actor is told to exit mid-poll (the job's end, on a loaded machine), the thread dies with a
+# traceback that Ray forwards to the driver: Ray's own, after tfgpu's job has ended.
+RAYS_OWN = "Exception in thread PlacementGroupCleanerMonitor:\nTraceback"
+
+
+def _tracebacks(text: str) -> list:
+    """The tracebacks in ``text`` (a few lines of each), but for RAYS_OWN."""
+    found = [m.start() for m in re.finditer("Traceback", text)]
+    return [text[i - 200 : i + 2000] for i in found if not text[: i + 9].endswith(RAYS_OWN)]
+
+
 def _pids(text: str) -> dict:
     """worker -> its process id, as each worker of ``text``'s attempt(s) said last."""
     return {int(w): int(pid) for w, pid in WORKER_PID.findall(text)}
@@ -80,35 +92,6 @@ def reference(small_dataset, tmp_path_factory):
     config = config_from(data_dir=small_dataset, model_dir=str(model_dir), strategy="default")
     train.run(validate(config.with_settings(**RUN)))
     return final_weights(model_dir)
-
-
-@pytest.fixture(scope="module")
-def ray_run(small_dataset, tmp_path_factory):
-    """(output, model_dir, seconds) of ``tfgpu-ray --num_workers=2`` run to its end."""
-    _need_ray()
-    model_dir = tmp_path_factory.mktemp("ray")
-    started = time.time()
-    proc = _start(small_dataset, model_dir)
-    out = Output(proc)
-    text = _finish(proc, out)
-    assert proc.returncode == 0, text[-5000:]
-    return text, model_dir, time.time() - started
-
-
-def test_two_ray_workers_end_with_the_weights_of_one_process(ray_run, reference):
-    text, model_dir, seconds = ray_run
-    print(f"tfgpu-ray, 2 workers, {RUN['train_steps']} updates: {seconds:.0f} s")
-    _assert_close(final_weights(model_dir), reference, atol=1e-5)
-    prints = _fingerprints(text)
-    assert set(prints) == {0, 1}, text[-5000:]
-    assert len(set(prints.values())) == 1, "the workers ended with different weights"
-    with open(model_dir / "summary.json", encoding="utf-8") as f:
-        summary = json.load(f)
-    assert summary["strategy"] == "multi_worker_mirrored" and summary["num_replicas"] == 2
-    assert summary["steps"] == RUN["train_steps"]
-    for name in ("config.json", "metrics.jsonl", "final.weights.h5", "checkpoints"):
-        assert (model_dir / name).exists(), name
-    assert "Traceback" not in text and "tfgpu-ray: done" in text
 
 
 def _first_pids(out: Output, proc) -> dict:
@@ -127,34 +110,66 @@ def _wait_for_checkpoint(model_dir, proc, out: Output) -> None:
         time.sleep(0.05)
 
 
-def test_a_killed_worker_is_restarted_by_ray_and_the_run_resumes_exactly(
-    small_dataset, ray_run, reference, tmp_path
-):
+@pytest.fixture(scope="module")
+def restarted(small_dataset, tmp_path_factory):
+    """``tfgpu-ray --num_workers=2 --max_failures=1`` with worker 0 killed at the first
+    checkpoint, run to its end: (output, model_dir, the first attempt's pids). One Ray job
+    for the tests below (each Ray job costs ~50 s on 2 cores)."""
+    _need_ray()
+    model_dir = tmp_path_factory.mktemp("ray-restarted")
     started = time.time()
-    proc = _start(small_dataset, tmp_path, "--max_failures=1")
+    proc = _start(small_dataset, model_dir, "--max_failures=1")
     out = Output(proc)
     try:
         first = _first_pids(out, proc)
-        chief = first[0]
         # Only a process of this command's own Ray cluster is killed.
-        assert chief in {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
-        _wait_for_checkpoint(tmp_path, proc, out)
-        os.kill(chief, signal.SIGKILL)
+        assert first[0] in {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        _wait_for_checkpoint(model_dir, proc, out)
+        os.kill(first[0], signal.SIGKILL)
         killed_at = time.time() - started
     finally:
         text = _finish(proc, out)
     print(f"killed after {killed_at:.0f} s; the whole run took {time.time() - started:.0f} s")
     assert proc.returncode == 0, text[-5000:]
-    assert f"attempt 1 failed: worker 0 (pid {chief}): its process died" in text, text[-5000:]
+    return text, model_dir, first
+
+
+def test_a_killed_worker_is_restarted_by_ray_and_the_run_resumes(restarted):
+    text, _, first = restarted
+    assert f"attempt 1 failed: worker 0 (pid {first[0]}): its process died" in text, text[-5000:]
     resumed = re.search(r"resumed from \S+ at step (\d+)", text)
     assert resumed and 0 < int(resumed.group(1)) < RUN["train_steps"], text[-5000:]
-    prints = _fingerprints(text)
-    assert set(prints) == {0, 1} and len(set(prints.values())) == 1, text[-5000:]
     # The restarted group ran in new processes (TensorFlow set up afresh in each).
     assert not set(_pids(text).values()) & set(first.values()), text[-5000:]
-    # The resumed run ends as the uninterrupted one did (same strategy: to the bit).
-    _assert_close(final_weights(tmp_path), final_weights(ray_run[1]), atol=1e-6)
-    _assert_close(final_weights(tmp_path), reference, atol=1e-5)
+
+
+def test_two_ray_workers_end_with_the_weights_of_one_process(restarted, reference):
+    """The job, killed and restarted on the way, ends as one job: both workers with the same
+    weights, those of one process, and the run's files written by the chief."""
+    text, model_dir, _ = restarted
+    _assert_close(final_weights(model_dir), reference, atol=1e-5)
+    prints = _fingerprints(text)
+    assert set(prints) == {0, 1}, text[-5000:]
+    assert len(set(prints.values())) == 1, "the workers ended with different weights"
+    with open(model_dir / "summary.json", encoding="utf-8") as f:
+        summary = json.load(f)
+    assert summary["strategy"] == "multi_worker_mirrored" and summary["num_replicas"] == 2
+    assert summary["steps"] == RUN["train_steps"]
+    for name in ("config.json", "metrics.jsonl", "final.weights.h5", "checkpoints"):
+        assert (model_dir / name).exists(), name
+    assert not _tracebacks(text) and "tfgpu-ray: done" in text, _tracebacks(text)
+
+
+@pytest.mark.heavy  # one more Ray job (~50 s): the restarted run is within 1e-5 by default
+def test_the_restarted_run_ends_bit_identical_to_an_uninterrupted_one(
+    small_dataset, restarted, tmp_path
+):
+    proc = _start(small_dataset, tmp_path)
+    text = _finish(proc, Output(proc))
+    assert proc.returncode == 0, text[-5000:]
+    assert not _tracebacks(text) and "tfgpu-ray: done" in text, _tracebacks(text)
+    # Same strategy, same updates: the resumed run ends as the uninterrupted one, to the bit.
+    _assert_close(final_weights(restarted[1]), final_weights(tmp_path), atol=1e-6)
 
 
 # --- arguments, without Ray starting -----------------------------------------------------
