@@ -39,12 +39,15 @@ import sys
 import numpy as np
 import pytest
 
+from tfgpu import compat
 from tfgpu.convert import plan
 from tfgpu.convert.items import items_from_arrays
 from tfgpu.distribute import devices
 
 # Before TensorFlow starts: mirrored tests get 2 replicas; default stays on /cpu:0.
 devices.configure_devices(2)
+# tfgpu's code traced as the commands trace it (startup.import_tensorflow).
+compat.trace_tfgpu_as_written()
 
 
 # --- test tiers (see the module docstring) ---------------------------------------------

@@ -65,3 +65,23 @@ def test_the_ops_a_gpu_refuses_under_determinism_are_still_registered_ops():
 
     for op in compat.GPU_DETERMINISM_REFUSED:
         assert op_def_registry.get(op) is not None, op
+
+
+def _clip_negative(x):
+    if x < 0:  # a Python `if` on a tensor: graph code only once autograph rewrites it
+        return tf.zeros_like(x)
+    return x
+
+
+@pytest.mark.fast
+def test_tfgpu_code_is_traced_as_written_and_other_code_is_converted():
+    compat.trace_tfgpu_as_written()  # conftest did it already: idempotent
+    from tensorflow.python.autograph.core import config
+
+    assert [str(r) for r in config.CONVERSION_RULES].count("DoNotConvert rule for tfgpu") == 1
+    numbers = tf.data.Dataset.from_tensor_slices([-1, 2])
+    assert list(numbers.map(_clip_negative).as_numpy_iterator()) == [0, 2]  # rewritten
+    as_tfgpu = type(_clip_negative)(_clip_negative.__code__, _clip_negative.__globals__)
+    as_tfgpu.__module__ = "tfgpu.compat"  # the same function, as if it were tfgpu's
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+        numbers.map(as_tfgpu)

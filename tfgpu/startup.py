@@ -17,6 +17,8 @@ import re
 import sys
 import tempfile
 
+from tfgpu import compat
+
 # Read when this module is first imported: before any tfgpu code sets the variable.
 USER_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
 DEFAULT_LOG_LEVEL = "1"  # warnings and above
@@ -48,12 +50,14 @@ def quiet_log_level() -> None:
 
 
 def import_tensorflow():
-    """``import tensorflow`` (and a first look at its GPUs) without its start-up notices;
-    returns the module."""
+    """``import tensorflow`` (and a first look at its GPUs) without its start-up notices,
+    with tfgpu's code traced as written (``compat.trace_tfgpu_as_written``); returns the
+    module."""
     quiet_log_level()
     if "tensorflow" in sys.modules or USER_LOG_LEVEL is not None:
         import tensorflow as tf
 
+        compat.trace_tfgpu_as_written()
         return tf
     sys.stderr.flush()
     saved = os.dup(2)
@@ -76,4 +80,5 @@ def import_tensorflow():
             ]
             sys.stderr.write("".join(kept))
             sys.stderr.flush()
+    compat.trace_tfgpu_as_written()
     return tf
