@@ -87,22 +87,30 @@ class MicroBatches:
         k = self.grad_accum_steps
         micro = tf.shape(labels)[0] // k
         grads = [tf.zeros_like(compat.tf_variable(v)) for v in self.model.trainable_variables]
-        stats = self.moving_stats.zeros(start_stats)
-        loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
-        # k == 1 runs without a loop: XLA on CPU runs convolutions inside a while loop ~70x
-        # slower (measured, bench/models.py); k > 1 is a tf.while_loop, traced once whatever k,
-        # except with --sync_batchnorm: MirroredStrategy's all-reduce (a merge_call) cannot sit
-        # in a while loop, so the k micro-batches are traced one after the other.
-        for i in range(k) if k == 1 or self.sync_batchnorm else tf.range(k):
+        sums = (grads, tf.constant(0.0), tf.constant(0.0), self.moving_stats.zeros(start_stats))
+
+        def add(i, sums):
+            """``sums`` (gradients, loss, correct, statistics) plus micro-batch ``i``'s."""
             # Each micro-batch normalizes with its own statistics, from the update's start.
             self.moving_stats.restart(start_stats)
             lo = i * micro
             g, loss, correct = self._micro_step(images[lo : lo + micro], labels[lo : lo + micro])
+            grads, loss_sum, correct_sum, stats = sums
             grads = [a + b for a, b in zip(grads, g)]
-            stats = self.moving_stats.add(stats)
-            loss_sum += loss
-            correct_sum += correct
-        return grads, loss_sum, correct_sum, stats
+            return grads, loss_sum + loss, correct_sum + correct, self.moving_stats.add(stats)
+
+        # k == 1 runs without a loop: XLA on CPU runs convolutions inside a while loop ~70x
+        # slower (measured, bench/models.py); k > 1 is a tf.while_loop, traced once whatever k,
+        # except with --sync_batchnorm: MirroredStrategy's all-reduce (a merge_call) cannot sit
+        # in a while loop, so the k micro-batches are traced one after the other.
+        if k == 1 or self.sync_batchnorm:
+            for i in range(k):
+                sums = add(i, sums)
+        else:
+            _, sums = tf.while_loop(
+                lambda i, _: i < k, lambda i, sums: (i + 1, add(i, sums)), (tf.constant(0), sums)
+            )
+        return sums
 
 
 def _at_least_float32(tensor):
