@@ -39,7 +39,13 @@ def photos(batch: int, size: int) -> np.ndarray:
     """float32 [batch, size, size, 3]: random crops (half to all of the shorter side) of
     scikit-learn's two sample photos, resized bilinearly."""
     from PIL import Image
-    from sklearn.datasets import load_sample_images
+
+    try:
+        from sklearn.datasets import load_sample_images
+    except ImportError:
+        raise SystemExit(
+            f"{__file__}: needs scikit-learn's sample photos: pip install scikit-learn"
+        ) from None
 
     rng = np.random.default_rng(0)
     out = []

@@ -68,7 +68,12 @@ def fake_photo(rng: np.random.Generator, low: int = 350, high: int = 500) -> Ima
 
 def photo_sources() -> list:
     """The two real photographs scikit-learn ships (china.jpg, flower.jpg, 427x640)."""
-    from sklearn.datasets import load_sample_images
+    try:
+        from sklearn.datasets import load_sample_images
+    except ImportError:
+        raise SystemExit(
+            f"{__file__}: needs scikit-learn's sample photos: pip install scikit-learn"
+        ) from None
 
     return [Image.fromarray(a) for a in load_sample_images().images]
 

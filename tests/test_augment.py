@@ -6,12 +6,12 @@ checks, pipelines)."""
 
 import dataclasses
 import math
+import pathlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
-from sklearn.datasets import load_sample_images
 
 from conftest import assert_mirrored_equals_default, train_ds
 
@@ -26,13 +26,12 @@ from tfgpu.errors import ConfigError
 
 @pytest.fixture(scope="module")
 def photos() -> list[np.ndarray]:
-    """scikit-learn's two sample photos (a temple, a flower), 128x96 (bilinear)."""
-    return [
-        np.asarray(Image.fromarray(p).resize((128, 96), Image.BILINEAR))
-        for p in load_sample_images().images
-    ]
+    """scikit-learn's two sample photos (a temple, a flower), resized to 128x96 (bilinear)
+    and kept in tests/data (tests/data/README.md: their authors and licence)."""
+    return [np.asarray(Image.open(DATA / f"{name}.png")) for name in ("china", "flower")]
 
 
+DATA = pathlib.Path(__file__).parent / "data"
 BY_ID = list(A.OPS.values())
 ID = A.IDS  # op name -> id
 
