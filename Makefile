@@ -7,23 +7,24 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-parallel test-heavy test-fast install horovod system ray export bench
+.PHONY: demo test test-serial test-heavy test-fast install horovod system ray export bench
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
+# On two pytest-xdist workers: most tests wait on processes they started, so two at a time keep
+# 2 cores busy. A module's tests stay on one worker (its shared runs happen once);
+# tests/conftest.py's spread hands out the modules that start processes first.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 test: system install horovod ray export
+	$(PY) -m pytest -q $(XDIST) --durations=25 tests
+
+# The same in one process (a failure's output reads in order).
+test-serial: system install horovod ray export
 	$(PY) -m pytest -q --durations=25 tests
 
 # Everything, with the opt-in heavy tests too (tests/conftest.py: HEAVY_ENV).
 test-heavy: system install horovod ray export
-	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q --durations=25 tests
-
-# The same on two pytest-xdist workers (a module's tests stay on one; tests/conftest.py: spread
-# hands out the modules that start processes first). Not the default: timing-bound tests
-# (hangs, launchers) have failed their bounds with two heavy modules side by side on 2 cores.
-XDIST := -n 2 --dist loadfile --no-loadscope-reorder
-test-parallel: system install horovod ray export
-	$(PY) -m pytest -q $(XDIST) --durations=25 tests
+	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
 # cores, and no Horovod or Ray needed.
