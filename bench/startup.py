@@ -1,33 +1,53 @@
-"""How long ``python -m tfgpu.main --help`` and a bad-flag error take, now and at a git
-revision, side by side (alternating runs; medians).
+"""How long commands take to start, now and at a git revision, side by side (alternating
+runs; medians): ``python -m tfgpu.main --help``, a bad-flag error, and a short training run
+(tiny_cnn, 6 updates on synthetic data: TensorFlow's import, tracing and the first steps),
+in wall seconds and CPU seconds (user + system, the process and its children).
 
-    python bench/startup.py --before=5a119b9 [--rounds=5]
+    python bench/startup.py --before=b6c7d94 [--rounds=5]
 
 The revision is checked out into a temporary git worktree; both run with this interpreter.
 """
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from calibration import calibration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHORT_RUN = ["--synthetic_data", "--model=tiny_cnn", "--image_size=32", "--num_classes=10"]
+SHORT_RUN += ["--global_batch_size=16", "--train_steps=6", "--strategy=default", "--noexport"]
 COMMANDS = {
     "--help": ["--help"],
     "--model=resnet5 (an error)": ["--model=resnet5", "--model_dir=" + tempfile.gettempdir()],
+    "a 6-update tiny_cnn run": SHORT_RUN,
 }
 
 
-def seconds(tree: str, argv: list) -> float:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(tree: str, argv: list) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of ``python -m tfgpu.main argv`` with ``tree``'s tfgpu."""
     env = dict(os.environ, PYTHONPATH=tree, TF_CPP_MIN_LOG_LEVEL="3")
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "tfgpu.main", *argv], cwd=tree, env=env, capture_output=True
-    )
-    return time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as model_dir:
+        if argv is SHORT_RUN:
+            argv = [*argv, f"--model_dir={model_dir}/run"]
+        cpu, start = _children_cpu(), time.perf_counter()
+        out = subprocess.run(
+            [sys.executable, "-m", "tfgpu.main", *argv], cwd=tree, env=env, capture_output=True
+        )
+        wall = time.perf_counter() - start
+    if argv[0] == "--synthetic_data" and out.returncode != 0:
+        raise SystemExit(out.stderr.decode()[-2000:])
+    return wall, _children_cpu() - cpu
 
 
 def main() -> None:
@@ -35,6 +55,7 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="git revision to compare with")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    print(calibration())
     before = tempfile.mkdtemp(prefix="tfgpu-before-")
     subprocess.run(
         ["git", "-C", ROOT, "worktree", "add", "-q", "--detach", before, args.before], check=True
@@ -44,13 +65,16 @@ def main() -> None:
         for _ in range(args.rounds):
             for tree, path in (("before", before), ("now", ROOT)):
                 for name, argv in COMMANDS.items():
-                    times[tree, name].append(seconds(path, argv))
+                    times[tree, name].append(measure(path, argv))
     finally:
         subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", before], check=False)
-    print(f"| command | {args.before} | now | |\n|---|---:|---:|---:|")
+    print(f"| command | {args.before} wall / CPU | now wall / CPU | CPU ratio |")
+    print("|---|---:|---:|---:|")
     for name in COMMANDS:
-        b, n = statistics.median(times["before", name]), statistics.median(times["now", name])
-        print(f"| `python -m tfgpu.main {name}` | {b:.2f} s | {n:.2f} s | {b / n:.1f}x |")
+        (bw, bc), (nw, nc) = (
+            [statistics.median(x) for x in zip(*times[tree, name])] for tree in ("before", "now")
+        )
+        print(f"| `{name}` | {bw:.2f} / {bc:.2f} s | {nw:.2f} / {nc:.2f} s | {bc / nc:.2f}x |")
 
 
 if __name__ == "__main__":
