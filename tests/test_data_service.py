@@ -439,3 +439,27 @@ def test_the_servers_own_errors_are_one_line(tmp_path):
             assert proc.stderr.startswith("tfgpu-data-service: error: ")
     finally:
         busy.close()
+
+
+# A server whose stop() never returns (as a worker's may, waiting on a dead dispatcher).
+STUCK_STOP = """
+import threading, time
+from tfgpu.data import service_server as s
+s.STOP_TIMEOUT_S = 0.5
+class Stuck:
+    def stop(self):
+        threading.Event().wait()
+class Stop:
+    name = "SIGTERM"
+s._stop_all([Stuck()], Stop())
+"""
+
+
+def test_a_stop_that_never_ends_still_says_so_and_exits_0():
+    out = subprocess.run(
+        [sys.executable, "-c", STUCK_STOP], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip().splitlines() == [
+        "tfgpu-data-service: stopped by SIGTERM (its servers had not stopped after 0.5 s)"
+    ], out.stdout + out.stderr
