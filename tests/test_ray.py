@@ -76,7 +76,7 @@ RAYS_OWN = "Exception in thread PlacementGroupCleanerMonitor:\nTraceback"
 def _tracebacks(text: str) -> list:
     """The tracebacks in ``text`` (a few lines of each), but for RAYS_OWN."""
     found = [m.start() for m in re.finditer("Traceback", text)]
-    return [text[i - 200 : i + 2000] for i in found if not text[: i + 9].endswith(RAYS_OWN)]
+    return [text[max(i - 200, 0) : i + 2000] for i in found if not text[: i + 9].endswith(RAYS_OWN)]
 
 
 def _pids(text: str) -> dict:
