@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from calibration import calibration  # noqa: E402
+from sample_photos import sample_photos  # noqa: E402
 
 KERAS = "keras.layers.RandAugment (n2, factor 0.9)"
 WARMUP_STEPS = 2
@@ -40,17 +41,10 @@ def photos(batch: int, size: int) -> np.ndarray:
     scikit-learn's two sample photos, resized bilinearly."""
     from PIL import Image
 
-    try:
-        from sklearn.datasets import load_sample_images
-    except ImportError:
-        raise SystemExit(
-            f"{__file__}: needs scikit-learn's sample photos: pip install scikit-learn"
-        ) from None
-
     rng = np.random.default_rng(0)
-    out = []
+    images, out = sample_photos(), []
     for i in range(batch):
-        image = load_sample_images().images[i % 2]
+        image = images[i % 2]
         side = int(rng.integers(min(image.shape[:2]) // 2, min(image.shape[:2]) + 1))
         y = int(rng.integers(0, image.shape[0] - side + 1))
         x = int(rng.integers(0, image.shape[1] - side + 1))

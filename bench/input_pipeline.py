@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 from calibration import calibration  # noqa: E402
 from PIL import Image  # noqa: E402
+from sample_photos import sample_photos  # noqa: E402
 
 NUM_CLASSES = 10
 IMAGE_SIZE = 224  # the crops' side (--image_size)
@@ -68,14 +69,7 @@ def fake_photo(rng: np.random.Generator, low: int = 350, high: int = 500) -> Ima
 
 def photo_sources() -> list:
     """The two real photographs scikit-learn ships (china.jpg, flower.jpg, 427x640)."""
-    try:
-        from sklearn.datasets import load_sample_images
-    except ImportError:
-        raise SystemExit(
-            f"{__file__}: needs scikit-learn's sample photos: pip install scikit-learn"
-        ) from None
-
-    return [Image.fromarray(a) for a in load_sample_images().images]
+    return [Image.fromarray(a) for a in sample_photos()]
 
 
 def real_photo(rng: np.random.Generator, sources: list) -> Image.Image:
