@@ -80,27 +80,16 @@ def evaluate(
         model_dir, checkpoint, data_dir=data_dir, eval_batch_size=eval_batch_size
     )
     from tfgpu.data.spec import split_spec
-    from tfgpu.train.evaluator import Evaluator
 
     trained = use.load(config, path)
     spec = split_spec(trained.spec, split)
     names = use.class_names(spec)  # before evaluating: the report must not fail after it
-    evaluator = Evaluator(
-        trained.model,
-        trained.backend,
-        spec,
-        config.data,
-        trained.eval_global_batch,
-        trained.optimizer,
-        per_class=True,
-    )
-    result = evaluator()
     report = {
         "checkpoint": path,
         "step": trained.step,
         "data_dir": spec.data_dir,
         "split": split,
-        **result,
+        **_per_class_results(trained, spec, config.data),
         "class_names": names,
     }
     log(format_report(report))
@@ -109,6 +98,23 @@ def evaluate(
         log(f"written to {shown(output)}")
     _write_image(report, tensorboard_dir or _default_tensorboard_dir(model_dir), log)
     return report
+
+
+def _per_class_results(trained, spec, data) -> dict:
+    """The evaluation of ``trained`` (``use.load``'s) on ``spec``'s split with ``data`` (the
+    run's DataConfig), per-class counts included: the Evaluator's results."""
+    from tfgpu.train.evaluator import Evaluator
+
+    evaluator = Evaluator(
+        trained.model,
+        trained.backend,
+        spec,
+        data,
+        trained.eval_global_batch,
+        trained.optimizer,
+        per_class=True,
+    )
+    return evaluator()
 
 
 def _default_tensorboard_dir(model_dir: str) -> str:

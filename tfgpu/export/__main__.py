@@ -9,7 +9,12 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    """The command's flags."""
+    """The command's flags: what is exported, and how the export is checked."""
+    _define_what_is_exported()
+    _define_the_checks()
+
+
+def _define_what_is_exported() -> None:
     from tfgpu import export
 
     flags.DEFINE_string(
@@ -37,6 +42,9 @@ def define_flags() -> None:
         "Where the export goes (default: the run's export/saved_model, export/model.tflite, "
         "export/model_int8.tflite, export/model.onnx, ...); report.json goes beside it.",
     )
+
+
+def _define_the_checks() -> None:
     flags.DEFINE_string(
         "data_dir", "", "Another converted dataset of the same classes to check on."
     )
