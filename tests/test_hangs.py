@@ -2,11 +2,12 @@
 (SIGSTOP), one alive but stuck on a hung file system (a train shard that is a pipe nobody
 writes), one that never starts, and signals that arrive while the run waits for a peer.
 
-Each scenario is real processes; they mostly wait, so the module starts them all at once
-(a few at a time) and each test checks its own outcome.
+Each scenario is real processes; they mostly wait, so the module starts them all at once and
+each test checks its own outcome.
 """
 
 import concurrent.futures
+import json
 import os
 import re
 import shutil
@@ -146,11 +147,27 @@ def _missing_worker(data, tmp):
         kill_tree(procs[0])
 
 
+def _listening(proc, port: int, timeout: float = BOUND_S) -> bool:
+    """Waits until ``proc`` listens on TCP ``port``; False if it ended or ``timeout`` passed."""
+    deadline = time.time() + timeout
+    while proc.poll() is None and time.time() < deadline:
+        try:
+            ports = {c.laddr.port for c in psutil.Process(proc.pid).net_connections("tcp")}
+        except psutil.Error:
+            return False
+        if port in ports:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def _sigterm_at_startup(data, tmp):
     procs, outs = _mwms([cli_flags(RUN, data_dir=data, model_dir=tmp)])
     try:
-        time.sleep(15)  # inside the strategy's start-up, waiting for worker 1
-        assert procs[0].poll() is None, outs[0].text[-2000:]
+        # Worker 0's server is up: it is inside the strategy's start-up, waiting for worker 1.
+        tf_config = json.loads(psutil.Process(procs[0].pid).environ()["TF_CONFIG"])
+        port = int(tf_config["cluster"]["worker"][0].rsplit(":", 1)[1])
+        assert _listening(procs[0], port), outs[0].text[-2000:]
         os.kill(procs[0].pid, signal.SIGTERM)
         return _ended(procs[0], time.time(), outs[0])
     finally:
@@ -208,8 +225,8 @@ SCENARIOS = {
 
 @pytest.fixture(scope="module")
 def outcomes(small_dataset, tmp_path_factory):
-    """Every scenario's outcome, run three at a time (they mostly wait)."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=3)
+    """Every scenario's outcome, all started at once (they mostly wait)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(SCENARIOS))
     futures = {
         name: pool.submit(run, small_dataset, tmp_path_factory.mktemp(name))
         for name, run in SCENARIOS.items()
