@@ -3,9 +3,11 @@ runs; medians): ``python -m tfgpu.main --help``, a bad-flag error, and a short t
 (tiny_cnn, 6 updates on synthetic data: TensorFlow's import, tracing and the first steps),
 in wall seconds and CPU seconds (user + system, the process and its children).
 
-    python bench/startup.py --before=b6c7d94 [--rounds=5]
+    python bench/startup.py --before=b6c7d94 [--rounds=5] [--before_path=DIR]
 
 The revision is checked out into a temporary git worktree; both run with this interpreter.
+``--before_path`` puts DIR ahead of the revision on its side only: an older dependency, e.g.
+an unpacked wheel (``pip download ml_dtypes==0.7.0`` and unzip it into DIR).
 """
 
 import argparse
@@ -34,9 +36,11 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(tree: str, argv: list) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of ``python -m tfgpu.main argv`` with ``tree``'s tfgpu."""
-    env = dict(os.environ, PYTHONPATH=tree, TF_CPP_MIN_LOG_LEVEL="3")
+def measure(tree: str, argv: list, path: str = "") -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of ``python -m tfgpu.main argv`` with ``tree``'s tfgpu
+    (and ``path`` ahead of it, if given)."""
+    pythonpath = os.pathsep.join(p for p in (path, tree) if p)
+    env = dict(os.environ, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="3")
     trains = argv is SHORT_RUN  # the others are meant to exit early, some with an error
     with tempfile.TemporaryDirectory() as model_dir:
         if trains:
@@ -55,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", required=True, help="git revision to compare with")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--before_path", default="", help="a directory ahead of --before")
     args = parser.parse_args()
     print(calibration())
     before = tempfile.mkdtemp(prefix="tfgpu-before-")
@@ -64,9 +69,9 @@ def main() -> None:
     try:
         times = {(t, c): [] for t in ("before", "now") for c in COMMANDS}
         for _ in range(args.rounds):
-            for tree, path in (("before", before), ("now", ROOT)):
+            for tree, path, extra in (("before", before, args.before_path), ("now", ROOT, "")):
                 for name, argv in COMMANDS.items():
-                    times[tree, name].append(measure(path, argv))
+                    times[tree, name].append(measure(path, argv, extra))
     finally:
         subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", before], check=False)
     print(f"| command | {args.before} wall / CPU | now wall / CPU | CPU ratio |")

@@ -196,3 +196,21 @@ def test_only_tensorflows_start_up_notices_are_dropped():
     assert not startup._is_noise(cuinit, has_driver=True)  # a GPU machine: that is news
     for line in ["W0000 00:00:17.1 1 x.cc:1] a warning", "tfgpu: error: x", "Traceback (most"]:
         assert not startup._is_noise(line, has_driver=False)
+
+
+@pytest.mark.fast  # in-process
+def test_a_module_hidden_while_tensorflow_imports_is_importable_after(tmp_path, monkeypatch):
+    from tfgpu import startup
+
+    (tmp_path / "tfgpu_hidden_probe.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with startup._hidden(("tfgpu_hidden_probe", "os")):
+        with pytest.raises(ImportError):
+            import tfgpu_hidden_probe  # noqa: F401
+        import os as still_there  # imported before: untouched
+
+        assert still_there is os
+    import tfgpu_hidden_probe
+
+    assert tfgpu_hidden_probe.VALUE == 7
+    del sys.modules["tfgpu_hidden_probe"]
