@@ -8,6 +8,7 @@ models users train: resnet18, densenet121 and efficientnet_b0 at small inputs.
 """
 
 import contextlib
+import json
 
 import keras
 import numpy as np
@@ -25,10 +26,13 @@ GLOBAL_BATCH, UPDATES, SIZE = 8, 2, 32  # keras.applications needs 32x32 at leas
 # gradient by 0.9% of the largest gradient from the float64 one (measured), more than 2
 # replicas then differ from 1 device (0.7%); in float64 they agree to 1e-14 (a bound no
 # wrong synchronization meets). It also traces for ~2 minutes on 2 cores (121 BatchNorm
-# layers): heavy (opt-in, tests/conftest.py); resnet18 and efficientnet_b0 always run.
+# layers): heavy (opt-in, tests/conftest.py). efficientnet_b0 is heavy too (60 CPU-s, two
+# traces of 37,000 and 12,000 ops): the synchronization is the same code for every family,
+# which resnet18 shows in every run; what differs by family, that every BatchNorm layer takes
+# the synchronized moments, is shown for all three by the structural test below.
 MODELS = [
     ("resnet18", "float32", 1e-5),
-    ("efficientnet_b0", "float32", 1e-5),
+    pytest.param("efficientnet_b0", "float32", 1e-5, marks=pytest.mark.heavy),
     pytest.param("densenet121", "float64", 1e-9, marks=pytest.mark.heavy),
 ]
 # Without sync the code path is the same for every family (the moving statistics of every
@@ -168,6 +172,21 @@ def test_sync_batchnorm_two_replicas_equal_one_device_of_the_whole_batch(name, d
     assert backend.num_replicas == 2
     assert model.weights[0].dtype == dtype
     _assert_same_weights(model, _train(name, dtype=dtype)[0], atol=atol)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "efficientnet_b0", "densenet121"])
+def test_every_batchnorm_layer_of_every_family_takes_the_synchronized_moments(name):
+    """``synchronize`` reaches every BatchNormalization layer the model's config holds, and a
+    training forward pass takes every layer's moments through the collective: two sums per
+    layer (the equivalence above shows those sums make N replicas of b one device of N*b)."""
+    model = _build(name)
+    sums = []
+    synced = batchnorm.synchronize(model, lambda t: sums.append(t) or t)
+    in_config = json.dumps(model.get_config()).count('"class_name": "BatchNormalization"')
+    assert synced == in_config > 0
+    forward = tf.function(lambda x: model(x, training=True))
+    forward.get_concrete_function(tf.TensorSpec((2, SIZE, SIZE, 3), tf.float32))
+    assert len(sums) == 2 * synced
 
 
 @pytest.mark.parametrize("name,recipe", UNSYNCED_CASES)
