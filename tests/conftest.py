@@ -39,15 +39,18 @@ import sys
 import numpy as np
 import pytest
 
-from tfgpu import compat
-from tfgpu.convert import plan
-from tfgpu.convert.items import items_from_arrays
-from tfgpu.distribute import devices
+from tfgpu import startup
+
+# As the commands import it: tfgpu's code traced as written, the import out of the cycle
+# collector's reach (startup._importing).
+startup.import_tensorflow()
+
+from tfgpu.convert import plan  # noqa: E402
+from tfgpu.convert.items import items_from_arrays  # noqa: E402
+from tfgpu.distribute import devices  # noqa: E402
 
 # Before TensorFlow starts: mirrored tests get 2 replicas; default stays on /cpu:0.
 devices.configure_devices(2)
-# tfgpu's code traced as the commands trace it (startup.import_tensorflow).
-compat.trace_tfgpu_as_written()
 
 
 # --- test tiers (see the module docstring) ---------------------------------------------

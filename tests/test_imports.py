@@ -214,3 +214,17 @@ def test_a_module_hidden_while_tensorflow_imports_is_importable_after(tmp_path, 
 
     assert tfgpu_hidden_probe.VALUE == 7
     del sys.modules["tfgpu_hidden_probe"]
+
+
+@pytest.mark.fast  # in-process
+def test_tensorflows_import_runs_without_the_cycle_collector_and_is_frozen_after(monkeypatch):
+    import gc
+
+    from tfgpu import startup
+
+    monkeypatch.delitem(sys.modules, "tensorflow")  # as before the first import
+    before = gc.get_freeze_count()
+    with startup._importing():
+        assert not gc.isenabled()
+        built = [[] for _ in range(100)]  # what an import leaves behind
+    assert gc.isenabled() and gc.get_freeze_count() >= before + len(built)
