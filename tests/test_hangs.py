@@ -152,7 +152,8 @@ def _listening(proc, port: int, timeout: float = BOUND_S) -> bool:
     deadline = time.time() + timeout
     while proc.poll() is None and time.time() < deadline:
         try:
-            ports = {c.laddr.port for c in psutil.Process(proc.pid).net_connections("tcp")}
+            connections = psutil.Process(proc.pid).net_connections("tcp")
+            ports = {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
         except psutil.Error:
             return False
         if port in ports:
