@@ -231,3 +231,16 @@ def test_every_backend_offers_the_verbs_of_the_backend_protocol():
     live = backends.build_backend("default")
     missing = [a for a in Backend.__annotations__ if not hasattr(live, a)]
     assert not missing, f"StrategyBackend instances lack {missing}"
+
+
+@pytest.mark.fast
+def test_gathering_bytes_traces_once_per_width_not_once_per_call(monkeypatch):
+    """A run gathers bytes across workers at every log window; each call used to trace a new
+    collective. Two replicas in this process stand for two workers (one replica each)."""
+    backend = backends.build_backend("mirrored")
+    monkeypatch.setattr(backend, "num_workers", 2)
+    blobs = [b"x" * n for n in (1, 3, 5, 7, 8, 20, 30, 3, 5, 30)]
+    for blob in blobs:
+        assert backend.all_gather_bytes(blob) == [blob, blob]
+    # Widths padded to a power of two: lengths (1) and rows of 1, 4, 8, 32.
+    assert backend._gather_rows.experimental_get_tracing_count() == 4

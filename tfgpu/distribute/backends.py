@@ -50,6 +50,7 @@ class StrategyBackend:
         self.input_shard = InputShard(self.num_workers, self.worker_index)
         self.is_chief = strategy.extended.should_checkpoint if name != "default" else True
         self._local_sum = None  # compat.local_replica_sum, made on first use
+        self._gather_rows = None  # the all-gather of _all_gather_int32, traced on first use
         with strategy.scope():
             self.all_reduce_calls = counter()
             self.wait_seconds = counter(tf.float64)
@@ -135,14 +136,25 @@ class StrategyBackend:
 
     def _all_gather_int32(self, rows: np.ndarray) -> np.ndarray:
         """[1, L] int32 on each worker -> [replicas, L] (each worker's row once per replica)."""
-        value = tf.constant(rows, tf.int32)
+        if self._gather_rows is None:
+            # One function for the run, traced once per width: a run gathers at every log
+            # window (the workers' compute times) and on each agreement, and a new function
+            # each time re-traced the collective (~0.2 CPU-s a call under
+            # multi_worker_mirrored). Its all-gather needs a known shape, so widths are
+            # padded to a power of two: a handful of traces per run.
+            @tf.function
+            def gather(value):
+                def row(v):  # the copy takes the replica's device: a collective needs one
+                    return tf.distribute.get_replica_context().all_gather(tf.identity(v), axis=0)
 
-        @tf.function
-        def gather():
-            ctx = tf.distribute.get_replica_context()
-            return ctx.all_gather(value, axis=0)
+                return self.strategy.run(row, args=(value,))
 
-        return self.local_values(self.strategy.run(gather))[0].numpy()
+            self._gather_rows = gather
+        width = rows.shape[1]
+        padded = np.zeros([1, 1 << (width - 1).bit_length()], np.int32)
+        padded[:, :width] = rows
+        gathered = self.local_values(self._gather_rows(tf.constant(padded)))[0].numpy()
+        return gathered[:, :width]
 
     def broadcast_from_chief(self, variables) -> None:
         """Gives every replica of every worker the chief's values of ``variables`` (its
