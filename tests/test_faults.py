@@ -22,7 +22,7 @@ RUN = dict(
     model="tiny_cnn",
     image_size=32,
     global_batch_size=16,
-    train_steps=120,
+    train_steps=48,
     optimizer="adam",
     learning_rate=0.001,
     weight_decay=0.0,
@@ -33,7 +33,7 @@ RUN = dict(
     checkpoint_every_steps=10,
     export=False,
     crop_min_area=0.5,
-    # A policy's draws depend on the epoch too: 120 updates are 20 epochs, resumed mid-way.
+    # A policy's draws depend on the epoch too: 48 updates are 8 epochs, resumed mid-way.
     augment_policy="trivialaugment",
     random_erasing=0.25,
 )
