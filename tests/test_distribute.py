@@ -4,6 +4,7 @@ mid-training: the survivor stops with one clear line in bounded time, and a reru
 import json
 import os
 import re
+import socket
 import sys
 import time
 
@@ -106,6 +107,46 @@ def test_launch_tf_configs_one_cluster_distinct_ports():
     assert all(c["cluster"]["worker"] == workers for c in configs)
     assert [c["task"] for c in configs] == [{"type": "worker", "index": i} for i in range(3)]
     assert launch.shell_code(-9) == 137 and launch.shell_code(5) == 5
+
+
+@pytest.mark.fast
+def test_free_ports_are_below_the_ephemeral_range_and_bindable(tmp_path, monkeypatch):
+    """Below the range outgoing connections take their ports from (where a port picked free
+    can be taken before its server binds it); the OS's picks when there is no room there."""
+    ports = env.free_ports(4)
+    low = int(open(env.EPHEMERAL_RANGE).read().split()[0])
+    assert len(set(ports)) == 4 and all(env.PORTS_FROM <= p < low for p in ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("", port))
+    narrow = tmp_path / "range"
+    narrow.write_text(f"{env.PORTS_FROM + 10}\t60999\n")
+    monkeypatch.setattr(env, "EPHEMERAL_RANGE", str(narrow))
+    assert all(p >= env.PORTS_FROM + 10 for p in env.free_ports(2))  # the OS's, in its range
+
+
+def test_a_worker_whose_port_is_taken_says_so_in_one_line(small_dataset, tmp_path):
+    """TF_CONFIG names a port another process listens on: one line naming the address, exit
+    2 (a usage error), no traceback."""
+    configs = launch.tf_configs(2)
+    address = json.loads(configs[0])["cluster"]["worker"][0]
+    with socket.socket() as taken:
+        taken.bind(("", int(address.rsplit(":", 1)[1])))
+        taken.listen()
+        flags = _flags(small_dataset, tmp_path, "multi_worker_mirrored")
+        proc = popen(
+            [sys.executable, "-m", "tfgpu.main", *flags], dict(os.environ, TF_CONFIG=configs[0])
+        )
+        try:
+            text, _ = proc.communicate(timeout=120)
+        finally:
+            kill_tree(proc)
+    lines = [line for line in text.splitlines() if line.startswith("tfgpu: error:")]
+    assert proc.returncode == 2 and "Traceback" not in text, text[-3000:]
+    assert lines == [
+        f"tfgpu: error: could not start this worker's server at {address} (TF_CONFIG's worker "
+        "0): the port is in use, or the host is not this machine's"
+    ], text[-3000:]
 
 
 class _FakeConfig:

@@ -232,9 +232,19 @@ def _multi_worker(dist) -> tf.distribute.Strategy:
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=impl, timeout_seconds=dist.collective_timeout_s or None
     )
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver, communication_options=options
-    )
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options
+        )
+    except tf.errors.UnknownError as e:
+        if "Could not start gRPC server" not in str(e):
+            raise
+        address = config["cluster"][task["type"]][int(task["index"])]
+        raise DistributeError(
+            f"could not start this worker's server at {address} (TF_CONFIG's "
+            f"{task['type']} {task['index']}): the port is in use, or the host is not "
+            "this machine's"
+        ) from None
 
 
 def _one_device() -> tf.distribute.Strategy:

@@ -9,6 +9,7 @@ into one --model_dir. No TensorFlow here: ``tfgpu.launch`` and the error paths u
 
 import json
 import os
+import random
 import socket
 from dataclasses import dataclass
 
@@ -197,12 +198,37 @@ def check_world(strategy: str, found: World) -> None:
         )
 
 
+# Where free_ports looks first: below the kernel's range for outgoing connections' local ports.
+# A port of that range, free when picked (bind to 0), can be handed to any process's outgoing
+# connection before the worker binds it (seen: 16 workers starting at once, "Could not start
+# gRPC server"); one below it is only ever taken by a server binding it on purpose.
+PORTS_FROM = 20000
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def free_ports(count: int) -> list[int]:
-    """Ports that are free now (the OS picks them); held open together so they differ."""
-    sockets = [socket.socket() for _ in range(count)]
+    """``count`` different ports that are free now, below the ephemeral range where there is
+    room (random, checked by binding), else the OS's picks."""
     try:
-        for s in sockets:
-            s.bind(("", 0))
+        with open(EPHEMERAL_RANGE, encoding="ascii") as f:
+            below = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        below = 32768  # Linux's default
+    candidates = []
+    if below - PORTS_FROM >= 100 * count:
+        candidates = random.SystemRandom().sample(range(PORTS_FROM, below), k=50 * count)
+    sockets = []
+    try:
+        for port in [*candidates, *[0] * count]:  # the OS's picks last
+            s = socket.socket()
+            try:
+                s.bind(("", port))
+            except OSError:
+                s.close()
+                continue
+            sockets.append(s)
+            if len(sockets) == count:
+                break
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
