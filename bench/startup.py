@@ -1,7 +1,8 @@
 """How long commands take to start, now and at a git revision, side by side (alternating
-runs; medians): ``python -m tfgpu.main --help``, a bad-flag error, and a short training run
-(tiny_cnn, 6 updates on synthetic data: TensorFlow's import, tracing and the first steps),
-in wall seconds and CPU seconds (user + system, the process and its children).
+runs; medians): ``python -m tfgpu.main --help``, a bad-flag error, a short training run
+(tiny_cnn, 6 updates on synthetic data: TensorFlow's import, tracing and the first steps) and
+the same run as 2 multi_worker_mirrored workers (``tfgpu.launch``), in wall seconds and CPU
+seconds (user + system, the process and its children).
 
     python bench/startup.py --before=b6c7d94 [--rounds=5] [--before_path=DIR]
 
@@ -24,11 +25,17 @@ from calibration import calibration
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT_RUN = ["--synthetic_data", "--model=tiny_cnn", "--image_size=32", "--num_classes=10"]
 SHORT_RUN += ["--global_batch_size=16", "--train_steps=6", "--strategy=default", "--noexport"]
+# The same run as two multi_worker_mirrored workers on this machine (tfgpu.launch): what the
+# collectives a run sets up and traces cost, beside TensorFlow's start-up in each worker.
+TWO_WORKERS = ["-m", "tfgpu.launch", "--num_workers=2", "--"]
+TWO_WORKERS += [*SHORT_RUN[:-2], "--strategy=multi_worker_mirrored", "--noexport"]
 COMMANDS = {
     "--help": ["--help"],
     "--model=resnet5 (an error)": ["--model=resnet5", "--model_dir=" + tempfile.gettempdir()],
     "a 6-update tiny_cnn run": SHORT_RUN,
+    "the same run on 2 workers": TWO_WORKERS,
 }
+TRAINS = (SHORT_RUN, TWO_WORKERS)
 
 
 def _children_cpu() -> float:
@@ -37,18 +44,18 @@ def _children_cpu() -> float:
 
 
 def measure(tree: str, argv: list, path: str = "") -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of ``python -m tfgpu.main argv`` with ``tree``'s tfgpu
-    (and ``path`` ahead of it, if given)."""
+    """(wall seconds, CPU seconds) of ``python -m tfgpu.main argv`` (or, for ``argv``
+    starting with ``-m``, that module) with ``tree``'s tfgpu (and ``path`` ahead of it, if
+    given)."""
     pythonpath = os.pathsep.join(p for p in (path, tree) if p)
     env = dict(os.environ, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="3")
-    trains = argv is SHORT_RUN  # the others are meant to exit early, some with an error
+    trains = argv in TRAINS  # the others are meant to exit early, some with an error
+    command = argv if argv[0] == "-m" else ["-m", "tfgpu.main", *argv]
     with tempfile.TemporaryDirectory() as model_dir:
         if trains:
-            argv = [*argv, f"--model_dir={model_dir}/run"]
+            command = [*command, f"--model_dir={model_dir}/run"]
         cpu, start = _children_cpu(), time.perf_counter()
-        out = subprocess.run(
-            [sys.executable, "-m", "tfgpu.main", *argv], cwd=tree, env=env, capture_output=True
-        )
+        out = subprocess.run([sys.executable, *command], cwd=tree, env=env, capture_output=True)
         wall = time.perf_counter() - start
     if trains and out.returncode != 0:
         raise SystemExit(out.stderr.decode()[-2000:])
