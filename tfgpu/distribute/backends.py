@@ -160,8 +160,8 @@ class StrategyBackend:
         """Gives every replica of every worker the chief's values of ``variables`` (its
         restored checkpoint: the others may have none). One sum-all-reduce of every value,
         flattened into one float64 vector (which carries every dtype's values exactly), to
-        which only the chief's first replica contributes. Eager: once per run, a traced
-        function cost more (~0.8 CPU-s per worker for tiny_cnn) than it saved."""
+        which only the chief's first replica contributes. Eager: it runs once per run, and
+        tracing it cost more than running it (bench/README.md, Start-up)."""
         if self.num_workers == 1:
             return
         variables = list(variables)
