@@ -125,12 +125,16 @@ def test_free_ports_are_below_the_ephemeral_range_and_bindable(tmp_path, monkeyp
     assert all(p >= env.PORTS_FROM + 10 for p in env.free_ports(2))  # the OS's, in its range
 
 
-def test_a_worker_whose_port_is_taken_says_so_in_one_line(small_dataset, tmp_path):
+@pytest.mark.parametrize("shared", [False, True], ids=["plain", "so_reuseport"])
+def test_a_worker_whose_port_is_taken_says_so_in_one_line(small_dataset, tmp_path, shared):
     """TF_CONFIG names a port another process listens on: one line naming the address, exit
-    2 (a usage error), no traceback."""
+    2 (a usage error), no traceback. Also when that process listens with SO_REUSEPORT (the
+    data service's servers do): a worker's server that bound beside it would have the kernel
+    split the connections between the two; TensorFlow's does not, and this keeps it so."""
     configs = launch.tf_configs(2)
     address = json.loads(configs[0])["cluster"]["worker"][0]
     with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(shared))
         taken.bind(("", int(address.rsplit(":", 1)[1])))
         taken.listen()
         flags = _flags(small_dataset, tmp_path, "multi_worker_mirrored")
