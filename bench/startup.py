@@ -23,12 +23,13 @@ import time
 from calibration import calibration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHORT_RUN = ["--synthetic_data", "--model=tiny_cnn", "--image_size=32", "--num_classes=10"]
-SHORT_RUN += ["--global_batch_size=16", "--train_steps=6", "--strategy=default", "--noexport"]
+TINY = ["--synthetic_data", "--model=tiny_cnn", "--image_size=32", "--num_classes=10"]
+TINY += ["--global_batch_size=16", "--train_steps=6", "--noexport"]
+SHORT_RUN = [*TINY, "--strategy=default"]
 # The same run as two multi_worker_mirrored workers on this machine (tfgpu.launch): what the
 # collectives a run sets up and traces cost, beside TensorFlow's start-up in each worker.
-TWO_WORKERS = ["-m", "tfgpu.launch", "--num_workers=2", "--"]
-TWO_WORKERS += [*SHORT_RUN[:-2], "--strategy=multi_worker_mirrored", "--noexport"]
+TWO_WORKERS = ["-m", "tfgpu.launch", "--num_workers=2", "--", *TINY]
+TWO_WORKERS += ["--strategy=multi_worker_mirrored"]
 COMMANDS = {
     "--help": ["--help"],
     "--model=resnet5 (an error)": ["--model=resnet5", "--model_dir=" + tempfile.gettempdir()],

@@ -175,7 +175,7 @@ class StrategyBackend:
         summed = self.strategy.reduce(
             tf.distribute.ReduceOp.SUM, self.strategy.run(replica), axis=None
         )
-        sizes = [int(np.prod(v.shape)) for v in variables]
+        sizes = [v.shape.num_elements() for v in variables]
         for var, part in zip(variables, tf.split(summed, sizes)):
             var.assign(tf.reshape(tf.cast(part, var.dtype), var.shape))
 
