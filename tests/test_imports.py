@@ -22,8 +22,9 @@ def _modules_after(code: str) -> set:
     return set(out.stdout.split())
 
 
-def _main(*argv: str):
-    """Runs ``tfgpu.main`` with ``argv`` in a fresh interpreter; (exit code, stderr, heavy)."""
+def _main(*argv: str, env: dict | None = None):
+    """Runs ``tfgpu.main`` with ``argv`` in a fresh interpreter (``env`` added to the
+    environment); (exit code, stderr, heavy)."""
     code = (
         "import sys\n"
         "from absl import app\n"
@@ -36,7 +37,13 @@ def _main(*argv: str):
         "print('exit', code, file=sys.stderr)\n"
         f"print('heavy', *[m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, **(env or {})),
+    )
     lines = out.stderr.splitlines()
     code_line = next(line for line in reversed(lines) if line.startswith("exit "))
     heavy = next(line for line in reversed(lines) if line.startswith("heavy")).split()[1:]
@@ -67,6 +74,28 @@ def test_a_bad_flag_is_reported_without_tensorflow(argv, message):
     code, output, heavy = _main(*argv)
     assert code != 0 and message in output, output[-2000:]
     assert heavy == set()
+
+
+@pytest.mark.parametrize(
+    "strategy, env, message",
+    [
+        ("horovod", {}, "--strategy=horovod must run under horovodrun or mpirun"),
+        ("multi_worker_mirrored", {"TF_CONFIG": "{not json"}, "TF_CONFIG is malformed"),
+        ("mirrored", {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"}, "2 separate"),
+        ("auto", {"HOROVOD_RANK": "one", "HOROVOD_SIZE": "2"}, "HOROVOD_RANK='one' is not"),
+    ],
+)
+def test_a_launch_that_cannot_be_one_job_is_reported_without_tensorflow(
+    strategy, env, message, tmp_path
+):
+    """What the environment alone decides (env.check_launch) is said before TensorFlow's
+    import, and before anything is written."""
+    run = tmp_path / "run"
+    code, output, heavy = _main(
+        f"--strategy={strategy}", "--synthetic_data", f"--model_dir={run}", env=env
+    )
+    assert code == 2 and message in output and "Traceback" not in output, output[-2000:]
+    assert heavy == set() and not run.exists()
 
 
 @pytest.mark.parametrize(

@@ -97,6 +97,7 @@ def _train() -> None:
         watch.watch(FLAGS.model_dir, FLAGS.watch_interval_s, FLAGS.watch_timeout_s)
         return
     config = make_config()
+    env.check_launch(config.dist.strategy)  # before anything is written or TensorFlow starts
     check_writable(config.model_dir)
     faults.install(config.dist.stop_grace_s)  # before TensorFlow starts its threads
     startup.import_tensorflow()  # without its start-up notices

@@ -27,6 +27,7 @@ _MPI_VARIABLES = (
     ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"),
 )
 SINGLE_PROCESS = ("default", "one_device", "mirrored")
+HOROVOD_LAUNCHERS = ("horovodrun", "mpirun")
 
 
 @dataclass(frozen=True)
@@ -175,9 +176,24 @@ def resolve_strategy(
     return "mirrored" if num_gpus > 1 else "default"
 
 
+def check_launch(strategy: str) -> None:
+    """Raises the one-line DistributeError that the environment alone decides: a launcher's
+    variable or TF_CONFIG that does not parse, an explicit ``strategy`` that cannot join the
+    processes they say were started (``auto`` resolves once TensorFlow counts the GPUs). Pure
+    Python: tfgpu.main calls it before TensorFlow's import (seconds), and setup again after."""
+    found = world()
+    if strategy != "auto":
+        check_world(strategy, found)
+
+
 def check_world(strategy: str, found: World) -> None:
     """Raises a one-line DistributeError when the resolved ``strategy`` cannot make one job of
     the processes ``found`` says were started: N processes never train N copies silently."""
+    if strategy == "horovod" and found.size <= 1 and found.launcher not in HOROVOD_LAUNCHERS:
+        raise DistributeError(
+            "--strategy=horovod must run under horovodrun or mpirun, e.g. "
+            "`horovodrun -np 2 -H localhost:2 python -m tfgpu.main --strategy=horovod`"
+        )
     if found.size <= 1:
         return
     many = f"this is process {found.rank} of {found.size} ({found.evidence})"
@@ -186,7 +202,7 @@ def check_world(strategy: str, found: World) -> None:
             f"--strategy={strategy} trains on one machine, but {many}: they would train "
             f"{found.size} separate copies into one --model_dir; use --strategy=auto"
         )
-    if strategy == "horovod" and found.launcher not in ("horovodrun", "mpirun"):
+    if strategy == "horovod" and found.launcher not in HOROVOD_LAUNCHERS:
         raise DistributeError(
             f"--strategy=horovod needs horovodrun or mpirun, but {many}; use --strategy=auto "
             "(multi_worker_mirrored over that cluster)"

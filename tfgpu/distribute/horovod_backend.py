@@ -104,11 +104,7 @@ def build(hvd_compression: str) -> HorovodBackend:
     """The Horovod backend of this process; a one-line DistributeError when it cannot make
     one job of the processes the launcher started."""
     found = env.world()
-    if found.launcher not in ("horovodrun", "mpirun"):
-        raise DistributeError(
-            "--strategy=horovod must run under horovodrun or mpirun, e.g. "
-            "`horovodrun -np 2 -H localhost:2 python -m tfgpu.main --strategy=horovod`"
-        )
+    env.check_world("horovod", found)
     try:
         backend = HorovodBackend(hvd_compression)
     except ImportError:
