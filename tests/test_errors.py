@@ -45,6 +45,18 @@ def test_each_error_is_one_line_and_its_exit_code(err, code, line, capsys):
     assert out.startswith(line) and out.count("\n") == 1
 
 
+def test_the_line_is_written_at_once(monkeypatch):
+    """The processes of one launch share a stream (mpirun forwards their stderr as it comes):
+    a line and its newline written apart ran two workers' lines into one."""
+    writes = []
+    stream = type(
+        "Stream", (), {"write": lambda self, t: writes.append(t), "flush": lambda self: None}
+    )
+    monkeypatch.setattr("sys.stderr", stream())
+    assert errors.report(DistributeError("2 separate copies")) == 2
+    assert writes == ["tfgpu: error: 2 separate copies\n"]
+
+
 def test_run_command_passes_codes_and_unknown_errors_through(capsys):
     assert errors.run_command(lambda: None) == 0
     assert errors.run_command(lambda a: a, 7) == 7

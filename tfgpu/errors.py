@@ -93,7 +93,10 @@ class Preempted(TfgpuError):
 
 def report(err: TfgpuError, prog: str = "tfgpu") -> int:
     """Prints ``err`` as its one line on stderr; returns its exit code."""
-    print(err.line(prog), file=sys.stderr, flush=True)
+    # One write: print() writes the line and its newline apart (stderr writes through), and
+    # the processes of one launch share a stream: two lines at once ran into one (mpirun).
+    sys.stderr.write(err.line(prog) + "\n")
+    sys.stderr.flush()
     return err.exit_code
 
 
