@@ -27,6 +27,16 @@ BN_RUN = dict(
     checkpoint_every_steps=STEPS,
     drop_path_rate=0.0,  # EfficientNet's stochastic depth draws its masks per replica
 )
+# resnet18 at 16x16 (stage 4 at 2x2): the same BatchNorm layers and collectives as at 32, a
+# quarter of the convolutions' work; keras.applications' efficientnet_b0 needs 32 at least.
+IMAGE_SIZES = {"resnet18": 16, "efficientnet_b0": 32}
+
+
+def _settings(model: str, **settings) -> dict:
+    """BN_RUN for ``model`` at its image size, with ``settings``."""
+    return dict(BN_RUN, model=model, image_size=IMAGE_SIZES[model], **settings)
+
+
 # Without sync the code path is the same for every family: resnet18 alone. With it, one model
 # of each family; efficientnet_b0's cases are heavy (its sync collective across replicas runs
 # in the default tier, tests/test_batchnorm.py) and in float64: over 4 updates at lr 0.01,
@@ -49,8 +59,8 @@ def _assert_close(weights, reference, atol=1e-5):
         np.testing.assert_allclose(a, b, atol=atol * scale, rtol=0)
 
 
-def _in_process(data_dir, model_dir, **settings):
-    values = dict(BN_RUN, **settings)
+def _in_process(data_dir, model_dir, model, **settings):
+    values = _settings(model, **settings)
     config = validate(config_from(data_dir=data_dir, model_dir=str(model_dir), **values))
     return train.run(config), final_weights(model_dir)
 
@@ -66,8 +76,8 @@ def references(small_dataset, tmp_path_factory):
         if (model, sync, dtype) not in made:
             strategy = "default" if sync else "mirrored"
             model_dir = root / f"{model}-{strategy}-{dtype}"
-            settings = dict(model=model, strategy=strategy, dtype=dtype)
-            summary, weights = _in_process(small_dataset, model_dir, **settings)
+            settings = dict(strategy=strategy, dtype=dtype)
+            summary, weights = _in_process(small_dataset, model_dir, model, **settings)
             assert summary["num_replicas"] == (1 if sync else 2)
             made[model, sync, dtype] = weights
         return made[model, sync, dtype]
@@ -102,7 +112,7 @@ def test_multi_worker_batchnorm_equals_its_reference(
     small_dataset, references, tmp_path, model, sync, dtype, atol
 ):
     cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
-    flags = dict(BN_RUN, model=model, sync_batchnorm=sync, dtype=dtype)
+    flags = _settings(model, sync_batchnorm=sync, dtype=dtype)
     cmd += cli_flags(
         dict(flags, strategy="multi_worker_mirrored"),
         data_dir=small_dataset,
@@ -121,7 +131,7 @@ def _one_process_evaluates_the_same(data_dir, tmp_path, model, dtype):
         two_workers = json.load(f)["final_eval"]
     alone = tmp_path / "alone"
     shutil.copytree(tmp_path / "run" / "checkpoints", alone / "checkpoints")
-    summary, _ = _in_process(data_dir, alone, model=model, dtype=dtype, strategy="default")
+    summary, _ = _in_process(data_dir, alone, model, dtype=dtype, strategy="default")
     assert summary["steps"] == STEPS
     assert summary["final_eval"]["top1"] == two_workers["top1"]
     assert abs(summary["final_eval"]["loss"] - two_workers["loss"]) < 1e-5
@@ -138,7 +148,7 @@ HOROVOD_CASES = [SYNC_CASES[0]] + [
 def test_horovod_batchnorm_equals_its_reference(
     small_dataset, references, tmp_path, horovodrun_tfgpu, model, sync, dtype, atol
 ):
-    flags = dict(BN_RUN, model=model, sync_batchnorm=sync, dtype=dtype, strategy="horovod")
+    flags = _settings(model, sync_batchnorm=sync, dtype=dtype, strategy="horovod")
     cmd = list(horovodrun_tfgpu) + cli_flags(
         flags, data_dir=small_dataset, model_dir=tmp_path / "run"
     )
