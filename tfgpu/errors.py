@@ -91,12 +91,22 @@ class Preempted(TfgpuError):
         return f"{prog}: {self.message}; run the same command again to resume"
 
 
-def report(err: TfgpuError, prog: str = "tfgpu") -> int:
-    """Prints ``err`` as its one line on stderr; returns its exit code."""
-    # One write: print() writes the line and its newline apart (stderr writes through), and
-    # the processes of one launch share a stream: two lines at once ran into one (mpirun).
-    sys.stderr.write(err.line(prog) + "\n")
+def say(line: str) -> None:
+    """Writes ``line`` and its newline to stderr in one write. The processes of one launch
+    share a stream (mpirun forwards their stderr as it comes), and print() writes the two
+    apart (stderr writes through): two workers' lines at once ran into one."""
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def warn(message: str, prog: str = "tfgpu") -> None:
+    """Says ``message`` as ``prog``'s warning line (``say``)."""
+    say(f"{prog}: WARNING: {message}")
+
+
+def report(err: TfgpuError, prog: str = "tfgpu") -> int:
+    """Prints ``err`` as its one line on stderr (``say``); returns its exit code."""
+    say(err.line(prog))
     return err.exit_code
 
 

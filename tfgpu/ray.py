@@ -13,7 +13,7 @@ import sys
 
 from absl import flags
 
-from tfgpu.errors import TfgpuError, UsageError, run_command
+from tfgpu.errors import TfgpuError, UsageError, run_command, say
 
 USAGE = (
     "usage: tfgpu-ray --num_workers=N [--use_gpu] [--max_failures=K] [--address=ADDR] "
@@ -127,7 +127,7 @@ def train_worker(job: dict) -> None:
         known = err if isinstance(err, TfgpuError) else faults.translate(err)
         if known is None:
             raise  # not tfgpu's: Ray keeps its traceback, the driver prints it
-        print(known.line("tfgpu"), file=sys.stderr, flush=True)
+        say(known.line("tfgpu"))
         raise known from None
     finally:
         ray_train.leave_worker()

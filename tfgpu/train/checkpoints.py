@@ -9,11 +9,10 @@ restores, and every other worker takes its values: node-local disks need no shar
 """
 
 import os
-import sys
 
 import tensorflow as tf
 
-from tfgpu.errors import CheckpointError, op_error_cause
+from tfgpu.errors import CheckpointError, op_error_cause, warn
 
 
 class Checkpoints:
@@ -64,7 +63,7 @@ class Checkpoints:
                         "its own (--model_dir alone takes them from its config.json), or use "
                         "another --model_dir"
                     )
-                _warn(f"checkpoint {path} does not read back ({reason}); trying an older one")
+                warn(f"checkpoint {path} does not read back ({reason}); trying an older one")
                 continue
             log(f"resumed from {path} at step {int(self._step.numpy())}")
             if missing:
@@ -120,7 +119,7 @@ class Checkpoints:
             )
             if final:
                 raise CheckpointError(message) from None
-            _warn(message)
+            warn(message)
 
 
 def refresh_derived_state(model) -> None:
@@ -156,10 +155,6 @@ def readable(path: str) -> bool:
 # What a truncated or corrupted checkpoint raises while it is read (a truncated .data file:
 # IndexError "Read less bytes than requested"; a broken index: DataLossError, an OpError).
 DAMAGED = (tf.errors.OpError, IndexError, ValueError, OSError, AssertionError)
-
-
-def _warn(message: str) -> None:
-    print(f"tfgpu: WARNING: {message}", file=sys.stderr, flush=True)
 
 
 def variables_of(trackables) -> list:

@@ -17,11 +17,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tfgpu.errors import warn
 from tfgpu.files import open_append, write_json
-
-
-def _warn(line: str) -> None:
-    print(f"tfgpu: WARNING: {line}", file=sys.stderr, flush=True)
 
 
 class Window:
@@ -131,7 +128,7 @@ class RunWriter:
         self._tb["run"].flush()
 
     def _append(self, record: dict, split: str) -> None:
-        with open_append(os.path.join(self.model_dir, "metrics.jsonl"), _warn) as f:
+        with open_append(os.path.join(self.model_dir, "metrics.jsonl"), warn) as f:
             f.write(json.dumps(record) + "\n")
         with self._tb[split].as_default(step=record["step"]):
             for key, value in record.items():
@@ -161,7 +158,7 @@ class RunWriter:
     def _append_csv(self, row: dict) -> None:
         """summary.csv: one row per evaluation, header once; a resumed run appends."""
         path = os.path.join(self.model_dir, "summary.csv")
-        with open_append(path, _warn) as f:
+        with open_append(path, warn) as f:
             out = csv.DictWriter(f, SUMMARY_CSV, extrasaction="ignore")
             if os.fstat(f.fileno()).st_size == 0:
                 out.writeheader()
