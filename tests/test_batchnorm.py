@@ -20,7 +20,16 @@ from tfgpu.step import batchnorm
 from tfgpu.distribute import backends
 from tfgpu.step.train_step import TrainStep
 
-GLOBAL_BATCH, UPDATES, SIZE = 8, 2, 32  # keras.applications needs 32x32 at least
+GLOBAL_BATCH, UPDATES = 8, 2
+# keras.applications needs 32x32 at least; resnet18 (and the regularized net) at 16x16, stage 4
+# at 2x2: the same BatchNorm layers and collectives, a quarter of the convolutions' work.
+SIZES = {"efficientnet_b0": 32, "densenet121": 32}
+
+
+def _size(name: str) -> int:
+    return SIZES.get(name, 16)
+
+
 # densenet121 is compared in float64. In float32 its gradient at initialization on these
 # images is ill-conditioned: float32 rounding alone, on one device, moves the stem kernel's
 # gradient by 0.9% of the largest gradient from the float64 one (measured), more than 2
@@ -45,10 +54,10 @@ UNSYNCED_CASES = [
 ]
 
 
-def _batches(n=GLOBAL_BATCH * UPDATES, seed=0):
+def _batches(size: int, n=GLOBAL_BATCH * UPDATES, seed=0):
     rng = np.random.default_rng(seed)
     return {
-        "image": rng.integers(0, 256, (n, SIZE, SIZE, 3)).astype(np.uint8),
+        "image": rng.integers(0, 256, (n, size, size, 3)).astype(np.uint8),
         "label": (np.arange(n) % 4).astype(np.int32),
         "flip": np.zeros(n, bool),
         "weight": np.ones(n, np.float32),
@@ -59,13 +68,14 @@ def _build(name):
     if name in ("regularized", "unregularized"):
         return _regularized_net(name == "regularized")
     # Stochastic depth off: its masks are drawn per replica (docs/training-loop.md).
-    return models.build_model(name, 4, SIZE, small_input=True, drop_path_rate=0.0)
+    return models.build_model(name, 4, _size(name), small_input=True, drop_path_rate=0.0)
 
 
 def _regularized_net(regularized=True):
     """Conv with a kernel and an activity regularizer: model.losses is not empty. No
     BatchNorm: how a batch is split must change nothing but the regularizers' scaling."""
-    inputs = keras.Input((SIZE, SIZE, 3))
+    size = _size("regularized")
+    inputs = keras.Input((size, size, 3))
     x = keras.layers.Rescaling(1 / 255)(inputs)
     x = keras.layers.Conv2D(
         8,
@@ -138,7 +148,7 @@ def _train(
         )
     per_replica = GLOBAL_BATCH // backend.num_replicas
     data = backend.distribute_dataset(
-        lambda shard: tf.data.Dataset.from_tensor_slices(_batches()).batch(per_replica)
+        lambda shard: tf.data.Dataset.from_tensor_slices(_batches(_size(name))).batch(per_replica)
     )
     update, iterator = tf.function(step.update), iter(data)
     for _ in range(updates):
@@ -185,7 +195,8 @@ def test_every_batchnorm_layer_of_every_family_takes_the_synchronized_moments(na
     in_config = json.dumps(model.get_config()).count('"class_name": "BatchNormalization"')
     assert synced == in_config > 0
     forward = tf.function(lambda x: model(x, training=True))
-    forward.get_concrete_function(tf.TensorSpec((2, SIZE, SIZE, 3), tf.float32))
+    size = _size(name)
+    forward.get_concrete_function(tf.TensorSpec((2, size, size, 3), tf.float32))
     assert len(sums) == 2 * synced
 
 
@@ -225,7 +236,7 @@ def test_moving_statistics_are_the_mean_of_the_replicas_batch_statistics():
     keras.utils.set_random_seed(5)
     fresh = _build("resnet18")  # same seed: the weights before the update
     stem = keras.Model(fresh.input, fresh.get_layer("stem_conv").output)
-    images = _batches()["image"][:GLOBAL_BATCH].astype(np.float32)
+    images = _batches(_size("resnet18"))["image"][:GLOBAL_BATCH].astype(np.float32)
     halves = [stem(images[:4]).numpy().mean((0, 1, 2)), stem(images[4:]).numpy().mean((0, 1, 2))]
     expected = 0.1 * (halves[0] + halves[1]) / 2
     for copy in _components(model.get_layer("stem_bn").moving_mean):
