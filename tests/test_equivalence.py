@@ -67,6 +67,9 @@ def reference(small_dataset, tmp_path_factory):
     return weights
 
 
+# The accumulation case below runs 2 mirrored replicas too (of 4 micro-batches each), and the
+# large-batch cases 2 processes without accumulation: this plain case widens them (heavy).
+@pytest.mark.heavy
 def test_mirrored_two_replicas_equals_default(small_dataset, reference, tmp_path):
     summary, weights = _in_process(small_dataset, tmp_path, strategy="mirrored")
     assert summary["num_replicas"] == 2
