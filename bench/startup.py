@@ -1,5 +1,6 @@
 """How long commands take to start, now and at a git revision, side by side (alternating
-runs; medians): ``python -m tfgpu.main --help``, a bad-flag error, a short training run
+runs; medians): ``python -m tfgpu.main --help``, a bad-flag error, a launch error (Horovod
+without a launcher), a short training run
 (tiny_cnn, 6 updates on synthetic data: TensorFlow's import, tracing and the first steps) and
 the same run as 2 multi_worker_mirrored workers (``tfgpu.launch``), in wall seconds and CPU
 seconds (user + system, the process and its children).
@@ -33,6 +34,13 @@ TWO_WORKERS += ["--strategy=multi_worker_mirrored"]
 COMMANDS = {
     "--help": ["--help"],
     "--model=resnet5 (an error)": ["--model=resnet5", "--model_dir=" + tempfile.gettempdir()],
+    # An error the environment alone decides (no launcher for Horovod): said before
+    # TensorFlow's import since env.check_launch.
+    "--strategy=horovod alone (an error)": [
+        "--strategy=horovod",
+        "--synthetic_data",
+        "--model_dir=" + os.path.join(tempfile.mkdtemp(prefix="tfgpu-startup-"), "run"),
+    ],
     "a 6-update tiny_cnn run": SHORT_RUN,
     "the same run on 2 workers": TWO_WORKERS,
 }
