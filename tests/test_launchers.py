@@ -111,6 +111,25 @@ def test_a_strategy_that_cannot_join_stops_in_one_line(clean_env, variables, str
 
 
 @pytest.mark.fast
+def test_check_launch_says_what_the_environment_alone_decides(clean_env):
+    """tfgpu.main's check before TensorFlow's import: horovod needs a launcher even for one
+    process; variables that do not parse stop any strategy, ``auto`` too; ``auto`` itself
+    waits for the GPU count (resolve_strategy), and a plain process passes."""
+    env.check_launch("auto")
+    env.check_launch("mirrored")
+    with pytest.raises(DistributeError, match="must run under horovodrun or mpirun"):
+        env.check_launch("horovod")
+    clean_env.setenv("TF_CONFIG", "{not json")
+    with pytest.raises(DistributeError, match="TF_CONFIG is malformed"):
+        env.check_launch("auto")
+    clean_env.delenv("TF_CONFIG")
+    clean_env.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    env.check_launch("auto")  # multi_worker_mirrored or horovod, once TensorFlow is up
+    with pytest.raises(DistributeError, match="2 separate copies"):
+        env.check_launch("default")
+
+
+@pytest.mark.fast
 def test_an_explicit_strategy_on_one_process_is_kept(clean_env):
     clean_env.setenv("OMPI_COMM_WORLD_SIZE", "1")
     for strategy in ("default", "mirrored", "one_device"):
