@@ -189,23 +189,23 @@ def check_launch(strategy: str) -> None:
 def check_world(strategy: str, found: World) -> None:
     """Raises a one-line DistributeError when the resolved ``strategy`` cannot make one job of
     the processes ``found`` says were started: N processes never train N copies silently."""
-    if strategy == "horovod" and found.size <= 1 and found.launcher not in HOROVOD_LAUNCHERS:
+    many = f"this is process {found.rank} of {found.size} ({found.evidence})"
+    if strategy == "horovod" and found.launcher not in HOROVOD_LAUNCHERS:
+        if found.size <= 1:
+            raise DistributeError(
+                "--strategy=horovod must run under horovodrun or mpirun, e.g. "
+                "`horovodrun -np 2 -H localhost:2 python -m tfgpu.main --strategy=horovod`"
+            )
         raise DistributeError(
-            "--strategy=horovod must run under horovodrun or mpirun, e.g. "
-            "`horovodrun -np 2 -H localhost:2 python -m tfgpu.main --strategy=horovod`"
+            f"--strategy=horovod needs horovodrun or mpirun, but {many}; use --strategy=auto "
+            "(multi_worker_mirrored over that cluster)"
         )
     if found.size <= 1:
         return
-    many = f"this is process {found.rank} of {found.size} ({found.evidence})"
     if strategy in SINGLE_PROCESS:
         raise DistributeError(
             f"--strategy={strategy} trains on one machine, but {many}: they would train "
             f"{found.size} separate copies into one --model_dir; use --strategy=auto"
-        )
-    if strategy == "horovod" and found.launcher not in HOROVOD_LAUNCHERS:
-        raise DistributeError(
-            f"--strategy=horovod needs horovodrun or mpirun, but {many}; use --strategy=auto "
-            "(multi_worker_mirrored over that cluster)"
         )
     if strategy == "multi_worker_mirrored" and found.launcher == "horovodrun":
         raise DistributeError(
