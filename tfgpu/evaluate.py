@@ -14,15 +14,15 @@ and split it gives the run's numbers.
 """
 
 import os
-import sys
 
 from absl import app, flags
 
 from tfgpu.train import use, watch
-from tfgpu.errors import UsageError, run_app, run_command
+from tfgpu.errors import UsageError, run_app, run_command, warn
 from tfgpu.files import check_output, shown, write_json
 
 FLAGS = flags.FLAGS
+PROG = "tfgpu-evaluate"
 
 
 def define_flags() -> None:
@@ -142,7 +142,7 @@ def _write_image(report: dict, logdir: str, log) -> None:
         write_confusion_image(logdir, matrix, names, report["split"], report["step"] or 0)
     except (tf.errors.OpError, OSError) as err:
         why = op_error_cause(err)
-        print(f"tfgpu-evaluate: WARNING: no TensorBoard image: {logdir}: {why}", file=sys.stderr)
+        warn(f"no TensorBoard image: {logdir}: {why}", PROG)
         return
     log(f"confusion matrix image in {logdir} (tensorboard --logdir {logdir}, Images tab)")
 
@@ -173,7 +173,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from tfgpu.train.faults import translate
 
-    return run_command(_command, prog="tfgpu-evaluate", translate=translate)
+    return run_command(_command, prog=PROG, translate=translate)
 
 
 def _command() -> None:
@@ -203,7 +203,7 @@ def run():
     define_flags()
     define_own_flags()
     watch.define_flags()
-    run_app(main, prog="tfgpu-evaluate")
+    run_app(main, prog=PROG)
 
 
 if __name__ == "__main__":

@@ -25,10 +25,11 @@ import sys
 from absl import flags
 
 from tfgpu.train import use
-from tfgpu.errors import UsageError, run_app, run_command
+from tfgpu.errors import UsageError, run_app, run_command, warn
 from tfgpu.files import check_output, replacing, shown, write_bytes_to_stdout
 
 FLAGS = flags.FLAGS
+PROG = "tfgpu-predict"
 
 
 def define_flags() -> None:
@@ -194,7 +195,7 @@ def _predict_files(t: dict, files, k: int, batch_size: int) -> list[dict]:
         except tf.errors.OpError as err:
             error = "cannot decode it: " + (err.message.strip().splitlines() or ["?"])[0][:200]
         if error:
-            print(f"tfgpu-predict: WARNING: {shown(path)}: {error}", file=sys.stderr, flush=True)
+            warn(f"{shown(path)}: {error}", PROG)
             rows[path] = {"path": path, "top": [], "error": error}
             continue
         batch.append(image.numpy())
@@ -220,8 +221,7 @@ def _predict_split(t: dict, split: str, k: int, batch_size: int) -> list[dict]:
         for row, valid in zip(_rows(t["class_names"], paths, probs, k), batch["valid"].numpy()):
             if not valid:
                 row = dict(row, top=[], error="not a whole image (cut short, or not an image)")
-                warning = f"tfgpu-predict: WARNING: {shown(row['path'])}: {row['error']}"
-                print(warning, file=sys.stderr)
+                warn(f"{shown(row['path'])}: {row['error']}", PROG)
             rows.append(row)
     return rows
 
@@ -258,7 +258,7 @@ def csv_text(rows, k: int) -> str:
 def main(argv):
     from tfgpu.train.faults import translate
 
-    return run_command(lambda: _command(argv[1:]), prog="tfgpu-predict", translate=translate)
+    return run_command(lambda: _command(argv[1:]), prog=PROG, translate=translate)
 
 
 def _command(inputs) -> None:
@@ -277,7 +277,7 @@ def _command(inputs) -> None:
 def run():
     """Console-script entry point (``tfgpu-predict``)."""
     define_flags()
-    run_app(main, prog="tfgpu-predict")
+    run_app(main, prog=PROG)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,11 @@ that runs only then (so it costs nothing per whole record). Records are known by
 
 import os
 import re
-import sys
 import threading
 
 import tensorflow as tf
 
-from tfgpu.errors import DataError
+from tfgpu.errors import DataError, warn
 from tfgpu.recordformat import damaged_at
 
 _LOCK = threading.Lock()
@@ -43,11 +42,9 @@ def reporter(files):
             if key in _SEEN:
                 return True
             _SEEN[key] = REASON
-        print(
-            f"tfgpu: WARNING: record {key[1]} of {key[0]} is broken ({REASON}): it is trained "
-            "with weight 0, and named here once",
-            file=sys.stderr,
-            flush=True,
+        warn(
+            f"record {key[1]} of {key[0]} is broken ({REASON}): it is trained with weight 0, "
+            "and named here once"
         )
         return True
 
