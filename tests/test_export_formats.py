@@ -218,6 +218,8 @@ def _random_source(name: str):
 FAMILY_MODELS = {
     "tiny_cnn": "tiny_cnn",
     "resnet": "resnet18",
+    "cifar_resnet": "resnet20",
+    "wide_resnet": "wrn16_4",
     "densenet": "densenet121",
     "efficientnet": "efficientnet_b0",
     "efficientnetv2": "efficientnetv2_b0",
@@ -227,10 +229,9 @@ FORMATS = ("saved_model", "litert", "litert_int8", "onnx")
 # in every default run (tiny_cnn has no Normalization layer, whose captured constants Keras'
 # own ONNX route gets wrong: onnx.py). The rest are heavy: 20-190 s each on 2 shared cores
 # (all 16 passed in 23 min); test_export.py exports resnet18's SavedModel by default.
+DEFAULT_CASES = {("resnet18", "onnx"), ("resnet20", "saved_model"), ("resnet20", "onnx")}
 CASES = [
-    pytest.param(
-        name, fmt, marks=[] if (name, fmt) == ("resnet18", "onnx") else [pytest.mark.heavy]
-    )
+    pytest.param(name, fmt, marks=[] if (name, fmt) in DEFAULT_CASES else [pytest.mark.heavy])
     for name in FAMILY_MODELS.values()
     if name != "tiny_cnn"
     for fmt in FORMATS

@@ -12,6 +12,8 @@ from tfgpu.config import ConfigError
 
 EXPECTED_NAMES = (
     ["tiny_cnn", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
+    + [f"resnet{d}" for d in (20, 32, 44, 56, 110)]
+    + ["wrn16_4", "wrn16_8", "wrn28_10", "wrn40_4"]
     + ["densenet121", "densenet169", "densenet201"]
     + [f"efficientnet_b{i}" for i in range(8)]
     + [f"efficientnetv2_{v}" for v in ("b0", "b1", "b2", "b3", "s", "m", "l")]
@@ -43,6 +45,31 @@ def test_every_applications_entry_names_a_keras_application():
 
 
 @pytest.mark.parametrize(
+    "name, paper_millions",
+    [
+        # He et al. 2016, Table 6 (CIFAR-10): 0.27M, 0.46M, 0.66M, 0.85M, 1.7M.
+        ("resnet20", 0.27),
+        ("resnet32", 0.46),
+        ("resnet44", 0.66),
+        ("resnet56", 0.85),
+        ("resnet110", 1.7),
+        # Zagoruyko & Komodakis 2016, Tables 1 and 4: WRN-16-4 2.7M, WRN-28-10 36.5M, WRN-40-4
+        # 8.9M, WRN-16-8 11.0M.
+        ("wrn16_4", 2.7),
+        ("wrn28_10", 36.5),
+        ("wrn40_4", 8.9),
+        ("wrn16_8", 11.0),
+    ],
+)
+def test_small_image_networks_have_their_papers_parameter_counts(name, paper_millions):
+    # 32x32 RGB, 10 classes, as the papers (the count does not depend on the image size).
+    model = models.build_model(name, num_classes=10, image_size=32)
+    trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    digits = len(str(paper_millions).split(".")[1])  # the paper's rounding
+    assert round(trainable / 1e6, digits) == paper_millions, trainable
+
+
+@pytest.mark.parametrize(
     "name, trainable, total",
     [
         # Trainable counts equal torchvision's / the papers' (BatchNorm moving stats excluded).
@@ -60,7 +87,9 @@ def test_parameter_counts_match_the_references_at_1000_classes(name, trainable, 
         assert abs(model.count_params() - total) < 20  # + the 7 normalization statistics
 
 
-@pytest.mark.parametrize("name", ["tiny_cnn", "resnet18", "densenet121", "efficientnet_b0"])
+@pytest.mark.parametrize(
+    "name", ["tiny_cnn", "resnet18", "resnet20", "wrn16_4", "densenet121", "efficientnet_b0"]
+)
 @pytest.mark.slow  # builds densenet121 (15 s), efficientnet_b0 (8 s) (2 shared cores)
 def test_small_input_models_give_float32_logits(small_models, name):
     logits = small_models(name)(np.zeros((2, 32, 32, 3), np.float32))

@@ -19,7 +19,8 @@ class ModelConfig:
 
     name: str = setting(
         "resnet50",
-        "Registry name: resnet18..resnet152, densenet121/169/201, efficientnet_b0..b7, "
+        "Registry name: resnet18..resnet152, resnet20/32/44/56/110 (CIFAR ResNets), "
+        "wrn16_4/16_8/28_10/40_4 (Wide ResNets), densenet121/169/201, efficientnet_b0..b7, "
         "efficientnetv2_b0..b3/s/m/l, tiny_cnn.",
         choices=sorted(models.MODELS),
         flag="model",

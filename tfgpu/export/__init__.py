@@ -25,7 +25,15 @@ NEEDS = {
     "litert": {"ai_edge_litert": "ai-edge-litert"},
     "onnx": {"tf2onnx": "tf2onnx", "onnxruntime": "onnxruntime"},
 }
-FAMILIES = ("tiny_cnn", "resnet", "densenet", "efficientnet", "efficientnetv2")
+FAMILIES = (
+    "tiny_cnn",
+    "resnet",
+    "cifar_resnet",
+    "wide_resnet",
+    "densenet",
+    "efficientnet",
+    "efficientnetv2",
+)
 # Combinations of a model family and a format that do not export, with why (one line each).
 # Every family exports in every format today (tests/test_export_formats.py builds each one).
 FAMILY_LIMITS: dict = {}

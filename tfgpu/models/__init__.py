@@ -1,9 +1,10 @@
 """The model registry: a small dict, name -> (network family, its arguments). A family is one
 module here with a ``build(num_classes, image_size, small_input, **arguments)``:
-``tiny_cnn.py``, ``resnet.py``, ``applications.py`` (``layers.py``: what they share). A new
-family is one file and one line per model in ``MODELS``. No Keras at import: ``config.py``
-checks ``--model`` against this registry before TensorFlow starts, and the settings that hold
-only for some families (``has_backbone``, ``check_finetune``: ``finetune.py``'s settings).
+``tiny_cnn.py``, ``resnet.py``, ``cifar_resnet.py``, ``wide_resnet.py``, ``applications.py``
+(``layers.py``: what they share). A new family is one file and one line per model in
+``MODELS``. No Keras at import: ``config.py`` checks ``--model`` against this registry before
+TensorFlow starts, and the settings that hold only for some families (``has_backbone``,
+``check_finetune``: ``finetune.py``'s settings).
 """
 
 import os
@@ -15,6 +16,14 @@ DTYPES = ("float32", "mixed_float16", "mixed_bfloat16", "float64")  # Keras dtyp
 
 def _resnet(depths, block):
     return ("resnet", {"depths": depths, "block": block})
+
+
+def _cifar_resnet(depth):
+    return ("cifar_resnet", {"depth": depth})
+
+
+def _wide_resnet(depth, widen):
+    return ("wide_resnet", {"depth": depth, "widen": widen})
 
 
 def _applications(prefix: str, app_prefix: str, suffixes) -> dict:
@@ -30,6 +39,8 @@ MODELS = {
     "resnet50": _resnet((3, 4, 6, 3), "bottleneck"),
     "resnet101": _resnet((3, 4, 23, 3), "bottleneck"),
     "resnet152": _resnet((3, 8, 36, 3), "bottleneck"),
+    **{f"resnet{d}": _cifar_resnet(d) for d in (20, 32, 44, 56, 110)},
+    **{f"wrn{d}_{k}": _wide_resnet(d, k) for d, k in ((16, 4), (16, 8), (28, 10), (40, 4))},
     **_applications("densenet", "DenseNet", ("121", "169", "201")),
     **_applications("efficientnet_", "EfficientNet", [f"B{i}" for i in range(8)]),
     **_applications("efficientnetv2_", "EfficientNetV2", ("B0", "B1", "B2", "B3", "S", "M", "L")),

@@ -33,6 +33,8 @@ import tensorflow as tf
 # tensors flow through).
 BLOCKS = {
     "resnet": re.compile(r"^(stage\d+_block\d+)_"),
+    "cifar_resnet": re.compile(r"^(stage\d+_block\d+)_"),
+    "wide_resnet": re.compile(r"^(stage\d+_block\d+)_"),
     "DenseNet": re.compile(r"^(conv\d+_block\d+|pool\d+)_"),
     "EfficientNet": re.compile(r"^(block\d+[a-z])_"),
     "tiny_cnn": re.compile(r"^(conv\d+)[ab]$"),
