@@ -66,6 +66,9 @@ class EncodeOptions:
     max_side: int = 0
     max_file_mb: int = DEFAULT_MAX_FILE_MB  # larger files are skipped unread
     max_megapixels: int = DEFAULT_MAX_MEGAPIXELS  # larger images are skipped undecoded
+    # A grayscale image stays 1-channel instead of RGB (raw-pixel inputs: exact and 3x
+    # smaller; the reader decodes every image to RGB anyway).
+    keep_grayscale: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ class Source:
     splits: dict  # split name -> list[Item] or LazySplit
     split_bytes: dict  # split name -> estimated bytes, for --shard_size_mb
     skipped: list = field(default_factory=list)  # {"file", "reason"} found while listing
+    # Raw uint8 arrays (IDX, .npz, CIFAR): stored losslessly unless --lossless is given.
+    raw_pixels: bool = False
+    note: str = ""  # for the summary line, e.g. "t10k -> validation"
 
 
 def split_items(items: Sequence[Item], validation_fraction: float, seed: int):

@@ -42,12 +42,14 @@ def encode_image(
     max_side: int = 0,
     max_file_mb: int = DEFAULT_MAX_FILE_MB,
     max_megapixels: int = DEFAULT_MAX_MEGAPIXELS,
+    keep_grayscale: bool = False,
 ):
     """Returns ``(encoded, format, height, width)`` for one image, or raises BadImage.
 
     ``source`` is encoded bytes, a uint8 array or a file path. RGB JPEGs that need no
     resizing pass through byte for byte once they decode; anything else (PNG, grayscale,
-    CMYK, alpha, BMP, GIF, arrays) becomes RGB JPEG, or PNG if ``lossless``. A file that is
+    CMYK, alpha, BMP, GIF, arrays) becomes RGB JPEG, or PNG if ``lossless`` (an 8-bit
+    grayscale one stays 1-channel with ``keep_grayscale``). A file that is
     not a regular one, or holds more than ``max_file_mb`` MB, is not read; an image of more
     than ``max_megapixels`` million pixels is not decoded (its header says its size).
     """
@@ -69,13 +71,13 @@ def encode_image(
     else:
         image = _decode(data, max_pixels)
     try:
-        return _reencode(image, jpeg_quality, lossless, max_side)
+        return _reencode(image, jpeg_quality, lossless, max_side, keep_grayscale)
     except Exception as err:  # noqa: BLE001 - an odd mode PIL cannot convert: skip, go on
         raise BadImage(f"cannot convert to RGB: {err}") from None
 
 
-def _reencode(image: Image.Image, jpeg_quality: int, lossless: bool, max_side: int):
-    image = _to_rgb(image)
+def _reencode(image: Image.Image, jpeg_quality, lossless, max_side, keep_grayscale=False):
+    image = image if keep_grayscale and image.mode == "L" else _to_rgb(image)
     if _too_big(image.size, max_side):
         image.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
     out = io.BytesIO()
