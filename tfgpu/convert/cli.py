@@ -4,6 +4,9 @@
   python tools/to_tfrecord.py --input=digits.h5 --hdf5_images=x --hdf5_labels=y --output_dir=out
   python tools/to_tfrecord.py --tfds_name=cifar10 --tfds_data_dir=~/tfds --output_dir=out
   python tools/to_tfrecord.py --input=train_lmdb --output_dir=out  # Caffe Datum records
+  python tools/to_tfrecord.py --input=fashion-mnist --class_names=names.txt --output_dir=out  # IDX
+  python tools/to_tfrecord.py --input=mnist.npz --output_dir=out  # x_train, y_train[, x_test, ..]
+  python tools/to_tfrecord.py --input=cifar-10-batches-py --output_dir=out  # CIFAR's pickles
 
 Run again after an interruption with the same flags: finished shards are kept. Exit status:
 0 done, 2 bad input or flags (one line on stderr), 5 a worker process died (one line: run
@@ -19,7 +22,7 @@ from collections import Counter
 from absl import flags
 
 from tfgpu.convert import plan, verify
-from tfgpu.convert.inputs import folders, hdf5, lmdb_input, tfds_input
+from tfgpu.convert.inputs import arrays, cifar, folders, hdf5, idx, lmdb_input, npz, tfds_input
 from tfgpu.convert.items import (
     DEFAULT_MAX_FILE_MB,
     DEFAULT_MAX_MEGAPIXELS,
@@ -37,8 +40,19 @@ _FLAGS = [
         flags.DEFINE_string,
         "input",
         "",
-        "A folder ROOT/<class>/<image> or ROOT/train|validation/<class>/..., an HDF5 file, or "
-        "an LMDB database (its folder, holding data.mdb, or the data.mdb file).",
+        "A folder ROOT/<class>/<image> or ROOT/train|validation/<class>/..., an HDF5 file, "
+        "an LMDB database (its folder, holding data.mdb, or the data.mdb file), a folder of IDX "
+        "files (MNIST's: train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k- or "
+        "test- files as validation), a NumPy .npz (keras.datasets' x_train, y_train[, x_test, "
+        "y_test]) or CIFAR's python batches (the folder cifar-10-batches-py or "
+        "cifar-100-python).",
+    ),
+    (
+        flags.DEFINE_string,
+        "class_names",
+        "",
+        "IDX and .npz inputs, which name no classes (else 0..N-1): comma-separated names, or a "
+        "text file with one name per line; one per class, label 0 first.",
     ),
     (
         flags.DEFINE_string,
@@ -124,7 +138,9 @@ _FLAGS = [
         flags.DEFINE_bool,
         "lossless",
         False,
-        "Re-encode as PNG instead of JPEG (original JPEGs still pass through).",
+        "Re-encode as PNG instead of JPEG (original JPEGs still pass through). Inputs of raw "
+        "pixel arrays (IDX, .npz, CIFAR) are stored as PNG unless --nolossless is given, so "
+        "that their records hold the exact pixels (grayscale stays 1-channel).",
     ),
     (
         flags.DEFINE_integer,
@@ -218,10 +234,22 @@ def _check_lmdb_flags(f) -> None:
 
 def open_source(f) -> Source:
     """The Source the flags name."""
+    path = os.path.expanduser(f.input)
+    names = arrays.parse_class_names(f.class_names)
+    if f.input and idx.is_idx_folder(path):  # before image folders: it is a folder too
+        return idx.idx_source(path, names, f.validation_fraction, f.seed)
+    if f.input and npz.is_npz(path):
+        return npz.npz_source(path, names, f.validation_fraction, f.seed)
+    if names:
+        raise ConvertError("--class_names applies to IDX and .npz inputs only")
+    return _named_source(f, path)
+
+
+def _named_source(f, path: str) -> Source:
+    """The Source of inputs that name their classes: tfds, LMDB, CIFAR, folders, HDF5."""
     if f.tfds_name:
         data_dir = os.path.expanduser(f.tfds_data_dir)
         return tfds_input.tfds_source(f.tfds_name, data_dir, f.validation_fraction)
-    path = os.path.expanduser(f.input)
     if lmdb_input.is_lmdb(path):
         return lmdb_input.lmdb_source(
             path,
@@ -232,29 +260,37 @@ def open_source(f) -> Source:
             f.validation_fraction,
             f.seed,
         )
+    if cifar.cifar_layout(path):
+        return cifar.cifar_source(path, f.validation_fraction, f.seed)
     if os.path.isdir(path):
         return folders.folder_source(path, f.validation_fraction, f.seed)
     if not os.path.exists(path):
         raise ConvertError(f"--input={f.input} does not exist")
+    expected = "expected a folder, an HDF5 file, an .npz file or an LMDB database"
     if not os.path.isfile(path):  # h5py would block on a FIFO
-        raise ConvertError(
-            f"--input={f.input} is not a regular file (expected a folder, an HDF5 file or an "
-            "LMDB database)"
-        )
+        raise ConvertError(f"--input={f.input} is not a regular file ({expected})")
+    if idx.is_idx_name(os.path.basename(path)):
+        raise ConvertError(f"--input={f.input} is one IDX file: give the folder that holds it")
     import h5py
 
     if not h5py.is_hdf5(path):
-        raise ConvertError(
-            f"--input={f.input} is a file but not HDF5 or LMDB (expected a folder, an HDF5 file "
-            "or an LMDB database)"
-        )
+        raise ConvertError(f"--input={f.input} is a file but not HDF5, .npz or LMDB ({expected})")
     return hdf5.hdf5_source(path, f.hdf5_images, f.hdf5_labels, f.validation_fraction, f.seed)
 
 
 def convert_from_flags(f) -> dict:
     """Runs the conversion the flags describe; returns dataset_info."""
     _check_flags(f)
-    source = open_source(f)
+    return convert_source(f, open_source(f))
+
+
+def lossless(f, source: Source) -> bool:
+    """--lossless as given, else on for raw pixel arrays (JPEG would change their pixels)."""
+    return f.lossless if f["lossless"].present else f.lossless or source.raw_pixels
+
+
+def convert_source(f, source: Source) -> dict:
+    """Converts ``source`` as the flags say; returns dataset_info."""
     sizes = {s: len(items) for s, items in source.splits.items()}
     num_shards = plan.choose_num_shards(sizes, source.split_bytes, f.num_shards, f.shard_size_mb)
     return plan.write_dataset(
@@ -269,7 +305,8 @@ def convert_from_flags(f) -> dict:
         progress=f.progress,
         skipped=source.skipped,
         jpeg_quality=f.jpeg_quality,
-        lossless=f.lossless,
+        lossless=lossless(f, source),
+        keep_grayscale=source.raw_pixels,
         max_side=f.max_side,
         max_file_mb=f.max_file_mb,
         max_megapixels=f.max_megapixels,
@@ -290,7 +327,9 @@ def _convert(argv: list) -> int:
         check_flagfiles(argv)  # absl would hang on a FIFO, or fail on bytes, with a traceback
         FLAGS(argv)
         start = time.perf_counter()
-        info = convert_from_flags(FLAGS)
+        _check_flags(FLAGS)
+        source = open_source(FLAGS)
+        info = convert_source(FLAGS, source)
         seconds = time.perf_counter() - start
         if FLAGS.verify:
             verify.verify(os.path.expanduser(FLAGS.output_dir))
@@ -302,6 +341,12 @@ def _convert(argv: list) -> int:
     print(
         f"to_tfrecord: wrote {counts} images in {shards} shards to {FLAGS.output_dir} in "
         f"{seconds:.1f} s; skipped {info['num_skipped']} inputs{skip_summary(info)}"
+        + (f"; {source.note}" if source.note else "")
+        + (
+            "; lossless PNG (raw pixels)"
+            if source.raw_pixels and info["options"]["lossless"]
+            else ""
+        )
         + ("; verified: every record decodes" if FLAGS.verify else "")
     )
     return 0
