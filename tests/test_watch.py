@@ -219,7 +219,9 @@ def test_a_watcher_started_first_follows_a_restarted_trainer_to_its_end(small_da
     assert [int(r["step"]) for r in _csv(model_dir)] == steps
     summary, last = _read(model_dir, "summary.json"), _rows(model_dir)[-1]
     assert summary["steps"] == 60
-    assert summary["final_eval"] == {k: last[k] for k in ("top1", "top5", "loss", "non_finite")}
+    assert summary["final_eval"] == {
+        k: last[k] for k in ("top1", "top5", "loss", "non_finite", "tta")
+    }
     assert "the run ended at step 60" in watched.text
 
 

@@ -1,6 +1,7 @@
 """``python -m tfgpu.evaluate`` (``tfgpu-evaluate``): a trained run's checkpoint on a split.
 
-    python -m tfgpu.evaluate --model_dir=runs/r50 [--checkpoint=latest|best|PATH|FILE.keras]
+    python -m tfgpu.evaluate --model_dir=runs/r50
+        [--checkpoint=latest|best|PATH|FILE.keras] [--eval_tta=none|flip]
         [--data_dir=OTHER] [--split=validation] [--output=eval.json] [--tensorboard_dir=DIR]
     python -m tfgpu.evaluate --model_dir=runs/r50 --watch [--watch_interval_s=10]
         [--watch_timeout_s=3600]     # every checkpoint as it appears (tfgpu/watch.py)
@@ -9,8 +10,8 @@ Top-1, top-5, loss, per-class accuracy and the confusion matrix, printed and (``
 written as JSON; the confusion matrix also as a TensorBoard image, in the run's
 ``tensorboard/evaluate/`` (or ``--tensorboard_dir``). It is the run's own evaluation
 (``train.evaluator``: the run's Config, data spec, registry model, ``pipeline.make_eval_dataset``
-and ``loops.make_eval_step``, EMA weights when the run kept them), so on the same checkpoint
-and split it gives the run's numbers.
+and ``loops.make_eval_step``, EMA weights when the run kept them, its --eval_tta unless given),
+so on the same checkpoint and split it gives the run's numbers.
 """
 
 import os
@@ -51,6 +52,13 @@ def define_flags() -> None:
 
 def define_own_flags() -> None:
     """The flags of tfgpu.evaluate alone (not tfgpu.predict's, which shares the others)."""
+    if "eval_tta" not in FLAGS:
+        flags.DEFINE_string(
+            "eval_tta",
+            "",
+            "Test-time augmentation: none, or flip (the softmax probabilities of each image and "
+            "its mirror averaged). Default: the run's --eval_tta.",
+        )
     if "tensorboard_dir" not in FLAGS:
         flags.DEFINE_string(
             "tensorboard_dir",
@@ -69,15 +77,17 @@ def evaluate(
     eval_batch_size: int = 0,
     log=print,
     tensorboard_dir: str = "",
+    eval_tta: str = "",
 ) -> dict:
     """Evaluates as the command does; returns the results (what ``--output`` holds). The
     confusion matrix image goes to ``tensorboard_dir``, by default ``model_dir``'s
-    tensorboard/evaluate/ (none without either)."""
+    tensorboard/evaluate/ (none without either). ``eval_tta``: "none" or "flip" ("": the
+    run's --eval_tta)."""
     if not model_dir and not (checkpoint.endswith(".keras") and data_dir):
         raise UsageError("give --model_dir, or --checkpoint=FILE.keras with --data_dir")
     target = check_output(output) if output else ""  # before any work: a result is never lost
     config, path = use.config_and_checkpoint(
-        model_dir, checkpoint, data_dir=data_dir, eval_batch_size=eval_batch_size
+        model_dir, checkpoint, data_dir=data_dir, eval_batch_size=eval_batch_size, eval_tta=eval_tta
     )
     from tfgpu.data.spec import split_spec
 
@@ -113,6 +123,7 @@ def _per_class_results(trained, spec, data) -> dict:
         trained.eval_global_batch,
         trained.optimizer,
         per_class=True,
+        tta=trained.config.train.eval_tta,
     )
     return evaluator()
 
@@ -151,8 +162,9 @@ def format_report(r: dict) -> str:
     """The printed result: totals, per-class accuracy, the confusion matrix."""
     step = f" (step {r['step']})" if r["step"] is not None else ""
     where = f"{shown(r['checkpoint'])}{step} on {r['split']} of {shown(r['data_dir'])}"
+    tta = "" if r.get("tta", "none") == "none" else f" (TTA {r['tta']})"
     lines = [
-        f"{where}: {r['num_examples']} examples",
+        f"{where}: {r['num_examples']} examples{tta}",
         f"top1 {r['top1']:.4f}  top5 {r['top5']:.4f}  loss {r['loss']:.4f}",
     ]
     names, matrix = r["class_names"], r["confusion_matrix"]
@@ -179,11 +191,11 @@ def main(argv):
 def _command() -> None:
     if FLAGS.watch:  # a side-car evaluator (tfgpu/watch.py)
         one = ("checkpoint", "data_dir", "split", "output", "eval_batch_size", "tensorboard_dir")
-        given = [f"--{name}" for name in one if FLAGS[name].present]
+        given = [f"--{name}" for name in (*one, "eval_tta") if FLAGS[name].present]
         if given:
             raise UsageError(
                 f"{', '.join(given)}: for one checkpoint; --watch evaluates every checkpoint as "
-                "the run's loop would (its validation split, its batch)"
+                "the run's loop would (its validation split, its batch, its --eval_tta)"
             )
         watch.watch(FLAGS.model_dir, FLAGS.watch_interval_s, FLAGS.watch_timeout_s)
         return
@@ -195,6 +207,9 @@ def _command() -> None:
         FLAGS.output,
         FLAGS.eval_batch_size,
         tensorboard_dir=FLAGS.tensorboard_dir,
+        # Given, or the run's: tfgpu.main's flag of the same name (one process may define
+        # both) has a default of its own, which must not replace the run's.
+        eval_tta=FLAGS.eval_tta if FLAGS["eval_tta"].present else "",
     )
 
 

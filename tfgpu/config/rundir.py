@@ -30,6 +30,7 @@ MAY_CHANGE = (
     "eval_every_steps",
     "eval_every_epochs",
     "eval_batch_size",
+    "eval_tta",
     "checkpoint_every_steps",
     "keep_checkpoints",
     "keep_best",

@@ -11,6 +11,7 @@ from tfgpu.optim.config import OptimConfig, check_class_weights, check_optim  # 
 from tfgpu.schema import positive, setting
 
 BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
+TTA_MODES = ("none", "flip")  # --eval_tta: the views evaluation averages (step/loops.py)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,14 @@ class TrainConfig:
     )
     steps_per_loop: int = setting(10, "Updates per tf.function call (fewer Python round trips).")
     eval_batch_size: int = setting(0, "Global evaluation batch (0: the training global batch).")
+    eval_tta: str = setting(
+        "none",
+        "Test-time augmentation of every evaluation (the loop's, tfgpu.evaluate's, the "
+        "side-car's): none, or flip: each image and its left-right mirror, the model's softmax "
+        "probabilities averaged (probabilities, not logits: timm and FFCV do either); loss, "
+        "top1 and top5 from that average. Twice evaluation's compute; rows say their tta.",
+        choices=TTA_MODES,
+    )
     log_every_steps: int = setting(100, "Print and log train metrics every N updates.")
     log_every_s: float = setting(
         30.0,

@@ -128,15 +128,16 @@ def _clock():
     return lambda: tf.reshape(tf.py_function(time.perf_counter, [], tf.float64), [])
 
 
-def make_eval_step(model: keras.Model, backend, num_classes: int = 0):
+def make_eval_step(model: keras.Model, backend, num_classes: int = 0, tta: str = "none"):
     """``eval_step(distributed EvalBatch) -> EvalSums`` summed over replicas. An example
     whose logits are not all finite counts as wrong for top-1 and top-5 (its arg-max and
     top-k mean nothing), stays out of the loss sum and is counted in "non_finite". With
     ``num_classes``, also "confusion": float32 [true class, predicted class] counts (the
-    arg-max that top-1 counts), for per-class accuracy (``tfgpu.evaluate``)."""
+    arg-max that top-1 counts), for per-class accuracy (``tfgpu.evaluate``). ``tta``:
+    --eval_tta, the views whose probabilities are averaged (``tta_logits``)."""
 
     def replica(batch):
-        logits = tf.cast(model(tf.cast(batch["image"], tf.float32), training=False), tf.float32)
+        logits = tta_logits(model, tf.cast(batch["image"], tf.float32), tta)
         labels, weight = batch["label"], batch["weight"]
         finite = tf.reduce_all(tf.math.is_finite(logits), axis=-1)
         good = weight * tf.cast(finite, tf.float32)
@@ -163,3 +164,26 @@ def make_eval_step(model: keras.Model, backend, num_classes: int = 0):
         return backend.reduce_sum(backend.each_replica(replica, args=(batch,)))
 
     return eval_step
+
+
+def tta_logits(model: keras.Model, images, tta: str = "none"):
+    """float32 logits [N, K] of ``model`` (inference mode) on float ``images`` [N, H, W, C].
+    With ``tta`` "flip": logits whose softmax is the mean of the softmax probabilities of each
+    image and of its left-right mirror (``mean_of_softmax``), so that the loss, top-1 and top-5
+    computed from logits are those of the averaged probabilities. Per example: any replica
+    may run it."""
+    logits = tf.cast(model(images, training=False), tf.float32)
+    if tta == "none":
+        return logits
+    mirrored = tf.cast(model(tf.reverse(images, axis=[2]), training=False), tf.float32)
+    return mean_of_softmax(logits, mirrored)
+
+
+def mean_of_softmax(a, b):
+    """Logits ``c`` [N, K] with softmax(c) = (softmax(a) + softmax(b)) / 2, for logits ``a`` and
+    ``b``: c = a + log((1 + e^d) / 2), d = log_softmax(b) - log_softmax(a) (so that e^c is
+    proportional to p_a + p_b). Computed as max(d, 0) + log(0.5 + 0.5 e^-|d|), which cannot
+    overflow, and is exactly 0 where d is: equal views give exactly ``a``, and so exactly the
+    numbers of an evaluation without TTA. A non-finite view makes ``c`` non-finite."""
+    d = tf.nn.log_softmax(b) - tf.nn.log_softmax(a)
+    return a + (tf.maximum(d, 0.0) + tf.math.log(0.5 + 0.5 * tf.exp(-tf.abs(d))))

@@ -17,11 +17,23 @@ class Evaluator:
     """Top-1, top-5 and loss over the whole validation split (or ``spec``'s eval files),
     each example once, with the EMA weights when there are any. The dataset is made on first
     use, then reused. ``per_class``: also per-class accuracy and the confusion matrix
-    (``tfgpu.evaluate``). ``Evaluator.of(run)`` is the run's own."""
+    (``tfgpu.evaluate``). ``tta``: --eval_tta (``loops.tta_logits``), which every result
+    names. ``Evaluator.of(run)`` is the run's own."""
 
-    def __init__(self, model, backend, spec, data, global_batch, optimizer=None, per_class=False):
+    def __init__(
+        self,
+        model,
+        backend,
+        spec,
+        data,
+        global_batch,
+        optimizer=None,
+        per_class=False,
+        tta="none",
+    ):
         num_classes = spec.num_classes if per_class else 0
-        self._eval_step = make_eval_step(model, backend, num_classes)
+        self._eval_step = make_eval_step(model, backend, num_classes, tta)
+        self.tta = tta
         self._optimizer = optimizer
         self._steps = pipeline.eval_steps(spec.num_eval, global_batch)
         self._make = lambda: backend.distribute_dataset(
@@ -38,7 +50,8 @@ class Evaluator:
 
     @classmethod
     def of(cls, training: Training, spec=None, per_class=False) -> "Evaluator":
-        """The evaluation of ``training`` (on its validation split, or ``spec``'s)."""
+        """The evaluation of ``training`` (on its validation split, or ``spec``'s), with its
+        --eval_tta."""
         spec = spec or training.spec
         global_batch = training.plan.eval_global_batch
         return cls(
@@ -49,6 +62,7 @@ class Evaluator:
             global_batch,
             training.optimizer,
             per_class,
+            training.config.train.eval_tta,
         )
 
     def __call__(self) -> dict:
@@ -70,6 +84,7 @@ class Evaluator:
         # The loss of the examples whose logits are finite; None when there are none.
         result["loss"] = sums["loss"] / finite if finite > 0 else None
         result = dict(result, num_examples=int(sums["count"]), non_finite=int(sums["non_finite"]))
+        result["tta"] = self.tta  # so that figures with and without TTA never mix unseen
         if self._per_class:
             per_class = np.diag(confusion) / np.maximum(confusion.sum(axis=1), 1.0)
             result["per_class_accuracy"] = per_class.tolist()

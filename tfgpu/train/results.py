@@ -148,10 +148,12 @@ class RunWriter:
             self._append(dict(result, step=step, split="validation"), "eval")
             self._append_csv(dict(context or {}, **result, step=step))
             loss, bad = result["loss"], result.get("non_finite", 0)
+            tta = result.get("tta", "none")
             print(
                 f"eval  step {step}: top1 {result['top1']:.4f}  top5 {result['top5']:.4f}  "
                 f"loss {'-' if loss is None else f'{loss:.4f}'}  ({result['num_examples']} "
-                f"examples{f', {bad} with non-finite logits: counted wrong' if bad else ''})",
+                f"examples{f', {bad} with non-finite logits: counted wrong' if bad else ''}"
+                f"{'' if tta == 'none' else f', TTA {tta}'})",
                 flush=True,
             )
 
@@ -179,7 +181,7 @@ class RunWriter:
 
 def final_eval_of(result: dict) -> dict:
     """summary.json's ``final_eval`` of an evaluation's ``result`` (``evaluator.Evaluator``)."""
-    return {k: result.get(k) for k in ("top1", "top5", "loss", "non_finite")}
+    return {k: result.get(k) for k in ("top1", "top5", "loss", "non_finite", "tta")}
 
 
 SUMMARY_CSV = ("step", "epoch", "top1", "top5", "loss", "learning_rate", "images_per_sec")
