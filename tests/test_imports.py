@@ -117,6 +117,7 @@ def test_a_launch_that_cannot_be_one_job_is_reported_without_tensorflow(
         "tfgpu.distribute.ray_train",
         "tfgpu.train.use",
         "tfgpu.evaluate",
+        "tfgpu.average",
         "tfgpu.train.watch",
         "tfgpu.predict",
         "tfgpu.export",
@@ -162,7 +163,7 @@ def test_the_converter_and_the_reader_share_only_the_record_format(package, othe
 # The house's layers, top to bottom: a module may import its own layer's or lower ones', never
 # a higher one's (at its top or inside a function). CONTRIBUTING.md draws the same picture.
 LAYERS = (
-    ("main", "evaluate", "predict", "export", "ray", "launch"),  # commands
+    ("main", "evaluate", "average", "predict", "export", "ray", "launch"),  # commands
     ("train",),  # a run: loop, build, actions, checkpoints, best, results, faults, ...
     ("step", "config"),  # one update and what runs compiled; the settings
     ("optim",),  # optimizers, schedules, fine-tuning groups

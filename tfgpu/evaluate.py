@@ -1,7 +1,7 @@
 """``python -m tfgpu.evaluate`` (``tfgpu-evaluate``): a trained run's checkpoint on a split.
 
     python -m tfgpu.evaluate --model_dir=runs/r50
-        [--checkpoint=latest|best|PATH|FILE.keras] [--eval_tta=none|flip]
+        [--checkpoint=latest|best|PATH|FILE.weights.h5|FILE.keras] [--eval_tta=none|flip]
         [--data_dir=OTHER] [--split=validation] [--output=eval.json] [--tensorboard_dir=DIR]
     python -m tfgpu.evaluate --model_dir=runs/r50 --watch [--watch_interval_s=10]
         [--watch_timeout_s=3600]     # every checkpoint as it appears (tfgpu/watch.py)
@@ -11,7 +11,9 @@ written as JSON; the confusion matrix also as a TensorBoard image, in the run's
 ``tensorboard/evaluate/`` (or ``--tensorboard_dir``). It is the run's own evaluation
 (``train.evaluator``: the run's Config, data spec, registry model, ``pipeline.make_eval_dataset``
 and ``loops.make_eval_step``, EMA weights when the run kept them, its --eval_tta unless given),
-so on the same checkpoint and split it gives the run's numbers.
+so on the same checkpoint and split it gives the run's numbers. A ``.weights.h5`` file (the
+run's ``final.weights.h5``, ``tfgpu-average``'s mean of checkpoints) holds the weights to
+evaluate as they are.
 """
 
 import os
@@ -33,7 +35,8 @@ def define_flags() -> None:
         "checkpoint": (
             "latest",
             "latest (newest in checkpoints/), best (best/best.json's first), a checkpoint "
-            "path (.../ckpt-N) or an exported .keras file.",
+            "path (.../ckpt-N), a .weights.h5 file of the run (final.weights.h5, "
+            "tfgpu-average's) or an exported .keras file.",
         ),
         "data_dir": ("", "Another converted dataset with the same classes (default: the run's)."),
         "split": ("validation", "Which split: train, validation or any other converted one."),

@@ -33,6 +33,7 @@ MAY_CHANGE = (
     "eval_tta",
     "checkpoint_every_steps",
     "keep_checkpoints",
+    "average_checkpoints",
     "keep_best",
     "best_metric",
     "early_stop_patience",
@@ -62,6 +63,7 @@ RUN_ENTRIES = frozenset(
         "summary.json",
         "sidecar.json",
         "final.weights.h5",
+        "averaged.weights.h5",  # tfgpu-average's default output
         "export",
         "best",
         "ray",

@@ -124,6 +124,14 @@ class TrainConfig:
         1000, "Write a checkpoint every N updates (and always at the end)."
     )
     keep_checkpoints: int = setting(3, "Checkpoints kept (the newest).")
+    average_checkpoints: int = setting(
+        0,
+        "At the end, the final model (final_eval, final.weights.h5, export) is the element-wise "
+        "mean of the last K checkpoints' weights, as timm's avg_checkpoints (with --ema_decay "
+        "their EMA weights; BatchNorm statistics too; no optimizer state); the final checkpoint "
+        "keeps the last trained state. Needs --keep_checkpoints >= K and K checkpoints written "
+        "(--checkpoint_every_steps). 0: off. A finished run: tfgpu-average.",
+    )
     keep_best: int = setting(
         0,
         "Keep the K best evaluated checkpoints in model_dir/best/ (best/best.json lists them, "
@@ -256,9 +264,47 @@ def check_train(t: TrainConfig) -> None:
     if t.train_steps and t.epochs:
         raise ConfigError("set --train_steps or --epochs, not both")
     check_best(t)
+    check_average(t)
     profile_window(t)
     if t.profile_all_workers and not t.profile_steps:
         raise ConfigError("--profile_all_workers needs --profile_steps=A:B")
+
+
+def check_average(t: TrainConfig) -> None:
+    """Raises a ConfigError for an --average_checkpoints of ``t`` (the run's ``config.train``)
+    that cannot work: negative, more than the checkpoints kept, or beside --export_best
+    (the export is either the average or the best checkpoint)."""
+    k = t.average_checkpoints
+    if k < 0:
+        raise ConfigError(f"--average_checkpoints={k} must not be negative (0: off)")
+    if k > t.keep_checkpoints:
+        raise ConfigError(
+            f"--average_checkpoints={k} averages the last {k} checkpoints, but only "
+            f"--keep_checkpoints={t.keep_checkpoints} are kept: set --keep_checkpoints={k} or more"
+        )
+    if k and t.export_best:
+        raise ConfigError(
+            "--average_checkpoints and --export_best do not go together: the export is the "
+            "average of the last checkpoints or the best one"
+        )
+
+
+def check_average_plan(t: TrainConfig, total_steps: int) -> None:
+    """Raises a ConfigError when a run of ``total_steps`` updates under ``t`` writes fewer
+    checkpoints (one every --checkpoint_every_steps, and the last step's) than
+    --average_checkpoints averages. Known once the data is: --epochs count in its examples."""
+    k, every = t.average_checkpoints, t.checkpoint_every_steps
+    written = total_steps // every + (1 if total_steps % every else 0)
+    if k > written:
+        fix = (
+            f"set --checkpoint_every_steps={total_steps // k} or less"
+            if total_steps >= k
+            else f"train {k} updates or more"
+        )
+        raise ConfigError(
+            f"--average_checkpoints={k}: {total_steps} updates with --checkpoint_every_steps="
+            f"{every} write {written} checkpoint(s); {fix}"
+        )
 
 
 def profile_window(train: TrainConfig) -> tuple[int, int] | None:

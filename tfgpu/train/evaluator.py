@@ -65,14 +65,18 @@ class Evaluator:
             training.config.train.eval_tta,
         )
 
-    def __call__(self) -> dict:
+    def __call__(self, ema: bool = True) -> dict:
+        """The results ({} without a validation split). ``ema=False``: the weights the model
+        holds, not the optimizer's EMA (they already are what is evaluated: an average of
+        checkpoints' evaluation weights, ``train.average``)."""
         if not self._steps:
             return {}
         self._dataset = self._dataset or self._make()
         sums = dict.fromkeys(EVAL_SUMS, 0.0)
         confusion = 0.0
-        ema = compat.ema_weights(self._optimizer) if self._optimizer else contextlib.nullcontext()
-        with ema:
+        use_ema = ema and self._optimizer is not None
+        weights = compat.ema_weights(self._optimizer) if use_ema else contextlib.nullcontext()
+        with weights:
             iterator = iter(self._dataset)
             for _ in range(self._steps):
                 out = self._eval_step(next(iterator))

@@ -7,6 +7,7 @@ actions (``actions.py``: log, evaluate, checkpoint, preemption). What it calls c
 ``loops.py``: ``make_train_loop`` and ``make_eval_step``.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -18,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import compat
-from tfgpu.train import runlock
+from tfgpu.train import average, runlock
 from tfgpu.train.actions import Action, LoopState, default_actions, eval_context, phase
 from tfgpu.train.build import (
     Training,
@@ -30,6 +31,7 @@ from tfgpu.train.build import (
 )
 from tfgpu.train.checkpoints import refresh_derived_state, variables_of
 from tfgpu.config import Config, ConfigError, resolve, rundir
+from tfgpu.config.sections import check_average_plan
 from tfgpu.data import augment, broken, dct, memory
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, env, heartbeat_wire, heartbeats
@@ -205,6 +207,7 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
     writer = RunWriter(config.model_dir, backend.is_chief)
     writer.write_config(config, backend)
     r = build(config, backend, spec, class_weights)
+    check_average_plan(config.train, r.plan.total_steps)
     writer.info(_start_line(r))
     if multi:
         _heartbeats(r, sock, fingerprints)
@@ -235,30 +238,48 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
 
 def _finish(r: Training, evaluate: Evaluator, writer: RunWriter, throughput: dict) -> dict:
     """After the last update: evaluates and logs it (``throughput``: ``fit``'s, for the
-    log's images/s), saves the final checkpoint, and on the chief final.weights.h5 and the
-    export. Returns the final evaluation."""
+    log's images/s; with --average_checkpoints its "averaged_steps" are set), saves the final
+    checkpoint, and on the chief final.weights.h5 and the export. Returns the final
+    evaluation."""
     config, last_step = r.config, int(r.global_step.numpy())
     phase("final evaluation, save and export", last_step)
+    ips = throughput["images_per_sec"] or throughput["last_images_per_sec"]
+    if config.train.average_checkpoints:
+        # Saved first: the last trained state, the newest of the checkpoints averaged. The
+        # average is no checkpoint: the best does not take its evaluation into account.
+        r.checkpoints.save(final=True)
+        with average.averaged(r) as steps:
+            writer.info(f"final model: the mean of the checkpoints of steps {steps}")
+            throughput["averaged_steps"] = steps
+            final_eval = {} if config.train.sidecar_eval else evaluate(ema=False)
+            writer.log_eval(last_step, final_eval, eval_context(r, last_step, ips))
+            _save_final(r, writer, ema=False)
+        return final_eval
     # Evaluated first: the best (in the final checkpoint) takes it into account. With
     # --sidecar_eval the side-car evaluates the final checkpoint (summary.json: its final_eval).
     final_eval = {} if config.train.sidecar_eval else evaluate()
-    ips = throughput["images_per_sec"] or throughput["last_images_per_sec"]
     writer.log_eval(last_step, final_eval, eval_context(r, last_step, ips))
     if r.best is not None and final_eval:
         r.best.observe(last_step, final_eval)
     r.checkpoints.save(final=True)
-    if r.backend.is_chief:
-        r.model.save_weights(os.path.join(config.model_dir, "final.weights.h5"))
-        if config.train.export:
-            _export(r, writer)
+    _save_final(r, writer)
     return final_eval
 
 
-def _export(r: Training, writer: RunWriter) -> None:
+def _save_final(r: Training, writer: RunWriter, ema: bool = True) -> None:
+    """On the chief: final.weights.h5 (the model's weights as they are) and the export
+    (``ema=False``: without the EMA swap, the model holds an average of checkpoints)."""
+    if r.backend.is_chief:
+        r.model.save_weights(os.path.join(r.config.model_dir, "final.weights.h5"))
+        if r.config.train.export:
+            _export(r, writer, ema)
+
+
+def _export(r: Training, writer: RunWriter, ema: bool = True) -> None:
     """export/: the last model, or with --export_best the best kept checkpoint's (its model
     and optimizer are read into the run's, then the last values are put back: the summary's
     fingerprint is of the last model, on every worker); with the EMA weights where the run
-    keeps them (--ema_decay), as evaluation and tfgpu-export use."""
+    keeps them (--ema_decay) and ``ema``, as evaluation and tfgpu-export use."""
     config = r.config
     directory = os.path.join(config.model_dir, "export")
     # The serving signatures: class names, and evaluation's preprocessing as evaluation
@@ -268,7 +289,7 @@ def _export(r: Training, writer: RunWriter) -> None:
         data=dct.resolved(config.data, r.spec.eval_sides, train=False),
     )
     if not (config.train.export_best and r.best is not None and r.best.kept):
-        with compat.ema_weights(r.optimizer):
+        with compat.ema_weights(r.optimizer) if ema else contextlib.nullcontext():
             export_model(r.model, directory, config.data.image_size, **served)
         return
     best = r.best.kept[0]
@@ -358,6 +379,8 @@ def _summary(r: Training, final_eval: dict, throughput: dict, wall_time_s: float
     }
     if throughput["stopped"]:
         summary.update(stopped=throughput["stopped"], stopped_at_step=summary["steps"])
+    if "averaged_steps" in throughput:  # final_eval, final.weights.h5, export: their mean
+        summary["averaged_checkpoints"] = throughput["averaged_steps"]
     if r.best is not None:
         summary["best"] = r.best.summary()
     return summary

@@ -1,8 +1,9 @@
 """A trained run, loaded for use: what ``tfgpu.evaluate`` and ``tfgpu.predict`` share.
 
 The run's own Config (its ``config.json``), its data spec, and its model built by the registry
-and restored from a checkpoint (the newest, the best of ``best/best.json``, or a path), or an
-exported ``.keras`` file. Nothing here preprocesses: the commands read images with the
+and restored from a checkpoint (the newest, the best of ``best/best.json``, or a path), from a
+``.weights.h5`` file of the run (its ``final.weights.h5``, ``tfgpu-average``'s), or an exported
+``.keras`` file. Nothing here preprocesses: the commands read images with the
 evaluation's own functions (``data.pipeline``).
 
 No TensorFlow at import: a bad flag or a missing file is reported before it starts.
@@ -22,6 +23,7 @@ TRAINING_ONLY = ("class_weights", "balanced_sampling", "sampling_power")
 # Paths of config.json that the run writes to: a run folder from elsewhere must not make
 # evaluate or predict write there; only an override (the user naming it again) sets them.
 WRITTEN_PATHS = ("eval_snapshot_dir",)
+WEIGHTS_FILE = ".weights.h5"  # Keras' weights-only files: final.weights.h5, tfgpu-average's
 
 
 def run_config(model_dir: str, **overrides) -> Config:
@@ -53,6 +55,10 @@ def config_and_checkpoint(model_dir: str, which: str, **overrides) -> tuple:
     """(the run's Config with ``overrides``, the checkpoint ``which`` names), config first (no
     TensorFlow yet: a wrong --model_dir is one line at once). Without ``model_dir`` (a .keras
     file), the defaults with the file's image size."""
+    if which.endswith(WEIGHTS_FILE) and not model_dir:
+        raise UsageError(
+            f"--checkpoint={which} needs --model_dir: the run whose model the weights are"
+        )
     config = run_config(model_dir, **overrides) if model_dir else None
     startup.import_tensorflow()
     path = checkpoint_path(model_dir, which)
@@ -63,7 +69,7 @@ def config_and_checkpoint(model_dir: str, which: str, **overrides) -> tuple:
 
 def checkpoint_path(model_dir: str, which: str) -> str:
     """The checkpoint ``which`` names: ``latest`` (the newest in checkpoints/), ``best``
-    (best/best.json's first), a checkpoint prefix, or a ``.keras`` file."""
+    (best/best.json's first), a checkpoint prefix, a ``.weights.h5`` or a ``.keras`` file."""
     from tfgpu.train.best import BEST_DIR, BEST_FILE, best_checkpoint
 
     model_dir = os.path.expanduser(model_dir)
@@ -85,9 +91,12 @@ def checkpoint_path(model_dir: str, which: str) -> str:
             )
         return path
     path = os.path.expanduser(which)
-    found = os.path.isfile(path) if path.endswith(".keras") else os.path.exists(path + ".index")
+    is_file = path.endswith((".keras", WEIGHTS_FILE))
+    found = os.path.isfile(path) if is_file else os.path.exists(path + ".index")
     if not found:
-        raise CheckpointError(f"--checkpoint={which}: no such checkpoint or .keras file")
+        raise CheckpointError(
+            f"--checkpoint={which}: no such checkpoint, .weights.h5 or .keras file"
+        )
     return path
 
 
@@ -99,8 +108,8 @@ class Trained:
     backend: object
     spec: object  # data.spec.DataSpec of the run (or of --data_dir)
     model: object  # keras.Model
-    optimizer: object  # its EMA weights are what evaluation uses; None for a .keras file
-    step: int | None  # the checkpoint's update; None for a .keras file
+    optimizer: object  # its EMA weights are what evaluation uses; None for a file of weights
+    step: int | None  # the checkpoint's update; None for a .keras or .weights.h5 file
     eval_global_batch: int
 
 
@@ -122,8 +131,24 @@ def load(config: Config, path: str) -> Trained:
             )
         return Trained(config, backend, spec, model, None, None, batch)
     r = build_run(config)
+    if path.endswith(WEIGHTS_FILE):
+        load_weights(r.model, path)  # the weights evaluation uses already: no EMA to swap in
+        return Trained(config, r.backend, r.spec, r.model, None, None, r.plan.eval_global_batch)
     step = restore(r, path)
     return Trained(config, r.backend, r.spec, r.model, r.optimizer, step, r.plan.eval_global_batch)
+
+
+def load_weights(model, path: str) -> None:
+    """Loads the Keras ``.weights.h5`` file ``path`` into ``model``; a file of another model
+    (or not one) is a CheckpointError naming it."""
+    from tfgpu.train.checkpoints import refresh_derived_state
+
+    try:
+        model.load_weights(path)
+    except (ValueError, OSError, KeyError, TypeError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise CheckpointError(f"{path} does not load into the run's model: {reason}") from None
+    refresh_derived_state(model)  # EfficientNet's Normalization: the loaded statistics
 
 
 def build_run(config: Config):
