@@ -1,4 +1,4 @@
-"""Convert image folders, HDF5 files, LMDB databases or tensorflow-datasets into sharded TFRecords.
+"""Convert image folders, HDF5, LMDB, tfds, IDX, .npz or CIFAR batches into sharded TFRecords.
 
   python tools/to_tfrecord.py --input=~/imagenet --output_dir=/data/imagenet-tfr [--verify]
 

@@ -1,7 +1,8 @@
 """The converter, ``tools/to_tfrecord.py``: a program of its own, apart from the trainer.
 
   cli.py      flags -> one conversion; one-line errors and exit codes
-  inputs/     where images come from (folders, HDF5, tensorflow-datasets, LMDB)
+  inputs/     where images come from (folders, HDF5, tensorflow-datasets, LMDB, IDX, .npz,
+              CIFAR's python batches)
   items.py    what an input lists (Item, LazySplit, Source) and the converter's errors
   plan.py     deals items into shards, runs the workers, writes dataset_info.json last
   replace.py  --overwrite: the new dataset written beside the old one, swapped in when complete
