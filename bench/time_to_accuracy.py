@@ -75,7 +75,7 @@ MIRRORED = {
     "learning_rate", "lr_scaling", "scale_lr_with_batch", "base_batch_size", "lr_schedule",
     "warmup_steps", "weight_decay", "label_smoothing", "random_flip", "crop_padding",
     "eval_crop_fraction", "eval_every_epochs", "eval_every_steps", "eval_batch_size", "seed",
-    "num_classes", "label_offset", "log_every_steps",
+    "num_classes", "label_offset", "log_every_steps", "eval_tta",
 }  # fmt: skip
 # ... and tfgpu's own ways of running the same recipe (speed, logging, files), which do not
 # change what is trained. small_input: the CIFAR ResNets ignore it.
@@ -189,6 +189,7 @@ def peer_recipe(config, info: dict, args) -> dict:
         label_smoothing=s["label_smoothing"],
         crop_padding=s["crop_padding"],
         flip=s["random_flip"],
+        eval_tta=s["eval_tta"],
         seed=s["seed"],
         mark_every=s["log_every_steps"],
         mean=list(IMAGENET_MEAN),

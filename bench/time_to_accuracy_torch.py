@@ -159,13 +159,17 @@ def build_optimizer(model: nn.Module, r: dict, total_steps: int):
     return optimizer, schedule
 
 
-def evaluate(model: nn.Module, loader: DataLoader) -> tuple[float, int]:
-    """(top-1, examples) over ``loader``."""
+def evaluate(model: nn.Module, loader: DataLoader, tta: str) -> tuple[float, int]:
+    """(top-1, examples) over ``loader``; ``tta`` "flip": the mean of the softmax of each
+    image and its mirror, as tfgpu's --eval_tta=flip."""
     model.eval()
     correct = count = 0
     with torch.no_grad():
         for images, labels in loader:
-            correct += (model(images).argmax(1) == labels).sum().item()
+            scores = model(images).softmax(1)
+            if tta == "flip":
+                scores = (scores + model(images.flip(-1)).softmax(1)) / 2
+            correct += (scores.argmax(1) == labels).sum().item()
             count += len(labels)
     return correct / count, count
 
@@ -208,7 +212,7 @@ def main() -> None:
             if updates % r["mark_every"] == 0:
                 emit("mark", updates=updates, loss=loss.item())
         start = time.perf_counter()
-        top1, count = evaluate(model, test_loader)
+        top1, count = evaluate(model, test_loader, r["eval_tta"])
         eval_s = time.perf_counter() - start
         emit("eval", epoch=epoch, updates=updates, top1=top1, examples=count, eval_s=eval_s)
     emit("done", updates=updates, threads=torch.get_num_threads(), torch=torch.__version__)
