@@ -1,5 +1,5 @@
 """BatchNorm under every way of spreading training (the contract in tfgpu/batchnorm.py), on the
-models users train: resnet18, densenet121 and efficientnet_b0 at small inputs.
+models users train: resnet18, resnet20, wrn16_4, densenet121 and efficientnet_b0 at small inputs.
 
 - without --sync_batchnorm: every replica ends with the same moving statistics, their mean over
   the replicas; k micro-batches on one device equal k replicas;
@@ -41,6 +41,9 @@ def _size(name: str) -> int:
 # the synchronized moments, is shown for all three by the structural test below.
 MODELS = [
     ("resnet18", "float32", 1e-5),
+    # The small-image families (option-A shortcuts; pre-activation blocks) at 16x16.
+    ("resnet20", "float32", 1e-5),
+    ("wrn16_4", "float32", 1e-5),
     pytest.param("efficientnet_b0", "float32", 1e-5, marks=pytest.mark.heavy),
     pytest.param("densenet121", "float64", 1e-9, marks=pytest.mark.heavy),
 ]
@@ -184,7 +187,9 @@ def test_sync_batchnorm_two_replicas_equal_one_device_of_the_whole_batch(name, d
     _assert_same_weights(model, _train(name, dtype=dtype)[0], atol=atol)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "efficientnet_b0", "densenet121"])
+@pytest.mark.parametrize(
+    "name", ["resnet18", "resnet20", "wrn16_4", "efficientnet_b0", "densenet121"]
+)
 def test_every_batchnorm_layer_of_every_family_takes_the_synchronized_moments(name):
     """``synchronize`` reaches every BatchNormalization layer the model's config holds, and a
     training forward pass takes every layer's moments through the collective: two sums per
