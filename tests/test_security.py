@@ -11,10 +11,18 @@ FORBIDDEN = re.compile(
 )
 
 
+# The one exception, and why: CIFAR's python batches exist only as pickles. That module
+# imports pickle for a restricted Unpickler that resolves numpy's array globals alone
+# (tests/test_convert_cifar.py feeds it pickles naming os.system and other globals).
+ALLOWED = {("tfgpu/convert/inputs/cifar.py", "import pickle")}
+
+
 def test_no_pickle_eval_exec_or_unsafe_loading_in_the_code():
     offenders = []
     for path in [*ROOT.glob("tfgpu/**/*.py"), *ROOT.glob("tools/**/*.py")]:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if (str(path.relative_to(ROOT)), line.strip()) in ALLOWED:
+                continue
             if FORBIDDEN.search(line.split("#", 1)[0]):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
