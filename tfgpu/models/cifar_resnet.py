@@ -17,15 +17,7 @@ WIDTHS = (16, 32, 64)
 
 
 def _conv_bn(x, filters, strides, name):
-    x = layers.Conv2D(
-        filters,
-        3,
-        strides=strides,
-        padding="same",
-        use_bias=False,
-        kernel_initializer="he_normal",
-        name=name + "_conv",
-    )(x)
+    x = layers_.conv(x, filters, 3, strides, name + "_conv")
     return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name=name + "_bn")(x)
 
 

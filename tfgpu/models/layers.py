@@ -18,6 +18,20 @@ def normalize(x):
     return layers.Normalization(mean=IMAGENET_MEAN, variance=IMAGENET_VAR, name="normalize")(x)
 
 
+def conv(x, filters: int, kernel: int, strides: int, name: str):
+    """A "same"-padded convolution without bias (a BatchNorm follows or precedes it), He
+    normal initialization: the ResNets' and Wide ResNets' convolution."""
+    return layers.Conv2D(
+        filters,
+        kernel,
+        strides=strides,
+        padding="same",
+        use_bias=False,
+        kernel_initializer="he_normal",
+        name=name,
+    )(x)
+
+
 def head(x, num_classes: int):
     # Logits stay float32 under mixed precision, so the softmax and loss are computed exactly;
     # a float64 model (--dtype=float64) keeps them float64.

@@ -16,37 +16,25 @@ def _bn(x, name, zero_init=False):
     )(x)
 
 
-def _conv(x, filters, kernel, strides, name):
-    return layers.Conv2D(
-        filters,
-        kernel,
-        strides=strides,
-        padding="same",
-        use_bias=False,
-        kernel_initializer="he_normal",
-        name=name,
-    )(x)
-
-
 def _shortcut(x, filters, strides, name):
     if strides == 1 and x.shape[-1] == filters:
         return x
-    return _bn(_conv(x, filters, 1, strides, name + "_proj"), name + "_proj_bn")
+    return _bn(layers_.conv(x, filters, 1, strides, name + "_proj"), name + "_proj_bn")
 
 
 def _basic_block(x, filters, strides, name):
     shortcut = _shortcut(x, filters, strides, name)
-    y = layers.ReLU()(_bn(_conv(x, filters, 3, strides, name + "_conv1"), name + "_bn1"))
-    y = _bn(_conv(y, filters, 3, 1, name + "_conv2"), name + "_bn2", zero_init=True)
+    y = layers.ReLU()(_bn(layers_.conv(x, filters, 3, strides, name + "_conv1"), name + "_bn1"))
+    y = _bn(layers_.conv(y, filters, 3, 1, name + "_conv2"), name + "_bn2", zero_init=True)
     return layers.ReLU()(layers.Add()([shortcut, y]))
 
 
 def _bottleneck_block(x, filters, strides, name):
     """ResNet v1.5: the stride sits in the 3x3 convolution, not the first 1x1."""
     shortcut = _shortcut(x, filters * 4, strides, name)
-    y = layers.ReLU()(_bn(_conv(x, filters, 1, 1, name + "_conv1"), name + "_bn1"))
-    y = layers.ReLU()(_bn(_conv(y, filters, 3, strides, name + "_conv2"), name + "_bn2"))
-    y = _bn(_conv(y, filters * 4, 1, 1, name + "_conv3"), name + "_bn3", zero_init=True)
+    y = layers.ReLU()(_bn(layers_.conv(x, filters, 1, 1, name + "_conv1"), name + "_bn1"))
+    y = layers.ReLU()(_bn(layers_.conv(y, filters, 3, strides, name + "_conv2"), name + "_bn2"))
+    y = _bn(layers_.conv(y, filters * 4, 1, 1, name + "_conv3"), name + "_bn3", zero_init=True)
     return layers.ReLU()(layers.Add()([shortcut, y]))
 
 
@@ -61,9 +49,9 @@ def build(
     inputs = keras.Input((image_size, image_size, 3), name="image")
     x = layers_.normalize(inputs)
     if small_input:
-        x = layers.ReLU()(_bn(_conv(x, 64, 3, 1, "stem_conv"), "stem_bn"))
+        x = layers.ReLU()(_bn(layers_.conv(x, 64, 3, 1, "stem_conv"), "stem_bn"))
     else:
-        x = layers.ReLU()(_bn(_conv(x, 64, 7, 2, "stem_conv"), "stem_bn"))
+        x = layers.ReLU()(_bn(layers_.conv(x, 64, 7, 2, "stem_conv"), "stem_bn"))
         x = layers.MaxPooling2D(3, strides=2, padding="same")(x)
     for stage, depth in enumerate(depths):
         for i in range(depth):

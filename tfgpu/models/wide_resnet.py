@@ -18,30 +18,18 @@ def _bn_relu(x, name):
     return layers.ReLU(name=name + "_relu")(x)
 
 
-def _conv(x, filters, kernel, strides, name):
-    return layers.Conv2D(
-        filters,
-        kernel,
-        strides=strides,
-        padding="same",
-        use_bias=False,
-        kernel_initializer="he_normal",
-        name=name,
-    )(x)
-
-
 def _block(x, filters, strides, dropout, name):
     """A pre-activation block; the projection (when the width or size changes) reads the
     activated input, as in the authors' code."""
     act = _bn_relu(x, name + "_pre")
     shortcut = x
     if strides != 1 or x.shape[-1] != filters:
-        shortcut = _conv(act, filters, 1, strides, name + "_proj")
-    y = _conv(act, filters, 3, strides, name + "_conv1")
+        shortcut = layers_.conv(act, filters, 1, strides, name + "_proj")
+    y = layers_.conv(act, filters, 3, strides, name + "_conv1")
     y = _bn_relu(y, name + "_mid")
     if dropout:
         y = layers.Dropout(dropout, name=name + "_dropout")(y)
-    y = _conv(y, filters, 3, 1, name + "_conv2")
+    y = layers_.conv(y, filters, 3, 1, name + "_conv2")
     return layers.Add(name=name + "_add")([shortcut, y])
 
 
@@ -59,7 +47,7 @@ def build(
     del small_input
     n = (depth - 4) // 6
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    x = _conv(layers_.normalize(inputs), 16, 3, 1, "stem_conv")
+    x = layers_.conv(layers_.normalize(inputs), 16, 3, 1, "stem_conv")
     for stage in range(3):
         for i in range(n):
             strides = 2 if i == 0 and stage > 0 else 1
