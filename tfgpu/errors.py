@@ -134,6 +134,13 @@ _OP_SUFFIX = re.compile(r"\s*\[Op:[^\]]*\]\s*$")
 _OS_REASONS = sorted({os.strerror(code) for code in errno.errorcode}, key=len, reverse=True)
 
 
+def first_line(err: BaseException, limit: int = 0) -> str:
+    """The first line of ``err``'s message (its type's name when it has none), cut to
+    ``limit`` characters (0: whole): what a one-line error quotes of a library's own."""
+    line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return line[:limit] if limit else line
+
+
 def op_error_cause(err: BaseException) -> str:
     """Why an OSError or a TensorFlow OpError failed, in words: its OS reason ("No space left
     on device") when it has one, else its first line without TensorFlow's function-node

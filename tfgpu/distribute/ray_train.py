@@ -29,7 +29,7 @@ import sys
 import time
 
 from tfgpu.distribute import DistributeError
-from tfgpu.errors import TfgpuError, WorkerLost
+from tfgpu.errors import TfgpuError, WorkerLost, first_line
 
 INSTALL = "pip install 'tfgpu[ray]'"
 # Seconds the driver waits, after a run ends, for the workers' last lines (see run_job).
@@ -169,7 +169,7 @@ def _connect(job: RayJob) -> str:
         cpus = max(os.cpu_count() or 1, job.num_workers)
         ray.init(address="local", num_cpus=cpus, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = first_line(err)
         raise DistributeError(f"Ray could not start or connect ({first})") from None
     # Ray's servers bind every interface (measured: GCS, raylet, each worker): say so.
     return "a local Ray cluster (it listens on EVERY interface: docs/security.md)"
@@ -301,7 +301,7 @@ def job_failed(err, job: RayJob) -> int:
     line saying why (or, for an error that is not tfgpu's, the worker's traceback)."""
     failures = getattr(err, "worker_failures", None)
     if not failures:  # the controller's or a preemption's: Ray's own words, first line
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = first_line(err)
         raise DistributeError(f"Ray Train failed: {first}")
     rank = root_cause(failures)
     line, code, raised = describe_failure(rank, failures[rank])

@@ -19,7 +19,7 @@ before TensorFlow starts, ``config.validate``).
 import os
 import re
 
-from tfgpu.errors import ConfigError
+from tfgpu.errors import ConfigError, first_line
 from tfgpu.schema import IMAGENET_STD_UNIT
 
 # The registry families with ImageNet files in keras.applications.
@@ -124,7 +124,7 @@ def load_backbone_h5(model, path: str) -> str:
     try:
         stored = _read_h5(path)
     except (OSError, ValueError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = first_line(err)
         raise ConfigError(f"{flag}: {first}") from None
     family = family_of(backbone.name)
     loaded = 0

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import compat
-from tfgpu.errors import CheckpointError, warn
+from tfgpu.errors import CheckpointError, first_line, warn
 from tfgpu.train.checkpoints import DAMAGED, refresh_derived_state, variables_of
 
 
@@ -72,7 +72,7 @@ def read_model_and_optimizer(model, optimizer, path: str) -> None:
     try:
         tf.train.Checkpoint(model=model, optimizer=optimizer).read(path).expect_partial()
     except DAMAGED as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        reason = first_line(err, 200)
         raise CheckpointError(f"checkpoint {path} does not read back: {reason}") from None
     refresh_derived_state(model)
 

@@ -12,7 +12,7 @@ import os
 
 import tensorflow as tf
 
-from tfgpu.errors import CheckpointError, op_error_cause, warn
+from tfgpu.errors import CheckpointError, first_line, op_error_cause, warn
 
 
 class Checkpoints:
@@ -55,7 +55,7 @@ class Checkpoints:
             try:
                 missing = self._restore(path)
             except DAMAGED as err:
-                reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+                reason = first_line(err, 200)
                 if readable(path):  # whole, but of another model: the older ones are too
                     return (
                         f"checkpoint {path} reads back but does not fit this run's model "

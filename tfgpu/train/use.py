@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tfgpu import startup
 from tfgpu.config import Config, config_from, rundir, validate
-from tfgpu.errors import CheckpointError, DataError, UsageError
+from tfgpu.errors import CheckpointError, DataError, UsageError, first_line
 from tfgpu.files import read_json
 
 # Training-only settings left out: evaluation is unweighted and reads each example once, and
@@ -146,7 +146,7 @@ def load_weights(model, path: str) -> None:
     try:
         model.load_weights(path)
     except (ValueError, OSError, KeyError, TypeError) as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        reason = first_line(err, 200)
         raise CheckpointError(f"{path} does not load into the run's model: {reason}") from None
     refresh_derived_state(model)  # EfficientNet's Normalization: the loaded statistics
 
@@ -173,7 +173,7 @@ def restore(r, path: str) -> int:
     try:
         r.checkpoints.read(path)
     except DAMAGED as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        reason = first_line(err, 200)
         raise CheckpointError(f"{path} does not read back into the run's model: {reason}") from None
     refresh_derived_state(r.model)  # EfficientNet's Normalization: the restored statistics
     return int(r.global_step.numpy())
