@@ -285,9 +285,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run:  # XLA only has to run there: compile without LLVM's optimizations
         os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
-    from tfgpu import startup
+    from tfgpu.cli import quiet
 
-    if not (args.dry_run or args.allow_cpu or startup.has_nvidia_driver()):
+    if not (args.dry_run or args.allow_cpu or quiet.has_nvidia_driver()):
         print(f"gpu_check: no GPU is visible (no NVIDIA driver); {GO_ON}")
         return 2
     log_fd = log_placement_to_file()

@@ -38,9 +38,9 @@ def log_placement_to_file() -> int:
     """Before TensorFlow's runtime starts: turns on its placement log, whose lines TensorFlow
     prints to the process's stdout (C's printf), and sends them to a temporary file; this
     script's own output keeps going to the real stdout. Returns the file's descriptor (fd 1)."""
-    from tfgpu import startup
+    from tfgpu.cli import quiet
 
-    tf = startup.import_tensorflow()  # without its start-up notices
+    tf = quiet.import_tensorflow()  # without its start-up notices
     real = os.dup(1)
     log = tempfile.TemporaryFile()
     os.dup2(log.fileno(), 1)

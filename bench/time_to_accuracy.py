@@ -125,7 +125,7 @@ def resolve_recipe(args):
     from absl import flags
 
     from tfgpu.config import config_from, validate
-    from tfgpu.config.flags import define_flags, given_flags
+    from tfgpu.cli.flags import define_flags, given_flags
 
     if not os.path.exists(args.flagfile):
         raise SystemExit(f"--flagfile={args.flagfile} does not exist (pass a copy of the recipe)")

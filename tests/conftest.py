@@ -47,11 +47,11 @@ import sys
 import numpy as np
 import pytest
 
-from tfgpu import startup
+from tfgpu.cli import quiet
 
 # As the commands import it: tfgpu's code traced as written, the import out of the cycle
-# collector's reach (startup._importing).
-startup.import_tensorflow()
+# collector's reach (quiet._importing).
+quiet.import_tensorflow()
 
 from tfgpu.convert import plan  # noqa: E402
 from tfgpu.convert.items import items_from_arrays  # noqa: E402

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tfgpu import errors
+from tfgpu.cli import app
 from tfgpu.train.checkpoints import Checkpoints
 from tfgpu.config import ConfigError
 from tfgpu.data.spec import DataError
@@ -40,7 +41,7 @@ DISK_FULL = (
 )
 def test_each_error_is_one_line_and_its_exit_code(err, code, line, capsys):
     assert isinstance(err, errors.TfgpuError)
-    assert errors.run_command(lambda: (_ for _ in ()).throw(err)) == code
+    assert app.run_command(lambda: (_ for _ in ()).throw(err)) == code
     out = capsys.readouterr().err
     assert out.startswith(line) and out.count("\n") == 1
 
@@ -53,16 +54,16 @@ def test_the_line_is_written_at_once(monkeypatch):
         "Stream", (), {"write": lambda self, t: writes.append(t), "flush": lambda self: None}
     )
     monkeypatch.setattr("sys.stderr", stream())
-    assert errors.report(DistributeError("2 separate copies")) == 2
+    assert app.report(DistributeError("2 separate copies")) == 2
     assert writes == ["tfgpu: error: 2 separate copies\n"]
 
 
 def test_run_command_passes_codes_and_unknown_errors_through(capsys):
-    assert errors.run_command(lambda: None) == 0
-    assert errors.run_command(lambda a: a, 7) == 7
+    assert app.run_command(lambda: None) == 0
+    assert app.run_command(lambda a: a, 7) == 7
     with pytest.raises(ZeroDivisionError):
-        errors.run_command(lambda: 1 / 0)
-    translated = errors.run_command(
+        app.run_command(lambda: 1 / 0)
+    translated = app.run_command(
         lambda: 1 / 0, prog="x", translate=lambda e: errors.UsageError(f"said: {e}")
     )
     assert translated == 2 and capsys.readouterr().err == "x: error: said: division by zero\n"

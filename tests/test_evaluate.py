@@ -9,7 +9,8 @@ import pytest
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
-from tfgpu.errors import CheckpointError, run_command
+from tfgpu.errors import CheckpointError
+from tfgpu.cli.app import run_command
 from tfgpu.evaluate import evaluate
 from tfgpu.train.results import confusion_image
 

@@ -14,7 +14,8 @@ from PIL import Image
 from conftest import make_image_arrays
 from tfgpu import train
 from tfgpu.config import config_from, validate
-from tfgpu.errors import ExportRefused, UsageError, run_command
+from tfgpu.errors import ExportRefused, UsageError
+from tfgpu.cli.app import run_command
 from tfgpu.export import FAMILIES, export, family_of, missing_packages, unsupported
 
 needs_litert = pytest.mark.skipif(

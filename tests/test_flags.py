@@ -9,7 +9,7 @@ from absl import flags
 from tfgpu.config import SETTINGS
 from tfgpu import demo
 from tfgpu.config import validate
-from tfgpu.config.flags import config_from_flags, define_flags
+from tfgpu.cli.flags import config_from_flags, define_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECIPES = sorted(ROOT.glob("flags/*.flags"))
@@ -49,7 +49,7 @@ def test_every_config_field_is_a_flag_with_help():
 
 
 def test_the_flag_reference_is_current():
-    from tfgpu.config.flags import reference_markdown
+    from tfgpu.cli.flags import reference_markdown
 
     current = (ROOT / "docs" / "flags.md").read_text(encoding="utf-8")
     assert current == reference_markdown(), "docs/flags.md is stale: python tools/flag_reference.py"
@@ -58,7 +58,7 @@ def test_the_flag_reference_is_current():
 
 
 def test_helpfull_groups_the_flags_by_section_and_help_names_the_key_ones():
-    from tfgpu.config.flags import KEY_FLAGS, SECTION_TITLES
+    from tfgpu.cli.flags import KEY_FLAGS, SECTION_TITLES
 
     values = flags.FlagValues()
     define_flags(values)

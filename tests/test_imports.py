@@ -102,7 +102,7 @@ def test_a_launch_that_cannot_be_one_job_is_reported_without_tensorflow(
     "module",
     [
         "tfgpu.config",
-        "tfgpu.config.flags",
+        "tfgpu.cli.flags",
         "tfgpu.schema",
         "tfgpu.recordformat",
         "tfgpu.errors",
@@ -163,19 +163,31 @@ def test_the_converter_and_the_reader_share_only_the_record_format(package, othe
 # The house's layers, top to bottom: a module may import its own layer's or lower ones', never
 # a higher one's (at its top or inside a function). CONTRIBUTING.md draws the same picture.
 LAYERS = (
-    ("main", "evaluate", "average", "predict", "export", "ray", "launch"),  # commands
+    ("cli", "main", "evaluate", "average", "predict", "export", "ray", "launch"),  # commands
     ("train",),  # a run: loop, build, actions, checkpoints, best, results, faults, ...
     ("step", "config"),  # one update and what runs compiled; the settings
     ("optim",),  # optimizers, schedules, fine-tuning groups
     ("models", "data", "demo"),  # the registry and the nets; the reader; the demo dataset
     ("distribute", "convert"),  # launchers, strategies, backends; the converter
-    ("errors", "schema", "recordformat", "compat", "files", "startup"),
+    ("errors", "schema", "recordformat", "compat", "files"),
 )
 
 
 def _unit(path: pathlib.Path, root: pathlib.Path) -> str:
     """The layer's unit of a module: its package under tfgpu/, or the module itself."""
     return path.relative_to(root).parts[0].removesuffix(".py")
+
+
+# Commands still living in the library's packages, and library modules still starting
+# TensorFlow through the command's quiet start, while they move (issue 45): emptied as they do.
+MOVING = {
+    "tfgpu/convert/cli.py",
+    "tfgpu/convert/verify.py",
+    "tfgpu/data/service_server.py",
+    "tfgpu/distribute/ray_train.py",
+    "tfgpu/train/use.py",
+    "tfgpu/train/watch.py",
+}
 
 
 def test_every_import_runs_down_the_layers():
@@ -189,7 +201,10 @@ def test_every_import_runs_down_the_layers():
         for name in _imported(path):
             parts = name.split(".")
             if parts[0] == "tfgpu" and len(parts) > 1 and parts[1] in layer and unit in layer:
-                if layer[parts[1]] < layer[unit]:
+                if (
+                    layer[parts[1]] < layer[unit]
+                    and str(path.relative_to(root.parent)) not in MOVING
+                ):
                     up.append(f"{path.relative_to(root.parent)} imports {name}")
     assert not up, "imports that run up the layers:\n" + "\n".join(sorted(up))
 
@@ -212,7 +227,7 @@ def test_a_run_starts_quietly(tmp_path):
 
 
 def test_only_tensorflows_start_up_notices_are_dropped():
-    from tfgpu import startup
+    from tfgpu.cli import quiet
 
     notices = [
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
@@ -221,20 +236,20 @@ def test_only_tensorflows_start_up_notices_are_dropped():
         "with the appropriate compiler flags.",
     ]
     cuinit = "E0000 00:00:17.64 13822 cuda_platform.cc:52] failed call to cuInit: INTERNAL: (303)"
-    assert all(startup._is_noise(line, has_driver=True) for line in notices)
-    assert startup._is_noise(cuinit, has_driver=False)
-    assert not startup._is_noise(cuinit, has_driver=True)  # a GPU machine: that is news
+    assert all(quiet._is_noise(line, has_driver=True) for line in notices)
+    assert quiet._is_noise(cuinit, has_driver=False)
+    assert not quiet._is_noise(cuinit, has_driver=True)  # a GPU machine: that is news
     for line in ["W0000 00:00:17.1 1 x.cc:1] a warning", "tfgpu: error: x", "Traceback (most"]:
-        assert not startup._is_noise(line, has_driver=False)
+        assert not quiet._is_noise(line, has_driver=False)
 
 
 @pytest.mark.fast  # in-process
 def test_a_module_hidden_while_tensorflow_imports_is_importable_after(tmp_path, monkeypatch):
-    from tfgpu import startup
+    from tfgpu.cli import quiet
 
     (tmp_path / "tfgpu_hidden_probe.py").write_text("VALUE = 7\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with startup._hidden(("tfgpu_hidden_probe", "os")):
+    with quiet._hidden(("tfgpu_hidden_probe", "os")):
         with pytest.raises(ImportError):
             import tfgpu_hidden_probe  # noqa: F401
         import os as still_there  # imported before: untouched
@@ -250,11 +265,11 @@ def test_a_module_hidden_while_tensorflow_imports_is_importable_after(tmp_path, 
 def test_tensorflows_import_runs_without_the_cycle_collector_and_is_frozen_after(monkeypatch):
     import gc
 
-    from tfgpu import startup
+    from tfgpu.cli import quiet
 
     monkeypatch.delitem(sys.modules, "tensorflow")  # as before the first import
     before = gc.get_freeze_count()
-    with startup._importing():
+    with quiet._importing():
         assert not gc.isenabled()
         built = [[] for _ in range(100)]  # what an import leaves behind
     assert gc.isenabled() and gc.get_freeze_count() >= before + len(built)

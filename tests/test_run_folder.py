@@ -254,7 +254,7 @@ def test_a_bad_output_stops_the_command_before_anything_is_loaded(
     command, tmp_path, monkeypatch, capsys
 ):
     from tfgpu import evaluate, predict
-    from tfgpu.errors import run_command
+    from tfgpu.cli.app import run_command
     from tfgpu.train import use
 
     def load(*args, **kwargs):

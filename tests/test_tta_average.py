@@ -14,11 +14,12 @@ from absl import flags
 from tfgpu import compat, models, train
 from tfgpu.average import average
 from tfgpu.config import config_from, validate
-from tfgpu.config.flags import define_flags
+from tfgpu.cli.flags import define_flags
 from tfgpu.config.sections import check_average_plan
 from tfgpu.data.spec import load_spec
 from tfgpu.distribute import backends
-from tfgpu.errors import ConfigError, UsageError, run_command
+from tfgpu.errors import ConfigError, UsageError
+from tfgpu.cli.app import run_command
 from tfgpu.evaluate import evaluate
 from tfgpu.main import make_config
 from tfgpu.step.loops import make_eval_step, mean_of_softmax

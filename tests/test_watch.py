@@ -15,7 +15,8 @@ from procs import Output, kill_tree, popen
 
 from tfgpu import train
 from tfgpu.config import ConfigError, config_from, validate
-from tfgpu.errors import CheckpointError, run_command
+from tfgpu.errors import CheckpointError
+from tfgpu.cli.app import run_command
 from tfgpu.train.watch import watch
 
 KEYS = ("top1", "top5", "loss", "num_examples", "non_finite")

@@ -16,8 +16,9 @@ import os
 
 from absl import app, flags
 
-from tfgpu import startup
-from tfgpu.errors import UsageError, run_app, run_command
+from tfgpu.cli import quiet as startup
+from tfgpu.errors import UsageError
+from tfgpu.cli.app import run_app, run_command
 from tfgpu.files import check_output, shown
 from tfgpu.train import use
 

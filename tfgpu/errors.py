@@ -104,31 +104,6 @@ def warn(message: str, prog: str = "tfgpu") -> None:
     say(f"{prog}: WARNING: {message}")
 
 
-def report(err: TfgpuError, prog: str = "tfgpu") -> int:
-    """Prints ``err`` as its one line on stderr (``say``); returns its exit code."""
-    say(err.line(prog))
-    return err.exit_code
-
-
-def run_command(command, *args, prog: str = "tfgpu", translate=None) -> int:
-    """``command(*args)``'s exit code (None is 0), with a TfgpuError (or an error that
-    ``translate(err)`` turns into one; None: not ours) reported as its one line and code.
-    absl's flag errors are usage errors."""
-    from absl import flags  # light; every command parses absl flags
-
-    try:
-        return command(*args) or 0
-    except TfgpuError as err:
-        return report(err, prog)
-    except flags.Error as err:
-        return report(UsageError((str(err).strip().splitlines() or [""])[0]), prog)
-    except Exception as err:
-        known = translate(err) if translate else None
-        if known is None:
-            raise
-        return report(known, prog)
-
-
 _FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
 _OP_SUFFIX = re.compile(r"\s*\[Op:[^\]]*\]\s*$")
 _OS_REASONS = sorted({os.strerror(code) for code in errno.errorcode}, key=len, reverse=True)
@@ -154,17 +129,3 @@ def op_error_cause(err: BaseException) -> str:
         return reason
     words = [w for w in text.split() if "_temp" not in w and ".tempstate" not in w]
     return " ".join(words).strip(" ;:") or type(err).__name__
-
-
-def run_app(main, prog: str) -> None:
-    """absl's ``app.run(main)`` for a command called ``prog``, after reading ahead the
-    ``--flagfile``s absl will read: absl would hang on a FIFO there and end in a traceback on
-    bytes that are not UTF-8; this exits with one line instead (files.check_flagfiles)."""
-    from absl import app
-
-    from tfgpu.files import check_flagfiles
-
-    code = run_command(check_flagfiles, sys.argv, prog=prog)
-    if code:
-        sys.exit(code)
-    app.run(main)

@@ -21,7 +21,8 @@ import os
 from absl import app, flags
 
 from tfgpu.train import use, watch
-from tfgpu.errors import UsageError, run_app, run_command, warn
+from tfgpu.errors import UsageError, warn
+from tfgpu.cli.app import run_app, run_command
 from tfgpu.files import check_output, shown, write_json
 
 FLAGS = flags.FLAGS

@@ -21,7 +21,7 @@ import time
 from absl import flags
 
 from tfgpu.distribute.env import free_ports
-from tfgpu.errors import run_app, run_command
+from tfgpu.cli.app import run_app, run_command
 
 flags.DEFINE_integer("num_workers", 2, "Worker processes to start on this machine.")
 flags.DEFINE_string(

@@ -24,12 +24,14 @@ import os
 
 from absl import app, flags, logging
 
-from tfgpu import demo, startup
+from tfgpu import demo
+from tfgpu.cli import quiet as startup
 from tfgpu.train import faults, watch
 from tfgpu.config import config_from, rundir, validate
 from tfgpu.distribute import env
-from tfgpu.errors import ConfigError, run_app, run_command
-from tfgpu.config.flags import KEY_FLAGS, define_flags, given_flags
+from tfgpu.errors import ConfigError
+from tfgpu.cli.app import run_app, run_command
+from tfgpu.cli.flags import KEY_FLAGS, define_flags, given_flags
 
 define_flags()
 watch.define_flags(switch=False)  # a TF_CONFIG evaluator task runs the side-car evaluator

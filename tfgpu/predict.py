@@ -25,7 +25,8 @@ import sys
 from absl import flags
 
 from tfgpu.train import use
-from tfgpu.errors import UsageError, run_app, run_command, warn
+from tfgpu.errors import UsageError, warn
+from tfgpu.cli.app import run_app, run_command
 from tfgpu.files import check_output, replacing, shown, write_bytes_to_stdout
 
 FLAGS = flags.FLAGS

@@ -13,7 +13,9 @@ import sys
 
 from absl import flags
 
-from tfgpu.errors import TfgpuError, UsageError, run_command, say
+from tfgpu.errors import TfgpuError, UsageError, say
+
+from tfgpu.cli.app import run_command
 
 USAGE = (
     "usage: tfgpu-ray --num_workers=N [--use_gpu] [--max_failures=K] [--address=ADDR] "
@@ -74,7 +76,7 @@ def make_config(tfgpu_argv: list[str], local: bool):
     multi_worker_mirrored; ``local``: the workers share this machine, so --model_dir is
     checked for writing here."""
     from tfgpu import main
-    from tfgpu.config.flags import define_flags
+    from tfgpu.cli.flags import define_flags
 
     tfgpu_flags = flags.FlagValues()
     define_flags(tfgpu_flags)

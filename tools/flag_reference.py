@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes docs/flags.md, the reference of every flag of ``python -m tfgpu.main``, from the
-settings table (``tfgpu.config.flags.reference_markdown``). Run it after adding or changing a
+settings table (``tfgpu.cli.flags.reference_markdown``). Run it after adding or changing a
 setting; tests/test_flags.py fails while docs/flags.md is stale.
 
     python tools/flag_reference.py [--check]
@@ -9,7 +9,7 @@ setting; tests/test_flags.py fails while docs/flags.md is stale.
 import pathlib
 import sys
 
-from tfgpu.config.flags import reference_markdown
+from tfgpu.cli.flags import reference_markdown
 
 PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "flags.md"
 

@@ -29,7 +29,7 @@ from tfgpu.convert.items import (
     ConvertError,
     Source,
 )
-from tfgpu.errors import run_command
+from tfgpu.cli.app import run_command
 from tfgpu.files import check_flagfiles
 from tfgpu.recordformat import INFO_FILE
 

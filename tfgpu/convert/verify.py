@@ -7,7 +7,7 @@ import numpy as np
 from tfgpu.convert.items import ConvertError
 from tfgpu.files import read_json
 from tfgpu.recordformat import INFO_FILE, parse_example
-from tfgpu.startup import import_tensorflow
+from tfgpu.cli.quiet import import_tensorflow
 
 
 def verify(output_dir: str) -> dict:

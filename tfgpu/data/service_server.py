@@ -33,8 +33,9 @@ import time
 from absl import flags
 
 from tfgpu import compat
-from tfgpu.errors import UsageError, run_command
-from tfgpu.startup import import_tensorflow
+from tfgpu.errors import UsageError
+from tfgpu.cli.app import run_command
+from tfgpu.cli.quiet import import_tensorflow
 
 PROG = "tfgpu-data-service"
 # What every "serving" line ends with: TensorFlow gives these servers no narrower bind.

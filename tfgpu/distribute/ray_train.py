@@ -83,7 +83,7 @@ def run_job(config, job: RayJob, worker) -> int:
     signal N stopped it (the workers stop without saving: the newest checkpoint is kept);
     raises the TfgpuError that ended it once Ray's restarts ran out."""
     require_ray()
-    from tfgpu import startup
+    from tfgpu.cli import quiet as startup
 
     startup.quiet_log_level()  # the workers inherit it (a local cluster)
     startup.import_tensorflow()  # Ray's TensorflowTrainer imports it: without its notices
@@ -211,7 +211,7 @@ def enter_worker(job: dict) -> None:
     # tf.distribute logs every reduction at INFO (tfgpu.main: the same)
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
-    from tfgpu import startup
+    from tfgpu.cli import quiet as startup
 
     startup.import_tensorflow()
     print(f"tfgpu-ray: {_whoami()}", flush=True)

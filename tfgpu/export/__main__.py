@@ -3,7 +3,7 @@ docstring and docs/deploying.md say what it does)."""
 
 from absl import app, flags
 
-from tfgpu.errors import run_command
+from tfgpu.cli.app import run_command
 
 FLAGS = flags.FLAGS
 

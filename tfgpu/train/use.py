@@ -12,7 +12,7 @@ No TensorFlow at import: a bad flag or a missing file is reported before it star
 import os
 from dataclasses import dataclass
 
-from tfgpu import startup
+from tfgpu.cli import quiet as startup
 from tfgpu.config import Config, config_from, rundir, validate
 from tfgpu.errors import CheckpointError, DataError, UsageError, first_line
 from tfgpu.files import read_json

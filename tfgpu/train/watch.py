@@ -39,7 +39,7 @@ import time
 
 from absl import flags
 
-from tfgpu import startup
+from tfgpu.cli import quiet as startup
 from tfgpu.train import use
 from tfgpu.train.best import SIDECAR_FILE, Best, read_sidecar, tracks_best
 from tfgpu.errors import CheckpointError, UsageError

@@ -1,0 +1,59 @@
+"""How every tfgpu command starts and ends: absl parses its flags (flagfiles read ahead first),
+``--help`` exits 0 as command-line tools do, and a TfgpuError (or an error the command knows
+how to translate) becomes one line on stderr and its exit code (docs/faults.md: the table).
+"""
+
+import sys
+
+from absl import app, flags
+
+from tfgpu.errors import TfgpuError, UsageError, say
+from tfgpu.files import check_flagfiles
+
+# absl prints usage for these and exits 1; command-line tools exit 0 when asked for help.
+HELP_FLAGS = ("-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml")
+
+
+def report(err: TfgpuError, prog: str = "tfgpu") -> int:
+    """Prints ``err`` as its one line on stderr (``say``); returns its exit code."""
+    say(err.line(prog))
+    return err.exit_code
+
+
+def run_command(command, *args, prog: str = "tfgpu", translate=None) -> int:
+    """``command(*args)``'s exit code (None is 0), with a TfgpuError (or an error that
+    ``translate(err)`` turns into one; None: not ours) reported as its one line and code.
+    absl's flag errors are usage errors."""
+    try:
+        return command(*args) or 0
+    except TfgpuError as err:
+        return report(err, prog)
+    except flags.Error as err:
+        return report(UsageError((str(err).strip().splitlines() or [""])[0]), prog)
+    except Exception as err:
+        known = translate(err) if translate else None
+        if known is None:
+            raise
+        return report(known, prog)
+
+
+def asked_for_help(argv) -> bool:
+    """Whether ``argv`` asks for help (before a ``--`` that ends the flags)."""
+    flags_part = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
+    return any(a in HELP_FLAGS or a.startswith("--helpxml=") for a in flags_part)
+
+
+def run_app(main, prog: str) -> None:
+    """absl's ``app.run(main)`` for a command called ``prog``, after reading ahead the
+    ``--flagfile``s absl will read: absl would hang on a FIFO there and end in a traceback on
+    bytes that are not UTF-8; this exits with one line instead (files.check_flagfiles).
+    Help exits 0 (absl's own convention is 1)."""
+    code = run_command(check_flagfiles, sys.argv, prog=prog)
+    if code:
+        sys.exit(code)
+    try:
+        app.run(main)
+    except SystemExit as stop:
+        if stop.code == 1 and asked_for_help(sys.argv):
+            sys.exit(0)
+        raise
