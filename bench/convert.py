@@ -31,7 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 from PIL import Image
 
-from tfgpu.convert import cli
+from tfgpu.cli import convert as cli
 
 CACHE = os.path.join(tempfile.gettempdir(), "tfgpu-bench-convert")
 NUM_CLASSES = 10

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import psutil  # noqa: E402
 from calibration import calibration  # noqa: E402
 
-from tfgpu.launch import free_ports  # noqa: E402
+from tfgpu.distribute.env import free_ports  # noqa: E402
 
 WARMUP_BATCHES = 3
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
 
-from tfgpu import launch, train
+from tfgpu import train
+from tfgpu.cli import launch
 from tfgpu.config import config_from, validate
 
 RUN = dict(TINY_RUN, train_steps=6, checkpoint_every_steps=3)

@@ -14,7 +14,8 @@ import tensorflow as tf
 from PIL import Image
 
 from tfgpu import files, recordformat
-from tfgpu.convert import cli, plan, verify, worker
+from tfgpu.cli import convert as cli
+from tfgpu.convert import plan, verify, worker
 from tfgpu.convert.items import BadImage, ConvertError, EncodeOptions, Item
 from tfgpu.data import spec as data_spec
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from tfgpu import recordformat
-from tfgpu.convert import cli, worker
+from tfgpu.cli import convert as cli
+from tfgpu.convert import worker
 from tfgpu.convert.inputs import idx
 from tfgpu.data import spec as data_spec
 

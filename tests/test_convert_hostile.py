@@ -19,7 +19,8 @@ import pytest
 from PIL import Image
 
 from tfgpu import recordformat
-from tfgpu.convert import cli, plan, replace, worker
+from tfgpu.cli import convert as cli
+from tfgpu.convert import plan, replace, worker
 from tfgpu.convert.inputs import caffe_datum, folders, hdf5, lmdb_input
 from tfgpu.convert.items import BadImage, ConvertError, Item
 

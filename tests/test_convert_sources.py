@@ -11,7 +11,8 @@ import tensorflow as tf
 from PIL import Image
 
 from tfgpu import recordformat
-from tfgpu.convert import cli, worker
+from tfgpu.cli import convert as cli
+from tfgpu.convert import worker
 from tfgpu.convert.items import BadImage
 from tfgpu.data import spec as data_spec
 

@@ -26,7 +26,7 @@ from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.convert import plan
 from tfgpu.convert.items import items_from_arrays
 from tfgpu.distribute import InputShard
-from tfgpu.launch import free_ports
+from tfgpu.distribute.env import free_ports
 
 NUM_TRAIN = 96
 
@@ -444,14 +444,15 @@ def test_the_servers_own_errors_are_one_line(tmp_path):
 # A server whose stop() never returns (as a worker's may, waiting on a dead dispatcher).
 STUCK_STOP = """
 import threading, time
-from tfgpu.data import service_server as s
+from tfgpu.cli import data_service as s
+from tfgpu.data import service_cluster
 s.STOP_TIMEOUT_S = 0.5
 class Stuck:
     def stop(self):
         threading.Event().wait()
 class Stop:
     name = "SIGTERM"
-s._stop_all([Stuck()], Stop())
+s._stop_all(service_cluster, [Stuck()], Stop())
 """
 
 

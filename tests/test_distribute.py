@@ -13,7 +13,7 @@ from conftest import cli_flags
 from procs import Output, kill_tree, popen, rank_process
 import tensorflow as tf
 
-from tfgpu import launch
+from tfgpu.cli import launch
 from tfgpu.distribute import DistributeError, backends, devices, env, failures, horovod_backend
 
 EXIT_WORKER_LOST = 5

@@ -10,7 +10,7 @@ import pytest
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
-from tfgpu.convert import cli
+from tfgpu.cli import convert as cli
 from tfgpu.convert.inputs.idx import read_idx
 
 pytestmark = pytest.mark.slow  # converts and trains: ~40 s on 2 cores

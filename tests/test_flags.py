@@ -6,10 +6,9 @@ import pathlib
 import pytest
 from absl import flags
 
-from tfgpu.config import SETTINGS
 from tfgpu import demo
-from tfgpu.config import validate
-from tfgpu.cli.flags import config_from_flags, define_flags
+from tfgpu.cli.flags import COMMAND_SETTINGS, command_settings, define_flags, given_flags
+from tfgpu.config import SETTINGS, config_from, validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECIPES = sorted(ROOT.glob("flags/*.flags"))
@@ -22,21 +21,28 @@ def _parse(*argv):
     return values
 
 
+def _config(values, defaults=None):
+    """The Config of parsed ``values``; ``defaults`` (by flag name) for the flags not given."""
+    given, present = given_flags(values)
+    defaults = {k: v for k, v in (defaults or {}).items() if k not in present}
+    return config_from(**{**given, **defaults})
+
+
 def test_demo_recipe_file_equals_the_built_in_demo_recipe():
     values = _parse(f"--flagfile={ROOT / 'flags/demo_digits.flags'}")
-    config = config_from_flags(values)
+    config = _config(values)
     assert {k: SETTINGS[k].get(config) for k in demo.DEMO_RECIPE} == demo.DEMO_RECIPE
 
 
 def test_demo_defaults_fill_only_the_flags_not_given():
-    config = config_from_flags(_parse("--train_steps=7"), demo.DEMO_RECIPE)
+    config = _config(_parse("--train_steps=7"), demo.DEMO_RECIPE)
     assert config.train.train_steps == 7 and config.model.name == "tiny_cnn"
     assert config.data.image_size == 16
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])
 def test_every_recipe_parses_into_a_valid_config_and_says_how_to_run(recipe):
-    config = validate(config_from_flags(_parse(f"--flagfile={recipe}")))
+    config = validate(_config(_parse(f"--flagfile={recipe}")))
     header = recipe.read_text().split("\n--", 1)[0]
     assert "python -m tfgpu.main" in header or "horovodrun" in header, recipe.name
     assert config.model.name
@@ -67,3 +73,23 @@ def test_helpfull_groups_the_flags_by_section_and_help_names_the_key_ones():
     assert expected <= set(groups)
     assert "strategy" in groups["tfgpu: spreading training"]
     assert set(KEY_FLAGS) <= set(SETTINGS)
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_SETTINGS))
+def test_every_command_has_its_flags_from_its_settings_in_a_group_and_the_reference(command):
+    """A command's flags are its settings' fields, with their defaults and help, under the
+    command's name in --helpfull and in docs/flags.md; parsed, they give its settings back."""
+    values = flags.FlagValues()
+    define_flags(values, command)
+    defaults = COMMAND_SETTINGS[command]()
+    names = {m: {f.name for f in fs} for m, fs in values.flags_by_module_dict().items()}
+    assert set(names) == {command}
+    for name in names[command]:
+        assert values[name].help and values[name].default == getattr(defaults, name)
+    values(["prog"])
+    assert command_settings(command, values) == (defaults, frozenset())
+    current = (ROOT / "docs" / "flags.md").read_text(encoding="utf-8")
+    section = current.split(f"\n## `{command}`\n", 1)[1].split("\n## ", 1)[0]
+    assert {f"| `--{name}` |" for name in names[command]} <= set(
+        line[: line.index("|", 2) + 1] for line in section.splitlines() if line.startswith("| `")
+    )

@@ -20,7 +20,7 @@ import pytest
 from conftest import cli_flags
 from procs import Output, kill_tree, popen, rank_process, start_flood
 
-from tfgpu import launch
+from tfgpu.cli import launch
 
 BOUND_S = 120  # the bound: every other process gone within this, default flags
 RUN = dict(

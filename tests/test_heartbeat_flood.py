@@ -13,7 +13,8 @@ import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
 from procs import Output, kill_tree, popen, start_flood
 
-from tfgpu import launch, train
+from tfgpu import train
+from tfgpu.cli import launch
 from tfgpu.config import config_from, validate
 
 TIMEOUT = 240

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tfgpu import recordformat
-from tfgpu.convert import cli, plan, worker
+from tfgpu.cli import convert as cli
+from tfgpu.convert import plan, worker
 from tfgpu.convert.inputs import caffe_datum, lmdb_input
 from tfgpu.convert.items import BadImage, Item
 from tfgpu.data import balance, broken

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
 
-from tfgpu import launch, train
+from tfgpu import train
+from tfgpu.cli import launch
 from tfgpu.config import config_from, validate
 
 TIMEOUT_S = 240

@@ -19,7 +19,7 @@ import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
 from procs import Output, kill_tree, popen
 
-from tfgpu import ray as tfgpu_ray
+from tfgpu.cli import ray as tfgpu_ray
 from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.distribute import ray_train
@@ -278,9 +278,9 @@ def test_when_ray_gives_up_the_root_cause_is_the_error():
     with pytest.raises(
         WorkerLost, match=r"^worker 0 \(pid 4242\): its process died .*; Ray gave up"
     ):
-        ray_train.job_failed(GaveUp({0: DIED, 1: lost}), job)
+        tfgpu_ray.job_failed(GaveUp({0: DIED, 1: lost}), job)
     with pytest.raises(DataError, match=r"^worker 1: no shards; Ray gave up after 1 restart"):
-        ray_train.job_failed(GaveUp({0: DIED, 1: Raised(DataError("no shards"))}), job)
+        tfgpu_ray.job_failed(GaveUp({0: DIED, 1: Raised(DataError("no shards"))}), job)
 
 
 @pytest.mark.fast
@@ -290,7 +290,7 @@ def test_tfgpu_ray_is_a_console_script_of_the_ray_extra():
 
     setup = configparser.ConfigParser()
     setup.read(pathlib.Path(__file__).resolve().parents[1] / "setup.cfg")
-    assert "tfgpu-ray = tfgpu.ray:run" in setup["options.entry_points"]["console_scripts"]
+    assert "tfgpu-ray = tfgpu.cli.ray:run" in setup["options.entry_points"]["console_scripts"]
     assert setup["options.extras_require"]["ray"].strip().startswith("ray[train]")
     assert callable(tfgpu_ray.run)
 

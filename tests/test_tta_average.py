@@ -21,7 +21,7 @@ from tfgpu.distribute import backends
 from tfgpu.errors import ConfigError, UsageError
 from tfgpu.cli.app import run_command
 from tfgpu.evaluate import evaluate
-from tfgpu.main import make_config
+from tfgpu.cli.train import make_config
 from tfgpu.step.loops import make_eval_step, mean_of_softmax
 from tfgpu.train import use
 from tfgpu.train.average import mean_weights, read_model_and_optimizer

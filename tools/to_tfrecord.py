@@ -2,14 +2,14 @@
 
   python tools/to_tfrecord.py --input=~/imagenet --output_dir=/data/imagenet-tfr [--verify]
 
-``--help`` lists the flags; the code is ``tfgpu/convert/cli.py`` (also ``tfgpu-to-tfrecord``).
+``--help`` lists the flags; the command is ``tfgpu/cli/convert.py`` (also ``tfgpu-to-tfrecord``).
 """
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from tfgpu.convert.cli import run
+from tfgpu.cli.convert import run
 
 if __name__ == "__main__":
     run()

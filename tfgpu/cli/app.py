@@ -43,11 +43,15 @@ def asked_for_help(argv) -> bool:
     return any(a in HELP_FLAGS or a.startswith("--helpxml=") for a in flags_part)
 
 
-def run_app(main, prog: str) -> None:
+def run_app(main, prog: str, doc: str | None = None) -> None:
     """absl's ``app.run(main)`` for a command called ``prog``, after reading ahead the
     ``--flagfile``s absl will read: absl would hang on a FIFO there and end in a traceback on
     bytes that are not UTF-8; this exits with one line instead (files.check_flagfiles).
-    Help exits 0 (absl's own convention is 1)."""
+    Help exits 0 (absl's own convention is 1) and begins with ``doc``, the command's usage."""
+    if doc:
+        # absl's help prints the __main__ module's docstring: a console script's has none,
+        # and `python -m tfgpu.main` runs an alias; the command's own usage either way.
+        sys.modules["__main__"].__doc__ = doc
     code = run_command(check_flagfiles, sys.argv, prog=prog)
     if code:
         sys.exit(code)

@@ -1,14 +1,38 @@
-"""Every command-line flag of ``python -m tfgpu.main``: one absl flag per Config setting, with
-the setting's own default and help (``config.SETTINGS``), grouped by section in ``--helpfull``;
-``reference_markdown`` is the flag reference ``docs/flags.md`` (``tools/flag_reference.py``
-writes it, a test keeps it current).
+"""Every command-line flag of every tfgpu command, made from settings: for ``tfgpu-train``
+(``python -m tfgpu.main``) one absl flag per Config setting (``config.SETTINGS``), grouped by
+section in ``--helpfull``; for each other command one per field of its settings
+(``COMMAND_SETTINGS``), grouped under the command's name. Each flag has its setting's default
+and help. ``reference_markdown`` is the flag reference ``docs/flags.md``
+(``tools/flag_reference.py`` writes it, a test keeps it current).
 
-Only ``main.py`` reads the parsed values (``config_from_flags``); the library takes a Config.
+Only the commands read the parsed values (``given_flags``, ``command_settings``); the library
+takes a Config or plain arguments.
 """
+
+import dataclasses
+import types
 
 from absl import flags
 
-from tfgpu.config import SETTINGS, Config, config_from
+from tfgpu.cli.settings import (
+    ConvertSettings,
+    DataServiceSettings,
+    LaunchSettings,
+    RaySettings,
+)
+from tfgpu.config import SETTINGS
+from tfgpu.schema import collect
+
+TRAIN = "tfgpu-train"  # the trainer: its settings are config.SETTINGS
+# Every other command with flags of its own -> its settings (a frozen dataclass of setting()
+# fields); add a command's here and its flags, its --helpfull group and its section of
+# docs/flags.md follow.
+COMMAND_SETTINGS = {
+    "tfgpu-launch": LaunchSettings,
+    "tfgpu-ray": RaySettings,
+    "tfgpu-to-tfrecord": ConvertSettings,
+    "tfgpu-data-service": DataServiceSettings,
+}
 
 # Section (None: the run's own settings) -> its title in --helpfull and docs/flags.md.
 SECTION_TITLES = {
@@ -37,33 +61,59 @@ KEY_FLAGS = (
 )
 
 
-def define_flags(flag_values=flags.FLAGS) -> None:
-    """Defines one absl flag per setting in ``flag_values`` (idempotent). Choices are checked
-    by ``config.validate``, which names them in one line."""
-    for s in SETTINGS.values():
-        if s.flag in flag_values:
-            continue
-        if isinstance(s.default, bool):
-            define = flags.DEFINE_bool
-        elif isinstance(s.default, int):
-            define = flags.DEFINE_integer
-        elif isinstance(s.default, float):
-            define = flags.DEFINE_float
-        else:
-            define = flags.DEFINE_string
-        group = f"tfgpu: {SECTION_TITLES[s.section]}"  # --helpfull lists flags by it
-        define(s.flag, s.default, s.help, flag_values=flag_values, module_name=group)
+def define_flags(flag_values=flags.FLAGS, command: str = TRAIN) -> None:
+    """Defines one absl flag per setting of ``command`` (the trainer's: one per Config setting)
+    in ``flag_values`` (idempotent), each in its --helpfull group. The trainer's choices are
+    checked by ``config.validate``, which names them in one line; the other commands check
+    their own."""
+    if command == TRAIN:
+        for s in SETTINGS.values():
+            group = f"tfgpu: {SECTION_TITLES[s.section]}"  # --helpfull lists flags by it
+            _define(s, type(s.default), group, flag_values)
+        return
+    kinds = _field_types(COMMAND_SETTINGS[command])
+    for s in settings_of(command).values():
+        _define(s, kinds[s.field], command, flag_values)
 
 
-def config_from_flags(flag_values=flags.FLAGS, defaults: dict | None = None) -> Config:
-    """A Config from parsed flags; ``defaults`` (by flag name) replace the values of flags
-    not given on the command line."""
-    given, present = given_flags(flag_values)
-    values = {
-        name: defaults[name] if defaults and name in defaults and name not in present else value
-        for name, value in given.items()
-    }
-    return config_from(**values)
+def _define(s, kind: type, group: str, flag_values) -> None:
+    """The absl flag of setting ``s`` (a ``kind`` value) in ``flag_values``, in ``group``."""
+    if s.flag in flag_values:
+        return
+    if kind is bool:
+        define = flags.DEFINE_bool
+    elif kind is int:
+        define = flags.DEFINE_integer
+    elif kind is float:
+        define = flags.DEFINE_float
+    else:
+        define = flags.DEFINE_string
+    define(s.flag, s.default, s.help, flag_values=flag_values, module_name=group)
+
+
+def _field_types(cls) -> dict:
+    """{field name: its type} of settings class ``cls``; ``int | None`` is int."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        kind = f.type
+        if isinstance(kind, types.UnionType):
+            kind = next(k for k in kind.__args__ if k is not type(None))
+        out[f.name] = kind
+    return out
+
+
+def settings_of(command: str) -> dict:
+    """{flag name: Setting} of ``command`` (one of COMMAND_SETTINGS)."""
+    return collect(COMMAND_SETTINGS[command], {})
+
+
+def command_settings(command: str, flag_values=flags.FLAGS):
+    """(``command``'s settings instance from parsed ``flag_values``, the names of the flags set
+    on the command line or in a flagfile)."""
+    found = settings_of(command)
+    values = {s.field: flag_values[s.flag].value for s in found.values()}
+    present = frozenset(name for name in found if flag_values[name].present)
+    return COMMAND_SETTINGS[command](**values), present
 
 
 def given_flags(flag_values=flags.FLAGS) -> tuple[dict, frozenset]:
@@ -74,23 +124,38 @@ def given_flags(flag_values=flags.FLAGS) -> tuple[dict, frozenset]:
 
 
 def reference_markdown() -> str:
-    """The flag reference (docs/flags.md) as Markdown: one table per section, each flag with
-    its default, its choices and its help, in declaration order."""
+    """The flag reference (docs/flags.md) as Markdown: the trainer's flags, one table per
+    section, then one table per other command; each flag with its default and its help, in
+    declaration order."""
     lines = [
-        "# Flags of `python -m tfgpu.main`",
+        "# Flags of tfgpu's commands",
         "",
-        "Generated from the settings table (`tfgpu/config/`) by",
-        "`python tools/flag_reference.py`; `tests/test_flags.py` fails when it is stale. Every",
-        "flag can also be set in a `--flagfile` (the recipes in `flags/`). `--help` prints the",
-        "most used ones, `--helpfull` all of them by section.",
+        "Generated from the settings (the trainer's: `tfgpu/config/`; the other commands':",
+        "`tfgpu/cli/settings.py`) by `python tools/flag_reference.py`; `tests/test_flags.py`",
+        "fails when it is stale. Every flag can also be set in a `--flagfile` (the recipes in",
+        "`flags/`). `--help` prints the most used ones, `--helpfull` all of them by section.",
+        "",
+        "The trainer, `tfgpu-train` (`python -m tfgpu.main`), first; the other commands'",
+        "own flags follow it.",
     ]
     for section, title in SECTION_TITLES.items():
-        lines += ["", f"## {title[0].upper()}{title[1:]}", "", "| flag | default | meaning |"]
-        lines.append("|---|---|---|")
-        for s in SETTINGS.values():
-            if s.section == section:
-                lines.append(f"| `--{s.flag}` | {_default(s.default)} | {_cell(s.help)} |")
+        rows = [s for s in SETTINGS.values() if s.section == section]
+        lines += ["", f"## {title[0].upper()}{title[1:]}", "", *_table(rows, {})]
+    for command, cls in COMMAND_SETTINGS.items():
+        about = " ".join(cls.__doc__.split()).replace("``", "`")  # rST -> Markdown
+        shown = getattr(cls, "DOC_DEFAULTS", {})
+        rows = list(settings_of(command).values())
+        lines += ["", f"## `{command}`", "", about, "", *_table(rows, shown)]
     return "\n".join(lines) + "\n"
+
+
+def _table(rows, shown: dict) -> list:
+    """The Markdown table of Settings ``rows``; ``shown``: {field: the default's words}."""
+    lines = ["| flag | default | meaning |", "|---|---|---|"]
+    for s in rows:
+        default = shown.get(s.field) or _default(s.default)
+        lines.append(f"| `--{s.flag}` | {default} | {_cell(s.help)} |")
+    return lines
 
 
 def _default(value) -> str:

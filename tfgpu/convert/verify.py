@@ -3,11 +3,11 @@
 import os
 
 import numpy as np
+import tensorflow as tf
 
 from tfgpu.convert.items import ConvertError
 from tfgpu.files import read_json
 from tfgpu.recordformat import INFO_FILE, parse_example
-from tfgpu.cli.quiet import import_tensorflow
 
 
 def verify(output_dir: str) -> dict:
@@ -15,8 +15,6 @@ def verify(output_dir: str) -> dict:
     the trainer parses), decode, and carry a label below ``num_classes``, and each shard must
     hold the count its info entry says. Returns ``{split: records read}``; raises ConvertError
     naming the fault."""
-    tf = import_tensorflow()  # without its start-up notices
-
     try:
         info = read_json(os.path.join(output_dir, INFO_FILE))
     except ValueError:

@@ -6,7 +6,7 @@ TensorFlow (V2 is the default in the Ray tested, 2.60, and V1's trainer is depre
 backend writes each worker's TF_CONFIG (workers only, no chief, a free port per worker, picked
 afresh for every attempt), which tfgpu already reads: worker 0 is the chief and writes
 --model_dir. Each worker is a Ray actor, a process of its own that runs the command's
-``tfgpu.ray.train_worker`` in a thread (so tfgpu's signal handling, ``faults.install``, stays
+``tfgpu.cli.ray.train_worker`` in a thread (so tfgpu's signal handling, ``faults.install``, stays
 out: signals are Ray's there, and a fork inside Ray's worker is not wanted); when one fails,
 Ray kills the whole group and (``FailureConfig(max_failures=K)``) starts a new one in new
 processes, so TensorFlow sets up its devices and strategy afresh. The new chief resumes from
@@ -16,24 +16,24 @@ still wants a ``storage_path``: ``<model_dir>/ray``, where it keeps only a marke
 storage every node of the cluster must see anyway (the chief of the next attempt may be on
 another node).
 
-Nothing here imports Ray or TensorFlow at import time: ``tfgpu-ray`` without Ray installed
-stops with one line (``require_ray``).
+Here: the job (``RayJob``), connecting (``connect``), the trainer (``build_trainer``), a worker's
+entry, and what a failure was (``describe_failure``, ``root_cause``); the command
+(``tfgpu/cli/ray.py``) runs the job and turns its end into an exit code. Nothing here imports
+Ray or TensorFlow at import time: ``tfgpu-ray`` without Ray installed stops with one line
+(``require_ray``).
 """
 
 import dataclasses
 import logging
 import os
 import re
-import signal
-import sys
-import time
 
-from tfgpu.distribute import DistributeError
+from absl import logging as absl_logging
+
+from tfgpu.distribute import DistributeError, env
 from tfgpu.errors import TfgpuError, WorkerLost, first_line
 
 INSTALL = "pip install 'tfgpu[ray]'"
-# Seconds the driver waits, after a run ends, for the workers' last lines (see run_job).
-LOG_GRACE_S = 2.0
 # Set before Ray is imported (it reads them then), unless the user set them.
 RAY_ENV = {
     # Every worker prints its weights fingerprint: lines alike but for numbers, which Ray's
@@ -76,77 +76,7 @@ def storage_path(model_dir: str) -> str:
     return os.path.join(os.path.abspath(model_dir), "ray")
 
 
-def run_job(config, job: RayJob, worker) -> int:
-    """Runs ``worker({"config": config, "cwd": ...})`` (``tfgpu.ray.train_worker``: tfgpu's
-    loop) on ``job.num_workers`` Ray workers with ``config`` (a validated
-    Config, strategy multi_worker_mirrored) until the run ends. Returns 0, or 128 + N after
-    signal N stopped it (the workers stop without saving: the newest checkpoint is kept);
-    raises the TfgpuError that ended it once Ray's restarts ran out."""
-    require_ray()
-    from tfgpu.cli import quiet as startup
-
-    startup.quiet_log_level()  # the workers inherit it (a local cluster)
-    startup.import_tensorflow()  # Ray's TensorflowTrainer imports it: without its notices
-    import ray
-    from ray.train import TrainingFailedError
-
-    where = _connect(job)
-    signalled = _note_sigterm()  # after ray.init, whose handler it calls
-    print(f"tfgpu-ray: {_describe(job)} on {where}; --model_dir={config.model_dir}", flush=True)
-    try:
-        build_trainer(config, job, worker).fit()
-        # The workers' last lines (each one's weights fingerprint) travel file -> Ray's log
-        # monitor -> the driver; ray.shutdown() drops what has not arrived yet
-        # (ray-project/ray#31931): measured lost on a loaded 2-core machine.
-        time.sleep(LOG_GRACE_S)
-    except TrainingFailedError as err:
-        return job_failed(err, job)
-    except KeyboardInterrupt:
-        return _stopped("SIGINT")
-    except SystemExit:
-        if not signalled:
-            raise
-        return _stopped(signalled[0])
-    finally:
-        ray.shutdown()
-    print(f"tfgpu-ray: done; the run's files are in {config.model_dir}", flush=True)
-    return 0
-
-
-def _stopped(name: str) -> int:
-    """Says that signal ``name`` stopped the job; returns its exit code (128 + N)."""
-    print(
-        f"tfgpu-ray: stopped by {name}; the workers stopped without saving, the newest "
-        "checkpoint in --model_dir is kept: run the same command again to resume",
-        file=sys.stderr,
-        flush=True,
-    )
-    return 128 + signal.Signals[name].value
-
-
-def _note_sigterm() -> list:
-    """Puts a SIGTERM handler before the one ray.init set (which stops a local cluster's
-    processes and exits): returns a list that holds "SIGTERM" once the signal came."""
-    seen: list = []
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def handler(signum, frame):
-        seen.append(signal.Signals(signum).name)
-        if callable(previous):
-            previous(signum, frame)
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-    return seen
-
-
-def _describe(job: RayJob) -> str:
-    device = "1 GPU" if job.use_gpu else "1 CPU"
-    restarts = "always" if job.max_failures < 0 else f"up to {job.max_failures}"
-    return f"{job.num_workers} worker(s), {device} each, restarts: {restarts}"
-
-
-def _connect(job: RayJob) -> str:
+def connect(job: RayJob) -> str:
     """Connects to the cluster ``job`` names, or starts a local one; returns how to name it."""
     import ray
 
@@ -200,35 +130,19 @@ def build_trainer(config, job: RayJob, worker):
 
 def enter_worker(job: dict) -> None:
     """Makes a Ray Train worker's process (Ray set its TF_CONFIG) fit for tfgpu's loop on
-    ``job["config"]``: Keras 3, the driver's directory ``job["cwd"]``, quiet logs, TensorFlow
-    imported; prints which worker it is."""
+    ``job["config"]``, before TensorFlow is imported: Keras 3, the driver's directory
+    ``job["cwd"]``, quiet logs."""
     # Ray sets it for tf.keras users; tfgpu is Keras 3 and tf_keras is not installed.
     os.environ.pop("TF_USE_LEGACY_KERAS", None)
     if os.path.isdir(job["cwd"]):
         os.chdir(job["cwd"])
-    from absl import logging as absl_logging
-
     # tf.distribute logs every reduction at INFO (tfgpu.main: the same)
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
-    from tfgpu.cli import quiet as startup
-
-    startup.import_tensorflow()
-    print(f"tfgpu-ray: {_whoami()}", flush=True)
 
 
-def leave_worker() -> None:
-    """What a Ray worker must do itself when its run ends: Ray ends the actor with a kill, so
-    no exit handler removes its scratch directories."""
-    from tfgpu.distribute import common
-
-    common.remove_scratch_dirs()
-
-
-def _whoami() -> str:
+def whoami() -> str:
     """``worker I of N: pid P, HOST:PORT`` from the TF_CONFIG Ray wrote for this worker."""
-    from tfgpu.distribute import env
-
     config = env.read_tf_config()
     index, workers = int(config["task"]["index"]), config["cluster"]["worker"]
     return f"worker {index} of {len(workers)}: pid {os.getpid()}, {workers[index]}"
@@ -294,20 +208,3 @@ def _failure_log(max_failures: int):
             print(f"tfgpu-ray: attempt {self.failures} failed: {line}; {then}", flush=True)
 
     return FailureLog()
-
-
-def job_failed(err, job: RayJob) -> int:
-    """The exit code of a job Ray gave up on (``err``: Ray's TrainingFailedError), after one
-    line saying why (or, for an error that is not tfgpu's, the worker's traceback)."""
-    failures = getattr(err, "worker_failures", None)
-    if not failures:  # the controller's or a preemption's: Ray's own words, first line
-        first = first_line(err)
-        raise DistributeError(f"Ray Train failed: {first}")
-    rank = root_cause(failures)
-    line, code, raised = describe_failure(rank, failures[rank])
-    if code == 1 and raised is None:
-        print(str(failures[rank]), file=sys.stderr, flush=True)  # the worker's traceback
-        return 1
-    after = f"after {job.max_failures} restart(s)" if job.max_failures > 0 else "(--max_failures=0)"
-    error = (type(raised) if raised else WorkerLost)(f"{line}; Ray gave up {after}")
-    raise error

@@ -1,4 +1,4 @@
-"""``tools/to_tfrecord.py`` / ``tfgpu-to-tfrecord``: convert a dataset into sharded TFRecords.
+"""``tfgpu-to-tfrecord`` / ``tools/to_tfrecord.py``: convert a dataset into sharded TFRecords.
 
   python tools/to_tfrecord.py --input=~/imagenet --output_dir=/data/imagenet-tfr
   python tools/to_tfrecord.py --input=digits.h5 --hdf5_images=x --hdf5_labels=y --output_dir=out
@@ -21,167 +21,23 @@ from collections import Counter
 
 from absl import flags
 
-from tfgpu.convert import plan, verify
-from tfgpu.convert.inputs import arrays, cifar, folders, hdf5, idx, lmdb_input, npz, tfds_input
-from tfgpu.convert.items import (
-    DEFAULT_MAX_FILE_MB,
-    DEFAULT_MAX_MEGAPIXELS,
-    ConvertError,
-    Source,
-)
+from tfgpu.cli import quiet
 from tfgpu.cli.app import run_command
+from tfgpu.cli.flags import command_settings, define_flags
+from tfgpu.cli.settings import ConvertSettings
+from tfgpu.convert import plan
+from tfgpu.convert.inputs import arrays, cifar, folders, hdf5, idx, lmdb_input, npz, tfds_input
+from tfgpu.convert.items import ConvertError, Source
 from tfgpu.files import check_flagfiles
 from tfgpu.recordformat import INFO_FILE
 
+COMMAND = "tfgpu-to-tfrecord"
 # Own FlagValues: the converter's flags must not clash with tfgpu.main's in one process.
 FLAGS = flags.FlagValues()
-_FLAGS = [
-    (
-        flags.DEFINE_string,
-        "input",
-        "",
-        "A folder ROOT/<class>/<image> or ROOT/train|validation/<class>/..., an HDF5 file, "
-        "an LMDB database (its folder, holding data.mdb, or the data.mdb file), a folder of IDX "
-        "files (MNIST's: train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k- or "
-        "test- files as validation), a NumPy .npz (keras.datasets' x_train, y_train[, x_test, "
-        "y_test]) or CIFAR's python batches (the folder cifar-10-batches-py or "
-        "cifar-100-python).",
-    ),
-    (
-        flags.DEFINE_string,
-        "class_names",
-        "",
-        "IDX and .npz inputs, which name no classes (else 0..N-1): comma-separated names, or a "
-        "text file with one name per line; one per class, label 0 first.",
-    ),
-    (
-        flags.DEFINE_string,
-        "tfds_name",
-        "",
-        "A tensorflow-datasets name (instead of --input), e.g. cifar10.",
-    ),
-    (
-        flags.DEFINE_string,
-        "tfds_data_dir",
-        "",
-        "Where that dataset is already prepared; nothing is downloaded.",
-    ),
-    (flags.DEFINE_string, "hdf5_images", "images", "HDF5 dataset of uint8 images (N, H, W[, C])."),
-    (flags.DEFINE_string, "hdf5_labels", "labels", "HDF5 dataset of integer labels (N,)."),
-    (
-        flags.DEFINE_string,
-        "lmdb_layout",
-        "auto",
-        "LMDB values: datum (Caffe Datum records: raw or encoded pixels and a label), encoded "
-        "(image bytes), or auto (told from the first values). Pickled values are refused. "
-        "Labels: --lmdb_labels_file, else --lmdb_label_regex, else a key '<key>.label' beside "
-        "each image holding its class index or name (ASCII/UTF-8), else the Datum's label.",
-    ),
-    (
-        flags.DEFINE_string,
-        "lmdb_label_regex",
-        "",
-        "LMDB: a regular expression with one group, searched in each key, that captures the "
-        r"label (class name or index), e.g. '^(\w+)/' or '_(\d+)$'.",
-    ),
-    (
-        flags.DEFINE_string,
-        "lmdb_labels_file",
-        "",
-        "LMDB: a file of 'key,label' (or 'key label') lines, or a JSON object {key: label}.",
-    ),
-    (
-        flags.DEFINE_string,
-        "lmdb_channel_order",
-        "bgr",
-        "LMDB: channel order of raw 3-channel Datum pixels: bgr (what Caffe's convert_imageset "
-        "and OpenCV write) or rgb.",
-    ),
-    (
-        flags.DEFINE_string,
-        "output_dir",
-        "",
-        "Where the shards and dataset_info.json go (created if missing).",
-    ),
-    (
-        flags.DEFINE_float,
-        "validation_fraction",
-        0.1,
-        "Share of each class held out when the input has no validation split.",
-    ),
-    (
-        flags.DEFINE_integer,
-        "seed",
-        0,
-        "Seed of the validation split and of the shuffle across shards.",
-    ),
-    (
-        flags.DEFINE_integer,
-        "num_shards",
-        0,
-        "Train shards (other splits in proportion); 0 = by --shard_size_mb.",
-    ),
-    (flags.DEFINE_float, "shard_size_mb", 128, "Target shard size when --num_shards=0."),
-    (
-        flags.DEFINE_integer,
-        "num_workers",
-        os.cpu_count() or 1,
-        "Worker processes (whole shards each); 0 = in this process.",
-    ),
-    (
-        flags.DEFINE_integer,
-        "jpeg_quality",
-        95,
-        "Quality of images that are re-encoded (non-JPEG, non-RGB, resized).",
-    ),
-    (
-        flags.DEFINE_bool,
-        "lossless",
-        False,
-        "Re-encode as PNG instead of JPEG (original JPEGs still pass through). Inputs of raw "
-        "pixel arrays (IDX, .npz, CIFAR) are stored as PNG unless --nolossless is given, so "
-        "that their records hold the exact pixels (grayscale stays 1-channel).",
-    ),
-    (
-        flags.DEFINE_integer,
-        "max_side",
-        0,
-        "Shrink images whose longer side exceeds this (0 = keep sizes).",
-    ),
-    (
-        flags.DEFINE_integer,
-        "max_file_mb",
-        DEFAULT_MAX_FILE_MB,
-        "Skip (by name, with the reason) input files larger than this many MB, unread.",
-    ),
-    (
-        flags.DEFINE_integer,
-        "max_megapixels",
-        DEFAULT_MAX_MEGAPIXELS,
-        "Skip images of more than this many million pixels, undecoded (their header says): "
-        "a decompression bomb, a few kB that decode to GBs, is skipped by name.",
-    ),
-    (
-        flags.DEFINE_bool,
-        "overwrite",
-        False,
-        "Replace a finished or different conversion in --output_dir. A finished dataset is "
-        "replaced only once the new one is complete (written beside it, then swapped in): an "
-        "interrupted run leaves it as it was.",
-    ),
-    (
-        flags.DEFINE_bool,
-        "verify",
-        False,
-        "Re-read the output: counts match and every image decodes.",
-    ),
-    (flags.DEFINE_bool, "progress", True, "Show a progress bar with images/s and ETA."),
-]
-for define, name, default, help_text in _FLAGS:
-    define(name, default, help_text, flag_values=FLAGS)
+define_flags(FLAGS, COMMAND)  # cli/settings.py: ConvertSettings
 
 
-def _check_flags(f) -> None:
+def _check_flags(f: ConvertSettings) -> None:
     """Raises ConvertError for the first flag that is wrong."""
     if bool(f.input) == bool(f.tfds_name):
         raise ConvertError("give exactly one of --input and --tfds_name")
@@ -209,7 +65,7 @@ def _check_flags(f) -> None:
     _check_lmdb_flags(f)
 
 
-def _check_lmdb_flags(f) -> None:
+def _check_lmdb_flags(f: ConvertSettings) -> None:
     """The --lmdb_* flags: for an LMDB --input only; one label source; a one-group regex."""
     given = [n for n in ("lmdb_label_regex", "lmdb_labels_file") if getattr(f, n)]
     if len(given) > 1:
@@ -232,8 +88,8 @@ def _check_lmdb_flags(f) -> None:
             )
 
 
-def open_source(f) -> Source:
-    """The Source the flags name."""
+def open_source(f: ConvertSettings) -> Source:
+    """The Source the settings name."""
     path = os.path.expanduser(f.input)
     names = arrays.parse_class_names(f.class_names)
     if f.input and idx.is_idx_folder(path):  # before image folders: it is a folder too
@@ -245,7 +101,7 @@ def open_source(f) -> Source:
     return _named_source(f, path)
 
 
-def _named_source(f, path: str) -> Source:
+def _named_source(f: ConvertSettings, path: str) -> Source:
     """The Source of inputs that name their classes: tfds, LMDB, CIFAR, folders, HDF5."""
     if f.tfds_name:
         data_dir = os.path.expanduser(f.tfds_data_dir)
@@ -278,19 +134,22 @@ def _named_source(f, path: str) -> Source:
     return hdf5.hdf5_source(path, f.hdf5_images, f.hdf5_labels, f.validation_fraction, f.seed)
 
 
-def convert_from_flags(f) -> dict:
-    """Runs the conversion the flags describe; returns dataset_info."""
+def convert_from_flags(flag_values=FLAGS) -> dict:
+    """Runs the conversion the parsed ``flag_values`` describe; returns dataset_info."""
+    f, present = command_settings(COMMAND, flag_values)
     _check_flags(f)
-    return convert_source(f, open_source(f))
+    return convert_source(f, open_source(f), "lossless" in present)
 
 
-def lossless(f, source: Source) -> bool:
-    """--lossless as given, else on for raw pixel arrays (JPEG would change their pixels)."""
-    return f.lossless if f["lossless"].present else f.lossless or source.raw_pixels
+def lossless(f: ConvertSettings, source: Source, given: bool) -> bool:
+    """--lossless as ``given`` on the command line, else on for raw pixel arrays (JPEG would
+    change their pixels)."""
+    return f.lossless if given else f.lossless or source.raw_pixels
 
 
-def convert_source(f, source: Source) -> dict:
-    """Converts ``source`` as the flags say; returns dataset_info."""
+def convert_source(f: ConvertSettings, source: Source, lossless_given: bool) -> dict:
+    """Converts ``source`` as the settings say (``lossless_given``: --lossless or
+    --nolossless on the command line); returns dataset_info."""
     sizes = {s: len(items) for s, items in source.splits.items()}
     num_shards = plan.choose_num_shards(sizes, source.split_bytes, f.num_shards, f.shard_size_mb)
     return plan.write_dataset(
@@ -305,7 +164,7 @@ def convert_source(f, source: Source) -> dict:
         progress=f.progress,
         skipped=source.skipped,
         jpeg_quality=f.jpeg_quality,
-        lossless=lossless(f, source),
+        lossless=lossless(f, source, lossless_given),
         keep_grayscale=source.raw_pixels,
         max_side=f.max_side,
         max_file_mb=f.max_file_mb,
@@ -326,20 +185,21 @@ def _convert(argv: list) -> int:
         FLAGS.unparse_flags()  # main may run more than once in a process (tests)
         check_flagfiles(argv)  # absl would hang on a FIFO, or fail on bytes, with a traceback
         FLAGS(argv)
+        f, present = command_settings(COMMAND, FLAGS)
         start = time.perf_counter()
-        _check_flags(FLAGS)
-        source = open_source(FLAGS)
-        info = convert_source(FLAGS, source)
+        _check_flags(f)
+        source = open_source(f)
+        info = convert_source(f, source, "lossless" in present)
         seconds = time.perf_counter() - start
-        if FLAGS.verify:
-            verify.verify(os.path.expanduser(FLAGS.output_dir))
+        if f.verify:
+            verify(f.output_dir)
     except KeyboardInterrupt:
         print("to_tfrecord: interrupted; run the same command again to finish", file=sys.stderr)
         return 130
     counts = ", ".join(f"{n} {s}" for s, n in info["num_examples"].items())
     shards = sum(len(v["shards"]) for v in info["splits"].values())
     print(
-        f"to_tfrecord: wrote {counts} images in {shards} shards to {FLAGS.output_dir} in "
+        f"to_tfrecord: wrote {counts} images in {shards} shards to {f.output_dir} in "
         f"{seconds:.1f} s; skipped {info['num_skipped']} inputs{skip_summary(info)}"
         + (f"; {source.note}" if source.note else "")
         + (
@@ -347,9 +207,19 @@ def _convert(argv: list) -> int:
             if source.raw_pixels and info["options"]["lossless"]
             else ""
         )
-        + ("; verified: every record decodes" if FLAGS.verify else "")
+        + ("; verified: every record decodes" if f.verify else "")
     )
     return 0
+
+
+def verify(output_dir: str) -> None:
+    """--verify: re-reads the dataset in ``output_dir`` as the trainer does (TensorFlow)."""
+    quiet.import_tensorflow()  # without its start-up notices
+    # verify imports TensorFlow at its top: only when asked to (tests/test_imports.py:
+    # test_light_modules_import_no_tensorflow, tfgpu.cli.convert).
+    from tfgpu.convert import verify as reread
+
+    reread.verify(os.path.expanduser(output_dir))
 
 
 def skip_summary(info: dict) -> str:

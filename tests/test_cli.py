@@ -1,0 +1,79 @@
+"""Every command lives in tfgpu/cli/: the console scripts point there, the documented module
+paths (``python -m tfgpu.main`` ...) are thin aliases of it, and ``--help`` exits 0."""
+
+import ast
+import configparser
+import importlib
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The module paths the docs, the README and the tests give -> the command they run.
+ALIASES = {
+    "tfgpu.main": "tfgpu.cli.train",
+    "tfgpu.launch": "tfgpu.cli.launch",
+    "tfgpu.ray": "tfgpu.cli.ray",
+    "tfgpu.distribute.hvdrun": "tfgpu.cli.horovodrun",
+    "tfgpu.data.service_server": "tfgpu.cli.data_service",
+}
+
+
+def _console_scripts() -> dict:
+    """{script: "module:function"} of setup.cfg."""
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    lines = setup["options.entry_points"]["console_scripts"].strip().splitlines()
+    return dict(tuple(part.strip() for part in line.split("=")) for line in lines)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_each_documented_module_path_is_a_thin_alias_of_its_command(alias):
+    """It runs the command's own ``run`` and holds nothing else: one import, one call."""
+    module = importlib.import_module(alias)
+    assert module.run is importlib.import_module(ALIASES[alias]).run
+    tree = ast.parse(pathlib.Path(module.__file__).read_text(encoding="utf-8"))
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [(n.module, [a.name for a in n.names]) for n in imports] == [(ALIASES[alias], ["run"])]
+    assert len(tree.body) == 3  # docstring, import, `if __name__ == "__main__": run()`
+
+
+@pytest.mark.fast
+def test_every_console_script_runs_a_command_in_cli():
+    scripts = _console_scripts()
+    for name in (
+        "tfgpu-train",
+        "tfgpu-to-tfrecord",
+        "tfgpu-launch",
+        "tfgpu-ray",
+        "tfgpu-horovodrun",
+        "tfgpu-data-service",
+    ):
+        module, function = scripts[name].split(":")
+        assert module.startswith("tfgpu.cli."), f"{name} = {scripts[name]}"
+        assert callable(getattr(importlib.import_module(module), function))
+
+
+# Each command's --help, as a user types it (a fresh interpreter each: none imports
+# TensorFlow for it, so this stays quick). tfgpu-horovodrun is horovodrun's own help.
+HELP = [
+    ["-m", "tfgpu.main", "--help"],
+    ["-m", "tfgpu.main", "--helpfull"],
+    ["-m", "tfgpu.launch", "--help"],
+    ["-m", "tfgpu.ray", "--help"],
+    ["-m", "tfgpu.data.service_server", "--help"],
+    [str(ROOT / "tools" / "to_tfrecord.py"), "--help"],
+]
+
+
+@pytest.mark.parametrize("argv", HELP, ids=[" ".join(a[-2:]) for a in HELP])
+def test_help_exits_0_and_shows_the_commands_flags(argv):
+    out = subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    shown = out.stdout + out.stderr
+    assert "--num_workers" in shown or "--model_dir" in shown or "--role" in shown, shown[-2000:]

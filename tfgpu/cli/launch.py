@@ -1,0 +1,128 @@
+"""``tfgpu-launch`` (``python -m tfgpu.launch``) ``--num_workers=N -- <tfgpu flags>``: N
+multi-worker processes on one machine, each with its TF_CONFIG filled in (what torchrun is to
+PyTorch).
+
+Each worker's output is prefixed with ``[worker i]``. When one worker fails, the others are
+stopped after ``--grace_s`` seconds (their collectives would time out anyway), and the launcher
+exits with the first failing worker's code (128 + N for a worker killed by signal N;
+``python -m tfgpu.main`` exits with 5 when it lost contact with another worker), after one line
+saying which worker failed first and how. For several
+machines, set TF_CONFIG on each node yourself (docs/launchers/tfjob.md) and run
+``python -m tfgpu.main --strategy=multi_worker_mirrored``.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from tfgpu.cli.app import run_app, run_command
+from tfgpu.cli.flags import command_settings, define_flags
+from tfgpu.distribute.env import free_ports
+
+COMMAND = "tfgpu-launch"
+define_flags(command=COMMAND)  # cli/settings.py: LaunchSettings
+
+
+def tf_configs(num_workers: int, host: str = "localhost") -> list[str]:
+    """One TF_CONFIG JSON string per worker of a localhost cluster."""
+    cluster = {"worker": [f"{host}:{p}" for p in free_ports(num_workers)]}
+    return [
+        json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        for i in range(num_workers)
+    ]
+
+
+LAST_LINES: dict = {}  # worker -> its last "tfgpu: ..." line, to say how it failed
+
+
+def _pump(stream, worker: int) -> None:
+    for line in iter(stream.readline, ""):
+        if line.startswith("tfgpu:"):
+            LAST_LINES[worker] = line.strip()
+        sys.stdout.write(f"[worker {worker}] {line}")
+        sys.stdout.flush()
+
+
+def start_workers(argv: list[str], num_workers: int, host: str = "localhost"):
+    """Starts ``python -m tfgpu.main <argv>`` N times; returns the Popen objects."""
+    procs = []
+    for i, tf_config in enumerate(tf_configs(num_workers, host)):
+        env = dict(os.environ, TF_CONFIG=tf_config)
+        cmd = [sys.executable, "-m", "tfgpu.main", *argv]
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        threading.Thread(target=_pump, args=(proc.stdout, i), daemon=True).start()
+        procs.append(proc)
+    return procs
+
+
+def wait_all(procs, grace_s: float) -> int:
+    """Waits for every worker; after a failure, says which worker failed first and how, and
+    stops the rest. Returns the exit code."""
+    failed_code, deadline = 0, None
+    while any(p.poll() is None for p in procs):
+        for i, p in enumerate(procs):
+            code = p.poll()
+            if code not in (None, 0) and not failed_code:
+                failed_code, deadline = code, time.time() + grace_s
+                time.sleep(0.3)  # its last lines are still on their way through the pipe
+                print(f"tfgpu.launch: {failure(i, code)}; stopping the others", flush=True)
+        if deadline and time.time() > deadline:
+            # SIGTERM first (a training worker saves and leaves); SIGKILL 10 s later, because
+            # a worker still waiting for its peers at start-up does not act on SIGTERM.
+            stop_all(procs, kill=time.time() > deadline + 10)
+        time.sleep(0.2)
+    codes = [p.returncode for p in procs]
+    return shell_code(failed_code or next((c for c in codes if c), 0))
+
+
+def failure(worker: int, returncode: int) -> str:
+    """``worker 1 failed first (exit code 5: tfgpu: error: ...)`` or ``(killed by SIGKILL)``."""
+    if returncode < 0:
+        how = f"killed by {signal.Signals(-returncode).name}"
+    else:
+        how = f"exit code {returncode}"
+    last = LAST_LINES.get(worker)
+    return f"worker {worker} failed first ({how}{': ' + last if last else ''})"
+
+
+def stop_all(procs, kill: bool = False) -> None:
+    """Sends SIGTERM (or SIGKILL) to the workers still running."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill() if kill else p.terminate()
+
+
+def shell_code(returncode: int) -> int:
+    """A Popen return code as a shell reports it: killed by signal N (-N) becomes 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def main(argv):
+    return run_command(_launch, argv, prog="tfgpu.launch")
+
+
+def _launch(argv) -> int:
+    settings, _ = command_settings(COMMAND)
+    procs = start_workers(argv[1:], settings.num_workers, settings.host)
+    # SIGTERM (scancel, Kubernetes) reaches the workers, which save and leave.
+    signal.signal(signal.SIGTERM, lambda *_: stop_all(procs))
+    try:
+        return wait_all(procs, settings.grace_s)
+    except KeyboardInterrupt:
+        stop_all(procs)
+        return 130
+
+
+def run():
+    """Console-script entry point (``tfgpu-launch``)."""
+    run_app(main, prog="tfgpu.launch", doc=__doc__)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,165 @@
+"""The commands' own settings, beside the trainer's (``tfgpu/config/``): one frozen dataclass of
+``setting()`` fields per command, declared once. ``flags.COMMAND_SETTINGS`` names each
+command's; ``flags.define_flags`` makes its absl flags, ``flags.command_settings`` reads them
+back as an instance, and ``docs/flags.md`` lists them.
+
+A class may say what ``docs/flags.md`` shows for a default that depends on the machine
+(``DOC_DEFAULTS``: {field: words}). No TensorFlow here: ``--help`` must not wait for it.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tfgpu.convert.items import DEFAULT_MAX_FILE_MB, DEFAULT_MAX_MEGAPIXELS
+from tfgpu.schema import setting
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """N multi-worker processes on one machine, each with its TF_CONFIG filled in:
+    ``tfgpu-launch --num_workers=N -- <tfgpu-train flags>`` (``python -m tfgpu.launch``)."""
+
+    num_workers: int = setting(2, "Worker processes to start on this machine.")
+    host: str = setting(
+        "localhost",
+        "The host name written into each worker's TF_CONFIG: where the workers reach each other. "
+        "TensorFlow's gRPC servers listen on every interface whatever it is (docs/security.md).",
+    )
+    grace_s: float = setting(30.0, "Seconds the others get to stop after one worker fails.")
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """tfgpu's training loop as a Ray Train job: ``tfgpu-ray --num_workers=N ... -- <tfgpu-train
+    flags>`` (``python -m tfgpu.ray``; docs/launchers/ray.md)."""
+
+    DOC_DEFAULTS: ClassVar[dict] = {"num_workers": "none (required)"}
+
+    num_workers: int | None = setting(None, "Ray workers: one process each.")
+    use_gpu: bool = setting(False, "One GPU per worker (Ray's ScalingConfig(use_gpu=True)).")
+    max_failures: int = setting(
+        0,
+        "How many failed attempts Ray restarts the worker group after (-1: always); each "
+        "restart resumes from the newest checkpoint in --model_dir.",
+    )
+    address: str = setting(
+        "",
+        "An existing Ray cluster (its head HEAD_IP:6379, from a machine of the cluster); empty: "
+        "RAY_ADDRESS if set, else a new local cluster.",
+    )
+
+
+@dataclass(frozen=True)
+class ConvertSettings:
+    """The converter: a dataset into sharded TFRecords, ``tfgpu-to-tfrecord``
+    (``python tools/to_tfrecord.py``; docs/data.md)."""
+
+    DOC_DEFAULTS: ClassVar[dict] = {"num_workers": "the number of CPUs"}
+
+    input: str = setting(  # noqa: A003  (the flag's name)
+        "",
+        "A folder ROOT/<class>/<image> or ROOT/train|validation/<class>/..., an HDF5 file, "
+        "an LMDB database (its folder, holding data.mdb, or the data.mdb file), a folder of IDX "
+        "files (MNIST's: train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k- or "
+        "test- files as validation), a NumPy .npz (keras.datasets' x_train, y_train[, x_test, "
+        "y_test]) or CIFAR's python batches (the folder cifar-10-batches-py or "
+        "cifar-100-python).",
+    )
+    class_names: str = setting(
+        "",
+        "IDX and .npz inputs, which name no classes (else 0..N-1): comma-separated names, or a "
+        "text file with one name per line; one per class, label 0 first.",
+    )
+    tfds_name: str = setting("", "A tensorflow-datasets name (instead of --input), e.g. cifar10.")
+    tfds_data_dir: str = setting(
+        "", "Where that dataset is already prepared; nothing is downloaded."
+    )
+    hdf5_images: str = setting("images", "HDF5 dataset of uint8 images (N, H, W[, C]).")
+    hdf5_labels: str = setting("labels", "HDF5 dataset of integer labels (N,).")
+    lmdb_layout: str = setting(
+        "auto",
+        "LMDB values: datum (Caffe Datum records: raw or encoded pixels and a label), encoded "
+        "(image bytes), or auto (told from the first values). Pickled values are refused. "
+        "Labels: --lmdb_labels_file, else --lmdb_label_regex, else a key '<key>.label' beside "
+        "each image holding its class index or name (ASCII/UTF-8), else the Datum's label.",
+    )
+    lmdb_label_regex: str = setting(
+        "",
+        "LMDB: a regular expression with one group, searched in each key, that captures the "
+        r"label (class name or index), e.g. '^(\w+)/' or '_(\d+)$'.",
+    )
+    lmdb_labels_file: str = setting(
+        "", "LMDB: a file of 'key,label' (or 'key label') lines, or a JSON object {key: label}."
+    )
+    lmdb_channel_order: str = setting(
+        "bgr",
+        "LMDB: channel order of raw 3-channel Datum pixels: bgr (what Caffe's convert_imageset "
+        "and OpenCV write) or rgb.",
+    )
+    output_dir: str = setting("", "Where the shards and dataset_info.json go (created if missing).")
+    validation_fraction: float = setting(
+        0.1, "Share of each class held out when the input has no validation split."
+    )
+    seed: int = setting(0, "Seed of the validation split and of the shuffle across shards.")
+    num_shards: int = setting(
+        0, "Train shards (other splits in proportion); 0 = by --shard_size_mb."
+    )
+    shard_size_mb: float = setting(128.0, "Target shard size when --num_shards=0.")
+    num_workers: int = setting(
+        os.cpu_count() or 1, "Worker processes (whole shards each); 0 = in this process."
+    )
+    jpeg_quality: int = setting(
+        95, "Quality of images that are re-encoded (non-JPEG, non-RGB, resized)."
+    )
+    lossless: bool = setting(
+        False,
+        "Re-encode as PNG instead of JPEG (original JPEGs still pass through). Inputs of raw "
+        "pixel arrays (IDX, .npz, CIFAR) are stored as PNG unless --nolossless is given, so "
+        "that their records hold the exact pixels (grayscale stays 1-channel).",
+    )
+    max_side: int = setting(0, "Shrink images whose longer side exceeds this (0 = keep sizes).")
+    max_file_mb: int = setting(
+        DEFAULT_MAX_FILE_MB,
+        "Skip (by name, with the reason) input files larger than this many MB, unread.",
+    )
+    max_megapixels: int = setting(
+        DEFAULT_MAX_MEGAPIXELS,
+        "Skip images of more than this many million pixels, undecoded (their header says): "
+        "a decompression bomb, a few kB that decode to GBs, is skipped by name.",
+    )
+    overwrite: bool = setting(
+        False,
+        "Replace a finished or different conversion in --output_dir. A finished dataset is "
+        "replaced only once the new one is complete (written beside it, then swapped in): an "
+        "interrupted run leaves it as it was.",
+    )
+    verify: bool = setting(False, "Re-read the output: counts match and every image decodes.")
+    progress: bool = setting(True, "Show a progress bar with images/s and ETA.")
+
+
+@dataclass(frozen=True)
+class DataServiceSettings:
+    """The tf.data service that ``--data_service=grpc://HOST:PORT`` sends the train pipeline
+    to: ``tfgpu-data-service --role=...`` (``python -m tfgpu.data.service_server``;
+    docs/input-pipeline.md)."""
+
+    role: str = setting("", "dispatcher, worker or local.")
+    port: int = setting(
+        5050,
+        "dispatcher and local: the dispatcher's port (on every interface: TensorFlow offers no "
+        "narrower bind).",
+    )
+    work_dir: str = setting(
+        "",
+        "dispatcher and local: journal the dispatcher's state here (fault-tolerant mode: a "
+        "restart on the same port and work dir resumes its jobs). Empty: no journal.",
+    )
+    dispatcher: str = setting("", "worker: the dispatcher's HOST:PORT (or grpc://HOST:PORT).")
+    worker_port: int = setting(0, "worker: its port (0: any free one).")
+    worker_host: str = setting(
+        "",
+        "worker: the name or address trainers reach it at (default: this machine's address on "
+        "the route to the dispatcher); it listens on every interface whatever this is.",
+    )
+    num_workers: int = setting(2, "local: workers started in this process.")

@@ -1,0 +1,119 @@
+"""Train an image classifier (``tfgpu-train``).
+
+  python -m tfgpu.main [--flagfile=flags/RECIPE.flags] [--data_dir=DIR] [--model_dir=DIR] ...
+
+With no --data_dir, trains tiny_cnn on the built-in digits demo. A run writes everything to
+--model_dir and resumes from the newest checkpoint found there, with its own settings
+(--model_dir alone is enough; docs/faults.md says which flags may change). For example:
+
+  python -m tfgpu.main --strategy=mirrored --flagfile=flags/resnet50_imagenet.flags \\
+      --data_dir=/data/imagenet-tfr --model_dir=runs/r50
+
+The flags most runs set are below; --helpfull lists every flag by section, and docs/flags.md is
+the reference. Guides, one per topic: docs/ (README.md has the map).
+"""
+
+# Flags -> one validated, frozen Config -> ``train.run``. A --model_dir that holds a run gives
+# its config.json's settings for every flag the user did not set (``config.rundir``). Else,
+# with no --data_dir (nor --synthetic_data or --tfds_name), the run uses the built-in demo
+# dataset and the demo recipe for every flag the user did not set. TensorFlow is imported
+# only once the Config is valid: --help and a bad flag return at once (tests/test_imports.py).
+
+import datetime
+import os
+
+from absl import app, flags, logging
+
+from tfgpu import demo
+from tfgpu.cli import quiet
+from tfgpu.cli.app import run_app, run_command
+from tfgpu.cli.flags import KEY_FLAGS, define_flags, given_flags
+from tfgpu.config import config_from, rundir, validate
+from tfgpu.distribute import env
+from tfgpu.errors import ConfigError
+from tfgpu.train import faults, watch
+
+define_flags()
+watch.define_flags(switch=False)  # a TF_CONFIG evaluator task runs the side-car evaluator
+for _name in KEY_FLAGS:  # what --help lists beside this module's docstring
+    flags.declare_key_flag(_name)
+FLAGS = flags.FLAGS
+
+
+def check_writable(model_dir: str) -> None:
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        probe = os.path.join(model_dir, f".write-test-{os.getpid()}")  # workers share the dir
+        with open(probe, "w", encoding="utf-8"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        raise ConfigError(f"--model_dir={model_dir} is not writable: {err.strerror}") from None
+
+
+def default_model_dir() -> str:
+    """A new folder under runs/, named by the time."""
+    return os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+
+
+def make_config(flag_values=FLAGS):
+    """The run's validated Config from parsed tfgpu flags (``flag_values``: absl's global
+    FLAGS, or the FlagValues another command parsed its tfgpu flags into, e.g. ``tfgpu-ray``).
+    A --model_dir that holds a run gives its settings (its config.json) for every flag not
+    set, and refuses a set flag that contradicts its checkpoints (``rundir.restart_values``);
+    else the demo recipe gives the defaults when there is no data. A --model_dir that holds
+    something other than a tfgpu run is refused before anything is written."""
+    given, present = given_flags(flag_values)
+    model_dir = given["model_dir"]
+    stored = rundir.read_run(model_dir) if model_dir else None
+    use_demo = False
+    if stored is not None:
+        resuming = rundir.has_checkpoint(model_dir)
+        values = rundir.restart_values(stored, given, present, resuming, model_dir)
+    else:
+        use_demo = not ("data_dir" in present or given["synthetic_data"] or given["tfds_name"])
+        recipe = demo.DEMO_RECIPE if use_demo else {}
+        values = {k: recipe[k] if k in recipe and k not in present else v for k, v in given.items()}
+    config = config_from(**values)
+    if not config.model_dir:
+        config = config.with_settings(model_dir=default_model_dir())
+    config = validate(config)
+    if use_demo:  # built once (cached), only for a valid config: a bad flag returns at once
+        config = config.with_settings(data_dir=demo.build_demo_dataset())
+    return config
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.WARNING)  # tf.distribute logs every reduction at INFO
+    return run_command(_train, prog="tfgpu", translate=faults.translate)
+
+
+def _train() -> None:
+    if env.is_evaluator():
+        # Kubeflow's TFJob evaluator task: evaluates the trainers' checkpoints in --model_dir
+        # as they appear (its config.json says the rest), on its own device. TF_CONFIG goes
+        # before TensorFlow starts, so that nothing can join the trainers' cluster.
+        os.environ.pop("TF_CONFIG", None)
+        watch.watch(FLAGS.model_dir, FLAGS.watch_interval_s, FLAGS.watch_timeout_s)
+        return
+    config = make_config()
+    env.check_launch(config.dist.strategy)  # before anything is written or TensorFlow starts
+    check_writable(config.model_dir)
+    faults.install(config.dist.stop_grace_s)  # before TensorFlow starts its threads
+    quiet.import_tensorflow()  # without its start-up notices
+    # The trainer imports TensorFlow at its top: only now (tests/test_imports.py:
+    # test_help_returns_without_tensorflow, test_a_bad_flag_is_reported_without_tensorflow).
+    from tfgpu import train
+
+    train.run(config)
+
+
+def run():
+    """Console-script entry point (``tfgpu-train``)."""
+    run_app(main, prog="tfgpu", doc=__doc__)
+
+
+if __name__ == "__main__":
+    run()
