@@ -1,5 +1,5 @@
 """The built-in demo dataset and its recipe: what ``python -m tfgpu.main`` trains on when no
-dataset flag is given (``main.py`` fills in the dataset's directory and the recipe's flags).
+dataset flag is given (``cli/train.py`` fills in the dataset's directory and the recipe's flags).
 
 It sits above both halves of the package: the converter writes the dataset, the reader reads
 it like any other. ``digits.csv.gz`` beside this module holds the UCI handwritten digits

@@ -17,7 +17,8 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
                  mixing; no TensorFlow
   broken.py      records that fail to decode, named once (shard and index)
   service_client.py  --data_service: the train pipeline run by tf.data service workers
-  service_server.py  the service itself (dispatcher, workers): tfgpu-data-service
+  service_cluster.py the service's servers (dispatcher, workers), which tfgpu-data-service
+                 starts (service_server.py: its `python -m` alias)
 
 This file holds the choices ``config.py`` checks before TensorFlow starts.
 """

@@ -14,8 +14,8 @@ horovodrun, mpirun, Slurm, Ray) and Horovod.
   heartbeats.py  the UDP side channel and stall watchdog that name a stuck worker
   heartbeat_wire.py  its signed messages, and the judge of every datagram that arrives
   failures.py    a lost worker's error, in one line naming it
-  hvdrun.py      tfgpu-horovodrun: horovodrun with one line instead of its traceback
-  ray_train.py   tfgpu-ray's Ray Train job: the trainer, each worker's run, failures in one line
+  hvdrun.py      `python -m` alias of tfgpu-horovodrun (tfgpu/cli/horovodrun.py)
+  ray_train.py   tfgpu-ray's Ray Train job: the trainer, a worker's entry, failures in one line
 
 This file holds the choices ``config.py`` checks before TensorFlow starts, and the names
 shared by the modules above; it imports nothing heavy.
