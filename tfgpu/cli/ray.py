@@ -120,7 +120,8 @@ def run_job(config, job: RayJob) -> int:
     signalled = _note_sigterm()  # after ray.init, whose handler it calls
     print(f"tfgpu-ray: {_describe(job)} on {where}; --model_dir={config.model_dir}", flush=True)
     try:
-        ray_train.build_trainer(config, job, train_worker).fit()
+        callbacks = [_failure_log(job.max_failures)]
+        ray_train.build_trainer(config, job, train_worker, callbacks).fit()
         # The workers' last lines (each one's weights fingerprint) travel file -> Ray's log
         # monitor -> the driver; ray.shutdown() drops what has not arrived yet
         # (ray-project/ray#31931): measured lost on a loaded 2-core machine.
@@ -170,6 +171,32 @@ def _describe(job: RayJob) -> str:
     device = "1 GPU" if job.use_gpu else "1 CPU"
     restarts = "always" if job.max_failures < 0 else f"up to {job.max_failures}"
     return f"{job.num_workers} worker(s), {device} each, restarts: {restarts}"
+
+
+def _failure_log(max_failures: int):
+    """A Ray Train callback (run in Ray's controller) that says, in one line per failed
+    attempt, which worker failed and how, and whether Ray restarts the group."""
+    from ray.train import UserCallback  # Ray: an optional extra, here present (run_job)
+
+    class FailureLog(UserCallback):
+        def __init__(self):
+            self.failures = 0
+
+        def after_exception(self, run_context, worker_exceptions):
+            del run_context
+            self.failures += 1
+            rank = ray_train.root_cause(worker_exceptions)
+            line = ray_train.describe_failure(rank, worker_exceptions[rank])[0]
+            if max_failures < 0 or self.failures <= max_failures:
+                then = (
+                    f"restart {self.failures} of {max_failures if max_failures >= 0 else 'any'}: "
+                    "a new group resumes from the newest checkpoint in --model_dir"
+                )
+            else:
+                then = f"no restart left (--max_failures={max_failures})"
+            print(f"tfgpu-ray: attempt {self.failures} failed: {line}; {then}", flush=True)
+
+    return FailureLog()
 
 
 def job_failed(err, job: RayJob) -> int:

@@ -105,8 +105,9 @@ def connect(job: RayJob) -> str:
     return "a local Ray cluster (it listens on EVERY interface: docs/security.md)"
 
 
-def build_trainer(config, job: RayJob, worker):
-    """The TensorflowTrainer that runs ``worker`` on every worker, with ``config``."""
+def build_trainer(config, job: RayJob, worker, callbacks=()):
+    """The TensorflowTrainer that runs ``worker`` on every worker, with ``config``, and Ray
+    Train ``callbacks`` in its controller."""
     from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
@@ -117,7 +118,7 @@ def build_trainer(config, job: RayJob, worker):
         # Ray Train's console logs would print every worker error's traceback (tfgpu says it in
         # one line); they stay in the session's log files (/tmp/ray/session_latest/logs/train).
         logging_config=LoggingConfig(log_level="CRITICAL"),
-        callbacks=[_failure_log(job.max_failures)],
+        callbacks=list(callbacks),
     )
     return TensorflowTrainer(
         worker,
@@ -182,29 +183,3 @@ def root_cause(failures: dict) -> int:
         return (2 if code == WorkerLost.exit_code else 1), rank
 
     return min(failures, key=order)
-
-
-def _failure_log(max_failures: int):
-    """A Ray Train callback (run in Ray's controller) that says, in one line per failed
-    attempt, which worker failed and how, and whether Ray restarts the group."""
-    from ray.train import UserCallback
-
-    class FailureLog(UserCallback):
-        def __init__(self):
-            self.failures = 0
-
-        def after_exception(self, run_context, worker_exceptions):
-            del run_context
-            self.failures += 1
-            rank = root_cause(worker_exceptions)
-            line = describe_failure(rank, worker_exceptions[rank])[0]
-            if max_failures < 0 or self.failures <= max_failures:
-                then = (
-                    f"restart {self.failures} of {max_failures if max_failures >= 0 else 'any'}: "
-                    "a new group resumes from the newest checkpoint in --model_dir"
-                )
-            else:
-                then = f"no restart left (--max_failures={max_failures})"
-            print(f"tfgpu-ray: attempt {self.failures} failed: {line}; {then}", flush=True)
-
-    return FailureLog()
