@@ -34,6 +34,15 @@ USAGE = (
 STRATEGY = "multi_worker_mirrored"
 
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull")
+INSTALL = "pip install 'tfgpu[ray]'"
+# Set before Ray is imported (it reads them then), unless the user set them.
+RAY_ENV = {
+    # Every worker prints its weights fingerprint: lines alike but for numbers, which Ray's
+    # de-duplication would fold into one.
+    "RAY_DEDUP_LOGS": "0",
+    # Ray Train prints a worker's print() through its logger AND stdout: each line twice.
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+}
 # Seconds the driver waits, after a run ends, for the workers' last lines (see run_job).
 LOG_GRACE_S = 2.0
 
@@ -64,6 +73,19 @@ def parse(argv: list[str]):
     if f.max_failures < -1:
         raise UsageError(f"--max_failures={f.max_failures} must be -1 (always) or more")
     return RayJob(f.num_workers, f.use_gpu, f.max_failures, f.address), argv[split + 1 :]
+
+
+def require_ray() -> None:
+    """Returns when Ray Train (V2) can be imported (and imports it, with ``RAY_ENV`` set);
+    else a DistributeError saying how to install it."""
+    for name, value in RAY_ENV.items():
+        os.environ.setdefault(name, value)
+    try:
+        import ray.train  # noqa: F401  (Ray: an optional extra)
+    except ImportError:
+        raise DistributeError(f"tfgpu-ray needs Ray Train: {INSTALL}") from None
+    if os.environ.get("RAY_TRAIN_V2_ENABLED", "1").lower() in ("0", "false"):
+        raise DistributeError("tfgpu-ray runs on Ray Train V2: unset RAY_TRAIN_V2_ENABLED=0")
 
 
 def make_config(tfgpu_argv: list[str], local: bool):
@@ -98,7 +120,7 @@ def main(argv: list[str]) -> int:
 
 def _run(argv: list[str]) -> int:
     job, tfgpu_argv = parse(argv)
-    ray_train.require_ray()
+    require_ray()
     local = not (job.address or os.environ.get("RAY_ADDRESS"))
     config = make_config(tfgpu_argv, local)
     return run_job(config, job)
@@ -109,7 +131,7 @@ def run_job(config, job: RayJob) -> int:
     (a validated Config, strategy multi_worker_mirrored) until the run ends. Returns 0, or
     128 + N after signal N stopped it (the workers stop without saving: the newest checkpoint
     is kept); raises the TfgpuError that ended it once Ray's restarts ran out."""
-    ray_train.require_ray()
+    require_ray()
     quiet.quiet_log_level()  # the workers inherit it (a local cluster)
     quiet.import_tensorflow()  # Ray's TensorflowTrainer imports it: without its notices
     # Ray is an optional extra (tfgpu[ray]), imported once the job is sure to run.

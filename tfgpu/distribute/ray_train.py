@@ -18,9 +18,8 @@ another node).
 
 Here: the job (``RayJob``), connecting (``connect``), the trainer (``build_trainer``), a worker's
 entry, and what a failure was (``describe_failure``, ``root_cause``); the command
-(``tfgpu/cli/ray.py``) runs the job and turns its end into an exit code. Nothing here imports
-Ray or TensorFlow at import time: ``tfgpu-ray`` without Ray installed stops with one line
-(``require_ray``).
+(``tfgpu/cli/ray.py``) checks that Ray is there, runs the job and turns its end into an exit
+code. Nothing here imports Ray or TensorFlow at import time.
 """
 
 import dataclasses
@@ -33,16 +32,6 @@ from absl import logging as absl_logging
 from tfgpu.distribute import DistributeError, env
 from tfgpu.errors import TfgpuError, WorkerLost, first_line
 
-INSTALL = "pip install 'tfgpu[ray]'"
-# Set before Ray is imported (it reads them then), unless the user set them.
-RAY_ENV = {
-    # Every worker prints its weights fingerprint: lines alike but for numbers, which Ray's
-    # de-duplication would fold into one.
-    "RAY_DEDUP_LOGS": "0",
-    # Ray Train prints a worker's print() through its logger AND stdout: each line twice.
-    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class RayJob:
@@ -54,19 +43,6 @@ class RayJob:
     use_gpu: bool = False
     max_failures: int = 0
     address: str = ""
-
-
-def require_ray() -> None:
-    """Returns when Ray Train (V2) can be imported (and imports it, with ``RAY_ENV`` set);
-    else a DistributeError saying how to install it."""
-    for name, value in RAY_ENV.items():
-        os.environ.setdefault(name, value)
-    try:
-        import ray.train  # noqa: F401
-    except ImportError:
-        raise DistributeError(f"tfgpu-ray needs Ray Train: {INSTALL}") from None
-    if os.environ.get("RAY_TRAIN_V2_ENABLED", "1").lower() in ("0", "false"):
-        raise DistributeError("tfgpu-ray runs on Ray Train V2: unset RAY_TRAIN_V2_ENABLED=0")
 
 
 def storage_path(model_dir: str) -> str:
