@@ -7,7 +7,7 @@ the final size, side by side, and the run's predicted train time with stages aga
 
 Per model, one model is built at --image_size and widened as a progressive run widens it
 (``models.any_input_size``); tfgpu's own train step (``TrainStep.update``, one device) is
-traced once per stage size of ``data.progressive.plan`` on a synthetic uint8 batch, then the
+traced once per stage size of ``train.progressive.plan`` on a synthetic uint8 batch, then the
 sizes are timed in alternating rounds in one process (the median of the rounds is printed).
 Stages cover equal shares of the updates, so the predicted time of a progressive run is the
 mean of the stages' step times; "x" is that against every update at the final size. What it
@@ -31,7 +31,7 @@ from calibration import calibration  # noqa: E402
 
 from tfgpu import models  # noqa: E402
 from tfgpu.config import config_from  # noqa: E402
-from tfgpu.data import progressive  # noqa: E402
+from tfgpu.train import progressive  # noqa: E402
 from tfgpu.distribute import backends  # noqa: E402
 from tfgpu.step.train_step import TrainStep  # noqa: E402
 

@@ -264,7 +264,16 @@ def test_job_names_follow_the_stream_not_the_run_length(id_dataset):
     base = config_from(data_dir=id_dataset, model_dir="/tmp/run-a", seed=1, train_steps=10)
 
     def name(config, shard=None):
-        return service.job_name(config, spec, shard or InputShard(1, 0), 8)
+        return service.job_name(
+            config.data,
+            spec,
+            shard or InputShard(1, 0),
+            batch_size=8,
+            global_batch_size=config.train.global_batch_size,
+            seed=config.seed,
+            deterministic=config.deterministic,
+            model_dir=config.model_dir,
+        )
 
     assert name(base) == name(base.with_settings(train_steps=20, learning_rate=0.5))
     assert name(base) == name(base.with_settings(data_service="grpc://elsewhere:1"))

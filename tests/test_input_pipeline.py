@@ -1,3 +1,5 @@
+import inspect
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,7 +12,7 @@ from conftest import (
 
 from tfgpu.data.config import DataConfig
 from tfgpu import recordformat
-from tfgpu.data import device_ops, host_ops, pipeline
+from tfgpu.data import device_ops, host_ops, pipeline, readers
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import InputShard
 
@@ -20,6 +22,21 @@ ORDER = dict(seed=3, deterministic=True)  # the run-wide settings the pipeline t
 
 def _spec(data_dir):
     return data_spec.load_data_spec(data_dir)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("reader", readers.READERS, ids=lambda m: m.__name__.rsplit(".")[-1])
+def test_every_train_reader_takes_what_the_protocol_names(reader):
+    """The file, in-memory and service readers are interchangeable for ``readers.train_maker``:
+    each ``make_train_dataset`` takes ``TrainReader``'s parameters, of the same kinds and
+    defaults (more, with defaults, are its own)."""
+    wanted = inspect.signature(readers.TrainReader.make_train_dataset).parameters
+    given = inspect.signature(reader.make_train_dataset).parameters
+    for name, param in list(wanted.items())[2:]:  # self and the source are named freely
+        assert name in given, f"{reader.__name__} lacks {name}"
+        assert (given[name].kind, given[name].default) == (param.kind, param.default), name
+    extra = [p for n, p in given.items() if n not in wanted and p.default is p.empty]
+    assert len(extra) == 1, extra  # the source
 
 
 @pytest.mark.fast

@@ -15,7 +15,6 @@ from conftest import TINY_RUN
 from tfgpu import train
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.data import pipeline
-from tfgpu.data import progressive as plan_
 from tfgpu.data.config import CurriculumConfig, DataConfig
 from tfgpu.train import progressive
 from tfgpu.train.actions import Action
@@ -42,7 +41,7 @@ STAGED = dict(
 def test_any_plan_covers_every_update_once_with_sides_growing_to_the_final(n, total, final, data):
     low = data.draw(st.integers(8, final))
     c = CurriculumConfig(progressive_stages=n, progressive_min_image_size=low)
-    stages = plan_.plan(c, DataConfig(image_size=final), total)
+    stages = progressive.plan(c, DataConfig(image_size=final), total)
     assert stages[0].start == 0 and stages[-1].end == total
     assert all(a.end == b.start for a, b in zip(stages, stages[1:]))
     assert all(s.start < s.end for s in stages) and len(stages) <= n
@@ -50,7 +49,7 @@ def test_any_plan_covers_every_update_once_with_sides_growing_to_the_final(n, to
     assert sides == sorted(sides) and sides[-1] == final
     assert all(side % 8 == 0 and side >= 8 for side in sides[:-1])
     for step in (0, total // 2, total - 1):
-        stage = plan_.stage_at(stages, step)
+        stage = progressive.stage_at(stages, step)
         assert stage.start <= step < stage.end
 
 
@@ -60,14 +59,16 @@ def test_plan_splits_the_updates_and_grows_size_and_strength_linearly():
         progressive_stages=4, progressive_min_image_size=128, progressive_min_magnitude=5
     )
     d = DataConfig(image_size=300, augment_policy="randaugment", randaugment_magnitude=15)
-    stages = plan_.plan(c, d, total_steps=10)
+    stages = progressive.plan(c, d, total_steps=10)
     assert [(s.start, s.end) for s in stages] == [(0, 2), (2, 5), (5, 7), (7, 10)]
     # 128 + 172 s / 3, down to a multiple of 8 but the last: 128, 185.3 -> 184, 242.7 -> 240, 300.
     assert [s.image_size for s in stages] == [128, 184, 240, 300]
     assert [round(s.magnitude, 6) for s in stages] == [5, 8.333333, 11.666667, 15]
     assert {s.mixup_alpha for s in stages} == {0.0}  # -1: the final value throughout
-    assert plan_.stage_at(stages, 4).index == 1 and plan_.stage_at(stages, 10).index == 3
-    assert plan_.plan(CurriculumConfig(progressive_stages=1), d, 10) == []
+    assert (
+        progressive.stage_at(stages, 4).index == 1 and progressive.stage_at(stages, 10).index == 3
+    )
+    assert progressive.plan(CurriculumConfig(progressive_stages=1), d, 10) == []
 
 
 @pytest.mark.fast

@@ -3,6 +3,8 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
 
   config.py      its settings (``config.data``) and their checks; no TensorFlow
   spec.py        a dataset's shards, counts and checks (DataSpec), whatever its source
+  readers.py     which reader a run's train batches come from, and what every train reader
+                 offers (``TrainReader``: pipeline, memory, service_client)
   pipeline.py    the tf.data pipelines: train, eval, synthetic
   memory.py      small images: the train split decoded once into memory, batches cut from it
   host_ops.py    per-example work on the host: check, decode the crop window, draw the dice
@@ -13,8 +15,6 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
   erasing.py     random erasing: its draws, and the noise that fills the boxes
   balance.py     class balance: --class_weights' weights (applied by the step's loss) and
                  balanced sampling's class probabilities (drawn by memory.py); no TensorFlow
-  progressive.py --progressive_stages' plan: each stage's updates, image size, magnitude and
-                 mixing; no TensorFlow
   broken.py      records that fail to decode, named once (shard and index)
   service_client.py  --data_service: the train pipeline run by tf.data service workers
   service_cluster.py the service's servers (dispatcher, workers), which tfgpu-data-service

@@ -214,7 +214,7 @@ class DataConfig(_Reading):
 @dataclass(frozen=True)
 class CurriculumConfig:
     """How what the model sees changes over training, beyond the per-example draws:
-    repeated augmentation (``sampling.py``) and progressive resizing (``progressive.py``). A
+    repeated augmentation (``sampling.py``) and progressive resizing (``train/progressive.py``). A
     section of its own (``config.curriculum``)."""
 
     repeated_augment: int = setting(

@@ -110,29 +110,35 @@ def _count_workers(reply: bytes) -> int | None:
     return count
 
 
-def job_name(config, spec: DataSpec, shard: InputShard, batch_size: int) -> str:
+def job_name(
+    data,
+    spec: DataSpec,
+    shard: InputShard,
+    *,
+    batch_size: int,
+    global_batch_size: int,
+    seed: int,
+    deterministic: bool,
+    model_dir: str,
+) -> str:
     """``tfgpu-<hash>-shard<i>of<n>``: the same for a restart of this run (so it rejoins its
     job), different whenever the stream would differ (the job's dataset is not compared).
 
-    The hash covers what makes the stream: the shared data settings (as resolved), seed,
-    --deterministic, the batch sizes, the dataset (classes, counts, shard names), tfgpu's
-    version, and the run's --model_dir, so two runs with the same flags never share a job (they
-    would split its epochs between them).
+    The hash covers what makes the stream: the shared settings of ``data`` (a
+    config.DataConfig, as resolved), ``seed``, ``deterministic``, the batch sizes, the dataset
+    (classes, counts, shard names), tfgpu's version, and the run's ``model_dir``, so two runs
+    with the same flags never share a job (they would split its epochs between them).
     """
-    data = {
-        flag: s.get(config.data)
-        for flag, s in collect(type(config.data), {}).items()
-        if not s.per_node
-    }
+    shared = {flag: s.get(data) for flag, s in collect(type(data), {}).items() if not s.per_node}
     key = {
-        "data": data,
-        "seed": config.seed,
-        "deterministic": config.deterministic,
-        "global_batch_size": config.train.global_batch_size,
+        "data": shared,
+        "seed": seed,
+        "deterministic": deterministic,
+        "global_batch_size": global_batch_size,
         "batch_size": batch_size,
         "spec": spec.summary(),
         "version": __version__,
-        "model_dir": os.path.abspath(os.path.expanduser(config.model_dir)),
+        "model_dir": os.path.abspath(os.path.expanduser(model_dir)),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
     return f"tfgpu-{digest[:12]}-shard{shard.index}of{shard.count}"
@@ -179,13 +185,18 @@ def make_train_dataset(
     global_batch_size: int,
     seed: int,
     deterministic: bool,
+    start_index: int = 0,
+    repeats: int = 1,
 ) -> tf.data.Dataset:
     """The endless train stream of one input pipeline as the service runs it: epoch after
     epoch, each one ``pipeline.make_train_dataset`` from that epoch's start, cut after its
-    ``epoch_batches``; its source, the epoch numbers, is what the dispatcher splits.
+    ``epoch_batches``; its source, the epoch numbers, is what the dispatcher splits
+    (``readers.TrainReader``'s contract).
 
-    It does not depend on where a restarted run resumes: the job continues where it is.
+    It does not depend on where a restarted run resumes (``start_index``): the job continues
+    where it is; ``repeats`` above 1 is refused before (--repeated_augment, config).
     """
+    del start_index, repeats
     per_epoch = epoch_batches(spec, shard, batch_size, global_batch_size, deterministic)
     if per_epoch < 1:
         raise DataError(
@@ -225,17 +236,16 @@ def distribute(dataset: tf.data.Dataset, data, job: str) -> tf.data.Dataset:
     )
 
 
-def start_line(config, job: str, workers: int | None) -> str:
+def start_line(data, deterministic: bool, job: str, workers: int | None) -> str:
     """What the run says at start-up: where the pipeline runs, the visitation guarantee, and
-    that exact resume (and, with --deterministic, the batch order) does not hold."""
-    data = config.data
+    that exact resume (and, with ``deterministic``, the batch order) does not hold."""
     known = "" if workers is None else f"{workers} worker(s), "
     line = (
         f"data service {data.data_service} ({known}job {job}): the train pipeline runs on its "
         f"workers, {GUARANTEE} (a worker lost mid-epoch loses the rest of that epoch); no exact "
         "resume: a restarted run rejoins its job where the job is"
     )
-    if config.deterministic:
+    if deterministic:
         line += (
             "; --deterministic keeps each example's crop and flips a function of (seed, epoch, "
             "position), not which epochs the batches come from nor their order"
@@ -243,33 +253,26 @@ def start_line(config, job: str, workers: int | None) -> str:
     return line
 
 
-def train_maker(run):
-    """``make(shard)`` for ``run.backend.distribute_dataset``: this pipeline's stream through
-    the service, once the dispatcher has answered (``check_reachable``)."""
-    config, data, spec = run.config, run.config.data, run.spec
-    batch_size = run.plan.replica_batch
+def train_maker(spec: DataSpec, data, *, model_dir: str, is_chief: bool, **stream):
+    """``make(shard)`` for a backend's ``distribute_dataset``: the stream of ``spec`` under
+    ``data`` (a config.DataConfig) through the service, once the dispatcher has answered
+    (``check_reachable``); the chief says where it reads. ``model_dir`` names the run's job;
+    ``stream``: ``make_train_dataset``'s keywords."""
     workers = check_reachable(data.data_service, data.data_service_timeout_s)
-    if workers == 0 and run.backend.is_chief:
+    if workers == 0 and is_chief:
         print(
             f"tfgpu: the tf.data service at {data.data_service} has no worker yet; training "
             "waits for one (python -m tfgpu.data.service_server --role=worker "
             f"--dispatcher={address(data.data_service)})",
             flush=True,
         )
+    keys = ("batch_size", "global_batch_size", "seed", "deterministic")
+    named = {key: stream[key] for key in keys}
 
     def make(shard: InputShard) -> tf.data.Dataset:
-        job = job_name(config, spec, shard, batch_size)
-        if run.backend.is_chief:
-            print(start_line(config, job, workers), flush=True)
-        stream = make_train_dataset(
-            spec,
-            data,
-            shard,
-            batch_size=batch_size,
-            global_batch_size=config.train.global_batch_size,
-            seed=config.seed,
-            deterministic=config.deterministic,
-        )
-        return distribute(stream, data, job)
+        job = job_name(data, spec, shard, model_dir=model_dir, **named)
+        if is_chief:
+            print(start_line(data, stream["deterministic"], job, workers), flush=True)
+        return distribute(make_train_dataset(spec, data, shard, **stream), data, job)
 
     return make

@@ -16,7 +16,7 @@ from tfgpu.models import pretrained
 from tfgpu.train.best import Best, tracks_best_in_loop
 from tfgpu.train.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch
-from tfgpu.data import augment, balance, device_ops, memory, pipeline, sampling
+from tfgpu.data import augment, balance, device_ops, memory, pipeline, readers, sampling
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import Backend
 from tfgpu.step.train_step import DynamicLossScale, TrainStep
@@ -246,27 +246,15 @@ def _in_dtype(weights, dtype: str):
 
 
 def train_maker(training: Training, start_step: int, data=None):
-    """``make(InputShard) -> tf.data.Dataset`` of per-replica train batches from update
-    ``start_step`` on: cut from the decoded train split in memory when ``memory.load`` gives
-    it (--in_memory, loaded here, once), else read and decoded per example (or synthetic, or
-    through the tf.data service). ``data``: the DataConfig to read by (a progressive stage's;
-    None: the run's)."""
-    config, spec = training.config, training.spec
-    data = data or config.data
-    replica_batch = training.plan.replica_batch
-    if data.synthetic_data:
-        return lambda _: pipeline.make_synthetic_dataset(replica_batch, spec.num_classes, data)
-    if data.data_service:  # the per-example pipeline, on a tf.data service's workers
-        from tfgpu.data import service_client as service  # noqa: PLC0415
-
-        return service.train_maker(training)
-    mem = memory.load(spec, data)  # None: read per example
-    source, reader = (spec, pipeline) if mem is None else (mem, memory)
-    return lambda shard: reader.make_train_dataset(
-        source,
-        data,
-        shard,
-        batch_size=replica_batch,
+    """``readers.train_maker`` for the run of ``training``, from update ``start_step`` on
+    (``data``: the DataConfig to read by, a progressive stage's; None: the run's)."""
+    config = training.config
+    return readers.train_maker(
+        training.spec,
+        data or config.data,
+        model_dir=config.model_dir,
+        is_chief=training.backend.is_chief,
+        batch_size=training.plan.replica_batch,
         global_batch_size=config.train.global_batch_size,
         seed=config.seed,
         deterministic=config.deterministic,

@@ -1,11 +1,100 @@
-"""A run's stages under --progressive_stages (``data/progressive.py`` plans them): at each
-stage's first update the loop takes a new train dataset and the step a new preparation for
-that stage's image size, magnitude and mixing, which traces the loop once more. A resumed run
-enters the stage its step is in, reading from that step on as an uninterrupted run does.
+"""Progressive resizing (--progressive_stages; EfficientNetV2's progressive learning, Tan & Le
+2021): the run's updates in N equal stages whose train image size, RandAugment magnitude and
+MixUp/CutMix alpha grow linearly from the --progressive_min_* values to the final ones. Each
+stage's reader and step take a DataConfig of their own (``stage_data``); evaluation keeps
+--image_size.
+
+``plan`` says what the stages are; ``Staged`` takes a run through them: at each stage's first
+update the loop takes a new train dataset and the step a new preparation for that stage's
+image size, magnitude and mixing, which traces the loop once more. A resumed run enters the
+stage its step is in, reading from that step on as an uninterrupted run does.
 """
 
-from tfgpu.data import memory, progressive
+import dataclasses
+from dataclasses import dataclass
+
+from tfgpu.data import memory
 from tfgpu.train.build import Training, input_fns, train_batches, train_maker
+
+SIZE_MULTIPLE = 8  # stage sides but the last: what strided nets divide without remainder
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Stage ``index`` (0-based): updates [start, end) at these train settings."""
+
+    index: int
+    start: int
+    end: int
+    image_size: int
+    magnitude: float
+    mixup_alpha: float
+    cutmix_alpha: float
+
+
+def _between(low: float, high: float, s: int, n: int) -> float:
+    """Stage ``s`` of ``n``'s value, linearly from ``low`` (-1: ``high`` throughout)."""
+    return high if low < 0 else low + (high - low) * s / (n - 1)
+
+
+def plan(curriculum, data, total_steps: int) -> list[Stage]:
+    """The stages of a run of ``total_steps`` updates under ``curriculum`` (a
+    config.CurriculumConfig) and ``data`` (a config.DataConfig); [] when progressive resizing
+    is off. Stage s covers updates [s * T // N, (s + 1) * T // N); its side is rounded down to a
+    multiple of SIZE_MULTIPLE (the last stage's is --image_size)."""
+    n, c = curriculum.progressive_stages, curriculum
+    if n <= 1:
+        return []
+    stages = []
+    for s in range(n):
+        side = _between(c.progressive_min_image_size, data.image_size, s, n)
+        # Down: never past --image_size, which need not be a multiple itself.
+        size = data.image_size if s == n - 1 else int(side // SIZE_MULTIPLE) * SIZE_MULTIPLE
+        stages.append(
+            Stage(
+                index=s,
+                start=s * total_steps // n,
+                end=(s + 1) * total_steps // n,
+                image_size=max(SIZE_MULTIPLE, size),
+                magnitude=_between(c.progressive_min_magnitude, data.randaugment_magnitude, s, n),
+                mixup_alpha=_between(c.progressive_min_mixup_alpha, data.mixup_alpha, s, n),
+                cutmix_alpha=_between(c.progressive_min_cutmix_alpha, data.cutmix_alpha, s, n),
+            )
+        )
+    return [stage for stage in stages if stage.end > stage.start]
+
+
+def stage_at(stages: list[Stage], step: int) -> Stage:
+    """The stage that update ``step`` belongs to (the last one from its end on)."""
+    return next((s for s in stages if s.start <= step < s.end), stages[-1])
+
+
+def stage_data(data, stage: Stage, in_memory: bool):
+    """``data`` (a config.DataConfig) as stage ``stage``'s reader and step take it.
+    ``in_memory``: whether the run reads its train split from memory, decided once at the final
+    size (a smaller stage must not change the path, which draws differently)."""
+    return dataclasses.replace(
+        data,
+        image_size=stage.image_size,
+        randaugment_magnitude=stage.magnitude,
+        mixup_alpha=stage.mixup_alpha,
+        cutmix_alpha=stage.cutmix_alpha,
+        in_memory="on" if in_memory else "off",
+    )
+
+
+def describe(stage: Stage, num_stages: int, data) -> str:
+    """The line logged when ``stage`` begins (``data``: the run's DataConfig, for which of
+    magnitude and mixing are in use)."""
+    line = f"stage {stage.index + 1}/{num_stages} (updates {stage.start}..{stage.end - 1}): "
+    line += f"train images {stage.image_size}x{stage.image_size}"
+    if data.augment_policy == "randaugment":
+        line += f", RandAugment magnitude {stage.magnitude:g}"
+    if data.mixup_alpha > 0:
+        line += f", MixUp alpha {stage.mixup_alpha:g}"
+    if data.cutmix_alpha > 0:
+        line += f", CutMix alpha {stage.cutmix_alpha:g}"
+    return line
 
 
 class Staged:
@@ -23,13 +112,13 @@ class Staged:
     def of(cls, training: Training, info):
         """The run's ``Staged`` (``info``: the log's line writer), or None without stages."""
         config = training.config
-        stages = progressive.plan(config.curriculum, config.data, training.plan.total_steps)
+        stages = plan(config.curriculum, config.data, training.plan.total_steps)
         return cls(training, stages, info) if stages else None
 
     def data_at(self, step: int):
         """The DataConfig the reader and the step use at update ``step``."""
-        stage = progressive.stage_at(self.stages, step)
-        return progressive.stage_data(self.training.config.data, stage, self.in_memory)
+        stage = stage_at(self.stages, step)
+        return stage_data(self.training.config.data, stage, self.in_memory)
 
     def maker(self, step: int):
         """``build.train_maker`` for the stage of update ``step``, reading from it on."""
@@ -37,20 +126,20 @@ class Staged:
 
     def begins(self, step: int) -> bool:
         """Whether update ``step`` is in another stage than the batches the loop holds."""
-        return progressive.stage_at(self.stages, step) is not self.current
+        return stage_at(self.stages, step) is not self.current
 
     def end(self, step: int) -> int:
         """The first update after the stage of update ``step``."""
-        return progressive.stage_at(self.stages, step).end
+        return stage_at(self.stages, step).end
 
     def enter(self, step: int, make=None):
         """Logs the stage of update ``step`` and gives the step its preparation; returns its
         distributed train batches from ``step`` on (``make``: ``maker(step)``, if built)."""
-        stage = progressive.stage_at(self.stages, step)
+        stage = stage_at(self.stages, step)
         data = self.data_at(step)
         self.training.step.use_input(*input_fns(data, self.training.spec.num_classes))
         config = self.training.config  # N as set: a run shorter than N updates skips some
-        line = progressive.describe(stage, config.curriculum.progressive_stages, config.data)
+        line = describe(stage, config.curriculum.progressive_stages, config.data)
         resumed = f", resumed at update {step}" if step > stage.start else ""
         self.info(f"step {step}: {line}{resumed}")
         self.current = stage
