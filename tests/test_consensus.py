@@ -7,8 +7,10 @@ import json
 import pytest
 
 from tfgpu.config import config_from
-from tfgpu.distribute import DistributeError, consensus
+from tfgpu.distribute import DistributeError, consensus, heartbeats
 from tfgpu.train.loop import _agreed_spec
+
+ALONE = heartbeats.Watch().announced  # what a worker without heartbeats announces
 
 
 def _fingerprints(*weights, where=("host-a:1", "host-b:2")) -> list:
@@ -52,7 +54,7 @@ class _Gather:
 def _sent(config) -> bytes:
     """What a worker of ``config`` sends to the others at start-up."""
     backend = _Gather()
-    _agreed_spec(config, backend, heartbeat="")
+    _agreed_spec(config, backend, announced=ALONE)
     return backend.sent
 
 
@@ -64,9 +66,9 @@ def test_one_flag_naming_files_of_other_content_stops_every_worker(small_dataset
     theirs = _sent(config)  # what worker 1 read
     path.write_text(json.dumps({"a": 3.0}))  # worker 0's machine holds another file
     with pytest.raises(DistributeError, match=r"disagree on the class weights \(--class_") as err:
-        _agreed_spec(config, _Gather(theirs), heartbeat="")
+        _agreed_spec(config, _Gather(theirs), announced=ALONE)
     assert "on worker 0 (" in str(err.value) and "on worker 1 (" in str(err.value)
-    _agreed_spec(config, _Gather(_sent(config)), heartbeat="")  # the same content: they agree
+    _agreed_spec(config, _Gather(_sent(config)), announced=ALONE)  # the same content: they agree
 
 
 def test_a_worker_whose_class_weights_file_does_not_fit_is_named(small_dataset, tmp_path):
@@ -74,4 +76,4 @@ def test_a_worker_whose_class_weights_file_does_not_fit_is_named(small_dataset, 
     path.write_text(json.dumps({"no-such-class": 2.0}))
     config = config_from(data_dir=small_dataset, class_weights=str(path))
     with pytest.raises(DistributeError, match="worker 0 .*'no-such-class' is not a class"):
-        _agreed_spec(config, _Gather(), heartbeat="")
+        _agreed_spec(config, _Gather(), announced=ALONE)

@@ -279,6 +279,58 @@ def _address(peer: str) -> tuple[str, int]:
     return _resolve(host) or host, int(port)
 
 
+class Watch:
+    """A run's heartbeats, from start-up to its end, for the loop: ``open`` before the workers
+    agree (this worker's socket bound, the chief's key drawn), ``announced`` in every worker's
+    fingerprint, ``start`` once the run is built, ``finish`` after its last collective. A run of
+    one process has nothing to watch: then every call does nothing."""
+
+    def __init__(self, sock=None, address: str = "", key: str = ""):
+        self.sock, self.address, self.key = sock, address, key
+
+    @classmethod
+    def open(cls, backend) -> "Watch":
+        """The watch of this worker of ``backend``'s run (nothing with one process)."""
+        if backend.num_workers == 1:
+            return cls()
+        sock, address = open_socket(env.advertised_host())
+        # The chief draws the heartbeats' key; it reaches the others with the fingerprints.
+        return cls(sock, address, wire.new_key() if backend.is_chief else "")
+
+    @property
+    def announced(self) -> dict:
+        """What this worker's fingerprint carries: where its heartbeats are heard, and (the
+        chief's) the run's key."""
+        return {"heartbeat": self.address, "heartbeat_key": self.key}
+
+    def start(self, fingerprints: list, backend, global_step, timeout_s: float) -> str:
+        """Starts the ``Board`` over every worker's ``fingerprints`` (as agreed), whose
+        progress is ``backend``'s all-reduces and ``global_step`` (a variable), stopping the
+        process after ``timeout_s`` without an update; returns the start-up line naming what
+        the run listens on ("" with one process)."""
+        if self.sock is None:
+            return ""
+        kind = "rank" if backend.name == "horovod" else "worker"
+        names = [f"{kind} {i} ({f['where']})" for i, f in enumerate(fingerprints)]
+        counters = backend.all_reduce_calls, global_step
+        (key,) = [f["heartbeat_key"] for f in fingerprints if f["heartbeat_key"]]
+        peers = [f["heartbeat"] for f in fingerprints]
+
+        def progress() -> dict:
+            return {"reduced": int(counters[0].numpy()), "step": int(counters[1].numpy())}
+
+        Board(
+            self.sock, backend.worker_index, peers, names, progress, timeout_s, wire.parse_key(key)
+        )
+        return listeners_line(backend.name, peers)
+
+    def finish(self) -> str:
+        """Ends this process's watchdog (``finish``); returns what its board heard
+        (``tally``: "" with one process)."""
+        finish()
+        return tally()
+
+
 def listeners_line(strategy: str, peers: list) -> str:
     """The start-up line naming what this run listens on: the heartbeats' ``peers``
     (``ip:port`` per worker) and, under multi_worker_mirrored, TensorFlow's gRPC servers,

@@ -34,7 +34,7 @@ from tfgpu.config import Config, ConfigError, resolve, rundir
 from tfgpu.config.sections import check_average_plan
 from tfgpu.data import augment, broken, dct, memory
 from tfgpu.data import spec as data_spec
-from tfgpu.distribute import backends, consensus, env, heartbeat_wire, heartbeats
+from tfgpu.distribute import backends, consensus, heartbeats
 from tfgpu.train.faults import PreemptionGuard
 from tfgpu.train.progressive import Staged
 from tfgpu.step.loops import make_train_loop
@@ -196,22 +196,21 @@ def _train_input(r: Training, start_step: int, writer: RunWriter):
 def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -> dict:
     """``run`` once the backend is set up (``in_use``: the chief's lock error, which every
     worker stops with at the start-up agreement)."""
-    multi = backend.num_workers > 1
     config = resolve(config, has_gpu=bool(tf.config.list_logical_devices("GPU")))
     keras.utils.set_random_seed(config.seed)
     broken.forget()
     compat.set_op_determinism(config.deterministic)
     started = time.time()
-    sock, heartbeat = heartbeats.open_socket(env.advertised_host()) if multi else (None, "")
-    spec, class_weights, fingerprints = _agreed_spec(config, backend, heartbeat, in_use)
+    watch = heartbeats.Watch.open(backend)
+    spec, class_weights, fingerprints = _agreed_spec(config, backend, watch.announced, in_use)
     writer = RunWriter(config.model_dir, backend.is_chief)
     writer.write_config(config, backend)
     r = build(config, backend, spec, class_weights)
     check_average_plan(config.train, r.plan.total_steps)
     writer.info(_start_line(r))
-    if multi:
-        _heartbeats(r, sock, fingerprints)
-        writer.info(heartbeats.listeners_line(backend.name, [f["heartbeat"] for f in fingerprints]))
+    listening = watch.start(fingerprints, backend, r.global_step, config.dist.stall_timeout_s)
+    if listening:
+        writer.info(listening)
     if r.init_line:
         writer.info(r.init_line)
     evaluate = Evaluator.of(r)
@@ -225,9 +224,9 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
     throughput["input_images_per_sec"] = input_ips
     final_eval = _finish(r, evaluate, writer, throughput)
     throughput["broken"] = _broken_records(backend)  # the last collective
-    heartbeats.finish()
-    if multi:  # what the side channel heard: a flood or a deaf board shows here
-        print(f"worker {backend.worker_index}: heartbeats: {heartbeats.tally()}", flush=True)
+    heard = watch.finish()
+    if heard:  # what the side channel heard: a flood or a deaf board shows here
+        print(f"worker {backend.worker_index}: heartbeats: {heard}", flush=True)
     summary = _summary(r, final_eval, throughput, time.time() - started)
     writer.write_summary(summary)
     # Every worker says what it ended with: replicas that disagree are a bug, and visible.
@@ -307,14 +306,14 @@ def _export(r: Training, writer: RunWriter, ema: bool = True) -> None:
     refresh_derived_state(r.model)
 
 
-def _agreed_spec(config: Config, backend, heartbeat: str, in_use: str = "") -> tuple:
+def _agreed_spec(config: Config, backend, announced: dict, in_use: str = "") -> tuple:
     """(this worker's data spec, its class weights: float64 [K] or None, every worker's
     fingerprint), once every worker has a spec and all agree on it, on the settings, on the
     tfgpu version and on the class weights each read (``consensus.agree``): the run trains
     with these weights, --class_weights is not read again. A worker that cannot read its
     data or its class weights still takes part, so that every worker stops with the same
-    line, naming it. ``heartbeat``: where this worker's heartbeats are heard; ``in_use``:
-    the chief found --model_dir held by another run."""
+    line, naming it. ``announced``: what this worker's fingerprint says of its heartbeats
+    (``heartbeats.Watch``); ``in_use``: the chief found --model_dir held by another run."""
     spec, weights, error = None, None, in_use
     try:
         spec = data_spec.load_spec(config.data)
@@ -326,27 +325,7 @@ def _agreed_spec(config: Config, backend, heartbeat: str, in_use: str = "") -> t
     summary = spec.summary() if spec else None
     listed = None if weights is None else weights.tolist()
     mine = consensus.fingerprint(config.shared(), summary, error, listed)
-    # The chief draws the heartbeats' key; it reaches the others with the fingerprints.
-    key = heartbeat_wire.new_key() if heartbeat and backend.is_chief else ""
-    mine = dict(mine, heartbeat=heartbeat, heartbeat_key=key)
-    return spec, weights, consensus.agree(backend, mine)
-
-
-def _heartbeats(r: Training, sock, fingerprints: list) -> None:
-    """Starts the heartbeat board of a run of several processes (``heartbeats.Board``)."""
-    kind = "rank" if r.backend.name == "horovod" else "worker"
-    names = [f"{kind} {i} ({f['where']})" for i, f in enumerate(fingerprints)]
-    counters = r.backend.all_reduce_calls, r.global_step
-    (key,) = [f["heartbeat_key"] for f in fingerprints if f["heartbeat_key"]]
-    heartbeats.Board(
-        sock,
-        r.backend.worker_index,
-        [f["heartbeat"] for f in fingerprints],
-        names,
-        lambda: {"reduced": int(counters[0].numpy()), "step": int(counters[1].numpy())},
-        r.config.dist.stall_timeout_s,
-        heartbeat_wire.parse_key(key),
-    )
+    return spec, weights, consensus.agree(backend, dict(mine, **announced))
 
 
 def _broken_records(backend) -> list:
