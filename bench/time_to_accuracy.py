@@ -166,7 +166,7 @@ def check_recipe(config, present, allow: bool) -> list[str]:
 def peer_recipe(config, info: dict, args) -> dict:
     """The recipe in the peers' words (time_to_accuracy_keras.py, time_to_accuracy_torch.py)."""
     from tfgpu.optim import run_learning_rate
-    from tfgpu.schema import IMAGENET_MEAN, IMAGENET_STD
+    from tfgpu.imagenet import IMAGENET_MEAN, IMAGENET_STD
 
     s, batch = config.flat(), config.train.global_batch_size
     offset = s["label_offset"] if s["label_offset"] >= 0 else info.get("label_offset", 0)

@@ -103,7 +103,10 @@ def test_a_launch_that_cannot_be_one_job_is_reported_without_tensorflow(
     [
         "tfgpu.config",
         "tfgpu.cli.flags",
-        "tfgpu.schema",
+        "tfgpu.settings",
+        "tfgpu.imagenet",
+        "tfgpu.batches",
+        "tfgpu.metrics",
         "tfgpu.recordformat",
         "tfgpu.errors",
         "tfgpu.data.service_server",
@@ -174,7 +177,7 @@ LAYERS = (
     ("optim",),  # optimizers, schedules, fine-tuning groups
     ("models", "data", "demo"),  # the registry and the nets; the reader; the demo dataset
     ("distribute", "convert"),  # launchers, strategies, backends; the converter
-    ("errors", "schema", "recordformat", "compat", "files"),
+    ("errors", "settings", "imagenet", "batches", "metrics", "recordformat", "compat", "files"),
 )
 
 

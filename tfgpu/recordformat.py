@@ -7,7 +7,9 @@
   exactly its wire format (tests/test_convert.py checks it against TensorFlow byte for byte);
   ``parse_example`` reads records back with TensorFlow's parser, imported only when called;
 - the TFRecord framing: ``write_record`` (length, its masked CRC-32C, data, its masked CRC-32C)
-  and ``scan_shard``, which walks the framing of a file to count records and find a break.
+  and ``scan_shard``, which walks the framing of a file to count records and find a break;
+- a tensorflow-datasets dataset's image and label features (``tfds_keys``), which the
+  converter writes and the reader reads alike.
 
 No TensorFlow here: the converter's workers (fresh processes, where importing TensorFlow would
 cost seconds and hundreds of MB) import this module, and so does ``tfgpu.data`` beside them.
@@ -43,6 +45,28 @@ SIDE_STEP = 16
 def short_side_bucket(height: int, width: int) -> int:
     """The ``short_sides`` bucket (its lower edge, px) of an image's shorter side."""
     return min(height, width) // SIDE_STEP * SIDE_STEP
+
+
+def tfds_keys(info) -> tuple[str, str]:
+    """The (image, label) feature names of a tensorflow-datasets dataset, given its
+    ``DatasetInfo``: its ``supervised_keys`` when they name an Image and a ClassLabel, else
+    the first Image and the first ClassLabel feature. The converter and the trainer both
+    choose with this, so they read a dataset the same way. Raises ValueError when the
+    dataset has no such pair."""
+    import tensorflow_datasets as tfds  # noqa: PLC0415  (heavy, only for tfds datasets)
+
+    features = info.features
+    is_image = lambda k: isinstance(features[k], tfds.features.Image)  # noqa: E731
+    is_label = lambda k: isinstance(features[k], tfds.features.ClassLabel)  # noqa: E731
+    supervised = tuple(info.supervised_keys or ())
+    if len(supervised) == 2 and all(k in features for k in supervised):
+        if is_image(supervised[0]) and is_label(supervised[1]):
+            return supervised
+    image = next((k for k in features if is_image(k)), None)
+    label = next((k for k in features if is_label(k)), None)
+    if image is None or label is None:
+        raise ValueError("it has no Image and ClassLabel features")
+    return image, label
 
 
 # --- one example: a tf.train.Example in protobuf wire format ----------------------------------

@@ -21,7 +21,7 @@ from tfgpu.cli.settings import (
     RaySettings,
 )
 from tfgpu.config import SETTINGS
-from tfgpu.schema import collect
+from tfgpu.settings import collect
 
 TRAIN = "tfgpu-train"  # the trainer: its settings are config.SETTINGS
 # Every other command with flags of its own -> its settings (a frozen dataclass of setting()

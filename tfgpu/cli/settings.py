@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from tfgpu.convert.items import DEFAULT_MAX_FILE_MB, DEFAULT_MAX_MEGAPIXELS
-from tfgpu.schema import setting
+from tfgpu.settings import setting
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from tfgpu.config.sections import (
 from tfgpu.data.config import CurriculumConfig, DataConfig, check_curriculum, check_data
 from tfgpu.distribute.config import DistConfig
 from tfgpu.errors import ConfigError
-from tfgpu.schema import collect, replace_settings, setting
+from tfgpu.settings import collect, replace_settings, setting
 
 SECTIONS = {
     "data": DataConfig,

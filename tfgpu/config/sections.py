@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tfgpu import models
 from tfgpu.errors import ConfigError
 from tfgpu.optim.config import OptimConfig, check_class_weights, check_optim  # noqa: F401
-from tfgpu.schema import positive, setting
+from tfgpu.settings import positive, setting
 
 BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
 TTA_MODES = ("none", "flip")  # --eval_tta: the views evaluation averages (step/loops.py)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 
 from tfgpu.data import AUGMENT_POLICIES, DCT_SCALED_DECODE, IN_MEMORY, PREPROCESS_ON, RESIZE_ON
 from tfgpu.errors import ConfigError
-from tfgpu.schema import positive, setting
+from tfgpu.settings import positive, setting
 
 
 @dataclass(frozen=True)

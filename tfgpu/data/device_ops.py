@@ -7,7 +7,7 @@ the policy's ops and arguments, erase boxes), so what an example becomes depends
 (seed, epoch, position); here they are applied.
 Normalization belongs to the model (its first layer), so exported models take plain pixels.
 With ``--resize_on=device`` the training crops arrive un-resized (the "packed" layout of
-``schema.PackedTrainBatch``) and the bilinear resize runs here too, first (``resize_flat``).
+``batches.PackedTrainBatch``) and the bilinear resize runs here too, first (``resize_flat``).
 
 MixUp/CutMix partners: example ``2k`` mixes with ``2k+1`` of the same batch (and vice versa).
 Global batches are split across workers, replicas and micro-batches at even positions (the
@@ -79,7 +79,7 @@ def resize_flat(words: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tenso
 
 
 def resized(batch: dict, image_size: int) -> dict:
-    """A "packed" batch (``schema.PackedTrainBatch``) -> the same batch with float32
+    """A "packed" batch (``batches.PackedTrainBatch``) -> the same batch with float32
     ``image`` [N, S, S, 3] in place of ``pixels`` and ``sizes`` (``resize_flat``)."""
     rest = {k: v for k, v in batch.items() if k not in ("pixels", "sizes")}
     return {**rest, "image": resize_flat(batch["pixels"], batch["sizes"], image_size)}
@@ -149,7 +149,7 @@ def check_mixing_batch(per_replica_batch: int) -> None:
 
 def make_batch_fn(layout: str, num_classes: int, data):
     """``fn(batch) -> (float images [N,S,S,3], soft targets [N,K])`` for batches of
-    ``layout`` ("uint8", "packed" or "float", see ``schema``), as ``data`` (a
+    ``layout`` ("uint8", "packed" or "float", see ``batches``), as ``data`` (a
     config.DataConfig) says: flip, the augmentation policy and random erasing (their draws
     ride in the batch, ``augment.apply``), MixUp/CutMix.
     """

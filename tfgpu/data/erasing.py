@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tfgpu.data import streams
 from tfgpu.data.augment_ops import select
-from tfgpu.schema import IMAGENET_MEAN, IMAGENET_STD
+from tfgpu.imagenet import IMAGENET_MEAN, IMAGENET_STD
 
 # Stream ids of the draws (``streams.AUGMENT``); the caller's ``key(stream)`` turns them into
 # stateless seeds.

@@ -226,7 +226,7 @@ def epoch_draws(epoch, n: int, data, seed: int, sampler=None, index=None) -> dic
 
 
 def mixing_draws(key, n: int, image_size: int, mixup_alpha: float, cutmix_alpha: float) -> dict:
-    """``n`` MixUp/CutMix draws {mix_lam [n], cut_box [n, 4], use_cut [n]} (``schema.MixDraws``)
+    """``n`` MixUp/CutMix draws {mix_lam [n], cut_box [n, 4], use_cut [n]} (``batches.MixDraws``)
     from the stateless keys ``key(stream)``: the formulas of ``host_ops.draw_mixing``, on
     vectors. Not its values: those come from one seed per example, and stateless random ops
     take one seed per call (a tf.map_fn over each batch cost 0.07 ms of host CPU per image,
@@ -300,7 +300,7 @@ def crop(images: tf.Tensor, index: tf.Tensor, offsets: tf.Tensor, size: int) -> 
 
 def cut_batch(arrays, draws: dict, size: int) -> dict:
     """(images, labels, weights) of the whole split and one batch of ``epoch_draws`` -> a
-    "uint8" batch (``schema.TrainBatch``) of ``size`` squared crops: image, label, flip,
+    "uint8" batch (``batches.TrainBatch``) of ``size`` squared crops: image, label, flip,
     weight, and ``mix`` draws when MixUp/CutMix are on."""
     images, labels, weights = arrays
     index = draws["index"]
@@ -317,7 +317,7 @@ def cut_batch(arrays, draws: dict, size: int) -> dict:
 
 
 def packed(batch: dict) -> dict:
-    """A "uint8" batch as a "packed" one (``schema.PackedTrainBatch``) for a step built for
+    """A "uint8" batch as a "packed" one (``batches.PackedTrainBatch``) for a step built for
     ``--resize_on=device``: every image packed whole (``host_ops.pack_pixels``'s words, one
     image after the other) with its size; the step's resize from S to S leaves pixels as
     they are."""

@@ -24,7 +24,7 @@ AUTOTUNE = tf.data.AUTOTUNE
 
 
 def train_layout(data) -> str:
-    """The layout (``schema.TRAIN_LAYOUTS``) of the train batches ``data`` makes."""
+    """The layout (``batches.TRAIN_LAYOUTS``) of the train batches ``data`` makes."""
     if data.preprocess_on == "host":
         return "float"
     return _crops_layout(data)
@@ -352,7 +352,7 @@ def make_eval_dataset(
     spec: DataSpec, data, shard: InputShard, *, batch_size: int, global_batch_size: int
 ) -> tf.data.Dataset:
     """Each evaluation example exactly once across pipelines, padded with weight-0 examples to
-    ``eval_steps`` full batches per replica (``schema.EvalBatch``)."""
+    ``eval_steps`` full batches per replica (``batches.EvalBatch``)."""
     data = dct.resolved(data, spec.eval_sides, train=False)
     ds = _records(spec.eval_files, data, deterministic=True)
     if shard.count > 1:

@@ -43,7 +43,7 @@ from tfgpu.data import spec as data_spec
 from tfgpu.data.spec import DataError, DataSpec
 from tfgpu.distribute import InputShard
 from tfgpu.recordformat import scan_shard
-from tfgpu.schema import collect
+from tfgpu.settings import collect
 
 PROCESSING_MODE = tf.data.experimental.service.ShardingPolicy.DYNAMIC
 GUARANTEE = "each example at most once per epoch"

@@ -16,7 +16,7 @@ from tfgpu.errors import DataError
 from tfgpu.data import broken
 from tfgpu.data.info import read_info
 from tfgpu.recordformat import INFO_FILE, parse_example, scan_shard
-from tfgpu.schema import tfds_keys
+from tfgpu.recordformat import tfds_keys
 
 
 # Marks the runtime errors of bad records, so tfgpu.main can print them as one line.
@@ -159,11 +159,6 @@ def count_records(files, skip_truncated: bool = False) -> int:
     ds = tf.data.TFRecordDataset(list(files))
     ds = ds.ignore_errors() if skip_truncated else ds
     return int(ds.reduce(0, lambda n, _: n + 1))
-
-
-def truncated_at(path: str) -> int:
-    """-1 if the TFRecord framing of a local file is whole, else the offset where it breaks."""
-    return scan_shard(path)[1]
 
 
 def check_shards(files, skip_truncated: bool, expected: dict | None = None) -> tuple:

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 from tfgpu.distribute import ALL_REDUCE_ALGS, COMMUNICATIONS, HVD_COMPRESSIONS, STRATEGIES
-from tfgpu.schema import setting
+from tfgpu.settings import setting
 
 
 @dataclass(frozen=True)

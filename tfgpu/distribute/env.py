@@ -135,12 +135,6 @@ def cluster() -> dict:
     return config
 
 
-def tf_config_workers() -> int:
-    """Training tasks (chief and workers) the cluster names (0 without one)."""
-    config = cluster()
-    return len(training_tasks(config)) if config else 0
-
-
 def worker_address(task: int) -> str:
     """``host:port`` of task ``task`` of the cluster's worker job (as TensorFlow's errors number
     them), or "" when unknown."""

@@ -6,7 +6,7 @@ import keras
 from keras import layers
 
 from tfgpu.models import layers as layers_
-from tfgpu.schema import IMAGENET_MEAN, IMAGENET_VAR
+from tfgpu.imagenet import IMAGENET_MEAN, IMAGENET_VAR
 
 # How each keras.applications family brings pixels from [0, 255] to what it was designed for.
 # DenseNet has no preprocessing layer inside: tfgpu puts ImageNet mean/std in front of it.

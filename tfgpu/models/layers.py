@@ -11,7 +11,7 @@ arguments; ``small_input`` is a stem for 32x32 data.
 import keras
 from keras import layers
 
-from tfgpu.schema import IMAGENET_MEAN, IMAGENET_VAR  # noqa: F401  (tests read them here)
+from tfgpu.imagenet import IMAGENET_MEAN, IMAGENET_VAR  # noqa: F401  (tests read them here)
 
 
 def normalize(x):

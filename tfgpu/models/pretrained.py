@@ -20,7 +20,7 @@ import os
 import re
 
 from tfgpu.errors import ConfigError, first_line
-from tfgpu.schema import IMAGENET_STD_UNIT
+from tfgpu.imagenet import IMAGENET_STD_UNIT
 
 # The registry families with ImageNet files in keras.applications.
 IMAGENET_FAMILIES = ("DenseNet", "EfficientNetB", "EfficientNetV2")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tfgpu.errors import ConfigError
 from tfgpu.optim import LOSSES, LR_SCALINGS, OPTIMIZERS, SCHEDULES
-from tfgpu.schema import positive, setting
+from tfgpu.settings import positive, setting
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu import compat
-from tfgpu.schema import STEP_METRICS
+from tfgpu.metrics import STEP_METRICS
 from tfgpu.step.train_step import TrainStep, global_norm
 
 

@@ -20,7 +20,7 @@ from tfgpu.step import accumulate, batchnorm, losses
 from tfgpu.data import device_ops
 from tfgpu.distribute import Backend
 from tfgpu.errors import NonFiniteLoss  # noqa: F401  (raised by the loop, caught by main)
-from tfgpu.schema import StepMetrics
+from tfgpu.metrics import StepMetrics
 
 
 class DynamicLossScale:

@@ -8,7 +8,7 @@ import numpy as np
 
 from tfgpu import compat
 from tfgpu.data import pipeline
-from tfgpu.schema import EVAL_SUMS
+from tfgpu.metrics import EVAL_SUMS
 from tfgpu.step.loops import make_eval_step
 from tfgpu.train.build import Training
 

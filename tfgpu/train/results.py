@@ -22,7 +22,7 @@ from tfgpu.files import open_append, write_json
 
 
 class Window:
-    """Sums of one logging window's train metrics (``schema.StepMetrics`` and "steps" of the
+    """Sums of one logging window's train metrics (``metrics.StepMetrics`` and "steps" of the
     applied updates, "skipped_updates" of the others), and the run's throughput over every
     window but the first (which includes tracing and warm-up). A window whose updates were all
     skipped has no loss or accuracy (None: null in metrics.jsonl), never a made-up 0."""

@@ -4,12 +4,12 @@ import os
 from functools import partial
 
 from tfgpu.convert.items import ConvertError, Item, LazySplit, Source
-from tfgpu.schema import tfds_keys
+from tfgpu.recordformat import tfds_keys
 
 
 def tfds_source(name: str, data_dir: str, validation_fraction: float) -> Source:
     """A tensorflow-datasets dataset already prepared in ``data_dir`` (nothing is
-    downloaded). Its image and label features are those ``schema.tfds_keys`` picks (as the
+    downloaded). Its image and label features are those ``recordformat.tfds_keys`` picks (as the
     trainer's ``--tfds_name`` does); the validation split is ``validation``, else ``test``,
     else the last ``validation_fraction`` of ``train``. Images are read as stored
     (SkipDecoding), a shard's range at a time."""
