@@ -34,7 +34,7 @@ import tensorflow as tf  # noqa: E402
 from calibration import calibration  # noqa: E402
 
 from tfgpu import models  # noqa: E402
-from tfgpu.step import batchnorm  # noqa: E402
+from tfgpu.models.layers import batchnorm_layers  # noqa: E402
 from tfgpu.distribute import backends  # noqa: E402
 from tfgpu.step.train_step import TrainStep  # noqa: E402
 
@@ -78,7 +78,7 @@ def make_runner(name: str, per_replica: int, sync: bool, args):
         float(loop(tf.constant(n)))
         return time.perf_counter() - start
 
-    return run, len(batchnorm.batchnorm_layers(model))
+    return run, len(batchnorm_layers(model))
 
 
 def main():

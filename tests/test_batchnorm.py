@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tfgpu import compat, models, optim
+from tfgpu.models.layers import batchnorm_statistics
 from tfgpu.step import batchnorm
 from tfgpu.distribute import backends
 from tfgpu.step.train_step import TrainStep
@@ -113,7 +114,7 @@ def _large_batch(model) -> tuple:
         weight_decay=1e-4,
         ema_decay=0.9,
         ema_warmup=True,
-        ema_extra=optim.batchnorm_statistics(model),
+        ema_extra=batchnorm_statistics(model),
     )
     return opt, dict(loss="bce", label_smoothing=0.1, bce_target_threshold=0.2)
 

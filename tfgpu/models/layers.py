@@ -37,3 +37,31 @@ def head(x, num_classes: int):
     # a float64 model (--dtype=float64) keeps them float64.
     wide = "float64" if keras.config.dtype_policy().name == "float64" else "float32"
     return layers.Dense(num_classes, dtype=wide, name="logits")(x)
+
+
+def nested_layers(model) -> list:
+    """``model``, its layers and those of its nested models, once each, in order (a layer
+    before its own)."""
+    found, seen = [], set()
+
+    def walk(layer):
+        if id(layer) in seen:
+            return
+        seen.add(id(layer))
+        found.append(layer)
+        for sub in getattr(layer, "layers", ()):
+            walk(sub)
+
+    walk(model)
+    return found
+
+
+def batchnorm_layers(model) -> list:
+    """Every BatchNormalization layer in ``model`` and its nested models, once each, in order."""
+    return [layer for layer in nested_layers(model) if isinstance(layer, layers.BatchNormalization)]
+
+
+def batchnorm_statistics(model) -> list:
+    """The moving means and variances of every BatchNormalization layer of ``model`` and its
+    nested models, once each (what --ema_batchnorm averages)."""
+    return [v for bn in batchnorm_layers(model) for v in (bn.moving_mean, bn.moving_variance)]

@@ -122,7 +122,7 @@ def build_optimizer(
 def build_for_run(optim, global_batch_size: int, total_steps: int, ema_extra=()):
     """The optimizer ``optim`` (a config.OptimConfig) asks for, with its warmup-and-decay
     schedule over ``total_steps`` updates; ``ema_extra``: variables its weight average
-    covers beside the trained ones (``batchnorm_statistics``)."""
+    covers beside the trained ones (``models.layers.batchnorm_statistics``)."""
     from tfgpu.optim.schedules import WarmupDecay
 
     lr = run_learning_rate(optim, global_batch_size)
@@ -130,23 +130,3 @@ def build_for_run(optim, global_batch_size: int, total_steps: int, ema_extra=())
         lr, total_steps, optim.warmup_steps, optim.lr_schedule, power=optim.lr_poly_power
     )
     return build_optimizer(optim.name, schedule, ema_extra=ema_extra, **optimizer_options(optim))
-
-
-def batchnorm_statistics(model) -> list:
-    """The moving means and variances of every BatchNormalization layer of ``model`` and its
-    nested models, once each (what --ema_batchnorm averages)."""
-    import keras
-
-    found, seen = [], set()
-
-    def walk(layer):
-        if id(layer) in seen:
-            return
-        seen.add(id(layer))
-        if isinstance(layer, keras.layers.BatchNormalization):
-            found.extend((layer.moving_mean, layer.moving_variance))
-        for sub in getattr(layer, "layers", ()):
-            walk(sub)
-
-    walk(model)
-    return found

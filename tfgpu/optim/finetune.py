@@ -46,6 +46,7 @@ import tensorflow as tf
 
 from tfgpu import optim
 from tfgpu.models import pretrained
+from tfgpu.models.layers import batchnorm_statistics
 
 # Family -> rules (pattern on a layer's name, its block's place counted from the input, label).
 # A place of None is the number the pattern matched; places rank blocks, from the stem (0).
@@ -171,7 +172,7 @@ def run_optimizer(config, model, total_steps: int):
     o = config.optim
     # BatchNorm's moving statistics (--ema_batchnorm) are averaged by the head's optimizer,
     # the one applied at every update.
-    extra = optim.batchnorm_statistics(model) if o.ema_batchnorm else ()
+    extra = batchnorm_statistics(model) if o.ema_batchnorm else ()
     head = optim.build_for_run(o, config.train.global_batch_size, total_steps, ema_extra=extra)
     groups = lr_groups(config, model)
     if groups is None:

@@ -25,23 +25,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu import compat
-
-
-def batchnorm_layers(model: keras.Model) -> list:
-    """Every BatchNormalization layer in ``model`` and its nested models, once each, in order."""
-    found, seen = [], set()
-
-    def walk(layer):
-        if id(layer) in seen:
-            return
-        seen.add(id(layer))
-        if isinstance(layer, keras.layers.BatchNormalization):
-            found.append(layer)
-        for sub in getattr(layer, "layers", ()):
-            walk(sub)
-
-    walk(model)
-    return found
+from tfgpu.models.layers import batchnorm_layers
 
 
 def moving_statistics(model: keras.Model) -> list:

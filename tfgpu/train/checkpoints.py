@@ -13,6 +13,7 @@ import os
 import tensorflow as tf
 
 from tfgpu.errors import CheckpointError, first_line, op_error_cause, warn
+from tfgpu.models.layers import nested_layers
 
 
 class Checkpoints:
@@ -128,16 +129,10 @@ def refresh_derived_state(model) -> None:
     Normalization keeps its mean and variance as constants made from its variables). Keras'
     own loaders do this; tf.train.Checkpoint does not, and the layer would go on using the
     values it was built with."""
-    for layer in _nested_layers(model):
+    for layer in nested_layers(model):
         finalize = getattr(layer, "finalize_state", None)
         if callable(finalize):
             finalize()
-
-
-def _nested_layers(model):
-    for layer in getattr(model, "layers", ()):
-        yield layer
-        yield from _nested_layers(layer)
 
 
 def readable(path: str) -> bool:
