@@ -175,14 +175,14 @@ def run(config: Config, actions: Sequence[Action] = ()) -> dict:
         return _run(config, backend, in_use, actions)
 
 
-def _train_input(r: Training, start_step: int, writer: RunWriter):
+def _train_input(training: Training, start_step: int, writer: RunWriter):
     """(the run's ``progressive.Staged`` or None for one stage, the train batches from
     ``start_step``, the input's own images/s or None); the input alone is probed first
     (--input_probe_s) and said."""
-    probe_s = r.config.data.input_probe_s
-    staged = Staged.of(r, writer.info)
-    make = staged.maker(start_step) if staged else train_maker(r, start_step)
-    input_ips = probe_input(r, make, probe_s)
+    probe_s = training.config.data.input_probe_s
+    staged = Staged.of(training, writer.info)
+    make = staged.maker(start_step) if staged else train_maker(training, start_step)
+    input_ips = probe_input(training, make, probe_s)
     if input_ips:
         writer.info(
             f"input alone: {input_ips:,.0f} img/s on this worker (read for "
@@ -190,7 +190,7 @@ def _train_input(r: Training, start_step: int, writer: RunWriter):
         )
     if staged:
         return staged, staged.enter(start_step, make), input_ips
-    return staged, train_batches(r, start_step, make), input_ips
+    return staged, train_batches(training, start_step, make), input_ips
 
 
 def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -> dict:
@@ -205,29 +205,31 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
     spec, class_weights, fingerprints = _agreed_spec(config, backend, watch.announced, in_use)
     writer = RunWriter(config.model_dir, backend.is_chief)
     writer.write_config(config, backend)
-    r = build(config, backend, spec, class_weights)
-    check_average_plan(config.train, r.plan.total_steps)
-    writer.info(_start_line(r))
-    listening = watch.start(fingerprints, backend, r.global_step, config.dist.stall_timeout_s)
+    training = build(config, backend, spec, class_weights)
+    check_average_plan(config.train, training.plan.total_steps)
+    writer.info(_start_line(training))
+    listening = watch.start(
+        fingerprints, backend, training.global_step, config.dist.stall_timeout_s
+    )
     if listening:
         writer.info(listening)
-    if r.init_line:
-        writer.info(r.init_line)
-    evaluate = Evaluator.of(r)
-    start_step = r.checkpoints.restore(writer.info)
-    if r.best is not None:
-        r.best.resume(start_step)
-    staged, batches, input_ips = _train_input(r, start_step, writer)
+    if training.init_line:
+        writer.info(training.init_line)
+    evaluate = Evaluator.of(training)
+    start_step = training.checkpoints.restore(writer.info)
+    if training.best is not None:
+        training.best.resume(start_step)
+    staged, batches, input_ips = _train_input(training, start_step, writer)
     with PreemptionGuard() as guard:
-        loop_actions = default_actions(r, evaluate, guard, extra=actions)
-        throughput = fit(r, batches, loop_actions, writer, input_ips, staged)
+        loop_actions = default_actions(training, evaluate, guard, extra=actions)
+        throughput = fit(training, batches, loop_actions, writer, input_ips, staged)
     throughput["input_images_per_sec"] = input_ips
-    final_eval = _finish(r, evaluate, writer, throughput)
+    final_eval = _finish(training, evaluate, writer, throughput)
     throughput["broken"] = _broken_records(backend)  # the last collective
     heard = watch.finish()
     if heard:  # what the side channel heard: a flood or a deaf board shows here
         print(f"worker {backend.worker_index}: heartbeats: {heard}", flush=True)
-    summary = _summary(r, final_eval, throughput, time.time() - started)
+    summary = _summary(training, final_eval, throughput, time.time() - started)
     writer.write_summary(summary)
     # Every worker says what it ended with: replicas that disagree are a bug, and visible.
     worker = f"{backend.worker_index}/{backend.num_workers}"
@@ -235,75 +237,75 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
     return summary
 
 
-def _finish(r: Training, evaluate: Evaluator, writer: RunWriter, throughput: dict) -> dict:
+def _finish(training: Training, evaluate: Evaluator, writer: RunWriter, throughput: dict) -> dict:
     """After the last update: evaluates and logs it (``throughput``: ``fit``'s, for the
     log's images/s; with --average_checkpoints its "averaged_steps" are set), saves the final
     checkpoint, and on the chief final.weights.h5 and the export. Returns the final
     evaluation."""
-    config, last_step = r.config, int(r.global_step.numpy())
+    config, last_step = training.config, int(training.global_step.numpy())
     phase("final evaluation, save and export", last_step)
     ips = throughput["images_per_sec"] or throughput["last_images_per_sec"]
     if config.train.average_checkpoints:
         # Saved first: the last trained state, the newest of the checkpoints averaged. The
         # average is no checkpoint: the best does not take its evaluation into account.
-        r.checkpoints.save(final=True)
-        with average.averaged(r) as steps:
+        training.checkpoints.save(final=True)
+        with average.averaged(training) as steps:
             writer.info(f"final model: the mean of the checkpoints of steps {steps}")
             throughput["averaged_steps"] = steps
             final_eval = {} if config.train.sidecar_eval else evaluate(ema=False)
-            writer.log_eval(last_step, final_eval, eval_context(r, last_step, ips))
-            _save_final(r, writer, ema=False)
+            writer.log_eval(last_step, final_eval, eval_context(training, last_step, ips))
+            _save_final(training, writer, ema=False)
         return final_eval
     # Evaluated first: the best (in the final checkpoint) takes it into account. With
     # --sidecar_eval the side-car evaluates the final checkpoint (summary.json: its final_eval).
     final_eval = {} if config.train.sidecar_eval else evaluate()
-    writer.log_eval(last_step, final_eval, eval_context(r, last_step, ips))
-    if r.best is not None and final_eval:
-        r.best.observe(last_step, final_eval)
-    r.checkpoints.save(final=True)
-    _save_final(r, writer)
+    writer.log_eval(last_step, final_eval, eval_context(training, last_step, ips))
+    if training.best is not None and final_eval:
+        training.best.observe(last_step, final_eval)
+    training.checkpoints.save(final=True)
+    _save_final(training, writer)
     return final_eval
 
 
-def _save_final(r: Training, writer: RunWriter, ema: bool = True) -> None:
+def _save_final(training: Training, writer: RunWriter, ema: bool = True) -> None:
     """On the chief: final.weights.h5 (the model's weights as they are) and the export
     (``ema=False``: without the EMA swap, the model holds an average of checkpoints)."""
-    if r.backend.is_chief:
-        r.model.save_weights(os.path.join(r.config.model_dir, "final.weights.h5"))
-        if r.config.train.export:
-            _export(r, writer, ema)
+    if training.backend.is_chief:
+        training.model.save_weights(os.path.join(training.config.model_dir, "final.weights.h5"))
+        if training.config.train.export:
+            _export(training, writer, ema)
 
 
-def _export(r: Training, writer: RunWriter, ema: bool = True) -> None:
+def _export(training: Training, writer: RunWriter, ema: bool = True) -> None:
     """export/: the last model, or with --export_best the best kept checkpoint's (its model
     and optimizer are read into the run's, then the last values are put back: the summary's
     fingerprint is of the last model, on every worker); with the EMA weights where the run
     keeps them (--ema_decay) and ``ema``, as evaluation and tfgpu-export use."""
-    config = r.config
+    config = training.config
     directory = os.path.join(config.model_dir, "export")
     # The serving signatures: class names, and evaluation's preprocessing as evaluation
     # resolves it for this data (dct.resolved), so classify_bytes is exactly evaluation's.
     served = dict(
-        class_names=data_spec.class_names(r.spec),
-        data=dct.resolved(config.data, r.spec.eval_sides, train=False),
+        class_names=data_spec.class_names(training.spec),
+        data=dct.resolved(config.data, training.spec.eval_sides, train=False),
     )
-    if not (config.train.export_best and r.best is not None and r.best.kept):
-        with compat.ema_weights(r.optimizer) if ema else contextlib.nullcontext():
-            export_model(r.model, directory, config.data.image_size, **served)
+    if not (config.train.export_best and training.best is not None and training.best.kept):
+        with compat.ema_weights(training.optimizer) if ema else contextlib.nullcontext():
+            export_model(training.model, directory, config.data.image_size, **served)
         return
-    best = r.best.kept[0]
-    held = variables_of([r.model, r.optimizer])
+    best = training.best.kept[0]
+    held = variables_of([training.model, training.optimizer])
     last = [v.numpy() for v in held]
-    tf.train.Checkpoint(model=r.model, optimizer=r.optimizer).read(
+    tf.train.Checkpoint(model=training.model, optimizer=training.optimizer).read(
         best["checkpoint"]
     ).expect_partial()
-    refresh_derived_state(r.model)
-    writer.info(f"export: the best model by {r.best.metric}, step {best['step']}")
-    with compat.ema_weights(r.optimizer):
-        export_model(r.model, directory, config.data.image_size, **served)
+    refresh_derived_state(training.model)
+    writer.info(f"export: the best model by {training.best.metric}, step {best['step']}")
+    with compat.ema_weights(training.optimizer):
+        export_model(training.model, directory, config.data.image_size, **served)
     for variable, value in zip(held, last):
         variable.assign(value)
-    refresh_derived_state(r.model)
+    refresh_derived_state(training.model)
 
 
 def _agreed_spec(config: Config, backend, announced: dict, in_use: str = "") -> tuple:
@@ -336,14 +338,14 @@ def _broken_records(backend) -> list:
     return list(unique.values())
 
 
-def _summary(r: Training, final_eval: dict, throughput: dict, wall_time_s: float) -> dict:
+def _summary(training: Training, final_eval: dict, throughput: dict, wall_time_s: float) -> dict:
     """summary.json: what the run did, in the contract's names."""
     summary = {
-        "strategy": r.backend.name,
-        "num_replicas": r.backend.num_replicas,
-        "global_batch_size": r.config.train.global_batch_size,
-        "grad_accum_steps": r.plan.grad_accum_steps,
-        "steps": int(r.global_step.numpy()),
+        "strategy": training.backend.name,
+        "num_replicas": training.backend.num_replicas,
+        "global_batch_size": training.config.train.global_batch_size,
+        "grad_accum_steps": training.plan.grad_accum_steps,
+        "steps": int(training.global_step.numpy()),
         "final_eval": final_eval_of(final_eval),
         "train_images_per_sec": throughput["images_per_sec"],
         "input_wait_fraction": throughput["input_wait_fraction"],
@@ -351,15 +353,15 @@ def _summary(r: Training, final_eval: dict, throughput: dict, wall_time_s: float
         "skipped_records": throughput["skipped_records"],
         "broken_records": len(throughput["broken"]),
         "broken_record_list": throughput["broken"][:100],
-        "skipped_updates": int(r.skipped_updates.numpy()),
-        "gradient_all_reduces": int(r.backend.all_reduce_calls.numpy()),
-        "weights_sha256": weights_fingerprint(r.model),
+        "skipped_updates": int(training.skipped_updates.numpy()),
+        "gradient_all_reduces": int(training.backend.all_reduce_calls.numpy()),
+        "weights_sha256": weights_fingerprint(training.model),
         "wall_time_s": wall_time_s,
     }
     if throughput["stopped"]:
         summary.update(stopped=throughput["stopped"], stopped_at_step=summary["steps"])
     if "averaged_steps" in throughput:  # final_eval, final.weights.h5, export: their mean
         summary["averaged_checkpoints"] = throughput["averaged_steps"]
-    if r.best is not None:
-        summary["best"] = r.best.summary()
+    if training.best is not None:
+        summary["best"] = training.best.summary()
     return summary
