@@ -12,7 +12,7 @@ from tfgpu.train.checkpoints import Checkpoints
 from tfgpu.config import ConfigError
 from tfgpu.data.spec import DataError
 from tfgpu.distribute import DistributeError
-from tfgpu.train.faults import CheckpointError, Preempted
+from tfgpu.errors import CheckpointError, Preempted
 from tfgpu.step.train_step import NonFiniteLoss
 
 # What SaveV2 raises when the disk is full: op name, temp file and all.

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
-from tfgpu.train.faults import CheckpointError
+from tfgpu.errors import CheckpointError
 from tfgpu.step.train_step import NonFiniteLoss
 
 RUN = dict(

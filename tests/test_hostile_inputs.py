@@ -27,7 +27,7 @@ from tfgpu.data import balance, broken
 from tfgpu.data import spec as data_spec
 from tfgpu.errors import ConfigError, DataError, UsageError
 from tfgpu.files import MAX_FLAGFILES, check_flagfiles
-from tfgpu.train.faults import translate
+from tfgpu.train.op_errors import translate
 
 SETTINGS = settings(
     max_examples=60,

@@ -172,7 +172,7 @@ def test_the_converter_and_the_reader_share_only_the_record_format(package, othe
 # a higher one's (at its top or inside a function). CONTRIBUTING.md draws the same picture.
 LAYERS = (
     ("cli", "main", "evaluate", "average", "predict", "export", "ray", "launch"),  # commands
-    ("train",),  # a run: loop, build, actions, checkpoints, best, results, faults, ...
+    ("train",),  # a run: loop, build, actions, checkpoints, best, results, signals, ...
     ("step", "config"),  # one update and what runs compiled; the settings
     ("optim",),  # optimizers, schedules, fine-tuning groups
     ("models", "data", "demo"),  # the registry and the nets; the reader; the demo dataset

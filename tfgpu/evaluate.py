@@ -187,7 +187,7 @@ def format_report(r: dict) -> str:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from tfgpu.train.faults import translate
+    from tfgpu.train.op_errors import translate
 
     return run_command(_command, prog=PROG, translate=translate)
 

@@ -257,7 +257,7 @@ def csv_text(rows, k: int) -> str:
 
 
 def main(argv):
-    from tfgpu.train.faults import translate
+    from tfgpu.train.op_errors import translate
 
     return run_command(lambda: _command(argv[1:]), prog=PROG, translate=translate)
 

@@ -24,7 +24,7 @@ from tfgpu.cli.train import make_config as train_config
 from tfgpu.distribute import ray_train
 from tfgpu.distribute.ray_train import RayJob
 from tfgpu.errors import DistributeError, TfgpuError, UsageError, WorkerLost, first_line, say
-from tfgpu.train import faults
+from tfgpu.train import op_errors
 
 COMMAND = "tfgpu-ray"
 USAGE = (
@@ -251,7 +251,7 @@ def train_worker(job: dict) -> None:
     try:
         loop.run(job["config"])
     except Exception as err:
-        known = err if isinstance(err, TfgpuError) else faults.translate(err)
+        known = err if isinstance(err, TfgpuError) else op_errors.translate(err)
         if known is None:
             raise  # not tfgpu's: Ray keeps its traceback, the driver prints it
         say(known.line("tfgpu"))

@@ -31,7 +31,7 @@ from tfgpu.cli.flags import KEY_FLAGS, define_flags, given_flags
 from tfgpu.config import config_from, rundir, validate
 from tfgpu.distribute import env
 from tfgpu.errors import ConfigError
-from tfgpu.train import faults, watch
+from tfgpu.train import op_errors, signals, watch
 
 define_flags()
 watch.define_flags(switch=False)  # a TF_CONFIG evaluator task runs the side-car evaluator
@@ -87,7 +87,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.WARNING)  # tf.distribute logs every reduction at INFO
-    return run_command(_train, prog="tfgpu", translate=faults.translate)
+    return run_command(_train, prog="tfgpu", translate=op_errors.translate)
 
 
 def _train() -> None:
@@ -101,7 +101,7 @@ def _train() -> None:
     config = make_config()
     env.check_launch(config.dist.strategy)  # before anything is written or TensorFlow starts
     check_writable(config.model_dir)
-    faults.install(config.dist.stop_grace_s)  # before TensorFlow starts its threads
+    signals.install(config.dist.stop_grace_s)  # before TensorFlow starts its threads
     quiet.import_tensorflow()  # without its start-up notices
     # The trainer imports TensorFlow at its top: only now (tests/test_imports.py:
     # test_help_returns_without_tensorflow, test_a_bad_flag_is_reported_without_tensorflow).

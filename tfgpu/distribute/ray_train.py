@@ -6,7 +6,7 @@ TensorFlow (V2 is the default in the Ray tested, 2.60, and V1's trainer is depre
 backend writes each worker's TF_CONFIG (workers only, no chief, a free port per worker, picked
 afresh for every attempt), which tfgpu already reads: worker 0 is the chief and writes
 --model_dir. Each worker is a Ray actor, a process of its own that runs the command's
-``tfgpu.cli.ray.train_worker`` in a thread (so tfgpu's signal handling, ``faults.install``, stays
+``tfgpu.cli.ray.train_worker`` in a thread (so tfgpu's signal handling, ``signals.install``, stays
 out: signals are Ray's there, and a fork inside Ray's worker is not wanted); when one fails,
 Ray kills the whole group and (``FailureConfig(max_failures=K)``) starts a new one in new
 processes, so TensorFlow sets up its devices and strategy afresh. The new chief resumes from

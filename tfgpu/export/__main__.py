@@ -70,7 +70,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from absl import logging
 
-    from tfgpu.train.faults import translate
+    from tfgpu.train.op_errors import translate
 
     logging.set_verbosity(logging.WARNING)  # the SavedModel writer logs each step at INFO
     return run_command(_command, prog="tfgpu-export", translate=translate)

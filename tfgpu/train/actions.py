@@ -41,7 +41,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from tfgpu.train import faults
+from tfgpu.train import signals
 from tfgpu.train.best import SIDECAR_FILE, read_sidecar
 from tfgpu.config import profile_window
 from tfgpu.distribute import consensus, heartbeats
@@ -89,7 +89,7 @@ class Action:
 
 def phase(name: str, step: int) -> None:
     """Where the run is, for the signal watcher and the heartbeat board."""
-    faults.set_phase(name, step)
+    signals.set_phase(name, step)
     heartbeats.set_phase(name)
 
 
@@ -311,7 +311,7 @@ class StopOnPreemption(Action):
         return self._guard.should_stop(state.training.backend)  # a collective: every worker asks
 
     def __call__(self, state: LoopState) -> None:
-        faults.acknowledge()
+        signals.acknowledge()
         self._checkpoints.save()
         name = self._guard.signal_name
         raise Preempted(f"stopped by {name} at step {state.step}; checkpoint written")

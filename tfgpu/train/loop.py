@@ -35,7 +35,7 @@ from tfgpu.config.sections import check_average_plan
 from tfgpu.data import augment, broken, dct, memory
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, heartbeats
-from tfgpu.train.faults import PreemptionGuard
+from tfgpu.train.signals import PreemptionGuard
 from tfgpu.train.progressive import Staged
 from tfgpu.step.loops import make_train_loop
 from tfgpu.train.evaluator import Evaluator

@@ -1,5 +1,6 @@
-"""How a run stops early: signals, and ``translate``: the tfgpu error meant by one that TensorFlow
-raised (the errors, each with its exit code, are ``tfgpu.errors``; docs/faults.md has the table).
+"""How a run stops early on a signal (the errors, each with its exit code, are
+``tfgpu.errors``; docs/faults.md has the table; ``op_errors.translate`` names what TensorFlow
+raised).
 
 SIGTERM and SIGINT (``scancel``, Kubernetes, ``timeout``, Ctrl-C) are never ignored:
 
@@ -21,11 +22,8 @@ Processes started from here inherit the blocked mask: ``unblocked`` gives them t
 import mmap
 import os
 import signal
-import sys
 import threading
 import time
-
-from tfgpu.errors import CheckpointError, DataError, Preempted, UsageError, WorkerLost  # noqa: F401
 
 SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _POLL_S = 0.2
@@ -190,30 +188,3 @@ class PreemptionGuard:
             if stop and not self.signal_name:
                 self._own = "a signal to another worker"
         return stop
-
-
-def translate(err: Exception):
-    """The error tfgpu means by one that TensorFlow (or a registry lookup) raised, or None:
-    a record's label out of range (the reader's check), a lost worker. Every way a run can
-    stop early is a ``tfgpu.errors.TfgpuError``, which carries its exit code."""
-    if isinstance(err, KeyError):  # an unknown registry name; the message says which
-        return UsageError(err.args[0] if err.args else str(err))
-    tf = sys.modules.get("tensorflow")
-    if tf is None or not isinstance(err, tf.errors.OpError):
-        return None
-    from tfgpu.data.spec import LABEL_ERROR
-
-    if isinstance(err, tf.errors.DataLossError):  # a damaged shard: named, exit 2
-        from tfgpu.data.broken import data_loss_error
-
-        return data_loss_error(err)
-    if isinstance(err, tf.errors.InvalidArgumentError):
-        if LABEL_ERROR not in err.message:
-            return None  # not a label: keep TensorFlow's full error
-        detail = err.message.split(LABEL_ERROR, 1)[1].split("\n")[0].replace("] [", " ")
-        return DataError(f"{detail.rstrip(']').strip()}; check --num_classes and --label_offset")
-    from tfgpu.distribute.failures import lost_worker_message
-    from tfgpu.distribute.heartbeats import silent_peers
-
-    message = lost_worker_message(err, silent_peers())
-    return WorkerLost(message) if message else None  # not a lost peer: TensorFlow's full error
