@@ -137,7 +137,7 @@ def cpu_costs(paths: list, workers: int) -> dict:
     import tensorflow as tf
 
     from tfgpu.convert import plan
-    from tfgpu.convert.items import Item
+    from tfgpu.convert.manifest import Item
 
     def tf_decode():
         for path in paths:

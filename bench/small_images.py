@@ -46,7 +46,7 @@ def large_dataset(num_images: int) -> str:
     """A converted CIFAR-sized dataset of ``num_images`` 32x32 PNGs in 10 classes, written once
     into the cache dir; its directory."""
     from tfgpu.convert import plan
-    from tfgpu.convert.items import items_from_arrays
+    from tfgpu.convert.manifest import items_from_arrays
     from tfgpu.demo import cache_dir
     from tfgpu.recordformat import INFO_FILE
 

@@ -54,7 +54,7 @@ from tfgpu.cli import quiet
 quiet.import_tensorflow()
 
 from tfgpu.convert import plan  # noqa: E402
-from tfgpu.convert.items import items_from_arrays  # noqa: E402
+from tfgpu.convert.manifest import items_from_arrays  # noqa: E402
 from tfgpu.distribute import devices  # noqa: E402
 
 # Before TensorFlow starts: mirrored tests get 2 replicas; default stays on /cpu:0.

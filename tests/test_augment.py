@@ -516,13 +516,15 @@ def test_histograms_by_sorting_equal_bincount_and_pil_eagerly_and_in_tf_data(pho
 
 @pytest.mark.fast
 def test_every_random_stream_id_is_used_once_per_kind_of_key():
-    from tfgpu.data import streams
+    from tfgpu.data import rng_streams
 
-    assert streams.collisions() == []
-    assert streams.EPOCH["order"] == streams.EXAMPLE["flip"]  # two kinds of key: ids may repeat
-    bad = dict(streams.AUGMENT, extra=streams.EPOCH["crop"])
-    saved, streams.AUGMENT = streams.AUGMENT, bad
+    assert rng_streams.collisions() == []
+    assert (
+        rng_streams.EPOCH["order"] == rng_streams.EXAMPLE["flip"]
+    )  # two kinds of key: ids may repeat
+    bad = dict(rng_streams.AUGMENT, extra=rng_streams.EPOCH["crop"])
+    saved, rng_streams.AUGMENT = rng_streams.AUGMENT, bad
     try:
-        assert streams.collisions() == ["example key: id 3 twice", "epoch key: id 3 twice"]
+        assert rng_streams.collisions() == ["example key: id 3 twice", "epoch key: id 3 twice"]
     finally:
-        streams.AUGMENT = saved
+        rng_streams.AUGMENT = saved

@@ -14,7 +14,7 @@ from tfgpu import models, optim
 from tfgpu.train import loop as train
 from tfgpu.config import config_from, validate
 from tfgpu.convert import plan
-from tfgpu.convert.items import items_from_arrays
+from tfgpu.convert.manifest import items_from_arrays
 from tfgpu.data import balance, memory, sampling
 from tfgpu.data import spec as data_spec
 from tfgpu.data.config import DataConfig

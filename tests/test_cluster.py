@@ -259,7 +259,7 @@ def test_fewer_shards_than_workers_and_fewer_eval_examples_than_replicas(tmp_pat
     from conftest import make_image_arrays
 
     from tfgpu.convert import plan
-    from tfgpu.convert.items import items_from_arrays
+    from tfgpu.convert.manifest import items_from_arrays
 
     images, labels = make_image_arrays(35)
     items = items_from_arrays(images, labels, prefix="few")

@@ -16,7 +16,8 @@ from PIL import Image
 from tfgpu import files, recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import plan, verify, worker
-from tfgpu.convert.items import BadImage, ConvertError, EncodeOptions, Item
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import BadImage, EncodeOptions, Item
 from tfgpu.data import spec as data_spec
 
 RNG = np.random.default_rng(0)

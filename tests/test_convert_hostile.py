@@ -22,7 +22,8 @@ from tfgpu import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import plan, replace, worker
 from tfgpu.convert.inputs import caffe_datum, folders, hdf5, lmdb_input
-from tfgpu.convert.items import BadImage, ConvertError, Item
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import BadImage, Item
 
 CLI = os.path.join(os.path.dirname(__file__), "..", "tools", "to_tfrecord.py")
 RNG = np.random.default_rng(0)

@@ -13,7 +13,7 @@ from PIL import Image
 from tfgpu import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import worker
-from tfgpu.convert.items import BadImage
+from tfgpu.convert.manifest import BadImage
 from tfgpu.data import spec as data_spec
 
 

@@ -24,7 +24,7 @@ from procs import Output
 
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.convert import plan
-from tfgpu.convert.items import items_from_arrays
+from tfgpu.convert.manifest import items_from_arrays
 from tfgpu.distribute import InputShard
 from tfgpu.distribute.env import free_ports
 

@@ -21,7 +21,7 @@ from tfgpu.optim import finetune
 from tfgpu.models import pretrained
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.convert import plan
-from tfgpu.convert.items import items_from_arrays
+from tfgpu.convert.manifest import items_from_arrays
 from tfgpu.distribute import backends
 from tfgpu.step.loops import make_train_loop
 from tfgpu.optim.schedules import WarmupDecay

@@ -22,7 +22,7 @@ from tfgpu import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import plan, worker
 from tfgpu.convert.inputs import caffe_datum, lmdb_input
-from tfgpu.convert.items import BadImage, Item
+from tfgpu.convert.manifest import BadImage, Item
 from tfgpu.data import balance, broken
 from tfgpu.data import spec as data_spec
 from tfgpu.errors import ConfigError, DataError, UsageError

@@ -11,7 +11,7 @@ from PIL import Image
 from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.convert import plan
-from tfgpu.convert.items import Item
+from tfgpu.convert.manifest import Item
 
 pytestmark = pytest.mark.slow  # each test trains for 23-34 s on 2 cores
 

@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from tfgpu.convert import plan
-from tfgpu.convert.items import items_from_arrays, split_items
+from tfgpu.convert.manifest import items_from_arrays, split_items
 from tfgpu.recordformat import INFO_FILE
 
 DIGITS = os.path.join(os.path.dirname(__file__), "digits.csv.gz")

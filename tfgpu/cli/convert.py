@@ -27,7 +27,8 @@ from tfgpu.cli.flags import command_settings, define_flags
 from tfgpu.cli.settings import ConvertSettings
 from tfgpu.convert import plan
 from tfgpu.convert.inputs import arrays, cifar, folders, hdf5, idx, lmdb_input, npz, tfds_input
-from tfgpu.convert.items import ConvertError, Source
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import Source
 from tfgpu.files import check_flagfiles
 from tfgpu.recordformat import INFO_FILE
 

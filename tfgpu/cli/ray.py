@@ -245,7 +245,7 @@ def train_worker(job: dict) -> None:
     print(f"tfgpu-ray: {ray_train.whoami()}", flush=True)
     # These import TensorFlow at their top: only in the worker (tests/test_imports.py:
     # test_light_modules_import_no_tensorflow, tfgpu.cli.ray).
-    from tfgpu.distribute import common
+    from tfgpu.distribute import backend_parts
     from tfgpu.train import loop
 
     try:
@@ -258,7 +258,7 @@ def train_worker(job: dict) -> None:
         raise known from None
     finally:
         # Ray ends the actor with a kill: no exit handler removes its scratch directories.
-        common.remove_scratch_dirs()
+        backend_parts.remove_scratch_dirs()
 
 
 def run() -> None:

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tfgpu.convert.items import DEFAULT_MAX_FILE_MB, DEFAULT_MAX_MEGAPIXELS
+from tfgpu.convert.manifest import DEFAULT_MAX_FILE_MB, DEFAULT_MAX_MEGAPIXELS
 from tfgpu.settings import setting
 
 

@@ -3,7 +3,7 @@ errors and exit codes: ``tfgpu/cli/convert.py``): apart from the trainer.
 
   inputs/     where images come from (folders, HDF5, tensorflow-datasets, LMDB, IDX, .npz,
               CIFAR's python batches)
-  items.py    what an input lists (Item, LazySplit, Source) and the converter's errors
+  manifest.py what an input lists (Item, LazySplit, Source), how items are encoded
   plan.py     deals items into shards, runs the workers, writes dataset_info.json last
   replace.py  --overwrite: the new dataset written beside the old one, swapped in when complete
   worker.py   encodes images and writes one whole shard (records serialized by hand)

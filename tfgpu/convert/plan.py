@@ -21,7 +21,8 @@ import signal
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from tfgpu.convert.items import ConvertError, EncodeOptions, Item, LazySplit
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import EncodeOptions, Item, LazySplit
 from tfgpu.convert.replace import PLAN_FILE, has_finished, is_own, staging_dir, swap_in
 from tfgpu.convert.worker import display_name, done_marker, serve, write_shard
 from tfgpu.errors import WorkerLost

@@ -18,7 +18,7 @@ import re
 import shutil
 import stat
 
-from tfgpu.convert.items import ConvertError
+from tfgpu.errors import ConvertError
 from tfgpu.recordformat import INFO_FILE
 
 PLAN_FILE = ".to_tfrecord-plan.json"

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.convert.items import ConvertError
+from tfgpu.errors import ConvertError
 from tfgpu.files import read_json
 from tfgpu.recordformat import INFO_FILE, parse_example
 

@@ -15,7 +15,7 @@ from dataclasses import asdict
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from tfgpu.convert.items import (
+from tfgpu.convert.manifest import (
     DEFAULT_MAX_FILE_MB,
     DEFAULT_MAX_MEGAPIXELS,
     ArrayRow,

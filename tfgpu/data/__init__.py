@@ -3,6 +3,7 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
 
   config.py      its settings (``config.data``) and their checks; no TensorFlow
   spec.py        a dataset's shards, counts and checks (DataSpec), whatever its source
+  dataset_info.py  what a dataset_info.json may say, checked once when a dataset is opened
   readers.py     which reader a run's train batches come from, and what every train reader
                  offers (``TrainReader``: pipeline, memory, service_client)
   pipeline.py    the tf.data pipelines: train, eval, synthetic
@@ -13,6 +14,7 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
                  draws on the host, applied to the batch in three batched stages
   augment_ops.py the policies' ops, one registry entry each (``OPS``)
   erasing.py     random erasing: its draws, and the noise that fills the boxes
+  rng_streams.py every random stream id of the input pipeline, in one table
   balance.py     class balance: --class_weights' weights (applied by the step's loss) and
                  balanced sampling's class probabilities (drawn by memory.py); no TensorFlow
   broken.py      records that fail to decode, named once (shard and index)

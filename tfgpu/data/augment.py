@@ -48,7 +48,7 @@ step applies the policy before XLA (``device_ops.augmented``).
 
 import tensorflow as tf
 
-from tfgpu.data import erasing, streams
+from tfgpu.data import erasing, rng_streams
 from tfgpu.data.augment_ops import (
     FILL,
     IDENTITY,
@@ -61,9 +61,11 @@ from tfgpu.data.augment_ops import (
     select,
 )
 
-# Stream ids of the draws (``streams.AUGMENT``); the caller's ``key(stream)`` turns them into
+# Stream ids of the draws (``rng_streams.AUGMENT``); the caller's ``key(stream)`` turns them into
 # stateless seeds.
-_CHOICE, _APPLY, _LEVEL, _SIGN = (streams.AUGMENT[k] for k in ("choice", "apply", "level", "sign"))
+_CHOICE, _APPLY, _LEVEL, _SIGN = (
+    rng_streams.AUGMENT[k] for k in ("choice", "apply", "level", "sign")
+)
 
 # timm's _RAND_TRANSFORMS: RandAugment's ops, in its order.
 RAND_OPS = (

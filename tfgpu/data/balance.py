@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 
-from tfgpu.data.info import read_info
+from tfgpu.data.dataset_info import read_info
 from tfgpu.errors import ConfigError
 from tfgpu.files import read_json
 from tfgpu.recordformat import INFO_FILE

@@ -12,14 +12,14 @@ import math
 
 import tensorflow as tf
 
-from tfgpu.data import streams
+from tfgpu.data import rng_streams
 from tfgpu.data.augment_ops import select
 from tfgpu.imagenet import IMAGENET_MEAN, IMAGENET_STD
 
-# Stream ids of the draws (``streams.AUGMENT``); the caller's ``key(stream)`` turns them into
+# Stream ids of the draws (``rng_streams.AUGMENT``); the caller's ``key(stream)`` turns them into
 # stateless seeds.
 _ERASE, _AREA, _ASPECT, _ERASE_Y, _ERASE_X, _NOISE = (
-    streams.AUGMENT[name] for name in ("erase", "area", "aspect", "erase_y", "erase_x", "noise")
+    rng_streams.AUGMENT[name] for name in ("erase", "area", "aspect", "erase_y", "erase_x", "noise")
 )
 
 

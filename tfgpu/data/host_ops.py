@@ -6,11 +6,11 @@ Every function here maps one example, and works the same eagerly and inside ``Da
 
 import tensorflow as tf
 
-from tfgpu.data import streams
+from tfgpu.data import rng_streams
 
 # Each random choice of an example gets its own stream of the example's stateless seed.
 _FLIP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X = (
-    streams.EXAMPLE[k] for k in ("flip", "mix_kind", "gamma_a", "gamma_b", "cut_y", "cut_x")
+    rng_streams.EXAMPLE[k] for k in ("flip", "mix_kind", "gamma_a", "gamma_b", "cut_y", "cut_x")
 )
 
 

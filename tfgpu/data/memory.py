@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.data import augment, broken, device_ops, host_ops, pipeline, sampling, streams
+from tfgpu.data import augment, broken, device_ops, host_ops, pipeline, sampling, rng_streams
 from tfgpu.data.spec import DataError, DataSpec
 from tfgpu.distribute import InputShard
 
@@ -41,8 +41,10 @@ AUTOTUNE = tf.data.AUTOTUNE
 MB = 1 << 20
 
 # Streams of an epoch's stateless key, one per vector drawn for the whole epoch (the
-# policies' draws share the key: streams.AUGMENT).
-_ORDER, _FLIP, _CROP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X, _, _ = streams.EPOCH.values()
+# policies' draws share the key: rng_streams.AUGMENT).
+_ORDER, _FLIP, _CROP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X, _, _ = (
+    rng_streams.EPOCH.values()
+)
 
 
 AUTO_MAX_SIDE = 64  # --in_memory=auto takes small images only (CIFAR, digits, MNIST-like)

@@ -20,10 +20,13 @@ epochs. Unlike timm's per-epoch random subset, every example is seen K times per
 
 import tensorflow as tf
 
-from tfgpu.data import balance, streams
+from tfgpu.data import balance, rng_streams
 from tfgpu.data.spec import DataError
 
-_CLASS, _MEMBER = streams.EPOCH["class"], streams.EPOCH["member"]  # balanced sampling's draws
+_CLASS, _MEMBER = (
+    rng_streams.EPOCH["class"],
+    rng_streams.EPOCH["member"],
+)  # balanced sampling's draws
 
 
 def check(repeats: int, chunk: int, num_examples: int) -> None:

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tfgpu.errors import DataError
 from tfgpu.data import broken
-from tfgpu.data.info import read_info
+from tfgpu.data.dataset_info import read_info
 from tfgpu.recordformat import INFO_FILE, parse_example, scan_shard
 from tfgpu.recordformat import tfds_keys
 

@@ -9,7 +9,8 @@ horovodrun, mpirun, Slurm, Ray) and Horovod.
   backends.py    one backend per strategy, all with the same few verbs (see its docstring),
                  and ``setup``: the launcher's world -> the strategy -> its backend
   horovod_backend.py  Horovod's backend (horovodrun, or mpirun with Horovod's MPI)
-  common.py      what both kinds of backend share (counters, timing, scratch directories)
+  backend_parts.py  what both kinds of backend are built of (counters, timing of the
+                 all-reduce, scratch directories, bytes gathered)
   consensus.py   what the workers agree on at start-up, and step-time skew
   heartbeats.py  the UDP side channel and stall watchdog that name a stuck worker
   heartbeat_wire.py  its signed messages, and the judge of every datagram that arrives

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tfgpu import compat
 from tfgpu.distribute import DistributeError, InputShard, env, horovod_backend, mpi, slurm
-from tfgpu.distribute.common import counter, gathered_bytes, scratch_dir, timed
+from tfgpu.distribute.backend_parts import counter, gathered_bytes, scratch_dir, timed
 from tfgpu.distribute.devices import configure_devices, pin_to_local_gpus
 from tfgpu.distribute.env import resolve_strategy
 

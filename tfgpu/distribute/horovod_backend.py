@@ -7,7 +7,7 @@ import contextlib
 import tensorflow as tf
 
 from tfgpu.distribute import DistributeError, InputShard, env
-from tfgpu.distribute.common import counter, gathered_bytes, scratch_dir, timed
+from tfgpu.distribute.backend_parts import counter, gathered_bytes, scratch_dir, timed
 from tfgpu.distribute.devices import pin_to_local_gpu
 
 

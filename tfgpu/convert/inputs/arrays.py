@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tfgpu.convert.items import MAX_CLASSES, ConvertError, Item, Source, split_items
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import MAX_CLASSES, Item, Source, split_items
 from tfgpu.files import read_text
 
 _MAX_NAMES_FILE_BYTES = 16 << 20

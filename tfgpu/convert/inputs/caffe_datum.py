@@ -4,7 +4,7 @@ records (a small protobuf, read by hand), encoded images, and pickles (recognize
 
 import numpy as np
 
-from tfgpu.convert.items import BadImage
+from tfgpu.convert.manifest import BadImage
 
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM", b"GIF87a", b"GIF89a", b"II*\0")
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tfgpu.convert.inputs.arrays import Arrays, array_source, check_fits_memory, class_names_for
-from tfgpu.convert.items import ConvertError, Source
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import Source
 
 # What numpy itself pickles an array as (numpy 1.x: numpy.core.multiarray, 2.x: numpy._core).
 _RECONSTRUCT = np.ndarray((0,), np.uint8).__reduce__()[0]

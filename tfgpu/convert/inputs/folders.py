@@ -3,7 +3,8 @@
 import os
 import random
 
-from tfgpu.convert.items import ConvertError, Item, Source, not_regular_reason, split_items
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import Item, Source, not_regular_reason, split_items
 
 _SPLIT_DIRS = {"train": ("train",), "validation": ("validation", "val")}
 _SIZE_SAMPLE = 1000  # files stat-ed to estimate a split's size for --shard_size_mb

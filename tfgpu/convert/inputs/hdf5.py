@@ -4,7 +4,8 @@ import os
 
 import numpy as np
 
-from tfgpu.convert.items import MAX_CLASSES, ArrayRow, ConvertError, Item, Source, split_items
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import MAX_CLASSES, ArrayRow, Item, Source, split_items
 
 
 def hdf5_source(

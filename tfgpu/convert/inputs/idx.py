@@ -16,7 +16,8 @@ import zlib
 import numpy as np
 
 from tfgpu.convert.inputs.arrays import Arrays, array_source, check_fits_memory, class_names_for
-from tfgpu.convert.items import ConvertError, Source
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import Source
 
 _NAME = re.compile(r"(train|t10k|test)-(images[-.]idx3|labels[-.]idx1)-ubyte(\.gz)?")
 _TYPES = {0x08: "uint8", 0x09: "int8", 0x0B: "int16", 0x0C: "int32", 0x0D: "float32"}

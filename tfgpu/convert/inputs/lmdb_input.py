@@ -17,15 +17,8 @@ from functools import partial
 
 
 from tfgpu.convert.inputs.caffe_datum import datum_image, datum_label, is_pickle, value_kind
-from tfgpu.convert.items import (
-    MAX_CLASSES,
-    BadImage,
-    ConvertError,
-    Item,
-    LazySplit,
-    Source,
-    stratified_split,
-)
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import MAX_CLASSES, BadImage, Item, LazySplit, Source, stratified_split
 from tfgpu.files import read_text
 
 LABEL_SUFFIX = b".label"  # the key beside an image that holds its label
@@ -361,7 +354,7 @@ def _no_labels_message(path: str, keys: list, skipped: list, source: str) -> str
 
 
 def _split_orders(entries: list, validation_fraction: float, seed: int) -> dict:
-    """split -> [(key index, class index)], stratified and seeded as ``items.split_items``;
+    """split -> [(key index, class index)], stratified and seeded as ``manifest.split_items``;
     then shuffled, since each shard is a consecutive range of its split."""
     rng = random.Random(seed)
     train, validation = stratified_split(entries, validation_fraction, rng, lambda e: e[1])

@@ -11,7 +11,8 @@ import zlib
 import numpy as np
 
 from tfgpu.convert.inputs.arrays import Arrays, array_source, check_fits_memory, class_names_for
-from tfgpu.convert.items import ConvertError, Source
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import Source
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _EMPTY_ZIP = b"PK\x05\x06"

@@ -3,7 +3,8 @@
 import os
 from functools import partial
 
-from tfgpu.convert.items import ConvertError, Item, LazySplit, Source
+from tfgpu.errors import ConvertError
+from tfgpu.convert.manifest import Item, LazySplit, Source
 from tfgpu.recordformat import tfds_keys
 
 

@@ -1,4 +1,4 @@
-"""The converter's vocabulary: what an input source lists and a worker writes.
+"""The converter's manifest: what an input source lists and a worker writes.
 
 An input (``tfgpu/convert/inputs/``) lists ``Item``s per split, or a ``LazySplit`` read range
 by range; ``plan.py`` deals them into shards; ``worker.py`` encodes them. No TensorFlow.
@@ -10,8 +10,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from tfgpu.errors import ConvertError  # noqa: F401  (what the converter's modules raise)
 
 
 # A larger class index is an image number or an ID caught by mistake, and class names
