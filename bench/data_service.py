@@ -84,10 +84,11 @@ def contenders(spec, data, batch: int, service_address: str) -> dict:
 
     from tfgpu.data import pipeline
     from tfgpu.data import service_client as service
+    from tfgpu.data.stream import Stream
     from tfgpu.distribute import InputShard
 
     shard = InputShard(1, 0)
-    kw = dict(batch_size=batch, global_batch_size=batch, seed=0, deterministic=False)
+    kw = dict(stream=Stream(batch_size=batch, global_batch_size=batch, seed=0, deterministic=False))
     jobs = iter(range(10**6))
 
     def through(compression: str):

@@ -236,6 +236,7 @@ def tf_sources(
     from tfgpu import recordformat
     from tfgpu.data import pipeline
     from tfgpu.data.spec import load_data_spec
+    from tfgpu.data.stream import Stream
     from tfgpu.distribute import InputShard
 
     spec = load_data_spec(tfr_dir, num_classes=NUM_CLASSES)
@@ -274,15 +275,8 @@ def tf_sources(
         c = dataclasses.replace(
             cfg, preprocess_on=preprocess_on, resize_on=resize_on, dct_scaled_decode=dct
         )
-        return lambda: pipeline.make_train_dataset(
-            spec,
-            c,
-            InputShard(1, 0),
-            batch_size=batch,
-            global_batch_size=batch,
-            seed=0,
-            deterministic=False,
-        )
+        stream = Stream(batch_size=batch, global_batch_size=batch, seed=0, deterministic=False)
+        return lambda: pipeline.make_train_dataset(spec, c, InputShard(1, 0), stream)
 
     def tfgpu_before():
         import_before(before)
@@ -359,6 +353,7 @@ def stage_prefixes(spec, cfg, batch: int, seed: int = 0) -> dict:
     import tensorflow as tf
 
     from tfgpu.data import broken, host_ops, pipeline
+    from tfgpu.data.stream import Stream
     from tfgpu.distribute import InputShard
 
     options = pipeline.dataset_options(False, cfg)
@@ -394,10 +389,8 @@ def stage_prefixes(spec, cfg, batch: int, seed: int = 0) -> dict:
         return pipeline._flat_batches(upto(4)(), batch, False)
 
     def whole():
-        return pipeline.make_train_dataset(
-            spec, cfg, InputShard(1, 0), batch_size=batch, global_batch_size=batch, seed=seed,
-            deterministic=False,
-        )  # fmt: skip
+        stream = Stream(batch_size=batch, global_batch_size=batch, seed=seed, deterministic=False)
+        return pipeline.make_train_dataset(spec, cfg, InputShard(1, 0), stream)
 
     prefixes = {
         "read, parse, check, shuffle (records)": records,

@@ -92,6 +92,7 @@ def contenders(data_dir: str, batch: int) -> tuple[dict, str]:
     from tfgpu.config import DataConfig
     from tfgpu.data import memory, pipeline
     from tfgpu.data.spec import load_data_spec
+    from tfgpu.data.stream import Stream
     from tfgpu.distribute import InputShard
 
     spec = load_data_spec(data_dir)
@@ -101,7 +102,9 @@ def contenders(data_dir: str, batch: int) -> tuple[dict, str]:
     loaded = f"{mem.describe()}, decoded in {time.perf_counter() - start:.1f} s"
     images, labels = mem.images.numpy(), mem.labels.numpy()
     mixing = dataclasses.replace(cfg, mixup_alpha=0.2, cutmix_alpha=1.0)
-    args = dict(batch_size=batch, global_batch_size=batch, seed=0, deterministic=False)
+    args = dict(
+        stream=Stream(batch_size=batch, global_batch_size=batch, seed=0, deterministic=False)
+    )
     one = InputShard(1, 0)
     return {
         A: lambda: pipeline.make_train_dataset(spec, cfg, one, **args),

@@ -293,19 +293,14 @@ def horovodrun_tfgpu() -> list[str]:
 
 
 def train_ds(spec, data, shard, batch, global_batch, *, seed=0, deterministic=False, **kw):
-    """``pipeline.make_train_dataset`` with the positional arguments tests like."""
+    """``pipeline.make_train_dataset`` with the positional arguments tests like (``kw``: the
+    ``Stream``'s start_index and repeats, and name_broken)."""
     from tfgpu.data import pipeline  # noqa: PLC0415
+    from tfgpu.data.stream import Stream  # noqa: PLC0415
 
-    return pipeline.make_train_dataset(
-        spec,
-        data,
-        shard,
-        batch_size=batch,
-        global_batch_size=global_batch,
-        seed=seed,
-        deterministic=deterministic,
-        **kw,
-    )
+    name_broken = kw.pop("name_broken", True)
+    stream = Stream(batch, global_batch, seed, deterministic, **kw)
+    return pipeline.make_train_dataset(spec, data, shard, stream, name_broken=name_broken)
 
 
 def eval_ds(spec, data, shard, batch, global_batch):

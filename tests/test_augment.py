@@ -19,6 +19,7 @@ from tfgpu.config import config_from, validate
 from tfgpu.data import augment, device_ops, erasing, host_ops, memory
 from tfgpu.data import augment_ops as A
 from tfgpu.data import spec as data_spec
+from tfgpu.data.stream import Stream
 from tfgpu.data.config import DataConfig
 from tfgpu.distribute import InputShard
 from tfgpu.errors import ConfigError
@@ -477,9 +478,9 @@ def test_policy_draws_travel_through_the_data_service(small_dataset):
     worker = svc.WorkerServer(svc.WorkerConfig(dispatcher_address=target))
     try:
         spec = data_spec.load_data_spec(small_dataset)
-        kw = dict(batch_size=8, global_batch_size=8, **ORDER)
+        stream = Stream(batch_size=8, global_batch_size=8, **ORDER)
         local = next(iter(train_ds(spec, AUG, InputShard(1, 0), 8, 8, **ORDER)))
-        ds = service.make_train_dataset(spec, AUG, InputShard(1, 0), **kw)
+        ds = service.make_train_dataset(spec, AUG, InputShard(1, 0), stream)
         ds = ds.apply(svc.distribute(service.PROCESSING_MODE, dispatcher.target, job_name="aug"))
         remote = next(iter(ds))
         fn = device_ops.make_batch_fn("uint8", 4, AUG)

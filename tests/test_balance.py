@@ -18,6 +18,7 @@ from tfgpu.convert.manifest import items_from_arrays
 from tfgpu.data import balance, memory, sampling
 from tfgpu.data import spec as data_spec
 from tfgpu.data.config import DataConfig
+from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard, backends
 from tfgpu.errors import ConfigError
 from tfgpu.evaluate import evaluate
@@ -168,16 +169,8 @@ def mem(imbalanced):
 
 
 def _stream(mem, data=BALANCED, batch=16, seed=3, start_index=0):
-    return memory.make_train_dataset(
-        mem,
-        data,
-        InputShard(1, 0),
-        batch_size=batch,
-        global_batch_size=batch,
-        seed=seed,
-        deterministic=True,
-        start_index=start_index,
-    )
+    stream = Stream(batch, batch, seed, deterministic=True, start_index=start_index)
+    return memory.make_train_dataset(mem, data, InputShard(1, 0), stream)
 
 
 def _labels(ds, batches):

@@ -197,18 +197,13 @@ def test_the_service_stream_visits_each_example_at_most_once_per_epoch(
     id_dataset, count, index, deterministic, batch, global_batch, per_epoch
 ):
     from tfgpu.data import service_client as service
+    from tfgpu.data.stream import Stream
 
     spec, data = _spec_and_data(id_dataset)
     shard = InputShard(count, index)
     assert service.epoch_batches(spec, shard, batch, global_batch, deterministic) == per_epoch
     ds = service.make_train_dataset(
-        spec,
-        data,
-        shard,
-        batch_size=batch,
-        global_batch_size=global_batch,
-        seed=1,
-        deterministic=deterministic,
+        spec, data, shard, Stream(batch, global_batch, 1, deterministic)
     )
     epochs = 3
     batches = list(ds.take(epochs * per_epoch))
@@ -225,6 +220,7 @@ def test_two_service_workers_share_the_epochs_and_never_repeat_one(id_dataset):
 
     from tfgpu.data import pipeline
     from tfgpu.data import service_client as service
+    from tfgpu.data.stream import Stream
 
     svc = tf.data.experimental.service
     dispatcher = svc.DispatchServer()
@@ -233,11 +229,11 @@ def test_two_service_workers_share_the_epochs_and_never_repeat_one(id_dataset):
     workers = [svc.WorkerServer(config) for _ in range(2)]
     try:
         spec, data = _spec_and_data(id_dataset)
-        kw = dict(batch_size=8, global_batch_size=8, seed=1, deterministic=True)
+        stream = Stream(batch_size=8, global_batch_size=8, seed=1, deterministic=True)
         streams = {
-            "service": service.make_train_dataset(spec, data, InputShard(1, 0), **kw),
+            "service": service.make_train_dataset(spec, data, InputShard(1, 0), stream),
             "pipeline": pipeline.make_train_dataset(
-                spec, data, InputShard(1, 0), name_broken=False, **kw
+                spec, data, InputShard(1, 0), stream, name_broken=False
             ),
         }
         seen = {}
@@ -259,20 +255,15 @@ def test_two_service_workers_share_the_epochs_and_never_repeat_one(id_dataset):
 @pytest.mark.fast
 def test_job_names_follow_the_stream_not_the_run_length(id_dataset):
     from tfgpu.data import service_client as service
+    from tfgpu.data.stream import Stream
 
     spec, _ = _spec_and_data(id_dataset)
     base = config_from(data_dir=id_dataset, model_dir="/tmp/run-a", seed=1, train_steps=10)
 
     def name(config, shard=None):
+        stream = Stream(8, config.train.global_batch_size, config.seed, config.deterministic)
         return service.job_name(
-            config.data,
-            spec,
-            shard or InputShard(1, 0),
-            batch_size=8,
-            global_batch_size=config.train.global_batch_size,
-            seed=config.seed,
-            deterministic=config.deterministic,
-            model_dir=config.model_dir,
+            config.data, spec, shard or InputShard(1, 0), stream, config.model_dir
         )
 
     assert name(base) == name(base.with_settings(train_steps=20, learning_rate=0.5))

@@ -12,7 +12,7 @@ from conftest import (
 
 from tfgpu.data.config import DataConfig
 from tfgpu import recordformat
-from tfgpu.data import device_ops, host_ops, pipeline, readers
+from tfgpu.data import device_ops, host_ops, pipeline, readers, stream
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import InputShard
 
@@ -30,7 +30,7 @@ def test_every_train_reader_takes_what_the_protocol_names(reader):
     """The file, in-memory and service readers are interchangeable for ``readers.train_maker``:
     each ``make_train_dataset`` takes ``TrainReader``'s parameters, of the same kinds and
     defaults (more, with defaults, are its own)."""
-    wanted = inspect.signature(readers.TrainReader.make_train_dataset).parameters
+    wanted = inspect.signature(stream.TrainReader.make_train_dataset).parameters
     given = inspect.signature(reader.make_train_dataset).parameters
     for name, param in list(wanted.items())[2:]:  # self and the source are named freely
         assert name in given, f"{reader.__name__} lacks {name}"

@@ -12,6 +12,7 @@ from tfgpu.data.config import DataConfig
 from tfgpu import recordformat
 from tfgpu.data import device_ops, memory
 from tfgpu.data import spec as data_spec
+from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard
 
 CFG = DataConfig(image_size=32, in_memory="on")
@@ -34,16 +35,8 @@ ONE = InputShard(1, 0)
 
 
 def _stream(mem, data, shard=ONE, batch=8, global_batch=8, **kw):
-    return memory.make_train_dataset(
-        mem,
-        data,
-        shard,
-        batch_size=batch,
-        global_batch_size=global_batch,
-        seed=kw.pop("seed", 3),
-        deterministic=True,
-        **kw,
-    )
+    stream = Stream(batch, global_batch, seed=kw.pop("seed", 3), deterministic=True, **kw)
+    return memory.make_train_dataset(mem, data, shard, stream)
 
 
 def _take(ds, n, key="image"):

@@ -12,6 +12,7 @@ from conftest import train_ds
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.data import memory
 from tfgpu.data import spec as data_spec
+from tfgpu.data.stream import Stream
 from tfgpu.data.config import DataConfig
 from tfgpu.distribute import InputShard
 
@@ -22,17 +23,8 @@ WHOLE = DataConfig(image_size=32, in_memory="on", crop_padding=0, random_flip=Fa
 
 
 def _memory(mem, data, global_batch, k, start=0, batch=None):
-    return memory.make_train_dataset(
-        mem,
-        data,
-        ONE,
-        batch_size=batch or global_batch,
-        global_batch_size=global_batch,
-        seed=3,
-        deterministic=True,
-        start_index=start,
-        repeats=k,
-    )
+    stream = Stream(batch or global_batch, global_batch, 3, True, start_index=start, repeats=k)
+    return memory.make_train_dataset(mem, data, ONE, stream)
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from tfgpu.data import augment, broken, device_ops, host_ops, pipeline, sampling, rng_streams
 from tfgpu.data.spec import DataError, DataSpec
+from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -332,41 +333,34 @@ def packed(batch: dict) -> dict:
     return {**rest, "pixels": tf.reshape(words, [-1]), "sizes": tf.fill([count, 2], side)}
 
 
-def make_train_dataset(
-    mem: InMemory,
-    data,
-    shard: InputShard,
-    *,
-    batch_size: int,
-    global_batch_size: int,
-    seed: int,
-    deterministic: bool,
-    start_index: int = 0,
-    repeats: int = 1,
-) -> tf.data.Dataset:
-    """The endless training stream of one input pipeline from ``mem``, batched ``batch_size``
-    per replica in the layout ``pipeline.train_layout(data)`` names: the contract of
-    ``pipeline.make_train_dataset``.
+def make_train_dataset(mem: InMemory, data, shard: InputShard, stream: Stream) -> tf.data.Dataset:
+    """The endless training stream of one input pipeline from ``mem``, batched
+    ``stream.batch_size`` per replica in the layout ``pipeline.train_layout(data)`` names: the
+    contract of ``pipeline.make_train_dataset`` (``TrainReader``).
 
     Each of ``shard.count`` pipelines keeps its contiguous part of every global batch (the
     replica batches ``shard.index * k .. + k - 1`` of it, k = global / (batch_size x count)),
-    whatever ``deterministic`` says. ``start_index`` global examples are skipped (resume);
-    ``repeats``: each example that many times (``sampling.py``).
+    whatever ``stream.deterministic`` says: the stream is deterministic either way, at no
+    cost. ``stream.start_index`` global examples are skipped (resume); ``stream.repeats``: each
+    example that many times (``sampling.py``).
     """
-    del deterministic  # the stream is deterministic either way, at no cost
     if (mem.padding, mem.image_size) != (data.crop_padding, data.image_size):
         raise ValueError(
             f"the split was loaded for --crop_padding={mem.padding} --image_size="
             f"{mem.image_size}, not {data.crop_padding} and {data.image_size}"
         )
     if data.mixing:
-        device_ops.check_mixing_batch(batch_size)
+        device_ops.check_mixing_batch(stream.batch_size)
     sampler = sampling.class_sampler(mem, data.sampling_power) if data.balanced_sampling else None
-    sampling.check(repeats, global_batch_size, mem.num_examples)
-    n, chunk = mem.num_examples, global_batch_size
-    draws = _draw_batches(n, data, seed, batch_size, start_index, sampler, repeats, chunk)
+    sampling.check(stream.repeats, stream.global_batch_size, mem.num_examples)
+    n, chunk = mem.num_examples, stream.global_batch_size
+    draws = _draw_batches(
+        n, data, stream.seed, stream.batch_size, stream.start_index, sampler, stream.repeats, chunk
+    )
     if shard.count > 1:
-        draws = sampling.slice_of_each_batch(draws, global_batch_size // batch_size, shard)
+        draws = sampling.slice_of_each_batch(
+            draws, stream.global_batch_size // stream.batch_size, shard
+        )
     # The array enters as a dataset element (from_tensors, repeated: no copy), not as a
     # constant captured by the map function, which would be serialized into its graph.
     arrays = tf.data.Dataset.from_tensors((mem.images, mem.labels, mem.weights)).repeat()

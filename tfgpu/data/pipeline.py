@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tfgpu.data import augment, broken, dct, device_ops, host_ops, sampling
 from tfgpu.data.spec import DataSpec
+from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -234,54 +235,44 @@ def _train_records(files, data, spec: DataSpec, first_epoch, seed, deterministic
 
 
 def make_train_dataset(
-    spec: DataSpec,
-    data,
-    shard: InputShard,
-    *,
-    batch_size: int,
-    global_batch_size: int,
-    seed: int,
-    deterministic: bool,
-    start_index: int = 0,
-    name_broken: bool = True,
-    repeats: int = 1,
+    spec: DataSpec, data, shard: InputShard, stream: Stream, *, name_broken: bool = True
 ) -> tf.data.Dataset:
-    """The endless training stream of one input pipeline, batched ``batch_size`` per replica,
-    in the layout ``train_layout(data)`` names. Broken records get weight 0 and, with
-    ``name_broken``, a warning naming each once (``broken.py``; not possible where the
-    pipeline runs in another process, e.g. a tf.data service worker).
+    """The endless training stream of one input pipeline, batched ``stream.batch_size`` per
+    replica, in the layout ``train_layout(data)`` names (``TrainReader``). Broken records get
+    weight 0 and, with ``name_broken``, a warning naming each once (``broken.py``; not
+    possible where the pipeline runs in another process, e.g. a tf.data service worker).
 
-    With ``deterministic`` (or fewer files than pipelines) every pipeline reads the same
+    With ``stream.deterministic`` (or fewer files than pipelines) every pipeline reads the same
     global order and keeps its own contiguous slice of each global batch, so the examples of
     an update do not depend on the number of workers; otherwise each pipeline reads its own
-    files. ``start_index`` global examples are skipped (resume). ``repeats``: each example that
-    many times (``sampling.py``).
+    files. ``stream.start_index`` global examples are skipped (resume); ``stream.repeats``: each
+    example that many times (``sampling.py``).
     """
     if data.mixing:
-        device_ops.check_mixing_batch(batch_size)
+        device_ops.check_mixing_batch(stream.batch_size)
     data = dct.resolved(data, spec.train_sides, train=True)
     files = spec.train_files
-    by_file = not deterministic and len(files) >= shard.count
+    by_file = not stream.deterministic and len(files) >= shard.count
     if by_file:
         files = files[shard.index :: shard.count]
 
     epoch_size = spec.num_train // (shard.count if by_file else 1)
-    chunk = global_batch_size // (shard.count if by_file else 1)  # --repeated_augment's unit
-    sampling.check(repeats, chunk, epoch_size)
-    source_start, rest = sampling.split_start(start_index, chunk, repeats)
+    chunk = stream.global_batch_size // (shard.count if by_file else 1)  # --repeated_augment's unit
+    sampling.check(stream.repeats, chunk, epoch_size)
+    source_start, rest = sampling.split_start(stream.start_index, chunk, stream.repeats)
     first_epoch = source_start // max(epoch_size, 1)
-    ds = _train_records(files, data, spec, first_epoch, seed, deterministic)
+    ds = _train_records(files, data, spec, first_epoch, stream.seed, stream.deterministic)
     ds = ds.skip(source_start - first_epoch * epoch_size)
-    ds = sampling.repeat_examples(ds, repeats, chunk).skip(rest)
+    ds = sampling.repeat_examples(ds, stream.repeats, chunk).skip(rest)
     if not by_file and shard.count > 1:
-        ds = sampling.slice_of_each_batch(ds, global_batch_size, shard)
+        ds = sampling.slice_of_each_batch(ds, stream.global_batch_size, shard)
     report = broken.reporter(files) if name_broken else None
     ds = ds.map(
-        lambda example: decode_train_example(example, data, seed, report),
+        lambda example: decode_train_example(example, data, stream.seed, report),
         num_parallel_calls=AUTOTUNE,
-        deterministic=deterministic,
+        deterministic=stream.deterministic,
     )
-    return _batched(ds, spec, data, batch_size, deterministic)
+    return _batched(ds, spec, data, stream.batch_size, stream.deterministic)
 
 
 def _batched(ds, spec: DataSpec, data, batch_size: int, deterministic: bool) -> tf.data.Dataset:

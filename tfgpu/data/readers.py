@@ -1,5 +1,5 @@
-"""Which reader a run's train batches come from (``train_maker``), and what every train reader
-offers (``TrainReader``): three modules implement it by their ``make_train_dataset``,
+"""Which reader a run's train batches come from (``train_maker``). The readers, each a
+``stream.TrainReader``:
 
   pipeline.py        records read and decoded per example (files, or tfds)
   memory.py          the train split decoded once into memory, batches cut from it
@@ -8,57 +8,32 @@ offers (``TrainReader``): three modules implement it by their ``make_train_datas
 and synthetic batches (``--synthetic_data``) need no reader at all.
 """
 
-from typing import Callable, Protocol
+from typing import Callable
 
 import tensorflow as tf
 
 from tfgpu.data import memory, pipeline, service_client
 from tfgpu.data.spec import DataSpec
+from tfgpu.data.stream import Stream, TrainReader
 from tfgpu.distribute import InputShard
 
 Maker = Callable[[InputShard], tf.data.Dataset]  # what a backend's distribute_dataset takes
 
-
-class TrainReader(Protocol):
-    """A train input reader: ``make_train_dataset(source, data, shard, ...)``, the endless
-    train stream of one input pipeline (``shard``), batched ``batch_size`` per replica in the
-    layout ``pipeline.train_layout(data)`` names, each pipeline keeping its part of every
-    global batch. ``source``: what the reader reads (a DataSpec; an InMemory for ``memory``).
-    ``start_index`` global examples are skipped (resume); ``repeats``: each example that many
-    times (``sampling.py``)."""
-
-    def make_train_dataset(
-        self,
-        source,
-        data,
-        shard: InputShard,
-        *,
-        batch_size: int,
-        global_batch_size: int,
-        seed: int,
-        deterministic: bool,
-        start_index: int = 0,
-        repeats: int = 1,
-    ) -> tf.data.Dataset: ...
-
-
 READERS: tuple[TrainReader, ...] = (pipeline, memory, service_client)
 
 
-def train_maker(spec: DataSpec, data, *, model_dir: str, is_chief: bool, **stream) -> Maker:
-    """``make(InputShard) -> tf.data.Dataset`` of per-replica train batches under ``data`` (a
-    config.DataConfig): synthetic ones (--synthetic_data), through the tf.data service
-    (--data_service: ``model_dir`` names the run's job, the chief says where it reads), cut
-    from the decoded split in memory when ``memory.load`` gives it (--in_memory, loaded here,
-    once), else read and decoded per example. ``stream``: ``TrainReader``'s keywords."""
+def train_maker(spec: DataSpec, data, stream: Stream, *, model_dir: str, is_chief: bool) -> Maker:
+    """``make(InputShard) -> tf.data.Dataset`` of per-replica train batches of ``stream``
+    under ``data`` (a config.DataConfig): synthetic ones (--synthetic_data), through the
+    tf.data service (--data_service: ``model_dir`` names the run's job, the chief says where
+    it reads), cut from the decoded split in memory when ``memory.load`` gives it
+    (--in_memory, loaded here, once), else read and decoded per example."""
     if data.synthetic_data:
-        return lambda _: pipeline.make_synthetic_dataset(
-            stream["batch_size"], spec.num_classes, data
-        )
+        return lambda _: pipeline.make_synthetic_dataset(stream.batch_size, spec.num_classes, data)
     if data.data_service:
         return service_client.train_maker(
-            spec, data, model_dir=model_dir, is_chief=is_chief, **stream
+            spec, data, stream, model_dir=model_dir, is_chief=is_chief
         )
     mem = memory.load(spec, data)  # None: read per example
     source, reader = (spec, pipeline) if mem is None else (mem, memory)
-    return lambda shard: reader.make_train_dataset(source, data, shard, **stream)
+    return lambda shard: reader.make_train_dataset(source, data, shard, stream)

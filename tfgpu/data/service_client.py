@@ -31,6 +31,7 @@ reach the step, are the service's. Runs with the same flags need not end with th
 weights, nor resume exactly.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -41,6 +42,7 @@ from tfgpu import __version__
 from tfgpu.data import pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.data.spec import DataError, DataSpec
+from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard
 from tfgpu.recordformat import scan_shard
 from tfgpu.settings import collect
@@ -110,32 +112,22 @@ def _count_workers(reply: bytes) -> int | None:
     return count
 
 
-def job_name(
-    data,
-    spec: DataSpec,
-    shard: InputShard,
-    *,
-    batch_size: int,
-    global_batch_size: int,
-    seed: int,
-    deterministic: bool,
-    model_dir: str,
-) -> str:
+def job_name(data, spec: DataSpec, shard: InputShard, stream: Stream, model_dir: str) -> str:
     """``tfgpu-<hash>-shard<i>of<n>``: the same for a restart of this run (so it rejoins its
     job), different whenever the stream would differ (the job's dataset is not compared).
 
     The hash covers what makes the stream: the shared settings of ``data`` (a
-    config.DataConfig, as resolved), ``seed``, ``deterministic``, the batch sizes, the dataset
-    (classes, counts, shard names), tfgpu's version, and the run's ``model_dir``, so two runs
-    with the same flags never share a job (they would split its epochs between them).
+    config.DataConfig, as resolved), the seed, the order and the batch sizes of ``stream``, the
+    dataset (classes, counts, shard names), tfgpu's version, and the run's ``model_dir``, so two
+    runs with the same flags never share a job (they would split its epochs between them).
     """
     shared = {flag: s.get(data) for flag, s in collect(type(data), {}).items() if not s.per_node}
     key = {
         "data": shared,
-        "seed": seed,
-        "deterministic": deterministic,
-        "global_batch_size": global_batch_size,
-        "batch_size": batch_size,
+        "seed": stream.seed,
+        "deterministic": stream.deterministic,
+        "global_batch_size": stream.global_batch_size,
+        "batch_size": stream.batch_size,
         "spec": spec.summary(),
         "version": __version__,
         "model_dir": os.path.abspath(os.path.expanduser(model_dir)),
@@ -176,28 +168,17 @@ def _count_records(files) -> int:
     return sum(scan_shard(f)[0] for f in local) + data_spec.count_records(remote)
 
 
-def make_train_dataset(
-    spec: DataSpec,
-    data,
-    shard: InputShard,
-    *,
-    batch_size: int,
-    global_batch_size: int,
-    seed: int,
-    deterministic: bool,
-    start_index: int = 0,
-    repeats: int = 1,
-) -> tf.data.Dataset:
+def make_train_dataset(spec: DataSpec, data, shard: InputShard, stream: Stream) -> tf.data.Dataset:
     """The endless train stream of one input pipeline as the service runs it: epoch after
     epoch, each one ``pipeline.make_train_dataset`` from that epoch's start, cut after its
     ``epoch_batches``; its source, the epoch numbers, is what the dispatcher splits
-    (``readers.TrainReader``'s contract).
+    (``TrainReader``'s contract).
 
-    It does not depend on where a restarted run resumes (``start_index``): the job continues
-    where it is; ``repeats`` above 1 is refused before (--repeated_augment, config).
+    It does not depend on where a restarted run resumes (``stream.start_index``): the job
+    continues where it is; ``stream.repeats`` above 1 is refused before (--repeated_augment).
     """
-    del start_index, repeats
-    per_epoch = epoch_batches(spec, shard, batch_size, global_batch_size, deterministic)
+    batch_size, deterministic = stream.batch_size, stream.deterministic
+    per_epoch = epoch_batches(spec, shard, batch_size, stream.global_batch_size, deterministic)
     if per_epoch < 1:
         raise DataError(
             f"--data_service: an epoch of {spec.num_train} examples gives input pipeline "
@@ -207,17 +188,9 @@ def make_train_dataset(
     epoch_size = spec.num_train // (shard.count if by_file else 1)  # the pipeline's own unit
 
     def one_epoch(epoch):
-        return pipeline.make_train_dataset(
-            spec,
-            data,
-            shard,
-            batch_size=batch_size,
-            global_batch_size=global_batch_size,
-            seed=seed,
-            deterministic=deterministic,
-            start_index=epoch * epoch_size,
-            name_broken=False,  # a py_function: it cannot run on a service worker
-        ).take(per_epoch)
+        at = dataclasses.replace(stream, start_index=epoch * epoch_size, repeats=1)
+        # name_broken: a py_function, which cannot run on a service worker
+        return pipeline.make_train_dataset(spec, data, shard, at, name_broken=False).take(per_epoch)
 
     ds = tf.data.Dataset.range(_EPOCHS).flat_map(one_epoch)
     return ds.with_options(pipeline.dataset_options(deterministic, data))
@@ -253,11 +226,10 @@ def start_line(data, deterministic: bool, job: str, workers: int | None) -> str:
     return line
 
 
-def train_maker(spec: DataSpec, data, *, model_dir: str, is_chief: bool, **stream):
-    """``make(shard)`` for a backend's ``distribute_dataset``: the stream of ``spec`` under
+def train_maker(spec: DataSpec, data, stream: Stream, *, model_dir: str, is_chief: bool):
+    """``make(shard)`` for a backend's ``distribute_dataset``: the ``stream`` of ``spec`` under
     ``data`` (a config.DataConfig) through the service, once the dispatcher has answered
-    (``check_reachable``); the chief says where it reads. ``model_dir`` names the run's job;
-    ``stream``: ``make_train_dataset``'s keywords."""
+    (``check_reachable``); the chief says where it reads. ``model_dir`` names the run's job."""
     workers = check_reachable(data.data_service, data.data_service_timeout_s)
     if workers == 0 and is_chief:
         print(
@@ -266,13 +238,11 @@ def train_maker(spec: DataSpec, data, *, model_dir: str, is_chief: bool, **strea
             f"--dispatcher={address(data.data_service)})",
             flush=True,
         )
-    keys = ("batch_size", "global_batch_size", "seed", "deterministic")
-    named = {key: stream[key] for key in keys}
 
     def make(shard: InputShard) -> tf.data.Dataset:
-        job = job_name(data, spec, shard, model_dir=model_dir, **named)
+        job = job_name(data, spec, shard, stream, model_dir)
         if is_chief:
-            print(start_line(data, stream["deterministic"], job, workers), flush=True)
-        return distribute(make_train_dataset(spec, data, shard, **stream), data, job)
+            print(start_line(data, stream.deterministic, job, workers), flush=True)
+        return distribute(make_train_dataset(spec, data, shard, stream), data, job)
 
     return make

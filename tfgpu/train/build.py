@@ -18,6 +18,7 @@ from tfgpu.train.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch
 from tfgpu.data import augment, balance, device_ops, memory, pipeline, readers, sampling
 from tfgpu.data import spec as data_spec
+from tfgpu.data.stream import Stream
 from tfgpu.distribute import Backend
 from tfgpu.step.train_step import DynamicLossScale, TrainStep
 
@@ -249,18 +250,18 @@ def train_maker(training: Training, start_step: int, data=None):
     """``readers.train_maker`` for the run of ``training``, from update ``start_step`` on
     (``data``: the DataConfig to read by, a progressive stage's; None: the run's)."""
     config = training.config
-    return readers.train_maker(
-        training.spec,
-        data or config.data,
-        model_dir=config.model_dir,
-        is_chief=training.backend.is_chief,
+    gbs = config.train.global_batch_size
+    stream = Stream(
         batch_size=training.plan.replica_batch,
-        global_batch_size=config.train.global_batch_size,
+        global_batch_size=gbs,
         seed=config.seed,
         deterministic=config.deterministic,
-        start_index=start_step * config.train.global_batch_size,
+        start_index=start_step * gbs,
         repeats=config.curriculum.repeated_augment,
     )
+    model_dir, is_chief = config.model_dir, training.backend.is_chief
+    data = data or config.data
+    return readers.train_maker(training.spec, data, stream, model_dir=model_dir, is_chief=is_chief)
 
 
 def train_batches(training: Training, start_step: int, make=None):
