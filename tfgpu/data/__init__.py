@@ -4,8 +4,10 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
   config.py      its settings (``config.data``) and their checks; no TensorFlow
   spec.py        a dataset's shards, counts and checks (DataSpec), whatever its source
   dataset_info.py  what a dataset_info.json may say, checked once when a dataset is opened
-  readers.py     which reader a run's train batches come from, and what every train reader
-                 offers (``TrainReader``: pipeline, memory, service_client)
+  readers.py     which reader a run's train batches come from: pipeline, memory or
+                 service_client, each a ``stream.TrainReader``
+  stream.py      what every train reader offers (``TrainReader``), and the plain arguments
+                 of the stream it makes (``Stream``: batch sizes, seed, order, start, repeats)
   pipeline.py    the tf.data pipelines: train, eval, synthetic
   memory.py      small images: the train split decoded once into memory, batches cut from it
   host_ops.py    per-example work on the host: check, decode the crop window, draw the dice
