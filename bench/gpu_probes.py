@@ -232,13 +232,15 @@ def probe_step(args, model: str, log_fd: int) -> StepProbe:
 def input_rates(args, training, batches) -> tuple[float, float]:
     """(images/s of the reader plus the step's resize and preparation on the device, over
     ``batches``, the training's distributed train batches; images/s of the reader alone,
-    ``build.probe_input``), each read for --input_seconds."""
+    ``readers.probe``), each read for --input_seconds."""
     import tensorflow as tf
 
+    from tfgpu.data import readers
     from tfgpu.train import build
 
     make = build.train_maker(training, 0)
-    alone = build.probe_input(training, make, args.input_seconds)
+    shard, batch = training.backend.input_shard, training.plan.replica_batch
+    alone = readers.probe(make, shard, training.config.data, batch, args.input_seconds)
     step = training.step
 
     @tf.function

@@ -8,6 +8,7 @@
 and synthetic batches (``--synthetic_data``) need no reader at all.
 """
 
+import time
 from typing import Callable
 
 import tensorflow as tf
@@ -37,3 +38,22 @@ def train_maker(spec: DataSpec, data, stream: Stream, *, model_dir: str, is_chie
     mem = memory.load(spec, data)  # None: read per example
     source, reader = (spec, pipeline) if mem is None else (mem, memory)
     return lambda shard: reader.make_train_dataset(source, data, shard, stream)
+
+
+PROBE_MAX_BATCHES = 100  # enough for a rate; small sets in memory finish early
+
+
+def probe(make: Maker, shard: InputShard, data, batch_size: int, seconds: float) -> float | None:
+    """Images/s of input pipeline ``shard``'s train batches alone (``make``: ``train_maker``'s
+    for ``data``, batches of ``batch_size``): a fresh dataset read for ``seconds`` after its
+    first batch (what training reads is untouched, so resume stays exact). None when off,
+    synthetic or through the data service (a probe there would be a job of its own)."""
+    if seconds <= 0 or data.synthetic_data or data.data_service:
+        return None
+    iterator = iter(make(shard))
+    next(iterator)  # the pipeline's start (files opened, buffers filled) is not its rate
+    batches, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds and batches < PROBE_MAX_BATCHES:
+        next(iterator)
+        batches += 1
+    return batches * batch_size / (time.perf_counter() - start)

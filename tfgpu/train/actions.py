@@ -58,7 +58,7 @@ class LoopState:
     step: int
     window: Window = field(default_factory=Window)
     skipped_records: int = 0  # broken images (weight 0) in the updates so far
-    input_ips: float | None = None  # images/s of the input alone (build.probe_input)
+    input_ips: float | None = None  # images/s of the input alone (readers.probe)
     waited: float = 0.0  # seconds in all-reduces until the last closed window
     evaluation: tuple | None = None  # (step, result) of the newest evaluation
     stopped: str = ""  # why the loop ended before the plan's last step ("early_stop")

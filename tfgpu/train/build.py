@@ -4,7 +4,6 @@ model, the optimizer inside the train step, the counters and their checkpoints) 
 """
 
 import enum
-import time
 from dataclasses import dataclass
 
 import keras
@@ -269,23 +268,3 @@ def train_batches(training: Training, start_step: int, make=None):
     ``train_maker`` already built for it)."""
     make = make or train_maker(training, start_step)
     return iter(training.backend.distribute_dataset(make))
-
-
-PROBE_MAX_BATCHES = 100  # enough for a rate; small sets in memory finish early
-
-
-def probe_input(training: Training, make, seconds: float) -> float | None:
-    """Images/s of this worker's train input alone: a fresh ``make`` dataset for its shard,
-    read for ``seconds`` after its first batch (what training reads is untouched, so resume
-    stays exact). None when off, synthetic or through the data service (a probe there would
-    be a job of its own)."""
-    data = training.config.data
-    if seconds <= 0 or data.synthetic_data or data.data_service:
-        return None
-    iterator = iter(make(training.backend.input_shard))
-    next(iterator)  # the pipeline's start (files opened, buffers filled) is not its rate
-    batches, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds and batches < PROBE_MAX_BATCHES:
-        next(iterator)
-        batches += 1
-    return batches * training.plan.replica_batch / (time.perf_counter() - start)

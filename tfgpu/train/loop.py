@@ -25,14 +25,13 @@ from tfgpu.train.build import (
     Training,
     build,
     class_weights_for,
-    probe_input,
     train_batches,
     train_maker,
 )
 from tfgpu.train.checkpoints import refresh_derived_state, variables_of
 from tfgpu.config import Config, ConfigError, resolve, rundir
 from tfgpu.config.sections import check_average_plan
-from tfgpu.data import augment, broken, dct, memory
+from tfgpu.data import augment, broken, dct, memory, readers
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends, consensus, heartbeats
 from tfgpu.train.signals import PreemptionGuard
@@ -59,7 +58,7 @@ def fit(
     ``actions`` that are due (``actions.default_actions``: log, evaluate, checkpoint,
     preemption, and the run's own). Returns {"images_per_sec", "skipped_records",
     "input_wait_fraction", "stopped", "last_images_per_sec"}. ``input_ips``: images/s of the
-    input alone (``build.probe_input``), logged with each window. ``staged``: the run's
+    input alone (``readers.probe``), logged with each window. ``staged``: the run's
     ``progressive.Staged`` (None: one stage), whose batches replace ``batches`` stage by stage.
     """
     max_skipped = training.config.optim.max_skipped_updates
@@ -182,7 +181,8 @@ def _train_input(training: Training, start_step: int, writer: RunWriter):
     probe_s = training.config.data.input_probe_s
     staged = Staged.of(training, writer.info)
     make = staged.maker(start_step) if staged else train_maker(training, start_step)
-    input_ips = probe_input(training, make, probe_s)
+    shard, batch = training.backend.input_shard, training.plan.replica_batch
+    input_ips = readers.probe(make, shard, training.config.data, batch, probe_s)
     if input_ips:
         writer.info(
             f"input alone: {input_ips:,.0f} img/s on this worker (read for "
