@@ -64,13 +64,27 @@ class StrategyBackend:
 
     def distribute_dataset(self, make_dataset):
         """``make_dataset(InputShard) -> tf.data.Dataset`` of per-replica batches, called once
-        per worker."""
+        per worker. A worker whose one replica runs on the host's CPU iterates that dataset as
+        it is: there is nothing to fetch, and tf.distribute's fetching (a MultiDeviceIterator,
+        built on a GeneratorDataset that tf.data cannot serialize for its optimizations) logs
+        "dataset.cc: Input of GeneratorDatasetOp::Dataset will not be optimized" for every
+        iterator made over it (the train batches', then each evaluation's)."""
+        if self._one_cpu_replica():
+            return make_dataset(self.input_shard)
 
         def fn(ctx: tf.distribute.InputContext):
             return make_dataset(InputShard(ctx.num_input_pipelines, ctx.input_pipeline_id))
 
         options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
         return self.strategy.distribute_datasets_from_function(fn, options)
+
+    def _one_cpu_replica(self) -> bool:
+        """One replica on this worker, on a CPU (one_device or multi_worker_mirrored without
+        GPUs); the default strategy hands back the dataset itself already."""
+        if self.name == "default":
+            return False
+        devices = self.strategy.extended.worker_devices
+        return len(devices) == 1 and tf.DeviceSpec.from_string(devices[0]).device_type == "CPU"
 
     def each_replica(self, fn, args=()):
         return self.strategy.run(fn, args=args)
@@ -123,8 +137,22 @@ class StrategyBackend:
 
     def any_worker(self, flag: bool) -> bool:
         """True on every worker when ``flag`` is true on any (a collective: all must call)."""
-        value = self.strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
+        value = self._per_replica(lambda replica: tf.constant(1.0 if flag else 0.0))
         return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)) > 0
+
+    def _per_replica(self, value_fn):
+        """A per-replica value made eagerly: ``value_fn(replica_id)`` on each local replica's
+        device. Not ``strategy.run``: outside a tf.function that logs "Using
+        CollectiveAllReduceStrategy eagerly has significant overhead" (up to five times a
+        process), and these values need no replica context, only a device."""
+        devices = self.strategy.extended.worker_devices
+
+        def value(ctx: tf.distribute.experimental.ValueContext):
+            replica = ctx.replica_id_in_sync_group  # worker-major: local index = id % local
+            with tf.device(devices[replica % len(devices)]):
+                return value_fn(replica)
+
+        return self.strategy.experimental_distribute_values_from_function(value)
 
     def all_gather_bytes(self, blob: bytes) -> list[bytes]:
         """Every worker's ``blob``, in worker order (a collective: every worker must call)."""
@@ -165,17 +193,19 @@ class StrategyBackend:
         if self.num_workers == 1:
             return
         variables = list(variables)
+        sizes = [v.shape.num_elements() for v in variables]
 
-        def replica():  # reads in a replica: reading a sync-on-read variable across is collective
-            ctx = tf.distribute.get_replica_context()
-            flat = [tf.reshape(tf.cast(v.read_value(), tf.float64), [-1]) for v in variables]
-            flat = tf.concat(flat, 0)
-            return tf.where(tf.equal(ctx.replica_id_in_sync_group, 0), flat, tf.zeros_like(flat))
+        def flat(replica: int):
+            if replica != 0:
+                return tf.zeros([sum(sizes)], tf.float64)
+            # The first replica's own copies: reading a sync-on-read variable from outside
+            # a replica would be a collective (and an aggregate, not the chief's values).
+            own = [self.local_values(v)[0].read_value() for v in variables]
+            return tf.concat([tf.reshape(tf.cast(v, tf.float64), [-1]) for v in own], 0)
 
         summed = self.strategy.reduce(
-            tf.distribute.ReduceOp.SUM, self.strategy.run(replica), axis=None
+            tf.distribute.ReduceOp.SUM, self._per_replica(flat), axis=None
         )
-        sizes = [v.shape.num_elements() for v in variables]
         for var, part in zip(variables, tf.split(summed, sizes)):
             var.assign(tf.reshape(tf.cast(part, var.dtype), var.shape))
 

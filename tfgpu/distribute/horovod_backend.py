@@ -39,12 +39,15 @@ class HorovodBackend:
 
     def distribute_dataset(self, make_dataset):
         """This rank's shard of ``make_dataset``, prefetched to the rank's device (the GPU it
-        is pinned to, else the CPU) so the copy overlaps the step, as tf.distribute's
-        fetch-to-device does for the other strategies."""
+        is pinned to) so the copy overlaps the step, as tf.distribute's fetch-to-device does
+        for the other strategies. On a CPU there is nothing to fetch: the dataset as it is
+        (fetching would log TensorFlow's "GeneratorDatasetOp ... will not be optimized" for
+        each iterator, as ``StrategyBackend.distribute_dataset`` says)."""
         dataset = make_dataset(self.input_shard)
-        device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
+        if not tf.config.list_logical_devices("GPU"):
+            return dataset
         options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
-        return tf.distribute.OneDeviceStrategy(device).experimental_distribute_dataset(
+        return tf.distribute.OneDeviceStrategy("/GPU:0").experimental_distribute_dataset(
             dataset, options
         )
 
