@@ -205,7 +205,8 @@ def _flags(data_dir, model_dir, strategy):
     return cli_flags(RUN, data_dir=data_dir, model_dir=model_dir, strategy=strategy)
 
 
-def _resumes_and_finishes(cmd, timeout: float = 240):
+def _resumes_and_finishes(cmd, timeout: float = 240) -> str:
+    """Runs ``cmd``, which resumes the run and finishes it; returns its output."""
     proc = popen(cmd)
     try:
         text, _ = proc.communicate(timeout=timeout)
@@ -214,6 +215,7 @@ def _resumes_and_finishes(cmd, timeout: float = 240):
     assert proc.returncode == 0, text[-3000:]
     assert re.search(r"resumed from \S+ckpt-\d+ at step [1-9]\d*", text), text[-3000:]
     assert re.search(rf"step\s+{RUN['train_steps']}/{RUN['train_steps']}\s", text), text[-3000:]
+    return text
 
 
 def test_multi_worker_survivor_stops_with_clear_error_then_resumes(small_dataset, tmp_path):
@@ -234,7 +236,11 @@ def test_multi_worker_survivor_stops_with_clear_error_then_resumes(small_dataset
     other.drained()
     assert procs[0].returncode == EXIT_WORKER_LOST, chief.text[-3000:] + other.text[-500:]
     assert LOST_LINE in chief.text and "Traceback" not in chief.text, chief.text[-3000:]
-    _resumes_and_finishes([sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", *flags])
+    cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", *flags]
+    text = _resumes_and_finishes(cmd)
+    # No TensorFlow line from the workers (their log level is the tests' own: the Python
+    # lines, as "Using CollectiveAllReduceStrategy eagerly ...", are what could show).
+    assert not re.search(r"^\[worker \d+\] [IWE]\d{4} ", text, re.M), text[-3000:]
 
 
 @pytest.mark.heavy  # the MWMS survivor above shows it; test_hangs names a frozen rank
@@ -289,3 +295,47 @@ def test_gathering_bytes_traces_once_per_width_not_once_per_call(monkeypatch):
         assert backend.all_gather_bytes(blob) == [blob, blob]
     # Widths padded to a power of two: lengths (1) and rows of 1, 4, 8, 32.
     assert backend._gather_rows.experimental_get_tracing_count() == 4
+
+
+def _no_eager_run(*args, **kwargs):
+    raise AssertionError("strategy.run outside a tf.function (TensorFlow logs its overhead)")
+
+
+@pytest.mark.fast
+def test_agreeing_and_broadcasting_run_no_eager_strategy_run(monkeypatch):
+    """any_worker (every log window) and broadcast_from_chief (each restore) under several
+    workers: the chief's first replica's values everywhere, a flag raised anywhere seen
+    everywhere, and no eager ``strategy.run``, which multi_worker_mirrored announced with
+    "Using CollectiveAllReduceStrategy eagerly has significant overhead" each time. Two
+    replicas in this process stand for two workers."""
+    backend = backends.build_backend("mirrored")
+    monkeypatch.setattr(backend, "num_workers", 2)
+    with backend.scope():
+        mirrored = tf.Variable([1.0, 2.0])
+        on_read = tf.Variable(
+            [[3.5, 4.25]],
+            dtype=tf.float64,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.MEAN,  # as BatchNorm statistics
+        )
+    for var, other in ((mirrored, [7.0, 8.0]), (on_read, [[9.0, 10.0]])):
+        backend.local_values(var)[1].assign(other)  # the second "worker" differs
+    chief = [backend.local_values(v)[0].numpy().tolist() for v in (mirrored, on_read)]
+    monkeypatch.setattr(backend.strategy, "run", _no_eager_run)
+    backend.broadcast_from_chief([mirrored, on_read])
+    for var, value in zip((mirrored, on_read), chief):
+        assert [v.numpy().tolist() for v in backend.local_values(var)] == [value, value]
+    assert backend.any_worker(True) and not backend.any_worker(False)
+
+
+@pytest.mark.fast
+def test_a_cpu_replica_reads_its_dataset_as_it_is():
+    """one_device on a CPU (as multi_worker_mirrored with one CPU replica a worker): the
+    dataset itself, no tf.distribute fetching (its MultiDeviceIterator made tf.data log
+    "GeneratorDatasetOp ... will not be optimized" for each iterator); two local replicas
+    still get theirs through tf.distribute."""
+    dataset = tf.data.Dataset.range(4).batch(2)
+    one = backends.build_backend("one_device")
+    assert one.distribute_dataset(lambda shard: dataset) is dataset
+    two = backends.build_backend("mirrored")
+    assert two.distribute_dataset(lambda shard: dataset) is not dataset

@@ -4,6 +4,7 @@ never wait for TensorFlow (checked in fresh interpreters, through ``sys.modules`
 import ast
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -236,6 +237,32 @@ def test_a_run_starts_quietly(tmp_path):
     assert lines[0].startswith("default: 1 replica(s), 1 updates of 4"), out.stdout[:2000]
     for noise in ("absl::InitializeLog", "cudart_stub", "cuInit", "oneDNN"):
         assert noise not in out.stdout
+    assert not TF_LOG_LINE.findall(out.stdout), out.stdout[-3000:]
+
+
+# A line TensorFlow wrote: its C++ and Python (absl) logs' "W1205 04:10:04.76 ..." heads, and
+# the places its lines name.
+TF_LOG_LINE = re.compile(r"^[IWE]\d{4} .*$|^.*(?:dataset\.cc|tensorflow/).*$", re.M)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "one_device"])
+def test_a_demo_run_with_evaluations_prints_no_tensorflow_line(tmp_path, strategy):
+    """The demo as a user starts it (no TF_CPP_MIN_LOG_LEVEL, no dataset flag), cut to 4
+    updates with an evaluation after every 2: every line is tfgpu's. Under one_device,
+    tf.distribute used to feed each iterator through a MultiDeviceIterator, and tf.data
+    logged "dataset.cc: Input of GeneratorDatasetOp::Dataset will not be optimized" for the
+    train batches and evaluations (``StrategyBackend.distribute_dataset``)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["TFGPU_CACHE_DIR"] = str(tmp_path / "cache")  # the demo dataset, written once here
+    argv = [sys.executable, "-m", "tfgpu.main", f"--model_dir={tmp_path / 'run'}"]
+    argv += ["--train_steps=4", "--eval_every_steps=2", "--log_every_steps=2", "--export=false"]
+    argv += [f"--strategy={strategy}"]
+    out = subprocess.run(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert len(re.findall(r"^eval  step [24]: top1", out.stdout, re.M)) == 2, out.stdout[-3000:]
+    assert not TF_LOG_LINE.findall(out.stdout), out.stdout[-3000:]
 
 
 def test_only_tensorflows_start_up_notices_are_dropped():
