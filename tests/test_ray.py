@@ -143,6 +143,15 @@ def test_a_killed_worker_is_restarted_by_ray_and_the_run_resumes(restarted):
     assert not set(_pids(text).values()) & set(first.values()), text[-5000:]
 
 
+def test_ray_workers_log_no_tensorflow_python_line(restarted):
+    """Neither attempt's workers print "Using CollectiveAllReduceStrategy eagerly has
+    significant overhead" (TensorFlow's Python log, bare in a Ray worker: each window's
+    agreement to go on printed it) nor tf.data's "dataset.cc" line."""
+    text = restarted[0]
+    logged = re.compile(r"eagerly has significant overhead|dataset\.cc|[A-Z]+:tensorflow:")
+    assert not logged.search(text), text[-5000:]
+
+
 def test_two_ray_workers_end_with_the_weights_of_one_process(restarted, reference):
     """The job, killed and restarted on the way, ends as one job: both workers with the same
     weights, those of one process, and the run's files written by the chief."""
