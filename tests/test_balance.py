@@ -21,7 +21,7 @@ from tfgpu.data.config import DataConfig
 from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard, backends
 from tfgpu.errors import ConfigError
-from tfgpu.evaluate import evaluate
+from tfgpu.trained.evaluate import evaluate
 from tfgpu.recordformat import INFO_FILE
 from tfgpu.step.train_step import TrainStep
 
@@ -148,12 +148,12 @@ def test_per_example_loss_weighs_each_class_share_of_the_target():
 def test_evaluation_and_prediction_read_a_run_without_its_class_balance(tmp_path):
     """Evaluation is unweighted: a run's weights file need not exist where it is evaluated."""
     from tfgpu import files
-    from tfgpu.train import use
+    from tfgpu.trained import head
 
     run = {"model": "tiny_cnn", "class_weights": str(tmp_path / "gone.json")}
     run |= {"balanced_sampling": True, "sampling_power": 0.5, "in_memory": "off"}
     files.write_json(str(tmp_path / "config.json"), run)
-    config = use.run_config(str(tmp_path))
+    config = head.run_config(str(tmp_path))
     assert config.optim.class_weights == "" and not config.data.balanced_sampling
     assert config.data.sampling_power == 1.0
 

@@ -16,7 +16,7 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.errors import ExportRefused, UsageError
 from tfgpu.cli.app import run_command
-from tfgpu.export import FAMILIES, export, family_of, missing_packages, unsupported
+from tfgpu.trained.export import FAMILIES, export, family_of, missing_packages, unsupported
 
 needs_litert = pytest.mark.skipif(
     bool(missing_packages("litert")), reason="no ai-edge-litert: pip install '.[export]'"
@@ -58,12 +58,12 @@ def test_the_runs_own_export_holds_the_ema_weights(run_dir):
     """As evaluation, predict and tfgpu-export: the end-of-run export/ is the averaged model."""
     import keras
 
-    from tfgpu.predict import predictor
-    from tfgpu.train import use
+    from tfgpu.trained.predict import predictor
+    from tfgpu.trained import run as trained_run
 
     kept = os.path.join(os.path.dirname(run_dir), "end-of-run0", "model.keras")
     model = keras.saving.load_model(kept, compile=False)
-    trained = use.load(*use.config_and_checkpoint(run_dir, "latest"))
+    trained = trained_run.load(*trained_run.config_and_checkpoint(run_dir, "latest"))
     images = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
     averaged = predictor(trained)(images)
     last = predictor(trained).probabilities(images).numpy()  # the weights as trained
@@ -85,7 +85,7 @@ def _quiet(*_):
 def test_saved_model_signatures_are_predicts(run_dir, tmp_path):
     import tensorflow as tf
 
-    from tfgpu.predict import predict
+    from tfgpu.trained.predict import predict
 
     entry = export(run_dir, fmt="saved_model", log=_quiet)
     assert entry["verdict"] == "ok" and entry["num_images"] == 24
@@ -140,7 +140,7 @@ def test_litert(run_dir, quantize, full_integer):
 def test_onnx_runs_in_onnx_runtime_as_predict(run_dir, small_dataset):
     import onnxruntime
 
-    from tfgpu.predict import predict
+    from tfgpu.trained.predict import predict
 
     entry = export(run_dir, fmt="onnx", log=_quiet)
     assert entry["verdict"] == "ok" and entry["outputs"]["onnx"]["max_prob_diff"] < 1e-5
@@ -158,7 +158,7 @@ def test_an_export_that_departs_is_refused_and_not_put_in_place(
 ):
     import contextlib
 
-    from tfgpu.export.source import Source
+    from tfgpu.trained.export.source import Source
 
     # A real departure: the export written with the last trained weights instead of the EMA
     # weights that evaluation and tfgpu.predict use.
@@ -207,12 +207,13 @@ def test_what_cannot_be_exported_is_one_line(monkeypatch):
 def _random_source(name: str):
     """A registry model with random weights (32x32, 4 classes) as an export's Source."""
     from tfgpu import models
-    from tfgpu.export.source import Source
-    from tfgpu.train import use
+    from tfgpu.trained.export.source import Source
+    from tfgpu.trained import head
+    from tfgpu.trained import run as trained_run
 
-    config = use.run_config("", model=name, image_size=32, small_input=True)
+    config = head.run_config("", model=name, image_size=32, small_input=True)
     model = models.build_model(name, num_classes=4, image_size=32, small_input=True)
-    trained = use.Trained(config, None, None, model, None, None, 0)
+    trained = trained_run.Trained(config, None, None, model, None, None, 0)
     return Source(trained, ["a", "b", "c", "d"], config.data, "random weights")
 
 
@@ -247,7 +248,7 @@ CASES = [
 def test_every_family_exports_in_every_format(name, fmt, tmp_path):
     import tensorflow as tf
 
-    from tfgpu.export import litert, onnx
+    from tfgpu.trained.export import litert, onnx
 
     assert set(FAMILY_MODELS) == set(FAMILIES) and family_of(name) in FAMILIES
     source = _random_source(name)
@@ -276,8 +277,8 @@ def _check_saved_model(source, path, images, expected):
     evaluation's decode of the same JPEGs."""
     import tensorflow as tf
 
-    from tfgpu.export import saved_model
-    from tfgpu.train.serving import decode_images
+    from tfgpu.trained.export import saved_model
+    from tfgpu.serving import decode_images
 
     saved_model.write(source, path, "none")
     encoded = np.array([_jpeg(i) for i in images], dtype=object)
@@ -293,8 +294,8 @@ def _check_saved_model(source, path, images, expected):
 def test_a_mixed_precision_model_exports_from_a_float32_copy(tmp_path):
     import keras
 
-    from tfgpu.export import litert
-    from tfgpu.export.source import float32_twin
+    from tfgpu.trained.export import litert
+    from tfgpu.trained.export.source import float32_twin
 
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:

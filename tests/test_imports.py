@@ -124,10 +124,17 @@ def test_a_launch_that_cannot_be_one_job_is_reported_without_tensorflow(
         "tfgpu.ray",
         "tfgpu.cli.ray",
         "tfgpu.distribute.ray_train",
-        "tfgpu.train.use",
+        "tfgpu.trained",
+        "tfgpu.trained.head",
+        "tfgpu.trained.export",  # says what can be exported before TensorFlow starts
+        "tfgpu.cli.trained",
+        "tfgpu.cli.evaluate",
+        "tfgpu.cli.sidecar",
+        "tfgpu.cli.predict",
+        "tfgpu.cli.average",
+        "tfgpu.cli.export",
         "tfgpu.evaluate",
         "tfgpu.average",
-        "tfgpu.train.watch",
         "tfgpu.predict",
         "tfgpu.export",
         "tfgpu.export.__main__",
@@ -173,7 +180,9 @@ def test_the_converter_and_the_reader_share_only_the_record_format(package, othe
 # a higher one's (at its top or inside a function). CONTRIBUTING.md draws the same picture.
 LAYERS = (
     ("cli", "main", "evaluate", "average", "predict", "export", "ray", "launch"),  # commands
+    ("trained",),  # the uses of a trained run: evaluate, predict, export, side-car, average
     ("train",),  # a run: loop, build, actions, checkpoints, best, results, signals, ...
+    ("serving",),  # the serving signatures: the end of a run's export and tfgpu-export's
     ("step", "config"),  # one update and what runs compiled; the settings
     ("optim",),  # optimizers, schedules, fine-tuning groups
     ("models", "data", "demo"),  # the registry and the nets; the reader; the demo dataset
@@ -189,10 +198,7 @@ def _unit(path: pathlib.Path, root: pathlib.Path) -> str:
 
 # Commands still living in the library's packages, and library modules still starting
 # TensorFlow through the command's quiet start, while they move (issue 45): emptied as they do.
-MOVING = {
-    "tfgpu/train/use.py",
-    "tfgpu/train/watch.py",
-}
+MOVING: set = set()
 
 
 # The documented module paths of commands that live in cli/ now (``python -m

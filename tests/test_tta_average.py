@@ -12,7 +12,7 @@ import tensorflow as tf
 from absl import flags
 
 from tfgpu import compat, models, train
-from tfgpu.average import average
+from tfgpu.trained.average import average
 from tfgpu.config import config_from, validate
 from tfgpu.cli.flags import define_flags
 from tfgpu.config.sections import check_average_plan
@@ -20,10 +20,11 @@ from tfgpu.data.spec import load_spec
 from tfgpu.distribute import backends
 from tfgpu.errors import ConfigError, UsageError
 from tfgpu.cli.app import run_command
-from tfgpu.evaluate import evaluate
+from tfgpu.trained.evaluate import evaluate
 from tfgpu.cli.train import make_config
 from tfgpu.step.loops import make_eval_step, mean_of_softmax
-from tfgpu.train import use
+from tfgpu.trained import head
+from tfgpu.trained import run as trained_run
 from tfgpu.train.average import mean_weights, read_model_and_optimizer
 from tfgpu.train.evaluator import Evaluator
 
@@ -213,7 +214,7 @@ def test_settings_that_cannot_average_are_one_line_errors():
     with pytest.raises(ConfigError, match="train 3 updates or more"):
         check_average_plan(t, 2)
     with pytest.raises(UsageError, match="needs --model_dir"):
-        use.config_and_checkpoint("", "averaged.weights.h5")
+        trained_run.config_and_checkpoint("", "averaged.weights.h5")
 
 
 # --- end to end: a run of tfgpu.main's flags, then tfgpu-average and tfgpu-evaluate ----------
@@ -331,11 +332,11 @@ def test_with_an_ema_the_run_averages_and_evaluates_the_ema_weights(small_datase
     values(["tfgpu", *argv, f"--model_dir={tmp_path}"])
     summary = train.run(make_config(values))
     assert summary["averaged_checkpoints"] == [4, 6] and summary["final_eval"]["tta"] == "none"
-    config = use.run_config(str(tmp_path))
-    r = use.build_run(config)
+    config = head.run_config(str(tmp_path))
+    r = trained_run.build_run(config)
     ema, raw = [], []
     for step in (4, 6):
-        use.restore(r, os.path.join(tmp_path, "checkpoints", f"ckpt-{step}"))
+        trained_run.restore(r, os.path.join(tmp_path, "checkpoints", f"ckpt-{step}"))
         raw.append(r.model.get_weights())
         with compat.ema_weights(r.optimizer):
             ema.append(r.model.get_weights())

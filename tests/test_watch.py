@@ -17,7 +17,7 @@ from tfgpu import train
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.errors import CheckpointError
 from tfgpu.cli.app import run_command
-from tfgpu.train.watch import watch
+from tfgpu.trained.sidecar import watch
 
 KEYS = ("top1", "top5", "loss", "num_examples", "non_finite")
 
@@ -264,7 +264,7 @@ def test_the_evaluator_task_keeps_the_best_and_stops_the_trainer_early(small_dat
     state = _read(model_dir, "sidecar.json")
     assert state["step"] == summary["steps"] and state["evals_since_best"] >= 2
     # best/ckpt-4 is the trainer's checkpoint of step 4, as tfgpu.evaluate reads it.
-    from tfgpu.evaluate import evaluate
+    from tfgpu.trained.evaluate import evaluate
 
     result = evaluate(model_dir, checkpoint="best", log=lambda _: None)
     row = _rows(model_dir)[0]

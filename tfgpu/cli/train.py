@@ -25,16 +25,16 @@ import os
 from absl import app, flags, logging
 
 from tfgpu import demo
-from tfgpu.cli import quiet
+from tfgpu.cli import quiet, sidecar
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import KEY_FLAGS, define_flags, given_flags
 from tfgpu.config import config_from, rundir, validate
 from tfgpu.distribute import env
 from tfgpu.errors import ConfigError
-from tfgpu.train import op_errors, signals, watch
+from tfgpu.train import op_errors, signals
 
 define_flags()
-watch.define_flags(switch=False)  # a TF_CONFIG evaluator task runs the side-car evaluator
+sidecar.define_flags()  # a TF_CONFIG evaluator task runs the side-car evaluator
 for _name in KEY_FLAGS:  # what --help lists beside this module's docstring
     flags.declare_key_flag(_name)
 FLAGS = flags.FLAGS
@@ -96,7 +96,7 @@ def _train() -> None:
         # as they appear (its config.json says the rest), on its own device. TF_CONFIG goes
         # before TensorFlow starts, so that nothing can join the trainers' cluster.
         os.environ.pop("TF_CONFIG", None)
-        watch.watch(FLAGS.model_dir, FLAGS.watch_interval_s, FLAGS.watch_timeout_s)
+        sidecar.follow(FLAGS.model_dir, FLAGS.watch_interval_s, FLAGS.watch_timeout_s)
         return
     config = make_config()
     env.check_launch(config.dist.strategy)  # before anything is written or TensorFlow starts

@@ -50,7 +50,7 @@ MAY_CHANGE = (
 LAUNCH_SECTION = "dist"  # never read back from config.json: each start says how it spreads
 
 # What tfgpu itself puts into a --model_dir (``train.results``, ``runlock``, ``best``,
-# ``watch``, tfgpu-ray), plus its temporary names: a folder holding anything else and no
+# ``trained.sidecar``, tfgpu-ray), plus its temporary names: a folder holding anything else and no
 # config.json is not a tfgpu run.
 RUN_ENTRIES = frozenset(
     {

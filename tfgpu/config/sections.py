@@ -185,7 +185,7 @@ def tracks_best(t) -> bool:
 
 def tracks_best_in_loop(t) -> bool:
     """True when the trainer itself keeps its best evaluation (in its checkpoints): not when
-    a side-car evaluates (--sidecar_eval), which keeps it (``tfgpu.watch``)."""
+    a side-car evaluates (--sidecar_eval), which keeps it (``trained.sidecar``)."""
     return tracks_best(t) and not t.sidecar_eval
 
 

@@ -10,13 +10,11 @@
   signals.py      SIGTERM/SIGINT, preemption, a run that must stop
   op_errors.py    TensorFlow's errors -> tfgpu's (translate)
   runlock.py      one run per --model_dir
-  watch.py        the side-car evaluator (``tfgpu.evaluate --watch``)
-  use.py          a trained run's Config, model and checkpoint, for evaluate/predict/export
   progressive.py  --progressive_stages: the stage plan, each stage's train dataset and step
                   preparation
 
 ``tfgpu.train.loop.run`` is ``loop.run``, loaded on first use, so that the light modules here
-(best, runlock, watch) import without TensorFlow.
+(best, runlock) import without TensorFlow.
 """
 
 

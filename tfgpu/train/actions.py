@@ -232,7 +232,7 @@ class EarlyStop(Action):
 
 class SidecarStop(Action):
     """--sidecar_eval with --early_stop_patience: ends the loop once the side-car evaluator
-    (``tfgpu.watch``) has counted N evaluations without a better one (``best.SIDECAR_FILE``).
+    (``trained.sidecar``) has counted N evaluations without a better one (``best.SIDECAR_FILE``).
     Only the chief reads the file, at every loop boundary; every worker takes the chief's
     reading (``all_gather_bytes``, as a resumed run's kept list), so all stop at the same
     step. Asked at the start too: a run stopped so and started again stops again at once."""

@@ -27,7 +27,7 @@ from tfgpu.files import read_json, write_json
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
-# What a side-car evaluator (tfgpu.train.watch) has done, for itself and for the trainers to read:
+# What a side-car evaluator (trained.sidecar) has done, for itself and for the trainers to read:
 # {"step": its last evaluated checkpoint, "result": that evaluation, and when it keeps the best:
 #  "metric", "best_step", "best_value", "evals_since_best"}.
 SIDECAR_FILE = "sidecar.json"

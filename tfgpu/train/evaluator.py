@@ -1,5 +1,5 @@
 """The run's evaluation, which the loop, ``tfgpu.evaluate`` and the side-car evaluator
-(``watch.py``) share: the same data, preprocessing, compiled step and reduction, so that they
+(``trained.sidecar``) share: the same data, preprocessing, compiled step and reduction, so that they
 give the same numbers for the same checkpoint."""
 
 import contextlib

@@ -39,7 +39,7 @@ from tfgpu.train.progressive import Staged
 from tfgpu.step.loops import make_train_loop
 from tfgpu.train.evaluator import Evaluator
 from tfgpu.train.results import RunWriter, final_eval_of
-from tfgpu.train.serving import export_model
+from tfgpu.serving import export_model
 from tfgpu.errors import NonFiniteLoss
 
 

@@ -4,7 +4,7 @@ config.json, metrics.jsonl (one JSON object per logged step or evaluation), summ
 row per evaluation, as timm's), tensorboard/ (train/ and eval/ scalars; at its top the run's
 settings as hparams and its final metrics; evaluate/: what ``tfgpu.evaluate`` writes later,
 the confusion matrix as an image), summary.json and final.weights.h5 (export/ is
-``serving.py``'s).
+``tfgpu.serving``'s).
 """
 
 import csv

@@ -9,17 +9,15 @@ full-integer I/O (int8 only), both are uint8 and the tensors' quantization (scal
 says what they mean.
 """
 
+import keras
 import numpy as np
+import tensorflow as tf
 
-QUANTIZE = ("none", "float16", "int8")
+from tfgpu.trained.export.source import float32_twin
 
 
 def write(source, path: str, quantize: str, calibration=None, full_integer=False) -> None:
     """The .tflite file at ``path``; ``calibration``: float32 images [M, S, S, 3] for int8."""
-    import tensorflow as tf
-
-    from tfgpu.export.source import float32_twin
-
     settings = {"target_spec": {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]}}
     if quantize == "float16":
         settings["optimizations"] = [tf.lite.Optimize.DEFAULT]
@@ -39,8 +37,6 @@ def write(source, path: str, quantize: str, calibration=None, full_integer=False
 
 def with_softmax(model, image_size: int):
     """A Keras model: float32 pixels [N, S, S, 3] -> probabilities (``model``'s softmax)."""
-    import keras
-
     images = keras.Input((image_size, image_size, 3), dtype="float32", name="images")
     logits = model(images)
     return keras.Model(images, keras.layers.Softmax(dtype="float32", name="probabilities")(logits))
@@ -48,7 +44,7 @@ def with_softmax(model, image_size: int):
 
 def runner(path: str, threads: int = 0):
     """batch {image uint8} -> {"litert": probabilities float32 [N, C]}."""
-    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_litert.interpreter import Interpreter  # the [export] extra: only when asked
 
     interpreter = Interpreter(model_path=path, num_threads=threads or None)
     given, taken = interpreter.get_input_details()[0], interpreter.get_output_details()[0]

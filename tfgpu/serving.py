@@ -1,5 +1,6 @@
-"""The run's SavedModel and .keras file (export/), with its serving signatures: the one writer
-of them, for the end of a run and for ``tfgpu-export --format=saved_model``.
+"""The serving signatures of an exported model, and the one writer of the SavedModel and .keras
+file that hold them: for the end of a run (``train.loop``: export/) and for ``tfgpu-export
+--format=saved_model`` (``trained.export``). Below both, so that neither reaches up.
 
 Signatures (``tf.saved_model.load(dir).signatures[name]``, or TF Serving's
 ``"signature_name"``):
@@ -41,14 +42,15 @@ def export_model(
     data=None,
     saved_model_dir: str = "",
 ) -> None:
-    """Saves ``model.keras`` in ``directory`` and the SavedModel (``saved_model_dir``, by
-    default ``directory``/saved_model). ``serve`` takes uint8 images [N, image_size,
-    image_size, 3] and returns float32 logits; with ``class_names`` (one per class) also
-    ``classify_images``, and with ``data`` (the run's ``DataConfig``, as evaluation resolves
-    it) ``classify_bytes`` and ``classify_examples`` (the module's docstring says what each
-    returns)."""
-    os.makedirs(directory, exist_ok=True)
-    model.save(os.path.join(directory, "model.keras"))
+    """Saves ``model.keras`` in ``directory`` ("": none, then ``saved_model_dir`` is where)
+    and the SavedModel (``saved_model_dir``, by default ``directory``/saved_model). ``serve``
+    takes uint8 images [N, image_size, image_size, 3] and returns float32 logits; with
+    ``class_names`` (one per class) also ``classify_images``, and with ``data`` (the run's
+    ``DataConfig``, as evaluation resolves it) ``classify_bytes`` and ``classify_examples``
+    (the module's docstring says what each returns)."""
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        model.save(os.path.join(directory, "model.keras"))
     pixels = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")
     archive = keras.export.ExportArchive()
     archive.track(model)

@@ -1,66 +1,33 @@
-"""A trained run, loaded for use: what ``tfgpu.evaluate`` and ``tfgpu.predict`` share.
+"""A trained run opened for use: the one head of evaluate, predict, export, the side-car
+evaluator and checkpoint averaging.
 
-The run's own Config (its ``config.json``), its data spec, and its model built by the registry
-and restored from a checkpoint (the newest, the best of ``best/best.json``, or a path), from a
-``.weights.h5`` file of the run (its ``final.weights.h5``, ``tfgpu-average``'s), or an exported
-``.keras`` file. Nothing here preprocesses: the commands read images with the
-evaluation's own functions (``data.pipeline``).
-
-No TensorFlow at import: a bad flag or a missing file is reported before it starts.
+The run's own Config (``head.run_config``: its ``config.json``), its data spec, and its model
+built by the registry and restored from a checkpoint (the newest, the best of
+``best/best.json``, or a path), from a ``.weights.h5`` file of the run (its
+``final.weights.h5``, ``tfgpu-average``'s), or an exported ``.keras`` file. Nothing here
+preprocesses: the uses read images with the evaluation's own functions (``data.pipeline``).
 """
 
 import os
 from dataclasses import dataclass
 
-from tfgpu.cli import quiet as startup
-from tfgpu.config import Config, config_from, rundir, validate
+import keras
+import tensorflow as tf
+
+from tfgpu.config import Config
+from tfgpu.data import spec as data_spec
+from tfgpu.distribute import backends
 from tfgpu.errors import CheckpointError, DataError, UsageError, first_line
-from tfgpu.files import read_json
-
-# Training-only settings left out: evaluation is unweighted and reads each example once, and
-# a run's --class_weights file need not exist where its model is used.
-TRAINING_ONLY = ("class_weights", "balanced_sampling", "sampling_power")
-# Paths of config.json that the run writes to: a run folder from elsewhere must not make
-# evaluate or predict write there; only an override (the user naming it again) sets them.
-WRITTEN_PATHS = ("eval_snapshot_dir",)
-WEIGHTS_FILE = ".weights.h5"  # Keras' weights-only files: final.weights.h5, tfgpu-average's
-
-
-def run_config(model_dir: str, **overrides) -> Config:
-    """The Config of the run in ``model_dir`` (its config.json, read back by
-    ``rundir.stored_settings``), on one device, without its start weights (the checkpoint
-    replaces them) and without the paths it writes to (``WRITTEN_PATHS``), with ``overrides``
-    (by flag name) that are set. Without ``model_dir``: the defaults and ``overrides``."""
-    values = {}
-    if model_dir:
-        path = os.path.join(os.path.expanduser(model_dir), "config.json")
-        try:
-            stored = read_json(path)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
-        if not stored:
-            raise UsageError(f"--model_dir={model_dir} holds no config.json (not a tfgpu run)")
-        values = rundir.stored_settings(stored, path)
-        for name in TRAINING_ONLY + WRITTEN_PATHS:
-            values.pop(name, None)
-        values["model_dir"] = os.path.expanduser(model_dir)
-    values.update(strategy="default", logical_cpu_devices=0, init_weights="")
-    if overrides.get("data_dir"):  # another dataset of the same classes
-        values.update(tfds_name="", synthetic_data=False)
-    values.update({k: v for k, v in overrides.items() if v})
-    return validate(config_from(**values))
+from tfgpu.train.best import BEST_DIR, BEST_FILE, best_checkpoint
+from tfgpu.train.build import build
+from tfgpu.train.checkpoints import DAMAGED, refresh_derived_state
+from tfgpu.trained.head import WEIGHTS_FILE, head_config, run_config
 
 
 def config_and_checkpoint(model_dir: str, which: str, **overrides) -> tuple:
-    """(the run's Config with ``overrides``, the checkpoint ``which`` names), config first (no
-    TensorFlow yet: a wrong --model_dir is one line at once). Without ``model_dir`` (a .keras
-    file), the defaults with the file's image size."""
-    if which.endswith(WEIGHTS_FILE) and not model_dir:
-        raise UsageError(
-            f"--checkpoint={which} needs --model_dir: the run whose model the weights are"
-        )
-    config = run_config(model_dir, **overrides) if model_dir else None
-    startup.import_tensorflow()
+    """(the run's Config with ``overrides``, the checkpoint ``which`` names). Without
+    ``model_dir`` (a .keras file), the defaults with the file's image size."""
+    config = head_config(model_dir, which, **overrides)
     path = checkpoint_path(model_dir, which)
     if config is None:
         config = run_config("", image_size=image_size_of(path), **overrides)
@@ -70,14 +37,10 @@ def config_and_checkpoint(model_dir: str, which: str, **overrides) -> tuple:
 def checkpoint_path(model_dir: str, which: str) -> str:
     """The checkpoint ``which`` names: ``latest`` (the newest in checkpoints/), ``best``
     (best/best.json's first), a checkpoint prefix, a ``.weights.h5`` or a ``.keras`` file."""
-    from tfgpu.train.best import BEST_DIR, BEST_FILE, best_checkpoint
-
     model_dir = os.path.expanduser(model_dir)
     if which in ("latest", "best") and not model_dir:
         raise UsageError(f"--checkpoint={which} needs --model_dir")
     if which == "latest":
-        import tensorflow as tf
-
         path = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
         if not path:
             raise CheckpointError(f"{model_dir}/checkpoints holds no checkpoint")
@@ -115,14 +78,9 @@ class Trained:
 
 def load(config: Config, path: str) -> Trained:
     """The model of checkpoint (or .keras file) ``path``, for ``config``'s data."""
-    import keras
-
-    from tfgpu.data.spec import load_spec
-    from tfgpu.distribute import backends
-
     batch = config.train.eval_batch_size or config.train.global_batch_size
     if path.endswith(".keras"):
-        backend, spec = backends.setup(config.dist), load_spec(config.data)
+        backend, spec = backends.setup(config.dist), data_spec.load_spec(config.data)
         model = keras.saving.load_model(path, compile=False, safe_mode=True)
         classes = model.output_shape[-1]
         if classes != spec.num_classes:
@@ -141,8 +99,6 @@ def load(config: Config, path: str) -> Trained:
 def load_weights(model, path: str) -> None:
     """Loads the Keras ``.weights.h5`` file ``path`` into ``model``; a file of another model
     (or not one) is a CheckpointError naming it."""
-    from tfgpu.train.checkpoints import refresh_derived_state
-
     try:
         model.load_weights(path)
     except (ValueError, OSError, KeyError, TypeError) as err:
@@ -154,20 +110,14 @@ def load_weights(model, path: str) -> None:
 def build_run(config: Config):
     """The run of ``config`` built as it trained (``build.build``: model, optimizer, counters,
     checkpoints) on ``config``'s backend, with weights to be read by ``restore``."""
-    from tfgpu.train.build import build
-    from tfgpu.data.spec import load_spec
-    from tfgpu.distribute import backends
-
     backend = backends.setup(config.dist)
-    return build(config, backend, load_spec(config.data))
+    return build(config, backend, data_spec.load_spec(config.data))
 
 
 def restore(r, path: str) -> int:
     """Reads checkpoint ``path`` into ``r`` (a ``build_run`` Training): all it holds, so that
     evaluation sees the run as it was at that step. Returns the checkpoint's step. A
     checkpoint that does not read back, or of another model, is a CheckpointError."""
-    from tfgpu.train.checkpoints import DAMAGED, refresh_derived_state
-
     # Everything the run's checkpoints hold, all of it matched: a checkpoint of another model
     # is an error, not a half-restored model.
     try:
@@ -181,8 +131,6 @@ def restore(r, path: str) -> int:
 
 def image_size_of(path: str) -> int:
     """The input side of the model in a .keras file (without a run's config.json)."""
-    import keras
-
     model = keras.saving.load_model(path, compile=False, safe_mode=True)
     return int(model.input_shape[1])
 
@@ -191,10 +139,8 @@ def class_names(spec) -> list[str]:
     """The class names of ``spec`` (its dataset_info.json, else "0", "1", ...) as text, for
     the commands to check before any image is read: a name that is a number stands as its
     digits; anything else (null, a list, true) is a DataError naming the file and the entry."""
-    from tfgpu.data.spec import class_names as stored
-
     names = []
-    for i, name in enumerate(stored(spec)):
+    for i, name in enumerate(data_spec.class_names(spec)):
         if isinstance(name, (int, float)) and not isinstance(name, bool):
             name = str(name)
         if not isinstance(name, str):

@@ -106,10 +106,9 @@ def verdict(entry: dict, quantize: str, max_prob_diff: float, max_top1_change: f
     return ""
 
 
-def add_to_report(directory: str, key: str, entry: dict) -> str:
-    """Writes ``entry`` as ``key`` of ``directory``/report.json (other exports' kept);
-    returns the report's path."""
-    path = os.path.join(directory, REPORT)
+def add_to_report(path: str, key: str, entry: dict) -> str:
+    """Writes ``entry`` as ``key`` of the report at ``path`` (other exports' kept); returns
+    ``path``."""
     try:
         report = read_json(path) if os.path.exists(path) else {}
     except ValueError:

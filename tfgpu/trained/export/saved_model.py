@@ -1,24 +1,22 @@
-"""SavedModel: the run's serving signatures (``train.serving``), with the evaluation weights.
+"""SavedModel: the run's serving signatures (``tfgpu.serving``), with the evaluation weights.
 
 The check runs three of its signatures on the same images: ``classify_images`` on evaluation's
 uint8 pixels, ``classify_bytes`` on the encoded files (the preprocessing inside the graph) and
 ``classify_examples`` on tf.Examples holding them, each against tfgpu.predict.
 """
 
-import os
+import tensorflow as tf
 
-QUANTIZE = ("none",)
-WHY_NOT = "a SavedModel keeps the trained float weights; quantize for LiteRT (--format=litert)"
+from tfgpu.serving import ENCODED, export_model
 
 
 def write(source, path: str, quantize: str, calibration=None, full_integer=False) -> None:
-    """The SavedModel at ``path`` (a folder) and ``model.keras`` beside it."""
-    from tfgpu.train.serving import export_model
-
+    """The SavedModel at ``path`` (a folder), alone: ``export`` puts model.keras beside it
+    in a run's export/ once it is checked."""
     with source.evaluation_weights():
         export_model(
             source.model,
-            os.path.dirname(os.path.abspath(path)),
+            "",
             source.image_size,
             class_names=source.class_names,
             data=source.data,
@@ -29,8 +27,6 @@ def write(source, path: str, quantize: str, calibration=None, full_integer=False
 def runner(path: str):
     """batch {image, encoded} -> {"images", "bytes", "examples"}: probabilities of each
     signature (numpy float32 [N, C]); a batch without ``encoded``: {"images"} only."""
-    import tensorflow as tf
-
     loaded = tf.saved_model.load(path)
 
     def run(batch: dict) -> dict:
@@ -47,10 +43,6 @@ def runner(path: str):
 
 def _example(encoded: bytes) -> bytes:
     """A serialized tf.Example holding only ``image/encoded``, as a client would send."""
-    import tensorflow as tf
-
-    from tfgpu.train.serving import ENCODED
-
     feature = tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(encoded)]))
     return tf.train.Example(
         features=tf.train.Features(feature={ENCODED: feature})

@@ -1,10 +1,10 @@
-"""A side-car evaluator: ``python -m tfgpu.evaluate --model_dir=DIR --watch`` (and a TF_CONFIG
-``evaluator`` task, ``tfgpu.main``) evaluates every checkpoint of a training run as it appears,
-in step order, until the run's last, so that the trainers (``--sidecar_eval``) never pause for
-evaluation. docs/evaluator.md is the user's page.
+"""The side-car evaluator: ``tfgpu-evaluate --model_dir=DIR --watch`` (and a TF_CONFIG
+``evaluator`` task of ``tfgpu-train``) evaluates every checkpoint of a training run as it
+appears, in step order, until the run's last, so that the trainers (``--sidecar_eval``) never
+pause for evaluation. docs/evaluator.md is the user's page.
 
 It writes what the loop's evaluation writes, with the loop's own code: the run's Config
-(config.json: same data, model, preprocessing), ``use.build_run`` (the run built as it
+(config.json: same data, model, preprocessing), ``run.build_run`` (the run built as it
 trained, on one device, no strategy: a TF_CONFIG cluster is never joined), ``evaluator.Evaluator``
 and the loop's actions ``Evaluate`` and ``KeepBest`` (metrics.jsonl eval rows, TensorBoard
 ``eval/``, summary.csv, best/ and best/best.json). On one device its numbers for a checkpoint
@@ -26,48 +26,28 @@ How it follows the run:
 - the run is over once summary.json, which the trainer's chief writes last (after its final
   checkpoint), is newer than config.json (which every start of the trainer writes again) and
   names a step already evaluated: then, with --sidecar_eval, summary.json gets the side-car's
-  ``final_eval`` and ``best``, and ``watch`` returns (exit 0);
+  ``final_eval`` and ``best``, and ``watch`` returns;
 - ``timeout_s`` (--watch_timeout_s) bounds a wait with nothing new (config.json, a checkpoint
   or the end): past it, a CheckpointError naming the wait.
-
-No TensorFlow at import (``tfgpu.main`` defines the flags before it starts).
 """
 
 import json
 import os
 import time
 
-from absl import flags
+import tensorflow as tf
 
-from tfgpu.cli import quiet as startup
-from tfgpu.train import use
-from tfgpu.train.best import SIDECAR_FILE, Best, read_sidecar, tracks_best
 from tfgpu.errors import CheckpointError, UsageError
 from tfgpu.files import read_json, write_json
+from tfgpu.train.actions import Evaluate, KeepBest, LoopState
+from tfgpu.train.best import SIDECAR_FILE, Best, read_sidecar, tracks_best
+from tfgpu.train.evaluator import Evaluator
+from tfgpu.train.results import RunWriter, final_eval_of
+from tfgpu.trained import run
+from tfgpu.trained.head import run_config
 
 READ_TRIES = 5  # reads of one checkpoint before it is skipped
 RETRY_S = 1.0  # seconds between them
-
-
-def define_flags(switch: bool = True) -> None:
-    """--watch_interval_s, --watch_timeout_s and with ``switch`` --watch: tfgpu.evaluate's;
-    tfgpu.main's too, but --watch, for a TF_CONFIG evaluator task."""
-    if switch and "watch" not in flags.FLAGS:
-        flags.DEFINE_bool(
-            "watch",
-            False,
-            "Evaluate every checkpoint of --model_dir as it appears, until the "
-            "run's last (a side-car evaluator; docs/evaluator.md).",
-        )
-    if "watch_interval_s" not in flags.FLAGS:
-        flags.DEFINE_float("watch_interval_s", 10.0, "With --watch: seconds between looks.")
-    if "watch_timeout_s" not in flags.FLAGS:
-        flags.DEFINE_float(
-            "watch_timeout_s",
-            3600.0,
-            "With --watch: give up (an error) after this many "
-            "seconds without a new checkpoint or the run's end.",
-        )
 
 
 class _Wait:
@@ -102,8 +82,7 @@ def watch(model_dir: str, interval_s: float = 10.0, timeout_s: float = 3600.0, l
     wait = _Wait(interval_s, timeout_s)
     while not os.path.exists(os.path.join(model_dir, "config.json")):
         wait.sleep(f"the run's config.json in {model_dir}")
-    config = use.run_config(model_dir)
-    startup.import_tensorflow()
+    config = run_config(model_dir)
     sidecar = Sidecar(config, log)
     while True:
         if sidecar.evaluate_new():
@@ -116,16 +95,13 @@ def watch(model_dir: str, interval_s: float = 10.0, timeout_s: float = 3600.0, l
 
 
 class Sidecar:
-    """What the watcher holds: the run built once (``use.build_run``) with its Evaluator and
+    """What the watcher holds: the run built once (``run.build_run``) with its Evaluator and
     RunWriter, the best (``best.Best``, when the run keeps it and evaluates by side-car), the
     last step evaluated and its result (from ``SIDECAR_FILE`` when it was started before)."""
 
     def __init__(self, config, log):
-        from tfgpu.train.results import RunWriter  # noqa: PLC0415 (TensorFlow: once the config is read)
-        from tfgpu.train.evaluator import Evaluator  # noqa: PLC0415
-
         self.config, self._log, self.count = config, log, 0
-        self.run = use.build_run(config)
+        self.run = run.build_run(config)
         self.evaluate = Evaluator.of(self.run)
         self.writer = RunWriter(config.model_dir, is_chief=True)
         self.directory = self.run.checkpoints.directory
@@ -147,8 +123,6 @@ class Sidecar:
         t = self.config.train
         if not (t.sidecar_eval and tracks_best(t)):
             return None
-        import tensorflow as tf  # noqa: PLC0415
-
         best = Best(t, self.run.backend, self.config.model_dir)
         # best/ckpt-S holds what the trainer's checkpoint of S holds, and the best so far.
         best.checkpoint = tf.train.Checkpoint(**self.run.checkpoints.tracked, **best.tracked())
@@ -187,8 +161,6 @@ class Sidecar:
     def _one(self, step: int, path: str) -> None:
         """Evaluates the checkpoint ``path`` of ``step`` as the loop's actions do (Evaluate,
         then KeepBest), then writes SIDECAR_FILE. A checkpoint that cannot be read is passed."""
-        from tfgpu.train.actions import Evaluate, KeepBest, LoopState  # noqa: PLC0415
-
         read = self._read(step, path)
         if read is not None:
             ips = train_images_per_sec(self.config.model_dir, read)
@@ -202,12 +174,12 @@ class Sidecar:
         self._write_state()
 
     def _read(self, step: int, path: str) -> int | None:
-        """Reads checkpoint ``path`` into the run (``use.restore``); returns its step, or None
+        """Reads checkpoint ``path`` into the run (``run.restore``); returns its step, or None
         when it was deleted meanwhile or still does not read after READ_TRIES tries."""
         name = os.path.basename(path)
         for attempt in range(1, READ_TRIES + 1):
             try:
-                return use.restore(self.run, path)
+                return run.restore(self.run, path)
             except CheckpointError as err:
                 if step not in listed_checkpoints(self.directory):
                     self._log(f"not evaluated: {name} was deleted before it could be read")
@@ -253,8 +225,6 @@ class Sidecar:
         self._log(f"the run ended at step {self.last}: {self.count} checkpoint(s) evaluated")
         if not self.config.train.sidecar_eval:
             return
-        from tfgpu.train.results import final_eval_of  # noqa: PLC0415
-
         summary = read_json(os.path.join(self.config.model_dir, "summary.json"))
         if self.result and summary.get("steps") == self.last:
             summary["final_eval"] = final_eval_of(self.result)
@@ -266,8 +236,6 @@ class Sidecar:
 def listed_checkpoints(directory: str) -> dict:
     """{step: checkpoint path} of what ``directory``'s ``checkpoint`` index file names now (by
     name in this folder: the paths in it are where the trainer wrote them)."""
-    import tensorflow as tf  # noqa: PLC0415
-
     try:
         state = tf.train.get_checkpoint_state(directory)
     except tf.errors.OpError:

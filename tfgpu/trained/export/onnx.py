@@ -12,19 +12,14 @@ center-cropped and resized as evaluation does; output: probabilities [N, C].
 import logging
 
 import numpy as np
+import tensorflow as tf
 
-QUANTIZE = ("none",)
-WHY_NOT = (
-    "tfgpu-export quantizes for LiteRT only; ONNX Runtime's own tools "
-    "(onnxruntime.quantization) quantize the float model this writes"
-)
+from tfgpu.trained.export.source import float32_twin
 
 
 def write(source, path: str, quantize: str, calibration=None, full_integer=False) -> None:
     """The .onnx file at ``path``."""
-    import tf2onnx
-
-    from tfgpu.export.source import float32_twin
+    import tf2onnx  # the [export] extra: only when asked
 
     size = source.image_size
     # tf2onnx freezes with TF1 helpers, and TensorFlow logs a deprecation notice for each.
@@ -43,8 +38,6 @@ def write(source, path: str, quantize: str, calibration=None, full_integer=False
 
 def _frozen(model, size: int, tf2onnx) -> tuple:
     """(the frozen GraphDef of pixels -> softmax(model), its input names, its output names)."""
-    import tensorflow as tf
-
     function = tf.function(lambda images: tf.nn.softmax(model(images, training=False)))
     spec = tf.TensorSpec([None, size, size, 3], tf.float32, name="images")
     concrete = function.get_concrete_function(spec)
@@ -55,7 +48,7 @@ def _frozen(model, size: int, tf2onnx) -> tuple:
 
 def runner(path: str, threads: int = 0):
     """batch {image uint8} -> {"onnx": probabilities float32 [N, C]}."""
-    import onnxruntime
+    import onnxruntime  # the [export] extra: only when asked
 
     options = onnxruntime.SessionOptions()
     if threads:

@@ -2,7 +2,7 @@
 names, and images read by evaluation's own preprocessing (for the check and for int8
 calibration).
 
-The run is loaded as ``tfgpu.evaluate`` and ``tfgpu.predict`` load it (``train.use``: its
+The run is loaded as ``tfgpu.evaluate`` and ``tfgpu.predict`` load it (``trained.run``: its
 config.json, checkpoint ``latest``, ``best`` or a path, its data spec); the exported weights are
 the EMA ones when the run kept them, as its evaluation uses.
 """
@@ -10,15 +10,21 @@ the EMA ones when the run kept them, as its evaluation uses.
 import contextlib
 from dataclasses import dataclass
 
-from tfgpu.train import use
+import keras
+import tensorflow as tf
+
+from tfgpu import compat, models
+from tfgpu.data import dct, pipeline
+from tfgpu.data.spec import class_names, split_spec
 from tfgpu.errors import DataError, UsageError
+from tfgpu.trained import run
 
 
 @dataclass
 class Source:
     """A trained model ready to export."""
 
-    trained: object  # use.Trained
+    trained: object  # run.Trained
     class_names: list
     data: object  # DataConfig as evaluation resolves it for the validation split
     checkpoint: str
@@ -33,8 +39,6 @@ class Source:
 
     def evaluation_weights(self):
         """A context inside which the model holds the weights evaluation uses (its EMA)."""
-        from tfgpu import compat
-
         optimizer = self.trained.optimizer
         return compat.ema_weights(optimizer) if optimizer else contextlib.nullcontext()
 
@@ -42,11 +46,8 @@ class Source:
 def load_source(model_dir: str, checkpoint: str, data_dir: str = "") -> Source:
     """The run in ``model_dir`` at ``checkpoint`` (latest, best, a path or a .keras file with
     ``data_dir``), on its data (or ``data_dir``'s, of the same classes)."""
-    from tfgpu.data import dct
-    from tfgpu.data.spec import class_names
-
-    config, path = use.config_and_checkpoint(model_dir, checkpoint, data_dir=data_dir)
-    trained = use.load(config, path)
+    config, path = run.config_and_checkpoint(model_dir, checkpoint, data_dir=data_dir)
+    trained = run.load(config, path)
     if not trained.spec.eval_files:
         raise DataError(
             "the export is checked on images of the run's data, and this run has none "
@@ -59,10 +60,6 @@ def load_source(model_dir: str, checkpoint: str, data_dir: str = "") -> Source:
 def float32_twin(source: Source):
     """The model in float32 (what ONNX and LiteRT converters take): itself when it is, else
     the same network built under the float32 policy, holding the evaluation weights."""
-    import keras
-
-    from tfgpu import models
-
     model = source.model
     if all(w.dtype == "float32" for w in model.weights) and model.compute_dtype == "float32":
         return model
@@ -92,11 +89,6 @@ def split_batches(source: Source, split: str, limit: int, batch_size: int):
     """Up to ``limit`` (0: all) images of ``split``, in record order, preprocessed by
     evaluation's function (``pipeline.decode_eval_image``), batched: a tf.data.Dataset of
     {encoded, image uint8 [S,S,3], label, valid}."""
-    import tensorflow as tf
-
-    from tfgpu.data import dct, pipeline
-    from tfgpu.data.spec import split_spec
-
     spec = split_spec(source.trained.spec, split)
     data = dct.resolved(source.trained.config.data, spec.eval_sides, train=False)
 
