@@ -16,7 +16,14 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.errors import ExportRefused, UsageError
 from tfgpu.cli.app import run_command
-from tfgpu.trained.export import FAMILIES, export, family_of, missing_packages, unsupported
+from tfgpu.trained.export import (
+    FAMILIES,
+    companions,
+    export,
+    family_of,
+    missing_packages,
+    unsupported,
+)
 
 needs_litert = pytest.mark.skipif(
     bool(missing_packages("litert")), reason="no ai-edge-litert: pip install '.[export]'"
@@ -173,8 +180,45 @@ def test_an_export_that_departs_is_refused_and_not_put_in_place(
         err[0].startswith("tfgpu-export: error: ") and "beyond the float tolerance 0.0001" in err[0]
     )
     assert not output.exists() and (tmp_path / "strict" / "saved_model.unchecked").is_dir()
-    report = json.load(open(tmp_path / "strict" / "report.json"))
+    report = json.load(open(tmp_path / "strict" / "saved_model.report.json"))
     assert report["exports"]["saved_model"]["verdict"].startswith("refused: ")
+    # Only what is named after --output: nothing of the run's export/ beside it.
+    assert sorted(os.listdir(tmp_path / "strict")) == [
+        "saved_model.report.json",
+        "saved_model.unchecked",
+    ]
+
+
+def test_an_export_to_an_output_writes_only_there(run_dir, tmp_path):
+    """Another export's report.json and model.keras in the --output's folder stay as they were:
+    the SavedModel and its report named after it are all the command writes there."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "report.json").write_text('{"exports": {"other": {}}}')
+    (folder / "model.keras").write_text("another export's")
+    entry = export(run_dir, fmt="saved_model", output=str(folder / "r50"), log=_quiet)
+    assert entry["verdict"] == "ok" and entry["file"] == str(folder / "r50")
+    assert sorted(os.listdir(folder)) == ["model.keras", "r50", "r50.report.json", "report.json"]
+    assert (folder / "report.json").read_text() == '{"exports": {"other": {}}}'
+    assert (folder / "model.keras").read_text() == "another export's"
+    report = json.load(open(folder / "r50.report.json"))
+    assert report["exports"]["r50"]["verdict"] == "ok"
+
+
+@pytest.mark.fast
+def test_what_an_export_writes_beside_it():
+    """In a run's export/, what the end of the run leaves there (shared by its exports);
+    beside an --output, only files named after it."""
+    assert companions("runs/a/export/model.tflite", in_run=True) == {
+        "report": os.path.abspath("runs/a/export/report.json"),
+        "labels": os.path.abspath("runs/a/export/labels.txt"),
+        "keras": os.path.abspath("runs/a/export/model.keras"),
+    }
+    assert companions("/models/r50.onnx", in_run=False) == {
+        "report": "/models/r50.onnx.report.json",
+        "labels": "/models/r50.onnx.labels.txt",
+        "keras": "",
+    }
 
 
 @pytest.mark.fast
