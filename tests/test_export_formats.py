@@ -16,14 +16,8 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.errors import ExportRefused, UsageError
 from tfgpu.cli.app import run_command
-from tfgpu.trained.export import (
-    FAMILIES,
-    companions,
-    export,
-    family_of,
-    missing_packages,
-    unsupported,
-)
+from tfgpu.trained.export import FAMILIES, companions, family_of, missing_packages, unsupported
+from tfgpu.trained.export.checked import export
 
 needs_litert = pytest.mark.skipif(
     bool(missing_packages("litert")), reason="no ai-edge-litert: pip install '.[export]'"

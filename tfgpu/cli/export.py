@@ -72,7 +72,9 @@ def _command() -> None:
     s = settings_from(ExportSettings)
     export.check_request(s.model_dir, s.format, s.quantize, s.full_integer, s.output)
     start(s)
-    export.export(
+    from tfgpu.trained.export.checked import export as checked_export  # noqa: PLC0415 (TensorFlow: after its quiet start)
+
+    checked_export(
         s.model_dir,
         s.checkpoint,
         s.format,

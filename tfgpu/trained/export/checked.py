@@ -1,0 +1,157 @@
+"""An export made, checked and put in place: what ``tfgpu-export`` does once its request is
+checked (``export.check_request``). The format's module writes it as ``*.unchecked*``, it is run
+beside predict on the validation images (``check``), and only then moved to its name; the report
+says how it went (docs/deploying.md).
+"""
+
+import os
+import shutil
+
+import numpy as np
+
+from tfgpu.errors import ExportRefused, UsageError
+from tfgpu.trained.export import (
+    check,
+    check_request,
+    companions,
+    default_name,
+    family_of,
+    litert,
+    onnx,
+    saved_model,
+    unchecked_path,
+    unsupported,
+)
+from tfgpu.trained.export.source import load_source, split_batches
+from tfgpu.trained.predict import predictor
+
+FORMAT_MODULES = {"saved_model": saved_model, "litert": litert, "onnx": onnx}
+
+
+def export(
+    model_dir: str = "",
+    checkpoint: str = "latest",
+    fmt: str = "saved_model",
+    quantize: str = "none",
+    output: str = "",
+    data_dir: str = "",
+    full_integer: bool = False,
+    check_images: int = 256,
+    calibration_images: int = 256,
+    max_prob_diff: float = 0.0,
+    max_top1_change: float = -1.0,
+    batch_size: int = 32,
+    log=print,
+) -> dict:
+    """Exports as the command does; returns its report.json entry. Raises UsageError for what
+    cannot be exported (one line), ExportRefused when the check fails (the export is then
+    left at ``unchecked_path(output)``)."""
+    check_request(model_dir, fmt, quantize, full_integer, output)
+    if min(check_images, calibration_images, batch_size) < 1:
+        raise UsageError("--check_images, --calibration_images and --batch_size must be positive")
+    source = load_source(model_dir, checkpoint, data_dir)
+    family = family_of(source.trained.config.model.name)
+    why = unsupported(fmt, quantize, full_integer, family)
+    if why:
+        raise UsageError(why)
+    name = default_name(fmt, quantize, full_integer)
+    in_run = not output
+    output = os.path.expanduser(output) or os.path.join(model_dir, "export", name)
+    beside = companions(output, in_run)
+    staged = unchecked_path(output)
+    _remove(staged)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    module = FORMAT_MODULES[fmt]
+    calibration = (
+        _calibration(source, calibration_images, batch_size) if quantize == "int8" else None
+    )
+    log(f"exporting {source.checkpoint} as {name} ...")
+    module.write(source, staged, quantize, calibration, full_integer)
+    entry = _checked(source, module.runner(staged), check_images, batch_size)
+    entry.update(format=fmt, quantize=quantize, full_integer=full_integer, bytes=_size(staged))
+    refused = check.verdict(entry, quantize, max_prob_diff, max_top1_change)
+    return _settle(entry, staged, output, refused, source, beside, log)
+
+
+def _settle(entry: dict, staged: str, output: str, refused: str, source, beside, log) -> dict:
+    """Puts a checked export in place (``output``, and its ``companions``: the labels beside
+    a file, model.keras beside the run's SavedModel) or, when ``refused``, leaves it at
+    ``staged`` and raises ExportRefused; either way the report gets ``entry``, with its
+    verdict and file."""
+    key = os.path.basename(output)
+    if refused:
+        entry.update(verdict=f"refused: {refused}", file=staged)
+        report = check.add_to_report(beside["report"], key, entry)
+        raise ExportRefused(f"{staged}: refused: {refused} (see {report})")
+    _remove(output)
+    os.replace(staged, output)
+    if os.path.isdir(output):
+        if beside["keras"]:
+            with source.evaluation_weights():
+                source.model.save(beside["keras"])
+    else:
+        _write_labels(beside["labels"], source.class_names)
+    entry.update(verdict="ok", file=output)
+    log(summary_line(entry, check.add_to_report(beside["report"], key, entry)))
+    return entry
+
+
+def _calibration(source, count: int, batch_size: int):
+    """Up to ``count`` whole training images, as evaluation preprocesses them, float32."""
+    images = []
+    for batch in split_batches(source, "train", count, batch_size).as_numpy_iterator():
+        images.append(batch["image"][batch["valid"]])
+    return np.concatenate(images).astype(np.float32)
+
+
+def _checked(source, run, check_images: int, batch_size: int) -> dict:
+    """The check's figures (``check.measure``), with the timings of the Keras model
+    (``reference``) and of the export."""
+    reference = predictor(source.trained)
+    batches = split_batches(source, "validation", check_images, batch_size)
+    entry = check.measure(reference, run, batches.as_numpy_iterator())
+    images = next(batches.as_numpy_iterator())["image"]
+    # The Keras model timed with its evaluation weights held, not swapped in per call as
+    # predict does (a cost of predict's, not of the model).
+    with source.evaluation_weights():
+        keras_model = lambda x: reference.probabilities(x).numpy()
+        entry["reference"].update(check.timing(keras_model, images))
+    entry.update(check.timing(lambda x: run({"image": x}), images), machine=check.machine())
+    trained = source.trained
+    entry.update(split="validation", checkpoint=source.checkpoint, step=trained.step)
+    entry.update(model=trained.config.model.name, image_size=source.image_size)
+    entry["class_names"] = source.class_names
+    return entry
+
+
+def summary_line(entry: dict, report: str) -> str:
+    """``model.tflite: top-1 agreement 100.0%, max |dp| 2.1e-07 on 24 images; 1.2 ms/image,
+    850 img/s (Keras: ...); report.json``."""
+    worst = min(entry["outputs"].values(), key=lambda o: o["top1_agreement"])
+    diff = max(o["max_prob_diff"] for o in entry["outputs"].values())
+    ref = entry["reference"]
+    return (
+        f"{entry['file']}: top-1 agreement {worst['top1_agreement']:.1%}, max |dp| {diff:.2g} "
+        f"on {entry['num_images']} images; {entry['latency_ms']:.2f} ms/image, "
+        f"{entry['images_per_sec']:,.0f} img/s (Keras: {ref['latency_ms']:.2f} ms, "
+        f"{ref['images_per_sec']:,.0f} img/s); {report}"
+    )
+
+
+def _write_labels(path: str, class_names) -> None:
+    """The labels of a LiteRT or ONNX file: class i on line i (LiteRT's convention)."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(f"{n}\n" for n in class_names))
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def _size(path: str) -> int:
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
