@@ -43,7 +43,7 @@ def export(
     batch_size: int = 32,
     log=print,
 ) -> dict:
-    """Exports as the command does; returns its report.json entry. Raises UsageError for what
+    """Exports as the command does; returns its report entry. Raises UsageError for what
     cannot be exported (one line), ExportRefused when the check fails (the export is then
     left at ``unchecked_path(output)``)."""
     check_request(model_dir, fmt, quantize, full_integer, output)
