@@ -18,6 +18,10 @@ ALIASES = {
     "tfgpu.ray": "tfgpu.cli.ray",
     "tfgpu.distribute.hvdrun": "tfgpu.cli.horovodrun",
     "tfgpu.data.service_server": "tfgpu.cli.data_service",
+    "tfgpu.evaluate": "tfgpu.cli.evaluate",
+    "tfgpu.predict": "tfgpu.cli.predict",
+    "tfgpu.export.__main__": "tfgpu.cli.export",
+    "tfgpu.average": "tfgpu.cli.average",
 }
 
 
@@ -51,6 +55,10 @@ def test_every_console_script_runs_a_command_in_cli():
         "tfgpu-ray",
         "tfgpu-horovodrun",
         "tfgpu-data-service",
+        "tfgpu-evaluate",
+        "tfgpu-predict",
+        "tfgpu-export",
+        "tfgpu-average",
     ):
         module, function = scripts[name].split(":")
         assert module.startswith("tfgpu.cli."), f"{name} = {scripts[name]}"
@@ -66,6 +74,10 @@ HELP = [
     ["-m", "tfgpu.ray", "--help"],
     ["-m", "tfgpu.data.service_server", "--help"],
     ["-m", "tfgpu.distribute.hvdrun", "--help"],
+    ["-m", "tfgpu.evaluate", "--help"],
+    ["-m", "tfgpu.predict", "--help"],
+    ["-m", "tfgpu.export", "--help"],
+    ["-m", "tfgpu.average", "--help"],
     [str(ROOT / "tools" / "to_tfrecord.py"), "--help"],
 ]
 

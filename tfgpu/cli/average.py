@@ -5,35 +5,15 @@ checkpoints, written as a Keras ``.weights.h5`` file (``trained.average``).
     tfgpu-evaluate --model_dir=runs/r50 --checkpoint=runs/r50/averaged.weights.h5
 """
 
-from dataclasses import dataclass
-
-from absl import app, flags
+from absl import app
 
 from tfgpu.cli.app import run_app, run_command
-from tfgpu.cli.flags import define_settings, settings_from
-from tfgpu.cli.trained import RunHead, start
-from tfgpu.schema import setting
+from tfgpu.cli.flags import command_settings, define_flags
+from tfgpu.cli.settings import RunHead
+from tfgpu.cli.trained import start
 from tfgpu.train.faults import translate
 
-FLAGS = flags.FLAGS
-PROG = "tfgpu-average"
-
-
-@dataclass(frozen=True)
-class AverageSettings:
-    """Which run's checkpoints to average, how many, and where the mean goes."""
-
-    model_dir: str = setting("", "A finished training run's --model_dir.")
-    last: int = setting(0, "How many of the run's newest checkpoints to average.")
-    output: str = setting(
-        "", "The .weights.h5 file to write (default: --model_dir's averaged.weights.h5)."
-    )
-
-
-def define_flags(flag_values=FLAGS) -> None:
-    """The command's flags (``model_dir`` keeps tfgpu-train's type: one process may hold
-    both)."""
-    define_settings(AverageSettings, PROG, flag_values)
+PROG = "tfgpu-average"  # its flags: cli/settings.py AverageSettings
 
 
 def main(argv):
@@ -43,7 +23,7 @@ def main(argv):
 
 
 def _command() -> None:
-    s = settings_from(AverageSettings)
+    s, _ = command_settings(PROG)
     start(RunHead(model_dir=s.model_dir))
     from tfgpu.trained.average import average  # noqa: PLC0415 (TensorFlow: after its quiet start)
 
@@ -52,8 +32,8 @@ def _command() -> None:
 
 def run():
     """Console-script entry point (``tfgpu-average``)."""
-    define_flags()
-    run_app(main, prog=PROG)
+    define_flags(command=PROG)
+    run_app(main, prog=PROG, doc=__doc__)
 
 
 if __name__ == "__main__":

@@ -10,48 +10,16 @@ or with --watch every checkpoint of a run as it appears (the side-car evaluator)
 ``trained.evaluate`` says what is computed, ``trained.sidecar`` how a run is followed.
 """
 
-from dataclasses import dataclass
-
-from absl import app, flags
+from absl import app
 
 from tfgpu.cli import sidecar
 from tfgpu.cli.app import run_app, run_command
-from tfgpu.cli.flags import define_settings, settings_from
-from tfgpu.cli.trained import RunHead, start
+from tfgpu.cli.flags import command_settings, define_flags
+from tfgpu.cli.trained import start
 from tfgpu.errors import UsageError
-from tfgpu.schema import setting
 from tfgpu.train.faults import translate
 
-FLAGS = flags.FLAGS
-PROG = "tfgpu-evaluate"
-
-
-@dataclass(frozen=True)
-class EvaluateSettings(RunHead):
-    """What tfgpu-evaluate evaluates, and where its results go."""
-
-    split: str = setting("validation", "Which split: train, validation or any other converted one.")
-    output: str = setting(
-        "",
-        "Also write the results to this file (checked before anything is loaded; written "
-        "whole through a temporary file in its folder, then renamed).",
-    )
-    eval_batch_size: int = setting(0, "Images per batch (0: the run's).")
-    eval_tta: str = setting(
-        "",
-        "Test-time augmentation: none, or flip (the softmax probabilities of each image and "
-        "its mirror averaged). Default: the run's --eval_tta.",
-    )
-    tensorboard_dir: str = setting(
-        "",
-        "Where to write the confusion matrix as a TensorBoard image (default: the run's "
-        "tensorboard/evaluate/; without --model_dir, nowhere unless given).",
-    )
-    watch: bool = setting(
-        False,
-        "Evaluate every checkpoint of --model_dir as it appears, until the run's last (a "
-        "side-car evaluator; docs/evaluator.md).",
-    )
+PROG = "tfgpu-evaluate"  # its flags: cli/settings.py EvaluateSettings
 
 
 # What evaluates one checkpoint: not with --watch, which evaluates each as the loop would.
@@ -66,13 +34,6 @@ ONE_CHECKPOINT = (
 )
 
 
-def define_flags(flag_values=FLAGS) -> None:
-    """The command's flags (those also tfgpu-train's keep their type: one process may hold
-    both)."""
-    define_settings(EvaluateSettings, PROG, flag_values)
-    sidecar.define_flags(flag_values)
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -80,15 +41,15 @@ def main(argv):
 
 
 def _command() -> None:
-    s = settings_from(EvaluateSettings)
+    s, present = command_settings(PROG)
     if s.watch:
-        given = [f"--{name}" for name in ONE_CHECKPOINT if FLAGS[name].present]
+        given = [f"--{name}" for name in ONE_CHECKPOINT if name in present]
         if given:
             raise UsageError(
                 f"{', '.join(given)}: for one checkpoint; --watch evaluates every checkpoint as "
                 "the run's loop would (its validation split, its batch, its --eval_tta)"
             )
-        sidecar.follow(s.model_dir, settings_from(sidecar.SidecarSettings))
+        sidecar.follow(s.model_dir, s.watch_interval_s, s.watch_timeout_s)
         return
     start(s)
     from tfgpu.trained.evaluate import evaluate  # noqa: PLC0415 (TensorFlow: after its quiet start)
@@ -103,14 +64,14 @@ def _command() -> None:
         tensorboard_dir=s.tensorboard_dir,
         # Given, or the run's: tfgpu-train's flag of the same name (one process may define
         # both) has a default of its own, which must not replace the run's.
-        eval_tta=s.eval_tta if FLAGS["eval_tta"].present else "",
+        eval_tta=s.eval_tta if "eval_tta" in present else "",
     )
 
 
 def run():
     """Console-script entry point (``tfgpu-evaluate``)."""
-    define_flags()
-    run_app(main, prog=PROG)
+    define_flags(command=PROG)
+    run_app(main, prog=PROG, doc=__doc__)
 
 
 if __name__ == "__main__":

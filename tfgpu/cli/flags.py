@@ -15,9 +15,13 @@ import types
 from absl import flags
 
 from tfgpu.cli.settings import (
+    AverageSettings,
     ConvertSettings,
     DataServiceSettings,
+    EvaluateSettings,
+    ExportSettings,
     LaunchSettings,
+    PredictSettings,
     RaySettings,
 )
 from tfgpu.config import SETTINGS
@@ -32,6 +36,10 @@ COMMAND_SETTINGS = {
     "tfgpu-ray": RaySettings,
     "tfgpu-to-tfrecord": ConvertSettings,
     "tfgpu-data-service": DataServiceSettings,
+    "tfgpu-evaluate": EvaluateSettings,
+    "tfgpu-predict": PredictSettings,
+    "tfgpu-export": ExportSettings,
+    "tfgpu-average": AverageSettings,
 }
 
 # Section (None: the run's own settings) -> its title in --helpfull and docs/flags.md.
@@ -71,9 +79,15 @@ def define_flags(flag_values=flags.FLAGS, command: str = TRAIN) -> None:
             group = f"tfgpu: {SECTION_TITLES[s.section]}"  # --helpfull lists flags by it
             _define(s, type(s.default), group, flag_values)
         return
-    kinds = _field_types(COMMAND_SETTINGS[command])
-    for s in settings_of(command).values():
-        _define(s, kinds[s.field], command, flag_values)
+    define_settings(COMMAND_SETTINGS[command], command, flag_values)
+
+
+def define_settings(settings_class, group: str, flag_values=flags.FLAGS) -> None:
+    """Defines one absl flag per field of ``settings_class`` (a frozen dataclass of setting()
+    fields) in ``flag_values`` (idempotent), in --helpfull's ``group``."""
+    kinds = _field_types(settings_class)
+    for s in collect(settings_class, {}).values():
+        _define(s, kinds[s.field], group, flag_values)
 
 
 def _define(s, kind: type, group: str, flag_values) -> None:

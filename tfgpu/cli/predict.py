@@ -7,37 +7,12 @@
 ``trained.predict`` says how images are read and what the CSV holds.
 """
 
-from dataclasses import dataclass
-
-from absl import flags
-
 from tfgpu.cli.app import run_app, run_command
-from tfgpu.cli.flags import define_settings, settings_from
-from tfgpu.cli.trained import RunHead, start
-from tfgpu.schema import setting
+from tfgpu.cli.flags import command_settings, define_flags
+from tfgpu.cli.trained import start
 from tfgpu.train.faults import translate
 
-FLAGS = flags.FLAGS
-PROG = "tfgpu-predict"
-
-
-@dataclass(frozen=True)
-class PredictSettings(RunHead):
-    """What tfgpu-predict classifies, and where the CSV goes."""
-
-    split: str = setting("", "Predict a split of the dataset (--data_dir, or the run's) instead.")
-    output: str = setting(
-        "",
-        "Write the CSV to this file (default: stdout; checked before anything is loaded; "
-        "written whole through a temporary file in its folder, then renamed).",
-    )
-    top_k: int = setting(5, "Classes per image, most probable first.")
-    batch_size: int = setting(32, "Images per forward pass.")
-
-
-def define_flags(flag_values=FLAGS) -> None:
-    """The command's flags (shared names with tfgpu-evaluate keep one definition)."""
-    define_settings(PredictSettings, PROG, flag_values)
+PROG = "tfgpu-predict"  # its flags: cli/settings.py PredictSettings
 
 
 def main(argv):
@@ -45,7 +20,7 @@ def main(argv):
 
 
 def _command(inputs) -> None:
-    s = settings_from(PredictSettings)
+    s, _ = command_settings(PROG)
     start(s)
     from tfgpu.trained.predict import predict  # noqa: PLC0415 (TensorFlow: after its quiet start)
 
@@ -54,8 +29,8 @@ def _command(inputs) -> None:
 
 def run():
     """Console-script entry point (``tfgpu-predict``)."""
-    define_flags()
-    run_app(main, prog=PROG)
+    define_flags(command=PROG)
+    run_app(main, prog=PROG, doc=__doc__)
 
 
 if __name__ == "__main__":

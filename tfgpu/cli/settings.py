@@ -163,3 +163,128 @@ class DataServiceSettings:
         "the route to the dispatcher); it listens on every interface whatever this is.",
     )
     num_workers: int = setting(2, "local: workers started in this process.")
+
+
+# --- the uses of a trained run (tfgpu/trained/) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunHead:
+    """Which trained run, at which checkpoint, on which data: the head of every command that
+    opens a run (``cli/trained.py`` checks it before TensorFlow starts)."""
+
+    model_dir: str = setting("", "A training run's --model_dir (its config.json names the data).")
+    checkpoint: str = setting(
+        "latest",
+        "latest (newest in checkpoints/), best (best/best.json's first), a checkpoint path "
+        "(.../ckpt-N), a .weights.h5 file of the run (final.weights.h5, tfgpu-average's) or "
+        "an exported .keras file.",
+    )
+    data_dir: str = setting(
+        "", "Another converted dataset with the same classes (default: the run's)."
+    )
+
+
+@dataclass(frozen=True)
+class SidecarSettings:
+    """How the side-car evaluator follows a run (docs/evaluator.md)."""
+
+    watch_interval_s: float = setting(10.0, "With --watch: seconds between looks.")
+    watch_timeout_s: float = setting(
+        3600.0,
+        "With --watch: give up (an error) after this many seconds without a new checkpoint "
+        "or the run's end.",
+    )
+
+
+@dataclass(frozen=True)
+class EvaluateSettings(SidecarSettings, RunHead):
+    """A trained run's checkpoint evaluated on a split, or with ``--watch`` every checkpoint as
+    it appears (the side-car evaluator): ``tfgpu-evaluate`` (``python -m tfgpu.evaluate``;
+    docs/finetune.md, docs/evaluator.md)."""
+
+    split: str = setting("validation", "Which split: train, validation or any other converted one.")
+    output: str = setting(
+        "",
+        "Also write the results to this file (checked before anything is loaded; written "
+        "whole through a temporary file in its folder, then renamed).",
+    )
+    eval_batch_size: int = setting(0, "Images per batch (0: the run's).")
+    eval_tta: str = setting(
+        "",
+        "Test-time augmentation: none, or flip (the softmax probabilities of each image and "
+        "its mirror averaged). Default: the run's --eval_tta.",
+    )
+    tensorboard_dir: str = setting(
+        "",
+        "Where to write the confusion matrix as a TensorBoard image (default: the run's "
+        "tensorboard/evaluate/; without --model_dir, nowhere unless given).",
+    )
+    watch: bool = setting(
+        False,
+        "Evaluate every checkpoint of --model_dir as it appears, until the run's last (a "
+        "side-car evaluator; docs/evaluator.md).",
+    )
+
+
+@dataclass(frozen=True)
+class PredictSettings(RunHead):
+    """Top-k classes of image files, folders or a converted split, as CSV: ``tfgpu-predict
+    [flags] FILE_OR_FOLDER ...`` (``python -m tfgpu.predict``; docs/finetune.md)."""
+
+    split: str = setting("", "Predict a split of the dataset (--data_dir, or the run's) instead.")
+    output: str = setting(
+        "",
+        "Write the CSV to this file (default: stdout; checked before anything is loaded; "
+        "written whole through a temporary file in its folder, then renamed).",
+    )
+    top_k: int = setting(5, "Classes per image, most probable first.")
+    batch_size: int = setting(32, "Images per forward pass.")
+
+
+@dataclass(frozen=True)
+class ExportSettings(RunHead):
+    """A trained run as a SavedModel, a LiteRT or an ONNX model, checked against predict before
+    it is put in place: ``tfgpu-export`` (``python -m tfgpu.export``; docs/deploying.md)."""
+
+    format: str = setting(  # noqa: A003  (the flag's name)
+        "saved_model", "What to export to: saved_model, litert or onnx."
+    )
+    quantize: str = setting(
+        "none",
+        "LiteRT only: none, float16 weights, or int8 calibrated on --calibration_images "
+        "training images.",
+    )
+    full_integer: bool = setting(False, "With --quantize=int8: uint8 input and output tensors too.")
+    output: str = setting(
+        "",
+        "Where the export goes (default: the run's export/saved_model, export/model.tflite, "
+        "export/model_int8.tflite, export/model.onnx, ..., with report.json, labels.txt and "
+        "model.keras beside it); given, its report and labels are named after it "
+        "(OUTPUT.report.json, OUTPUT.labels.txt) and nothing else is written beside it.",
+    )
+    check_images: int = setting(256, "Validation images the export is checked on.")
+    calibration_images: int = setting(256, "Training images int8 is calibrated on.")
+    max_prob_diff: float = setting(
+        0.0,
+        "Refuse a float export whose probabilities depart from the Keras model's by more "
+        "(0: 1e-4 for float32, 2e-2 for float16).",
+    )
+    max_top1_change: float = setting(
+        -1.0,
+        "Refuse an int8 export that changes more than this share of top-1 answers "
+        "(-1: report only).",
+    )
+    batch_size: int = setting(32, "Images per call in the check and the throughput.")
+
+
+@dataclass(frozen=True)
+class AverageSettings:
+    """The mean of a finished run's last K checkpoints as a .weights.h5 file: ``tfgpu-average``
+    (``python -m tfgpu.average``; docs/training-loop.md)."""
+
+    model_dir: str = setting("", "A finished training run's --model_dir.")
+    last: int = setting(0, "How many of the run's newest checkpoints to average.")
+    output: str = setting(
+        "", "The .weights.h5 file to write (default: --model_dir's averaged.weights.h5)."
+    )

@@ -1,43 +1,31 @@
-"""The side-car evaluator's command part (docs/evaluator.md): its settings, which
-``tfgpu-evaluate --watch`` and a TF_CONFIG evaluator task of ``tfgpu-train`` share, and
-``follow``, which starts TensorFlow quietly and hands the run to ``trained.sidecar.watch``.
+"""The side-car evaluator's command part (docs/evaluator.md): ``follow`` starts TensorFlow
+quietly and hands the run to ``trained.sidecar.watch``, for ``tfgpu-evaluate --watch`` and for a
+TF_CONFIG evaluator task of ``tfgpu-train``, whose --watch_interval_s and --watch_timeout_s
+``define_flags`` defines (``settings.SidecarSettings``; tfgpu-evaluate's include them).
 """
-
-from dataclasses import dataclass
 
 from absl import flags
 
 from tfgpu.cli import quiet
 from tfgpu.cli.flags import define_settings
+from tfgpu.cli.settings import SidecarSettings
 from tfgpu.errors import UsageError
-from tfgpu.schema import setting
 
-GROUP = "the side-car evaluator"
-
-
-@dataclass(frozen=True)
-class SidecarSettings:
-    """How the side-car evaluator follows a run."""
-
-    watch_interval_s: float = setting(10.0, "With --watch: seconds between looks.")
-    watch_timeout_s: float = setting(
-        3600.0,
-        "With --watch: give up (an error) after this many seconds without a new checkpoint "
-        "or the run's end.",
-    )
+GROUP = "tfgpu: the side-car evaluator (a TF_CONFIG evaluator task)"
 
 
 def define_flags(flag_values=flags.FLAGS) -> None:
-    """--watch_interval_s and --watch_timeout_s."""
+    """--watch_interval_s and --watch_timeout_s, for tfgpu-train's evaluator task."""
     define_settings(SidecarSettings, GROUP, flag_values)
 
 
-def follow(model_dir: str, settings: SidecarSettings) -> int:
-    """Evaluates every checkpoint of the run in ``model_dir`` as it appears, to the run's end
-    (``trained.sidecar.watch``); returns how many it evaluated."""
+def follow(model_dir: str, interval_s: float, timeout_s: float) -> int:
+    """Evaluates every checkpoint of the run in ``model_dir`` as it appears, to the run's end,
+    looking every ``interval_s`` seconds and giving up after ``timeout_s`` without anything
+    new (``trained.sidecar.watch``); returns how many it evaluated."""
     if not model_dir:
         raise UsageError("--watch needs --model_dir (the trainers')")
     quiet.import_tensorflow()
     from tfgpu.trained import sidecar  # noqa: PLC0415 (TensorFlow: after its quiet start)
 
-    return sidecar.watch(model_dir, settings.watch_interval_s, settings.watch_timeout_s)
+    return sidecar.watch(model_dir, interval_s, timeout_s)
