@@ -11,7 +11,7 @@ from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
 from tfgpu.cli.settings import RunHead
 from tfgpu.cli.trained import start
-from tfgpu.train.faults import translate
+from tfgpu.train.op_errors import translate
 
 PROG = "tfgpu-average"  # its flags: cli/settings.py AverageSettings
 

@@ -11,7 +11,7 @@ from absl import app, logging
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
 from tfgpu.cli.trained import start
-from tfgpu.train.faults import translate
+from tfgpu.train.op_errors import translate
 from tfgpu.trained import export
 
 PROG = "tfgpu-export"  # its flags: cli/settings.py ExportSettings

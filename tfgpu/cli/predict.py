@@ -10,7 +10,7 @@
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
 from tfgpu.cli.trained import start
-from tfgpu.train.faults import translate
+from tfgpu.train.op_errors import translate
 
 PROG = "tfgpu-predict"  # its flags: cli/settings.py PredictSettings
 
