@@ -129,11 +129,15 @@ def library(files, data_dir: str, keras_file: str, batch: int, csv: str) -> dict
     trained = predict._load(config, path, need_data=True)
     k = min(5, len(trained["class_names"]))  # predict's --top_k default
 
+    def write(rows):  # as predict.predict writes --output
+        with open(csv, "wb") as f:
+            f.write(predict.csv_text(rows, k).encode("utf-8", "surrogateescape"))
+
     def folder():
-        predict._write(predict._predict_files(trained, files, k, batch), k, csv)
+        write(predict._predict_files(trained, files, k, batch))
 
     def split():
-        predict._write(predict._predict_split(trained, "validation", k, batch), k, csv)
+        write(predict._predict_split(trained, "validation", k, batch))
 
     def whole():
         with contextlib.redirect_stdout(io.StringIO()):  # its "predicted N image(s)" line

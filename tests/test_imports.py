@@ -196,17 +196,56 @@ def _unit(path: pathlib.Path, root: pathlib.Path) -> str:
     return path.relative_to(root).parts[0].removesuffix(".py")
 
 
-# Commands still living in the library's packages, and library modules still starting
-# TensorFlow through the command's quiet start, while they move (issue 45): emptied as they do.
-MOVING: set = set()
-
-
 # The documented module paths of commands that live in cli/ now (``python -m
 # tfgpu.data.service_server``): each only imports its command's ``run`` (tests/test_cli.py).
 ALIASES = {
     "tfgpu/data/service_server.py",
     "tfgpu/distribute/hvdrun.py",
 }
+
+
+def _layout_names() -> tuple[set, str]:
+    """(the names in the second column of CONTRIBUTING.md's layout picture, the whole picture)."""
+    text = (pathlib.Path(tfgpu.__file__).parents[1] / "CONTRIBUTING.md").read_text()
+    picture = text.split("## Layout", 1)[1].split("```")[1]
+    names = {
+        line[13:29].split()[0].rstrip("/") for line in picture.splitlines() if line[13:29].strip()
+    }
+    return names, picture
+
+
+def _is_alias(path: pathlib.Path) -> bool:
+    """A ``python -m`` alias: a few lines that import one command from tfgpu.cli."""
+    source = path.read_text()
+    return "from tfgpu.cli." in source and len(source.splitlines()) <= 10
+
+
+def test_the_layout_picture_names_every_top_level_package_and_nothing_else():
+    """CONTRIBUTING's picture and README's: every package and module under tfgpu/ is named (an
+    alias anywhere in the picture), and every name there is a package or module that exists."""
+    root = pathlib.Path(tfgpu.__file__).parent
+    names, picture = _layout_names()
+    units = {
+        p.name.removesuffix(".py")
+        for p in root.iterdir()
+        if p.suffix == ".py" or (p / "__init__.py").exists()
+    }
+    units -= {"__init__"}
+    aliases = {u for u in units if (root / f"{u}.py").exists() and _is_alias(root / f"{u}.py")}
+    aliases |= {
+        u
+        for u in units
+        if (root / u / "__main__.py").exists() and _is_alias(root / u / "__main__.py")
+    }
+    assert names <= units, f"CONTRIBUTING names what is not there: {sorted(names - units)}"
+    assert units - aliases <= names, f"CONTRIBUTING leaves out {sorted(units - aliases - names)}"
+    unnamed = [a for a in aliases if not re.search(rf"\b{a}\b", picture)]
+    assert not unnamed, f"CONTRIBUTING leaves out the aliases {unnamed}"
+    readme = (root.parent / "README.md").read_text()
+    shown = set(re.findall(r"(?<![\w/.])tfgpu/([a-z_]+)/", readme))
+    packages = {u for u in units - aliases if (root / u).is_dir()}
+    assert shown <= units, f"README names what is not there: {sorted(shown - units)}"
+    assert packages <= shown, f"README leaves out {sorted(packages - shown)}"
 
 
 def test_every_import_runs_down_the_layers():
@@ -222,7 +261,7 @@ def test_every_import_runs_down_the_layers():
             if parts[0] == "tfgpu" and len(parts) > 1 and parts[1] in layer and unit in layer:
                 if (
                     layer[parts[1]] < layer[unit]
-                    and str(path.relative_to(root.parent)) not in MOVING | ALIASES
+                    and str(path.relative_to(root.parent)) not in ALIASES
                 ):
                     up.append(f"{path.relative_to(root.parent)} imports {name}")
     assert not up, "imports that run up the layers:\n" + "\n".join(sorted(up))

@@ -17,6 +17,7 @@ micro-batches, so pairs never depend on the split.
 
 import tensorflow as tf
 
+from tfgpu.batches import PackedTrainBatch, TrainBatch
 from tfgpu.data import augment, host_ops
 
 
@@ -78,14 +79,14 @@ def resize_flat(words: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tenso
     return lerp(upper_row, lower_row, y_frac[:, :, None, None])
 
 
-def resized(batch: dict, image_size: int) -> dict:
+def resized(batch: PackedTrainBatch, image_size: int) -> TrainBatch:
     """A "packed" batch (``batches.PackedTrainBatch``) -> the same batch with float32
     ``image`` [N, S, S, 3] in place of ``pixels`` and ``sizes`` (``resize_flat``)."""
     rest = {k: v for k, v in batch.items() if k not in ("pixels", "sizes")}
     return {**rest, "image": resize_flat(batch["pixels"], batch["sizes"], image_size)}
 
 
-def augmented(batch: dict) -> dict:
+def augmented(batch: TrainBatch) -> TrainBatch:
     """A "uint8" batch (uint8 or already float images) with policy or erasing draws ->
     the same batch with float32 images flipped and augmented (``augment.apply``), no flips
     left and no draws, so ``make_batch_fn`` does not apply them again.
@@ -98,7 +99,7 @@ def augmented(batch: dict) -> dict:
     return {**rest, "image": images, "flip": tf.zeros_like(batch["flip"])}
 
 
-def train_batch(batch: dict) -> tuple[tf.Tensor, tf.Tensor]:
+def train_batch(batch: TrainBatch) -> tuple[tf.Tensor, tf.Tensor]:
     """A "uint8" batch {image, label, flip} -> (float images, int labels): the step's
     default preparation when no other is given (no mixing, no broken images)."""
     return apply_flip(to_float(batch["image"]), batch["flip"]), batch["label"]

@@ -16,6 +16,7 @@ under replicas and accumulation). A replica's micro-batch loop is ``accumulate.p
 import tensorflow as tf
 
 from tfgpu import compat
+from tfgpu.batches import TrainBatch
 from tfgpu.step import accumulate, batchnorm, losses
 from tfgpu.data import device_ops
 from tfgpu.distribute import Backend
@@ -162,7 +163,7 @@ class TrainStep:
         self.micro_batches.prepare = prepare
         self.trainable_changed()
 
-    def replica_step(self, batch: dict):
+    def replica_step(self, batch: TrainBatch):
         """Runs on each replica: accumulate k micro-batches, then all-reduce once.
 
         Returns (all-reduced gradients, whether they are all finite, their global norm before
