@@ -149,8 +149,6 @@ def check_flagfiles(argv: list) -> None:
     traceback: not a regular file (a FIFO blocks for ever, /dev/zero never ends), over
     MAX_FLAGFILE_BYTES, not UTF-8, including itself under another spelling (absl recurses
     until Python's stack runs out), or more than MAX_FLAGFILES of them in all."""
-    from tfgpu.errors import UsageError
-
     seen: list = []
 
     def visit(name: str, stack: tuple) -> None:

@@ -218,7 +218,7 @@ def verify(output_dir: str) -> None:
     quiet.import_tensorflow()  # without its start-up notices
     # verify imports TensorFlow at its top: only when asked to (tests/test_imports.py:
     # test_light_modules_import_no_tensorflow, tfgpu.cli.convert).
-    from tfgpu.convert import verify as reread
+    from tfgpu.convert import verify as reread  # noqa: PLC0415  (TensorFlow: after the quiet start; test_imports: --help never imports it)
 
     reread.verify(os.path.expanduser(output_dir))
 

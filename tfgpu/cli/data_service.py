@@ -227,7 +227,7 @@ def serve(f: DataServiceSettings, stop: _Stop) -> int:
     quiet.import_tensorflow()  # without its start-up notices
     # The servers' module imports TensorFlow at its top: only now (tests/test_imports.py:
     # test_light_modules_import_no_tensorflow, tfgpu.cli.data_service).
-    from tfgpu.data import service_cluster
+    from tfgpu.data import service_cluster  # noqa: PLC0415  (TensorFlow: after the quiet start; test_imports: --help never imports it)
 
     servers = []
     try:

@@ -245,8 +245,8 @@ def train_worker(job: dict) -> None:
     print(f"tfgpu-ray: {ray_train.whoami()}", flush=True)
     # These import TensorFlow at their top: only in the worker (tests/test_imports.py:
     # test_light_modules_import_no_tensorflow, tfgpu.cli.ray).
-    from tfgpu.distribute import backend_parts
-    from tfgpu.train import loop
+    from tfgpu.distribute import backend_parts  # noqa: PLC0415  (TensorFlow: after the quiet start; test_imports: --help never imports it)
+    from tfgpu.train import loop  # noqa: PLC0415  (TensorFlow: after the quiet start; test_imports: --help never imports it)
 
     try:
         loop.run(job["config"])

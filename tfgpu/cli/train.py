@@ -105,7 +105,7 @@ def _train() -> None:
     quiet.import_tensorflow()  # without its start-up notices
     # The trainer imports TensorFlow at its top: only now (tests/test_imports.py:
     # test_help_returns_without_tensorflow, test_a_bad_flag_is_reported_without_tensorflow).
-    from tfgpu import train
+    from tfgpu import train  # noqa: PLC0415  (TensorFlow: after the quiet start; test_imports: --help never imports it)
 
     train.run(config)
 

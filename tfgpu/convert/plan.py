@@ -21,6 +21,7 @@ import signal
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from tfgpu import __version__
 from tfgpu.errors import ConvertError
 from tfgpu.convert.manifest import EncodeOptions, Item, LazySplit
 from tfgpu.convert.replace import PLAN_FILE, has_finished, is_own, staging_dir, swap_in
@@ -341,8 +342,6 @@ def write_info(
     seed: int | None = None,
 ) -> dict:
     """Writes ``dataset_info.json`` atomically, last, and returns it."""
-    from tfgpu import __version__
-
     names = [display_name(c) for c in class_names]
     info = {
         "schema_version": SCHEMA_VERSION,

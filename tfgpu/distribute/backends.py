@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tfgpu import compat
 from tfgpu.distribute import DistributeError, InputShard, env, horovod_backend, mpi, slurm
+from tfgpu.distribute.config import DistConfig
 from tfgpu.distribute.backend_parts import counter, gathered_bytes, scratch_dir, timed
 from tfgpu.distribute.devices import configure_devices, pin_to_local_gpus
 from tfgpu.distribute.env import resolve_strategy
@@ -298,8 +299,6 @@ def build_backend(strategy: str, dist=None):
     """Returns the backend for a resolved strategy name (``env.resolve_strategy``) with the
     options of ``dist`` (a config.DistConfig; its defaults when None)."""
     if dist is None:
-        from tfgpu.distribute.config import DistConfig
-
         dist = DistConfig()
     return _BACKENDS[strategy](dist)
 

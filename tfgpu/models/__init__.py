@@ -95,7 +95,7 @@ def rematerialized(model, name: str, any_size: bool = False):
     each block's input and the backward pass recomputes the block (``--remat``: ``remat.py``);
     it shares ``model``'s layers and variables. ``any_size``: its blocks take any image side,
     as ``any_input_size`` makes ``model``'s."""
-    from tfgpu.models import remat
+    from tfgpu.models import remat  # noqa: PLC0415  (TensorFlow: config/ reads the registry before it starts; test_imports)
 
     wrapped = remat.rematerialized(model, MODELS[name][0])
     for segment in wrapped.segments if any_size else ():
@@ -115,7 +115,7 @@ def load_initial_weights(model, path: str) -> list[str]:
     """
     import keras
 
-    from tfgpu.models import pretrained
+    from tfgpu.models import pretrained  # noqa: PLC0415  (TensorFlow: config/ reads the registry before it starts; test_imports)
 
     flag = f"--init_weights={path}"
     if path == "imagenet":

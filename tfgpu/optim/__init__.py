@@ -58,7 +58,7 @@ def describe_learning_rate(o, global_batch_size: int) -> str:
 
 def optimizer_options(o) -> dict:
     """``build_optimizer``'s keyword arguments for the run's settings ``o``."""
-    from tfgpu.optim.config import patterns
+    from tfgpu.optim.config import patterns  # noqa: PLC0415  (optim.config imports this package's face)
 
     return dict(
         momentum=o.momentum,
@@ -89,12 +89,12 @@ def build_optimizer(
     warmed up with ``ema_warmup`` and of ``ema_extra`` (BatchNorm's moving statistics) too."""
     import keras
 
-    from tfgpu import compat
+    from tfgpu import compat  # noqa: PLC0415  (TensorFlow: config/ reads this package before it starts; test_imports)
 
     class_name, fixed = OPTIMIZERS[name]
     ema = dict(use_ema=True, ema_momentum=ema_decay) if ema_decay else {}
     if class_name == "lars.LARS":
-        from tfgpu.optim.lars import LARS
+        from tfgpu.optim.lars import LARS  # noqa: PLC0415  (TensorFlow: config/ reads this package before it starts; test_imports)
 
         optimizer = LARS(
             learning_rate,
@@ -123,7 +123,7 @@ def build_for_run(optim, global_batch_size: int, total_steps: int, ema_extra=())
     """The optimizer ``optim`` (a config.OptimConfig) asks for, with its warmup-and-decay
     schedule over ``total_steps`` updates; ``ema_extra``: variables its weight average
     covers beside the trained ones (``models.layers.batchnorm_statistics``)."""
-    from tfgpu.optim.schedules import WarmupDecay
+    from tfgpu.optim.schedules import WarmupDecay  # noqa: PLC0415  (TensorFlow: config/ reads this package before it starts; test_imports)
 
     lr = run_learning_rate(optim, global_batch_size)
     schedule = WarmupDecay(
