@@ -165,7 +165,7 @@ def run(config: Config, actions: Sequence[Action] = ()) -> dict:
     The chief holds --model_dir's lock (``runlock``) from before it writes anything there to
     the end: a second run into the same directory stops, on every one of its workers. A
     --model_dir that holds something other than a tfgpu run is refused first (``rundir``)."""
-    compat.trace_tfgpu_as_written()  # as the commands do (startup.import_tensorflow)
+    compat.trace_tfgpu_as_written()  # as the commands do (cli/quiet.import_tensorflow)
     rundir.read_run(config.model_dir)
     backend = backends.setup(config.dist)
     with runlock.held(config.model_dir, backend.is_chief) as in_use:
