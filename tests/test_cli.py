@@ -4,6 +4,7 @@ paths (``python -m tfgpu.main`` ...) are thin aliases of it, and ``--help`` exit
 import ast
 import configparser
 import importlib
+import importlib.util
 import pathlib
 import subprocess
 import sys
@@ -16,12 +17,15 @@ ALIASES = {
     "tfgpu.main": "tfgpu.cli.train",
     "tfgpu.launch": "tfgpu.cli.launch",
     "tfgpu.ray": "tfgpu.cli.ray",
-    "tfgpu.distribute.hvdrun": "tfgpu.cli.horovodrun",
-    "tfgpu.data.service_server": "tfgpu.cli.data_service",
     "tfgpu.evaluate": "tfgpu.cli.evaluate",
     "tfgpu.predict": "tfgpu.cli.predict",
     "tfgpu.export.__main__": "tfgpu.cli.export",
     "tfgpu.average": "tfgpu.cli.average",
+}
+# The same below cli/: run as __main__ (runpy), so that their packages import nothing from above.
+RUN_ALIASES = {
+    "tfgpu.distribute.hvdrun": "tfgpu.cli.horovodrun",
+    "tfgpu.data.service_server": "tfgpu.cli.data_service",
 }
 
 
@@ -43,6 +47,21 @@ def test_each_documented_module_path_is_a_thin_alias_of_its_command(alias):
     imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert [(n.module, [a.name for a in n.names]) for n in imports] == [(ALIASES[alias], ["run"])]
     assert len(tree.body) == 3  # docstring, import, `if __name__ == "__main__": run()`
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("alias", sorted(RUN_ALIASES))
+def test_an_alias_below_cli_runs_its_command_as_main_and_imports_nothing_of_tfgpu(alias):
+    """One ``runpy.run_module`` of the command under ``__main__``, and no tfgpu import."""
+    path = pathlib.Path(importlib.util.find_spec(alias).origin)
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [a.name for n in imports for a in n.names] == ["runpy"]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    assert [ast.literal_eval(c.args[0]) for c in calls] == [RUN_ALIASES[alias]]
+    assert all(
+        k.value.value == "__main__" for c in calls for k in c.keywords if k.arg == "run_name"
+    )
 
 
 @pytest.mark.fast

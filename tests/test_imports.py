@@ -196,14 +196,6 @@ def _unit(path: pathlib.Path, root: pathlib.Path) -> str:
     return path.relative_to(root).parts[0].removesuffix(".py")
 
 
-# The documented module paths of commands that live in cli/ now (``python -m
-# tfgpu.data.service_server``): each only imports its command's ``run`` (tests/test_cli.py).
-ALIASES = {
-    "tfgpu/data/service_server.py",
-    "tfgpu/distribute/hvdrun.py",
-}
-
-
 def _layout_names() -> tuple[set, str]:
     """(the names in the second column of CONTRIBUTING.md's layout picture, the whole picture)."""
     text = (pathlib.Path(tfgpu.__file__).parents[1] / "CONTRIBUTING.md").read_text()
@@ -259,10 +251,7 @@ def test_every_import_runs_down_the_layers():
         for name in _imported(path):
             parts = name.split(".")
             if parts[0] == "tfgpu" and len(parts) > 1 and parts[1] in layer and unit in layer:
-                if (
-                    layer[parts[1]] < layer[unit]
-                    and str(path.relative_to(root.parent)) not in ALIASES
-                ):
+                if layer[parts[1]] < layer[unit]:
                     up.append(f"{path.relative_to(root.parent)} imports {name}")
     assert not up, "imports that run up the layers:\n" + "\n".join(sorted(up))
 

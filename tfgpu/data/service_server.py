@@ -1,7 +1,8 @@
-"""``python -m tfgpu.data.service_server``: the ``tfgpu-data-service`` command
-(tfgpu/cli/data_service.py), kept at the module path the docs give."""
+"""``python -m tfgpu.data.service_server``: the ``tfgpu-data-service`` command (tfgpu/cli/data_service.py), kept at the
+module path the docs give. It runs the command as ``__main__`` instead of importing it, so
+that this package, below cli/, imports nothing from above."""
 
-from tfgpu.cli.data_service import run
+import runpy
 
 if __name__ == "__main__":
-    run()
+    runpy.run_module("tfgpu.cli.data_service", run_name="__main__", alter_sys=True)

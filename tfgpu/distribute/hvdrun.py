@@ -1,7 +1,8 @@
-"""``python -m tfgpu.distribute.hvdrun``: the ``tfgpu-horovodrun`` command
-(tfgpu/cli/horovodrun.py), kept at the module path the docs give."""
+"""``python -m tfgpu.distribute.hvdrun``: the ``tfgpu-horovodrun`` command (tfgpu/cli/horovodrun.py), kept at the
+module path the docs give. It runs the command as ``__main__`` instead of importing it, so
+that this package, below cli/, imports nothing from above."""
 
-from tfgpu.cli.horovodrun import run
+import runpy
 
 if __name__ == "__main__":
-    run()
+    runpy.run_module("tfgpu.cli.horovodrun", run_name="__main__", alter_sys=True)
