@@ -15,7 +15,7 @@ from tfgpu.train import loop as train
 from tfgpu.config import config_from, validate
 from tfgpu.convert import plan
 from tfgpu.convert.manifest import items_from_arrays
-from tfgpu.data import balance, memory, sampling
+from tfgpu.data import balance, memory, run_input, sampling
 from tfgpu.data import spec as data_spec
 from tfgpu.data.config import DataConfig
 from tfgpu.data.stream import Stream
@@ -230,10 +230,9 @@ def test_the_streaming_path_is_a_one_line_error(imbalanced):
     config = validate(
         config_from(data_dir=imbalanced, image_size=96, balanced_sampling=True, model="tiny_cnn")
     )
-    from tfgpu.train import build
-
+    spec = data_spec.load_data_spec(imbalanced)
     with pytest.raises(ConfigError, match="--balanced_sampling needs the train split in memory"):
-        build._class_balance(config, data_spec.load_data_spec(imbalanced))
+        run_input.class_balance(config.data, config.optim.class_weights, spec, None)
 
 
 # --- training -------------------------------------------------------------------------

@@ -117,9 +117,9 @@ class _StopAt(Action):
 def _run(data_dir, model_dir, actions=()) -> tuple:
     """(summary, stdout, the train sides the step was traced for, the eval sides read)."""
     traced, evaluated = [], []
-    fns, eval_dataset = progressive.input_fns, pipeline.make_eval_dataset
+    fns, eval_dataset = progressive.step_fns, pipeline.make_eval_dataset
 
-    def input_fns(data, num_classes):
+    def step_fns(data, num_classes):
         prepare, unpack = fns(data, num_classes)
 
         def recorded(batch):  # Python: runs when the step is traced, not per update
@@ -136,7 +136,7 @@ def _run(data_dir, model_dir, actions=()) -> tuple:
     config = validate(config_from(data_dir=data_dir, model_dir=str(model_dir), **STAGED))
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
-        patch.setattr(progressive, "input_fns", input_fns)
+        patch.setattr(progressive, "step_fns", step_fns)
         patch.setattr(pipeline, "make_eval_dataset", eval_dataset_)
         summary = train.run(config, actions=actions)
     return summary, out.getvalue(), traced, evaluated

@@ -1,6 +1,6 @@
-"""``python -m tfgpu.data.service_server``: the ``tfgpu-data-service`` command (tfgpu/cli/data_service.py), kept at the
-module path the docs give. It runs the command as ``__main__`` instead of importing it, so
-that this package, below cli/, imports nothing from above."""
+"""``python -m tfgpu.data.service_server``: the ``tfgpu-data-service`` command
+(tfgpu/cli/data_service.py), kept at the module path the docs give. It runs the command as
+``__main__`` instead of importing it, so that data/, below cli/, imports nothing from above."""
 
 import runpy
 

@@ -1,6 +1,7 @@
-"""``python -m tfgpu.distribute.hvdrun``: the ``tfgpu-horovodrun`` command (tfgpu/cli/horovodrun.py), kept at the
-module path the docs give. It runs the command as ``__main__`` instead of importing it, so
-that this package, below cli/, imports nothing from above."""
+"""``python -m tfgpu.distribute.hvdrun``: the ``tfgpu-horovodrun`` command
+(tfgpu/cli/horovodrun.py), kept at the module path the docs give. It runs the command as
+``__main__`` instead of importing it, so that distribute/, below cli/, imports nothing from
+above."""
 
 import runpy
 

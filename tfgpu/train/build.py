@@ -15,7 +15,7 @@ from tfgpu.models import pretrained
 from tfgpu.train.best import Best, tracks_best_in_loop
 from tfgpu.train.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch
-from tfgpu.data import augment, balance, device_ops, memory, pipeline, readers, sampling
+from tfgpu.data import readers, run_input, sampling
 from tfgpu.data import spec as data_spec
 from tfgpu.data.stream import Stream
 from tfgpu.distribute import Backend
@@ -103,10 +103,14 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
     """Plans the run, then builds model, optimizer, train step, counters and checkpoints
     under the backend's scope (``Checkpoints.restore`` then gives every worker the chief's
     values). ``class_weights``: the float64 [K] weights the loss uses, or None for none;
-    FROM_CONFIG (the default) reads them as ``class_weights_for`` does. A run passes the ones
-    its workers agreed on, so that a file rewritten since is not read again."""
+    FROM_CONFIG (the default) reads --class_weights (``run_input.class_weights``). A run
+    passes the ones its workers agreed on, so that a file rewritten since is not read again."""
     plan = make_plan(config, spec.num_train, backend.num_replicas)
-    class_weights, balance_line = _class_balance(config, spec, class_weights)
+    if class_weights is FROM_CONFIG:
+        class_weights = run_input.class_weights(config.optim.class_weights, spec)
+    balance_line = run_input.class_balance(
+        config.data, config.optim.class_weights, spec, class_weights
+    )
     keras.mixed_precision.set_global_policy(config.model.dtype)
     with backend.scope():
         model = models.build_model(
@@ -150,34 +154,6 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
     return Training(config, backend, spec, plan, *parts)
 
 
-def _class_balance(config: Config, spec: data_spec.DataSpec, weights=FROM_CONFIG) -> tuple:
-    """(the class weights, the start-up line on class balance): ``weights`` (float [K] or
-    None), or with FROM_CONFIG --class_weights' (``class_weights_for``). Balanced sampling
-    that the split's path cannot do is a ConfigError naming why."""
-    data, lines = config.data, []
-    if data.balanced_sampling:
-        decision = memory.decide(spec, data)
-        if not decision.use:  # the streaming reader has no random access by class
-            raise ConfigError(
-                "--balanced_sampling needs the train split in memory (--in_memory; docs/data.md: "
-                f"Class balance), and here: {decision.reason}"
-            )
-        lines.append(balance.describe_sampling(data.sampling_power))
-    if weights is FROM_CONFIG:
-        weights = class_weights_for(config, spec)
-    if weights is not None:
-        names = data_spec.class_names(spec)
-        lines.append(balance.describe_weights(config.optim.class_weights, weights, names))
-    return weights, "; ".join(lines)
-
-
-def class_weights_for(config: Config, spec: data_spec.DataSpec):
-    """--class_weights' float64 [K] weights for the dataset of ``spec``, or None when off; a
-    ConfigError names a file that does not fit it (``balance.class_weights``)."""
-    names = data_spec.class_names(spec)
-    return balance.class_weights(config.optim.class_weights, spec.data_dir, names)
-
-
 def _init_line(config: Config, model, fresh: list) -> str:
     """The start-up line that says where the weights came from, and what is new."""
     m = config.model
@@ -191,17 +167,12 @@ def _init_line(config: Config, model, fresh: list) -> str:
     return line + " (a checkpoint in --model_dir, if any, replaces them)"
 
 
-def _then(first, second):
-    """``second`` after ``first`` (None: nothing to do first)."""
-    return second if first is None else lambda batch: second(first(batch))
-
-
 def build_step(
     config: Config, model, optimizer, backend, num_classes: int, loss_scale=None, class_weights=None
 ):
     """The TrainStep for batches of the layout the train pipeline makes (``class_weights``:
     float [K], or None)."""
-    prepare, unpack = input_fns(config.data, num_classes)
+    prepare, unpack = run_input.step_fns(config.data, num_classes)
     if config.model.remat:  # only the step runs the blocks so; checkpoints hold ``model``
         staged = config.curriculum.progressive_stages > 1
         model = models.rematerialized(model, config.model.name, any_size=staged)
@@ -223,19 +194,6 @@ def build_step(
         loss=config.optim.loss,
         bce_target_threshold=config.optim.bce_target_threshold,
     )
-
-
-def input_fns(data, num_classes: int) -> tuple:
-    """(prepare, unpack): what the TrainStep does to the batches of the layout the train
-    pipeline makes under ``data`` (a config.DataConfig), ``TrainStep``'s arguments."""
-    layout = pipeline.train_layout(data)
-    unpack = None
-    if layout == "packed":  # resized first, outside XLA; then the "uint8" path on floats
-        unpack = lambda batch: device_ops.resized(batch, data.image_size)  # noqa: E731
-        layout = "uint8"
-    if layout == "uint8" and augment.num_slots(data) + data.random_erasing > 0:
-        unpack = _then(unpack, device_ops.augmented)  # outside XLA too, see augmented
-    return device_ops.make_batch_fn(layout, num_classes, data), unpack
 
 
 def _in_dtype(weights, dtype: str):

@@ -21,18 +21,12 @@ import tensorflow as tf
 from tfgpu import compat
 from tfgpu.train import average, runlock
 from tfgpu.train.actions import Action, LoopState, default_actions, eval_context, phase
-from tfgpu.train.build import (
-    Training,
-    build,
-    class_weights_for,
-    train_batches,
-    train_maker,
-)
+from tfgpu.train.build import Training, build, train_batches, train_maker
 from tfgpu.train.checkpoints import refresh_derived_state, variables_of
 from tfgpu.config import Config, ConfigError, resolve, rundir
 from tfgpu.config.sections import check_average_plan
-from tfgpu.data import augment, broken, dct, memory, readers
-from tfgpu.data import spec as data_spec
+from tfgpu.data import broken, readers, run_input
+from tfgpu.data.spec import DataError
 from tfgpu.distribute import backends, consensus, heartbeats
 from tfgpu.train.signals import PreemptionGuard
 from tfgpu.train.progressive import Staged
@@ -136,24 +130,13 @@ def weights_fingerprint(model: keras.Model) -> str:
 
 
 def _start_line(training: Training) -> str:
-    config, t, plan, backend = (
-        training.config,
-        training.config.train,
-        training.plan,
-        training.backend,
-    )
+    config, plan, backend = training.config, training.plan, training.backend
     micro = plan.replica_batch // plan.grad_accum_steps
-    spec = training.spec
-    policy = augment.describe(config.data)
-    reading = memory.decide(spec, config.data)
-    scaled = "" if reading.use else dct.describe(config.data, spec.train_sides, train=True)
     return (
         f"{backend.name}: {backend.num_replicas} replica(s), {plan.total_steps} updates "
-        f"of {t.global_batch_size} ({plan.grad_accum_steps} micro-batch(es) of {micro} per "
-        f"replica), model {config.model.name}, data {spec.data_dir or 'synthetic'}, crops "
-        f"resized on the {config.data.resize_on}, {reading.reason}"
-        + (f", augmentation: {policy}" if policy else "")
-        + (f", {scaled}" if scaled else "")
+        f"of {config.train.global_batch_size} ({plan.grad_accum_steps} micro-batch(es) of "
+        f"{micro} per replica), model {config.model.name}, "
+        + run_input.describe(config.data, training.spec)
     )
 
 
@@ -283,12 +266,7 @@ def _export(training: Training, writer: RunWriter, ema: bool = True) -> None:
     keeps them (--ema_decay) and ``ema``, as evaluation and tfgpu-export use."""
     config = training.config
     directory = os.path.join(config.model_dir, "export")
-    # The serving signatures: class names, and evaluation's preprocessing as evaluation
-    # resolves it for this data (dct.resolved), so classify_bytes is exactly evaluation's.
-    served = dict(
-        class_names=data_spec.class_names(training.spec),
-        data=dct.resolved(config.data, training.spec.eval_sides, train=False),
-    )
+    served = run_input.serving(config.data, training.spec)
     if not (config.train.export_best and training.best is not None and training.best.kept):
         with compat.ema_weights(training.optimizer) if ema else contextlib.nullcontext():
             export_model(training.model, directory, config.data.image_size, **served)
@@ -318,9 +296,8 @@ def _agreed_spec(config: Config, backend, announced: dict, in_use: str = "") -> 
     (``heartbeats.Watch``); ``in_use``: the chief found --model_dir held by another run."""
     spec, weights, error = None, None, in_use
     try:
-        spec = data_spec.load_spec(config.data)
-        weights = class_weights_for(config, spec)
-    except (data_spec.DataError, ConfigError) as err:
+        spec, weights = run_input.load(config.data, config.optim.class_weights)
+    except (DataError, ConfigError) as err:
         if backend.num_workers == 1:
             raise
         error = error or str(err)

@@ -14,7 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from tfgpu.data import memory
-from tfgpu.train.build import Training, input_fns, train_batches, train_maker
+from tfgpu.data.run_input import step_fns
+from tfgpu.train.build import Training, train_batches, train_maker
 
 SIZE_MULTIPLE = 8  # stage sides but the last: what strided nets divide without remainder
 
@@ -137,7 +138,7 @@ class Staged:
         distributed train batches from ``step`` on (``make``: ``maker(step)``, if built)."""
         stage = stage_at(self.stages, step)
         data = self.data_at(step)
-        self.training.step.use_input(*input_fns(data, self.training.spec.num_classes))
+        self.training.step.use_input(*step_fns(data, self.training.spec.num_classes))
         config = self.training.config  # N as set: a run shorter than N updates skips some
         line = describe(stage, config.curriculum.progressive_stages, config.data)
         resumed = f", resumed at update {step}" if step > stage.start else ""

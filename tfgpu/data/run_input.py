@@ -1,0 +1,89 @@
+"""What a training run asks of data/, in one place, so that the trainer (train/loop.py,
+train/build.py) calls this module instead of one of data/'s modules for each question:
+
+  load          the dataset's spec and the class weights the loss uses
+  class_balance the start-up line on class balance, and the check balanced sampling needs
+  describe      the start-up words on how the train split is read and augmented
+  step_fns      what the train step does to the batches the train pipeline makes
+  serving       what the export's serving signatures need: class names, evaluation's decode
+
+The readers themselves are chosen in ``readers.train_maker``.
+"""
+
+from tfgpu.data import augment, balance, device_ops, dct, memory, pipeline
+from tfgpu.data import spec as data_spec
+from tfgpu.errors import ConfigError
+
+
+def class_weights(setting: str, spec: data_spec.DataSpec):
+    """--class_weights' float64 [K] weights (``setting``) for the dataset of ``spec``, or None
+    when off; a ConfigError names a file that does not fit it (``balance.class_weights``)."""
+    return balance.class_weights(setting, spec.data_dir, data_spec.class_names(spec))
+
+
+def load(data, class_weights_setting: str) -> tuple:
+    """(the DataSpec of ``data``, a config.DataConfig; its class weights as ``class_weights``
+    reads them). Raises DataError or ConfigError, naming the file or flag."""
+    spec = data_spec.load_spec(data)
+    return spec, class_weights(class_weights_setting, spec)
+
+
+def class_balance(data, setting: str, spec: data_spec.DataSpec, weights) -> str:
+    """The start-up line on class balance (--balanced_sampling, and the class ``weights``, float
+    [K] or None, read by --class_weights=``setting``), "" for neither. Balanced sampling that
+    the split's path cannot do is a ConfigError naming why."""
+    lines = []
+    if data.balanced_sampling:
+        decision = memory.decide(spec, data)
+        if not decision.use:  # the streaming reader has no random access by class
+            raise ConfigError(
+                "--balanced_sampling needs the train split in memory (--in_memory; docs/data.md: "
+                f"Class balance), and here: {decision.reason}"
+            )
+        lines.append(balance.describe_sampling(data.sampling_power))
+    if weights is not None:
+        names = data_spec.class_names(spec)
+        lines.append(balance.describe_weights(setting, weights, names))
+    return "; ".join(lines)
+
+
+def describe(data, spec: data_spec.DataSpec) -> str:
+    """The start line's words on the input: where crops are resized, how the train split is
+    read (``memory.decide``'s reason), the augmentation and the DCT-scaled decode, if any."""
+    policy = augment.describe(data)
+    reading = memory.decide(spec, data)
+    scaled = "" if reading.use else dct.describe(data, spec.train_sides, train=True)
+    return (
+        f"data {spec.data_dir or 'synthetic'}, crops resized on the {data.resize_on}, "
+        f"{reading.reason}"
+        + (f", augmentation: {policy}" if policy else "")
+        + (f", {scaled}" if scaled else "")
+    )
+
+
+def _then(first, second):
+    """``second`` after ``first`` (None: nothing to do first)."""
+    return second if first is None else lambda batch: second(first(batch))
+
+
+def step_fns(data, num_classes: int) -> tuple:
+    """(prepare, unpack): what the TrainStep does to the batches of the layout the train
+    pipeline makes under ``data`` (a config.DataConfig), ``TrainStep``'s arguments."""
+    layout = pipeline.train_layout(data)
+    unpack = None
+    if layout == "packed":  # resized first, outside XLA; then the "uint8" path on floats
+        unpack = lambda batch: device_ops.resized(batch, data.image_size)  # noqa: E731
+        layout = "uint8"
+    if layout == "uint8" and augment.num_slots(data) + data.random_erasing > 0:
+        unpack = _then(unpack, device_ops.augmented)  # outside XLA too, see augmented
+    return device_ops.make_batch_fn(layout, num_classes, data), unpack
+
+
+def serving(data, spec: data_spec.DataSpec) -> dict:
+    """The serving signatures' keyword arguments (``serving.export_model``): the class names,
+    and evaluation's preprocessing as evaluation resolves it for this data (``dct.resolved``),
+    so that classify_bytes is exactly evaluation's."""
+    return dict(
+        class_names=data_spec.class_names(spec),
+        data=dct.resolved(data, spec.eval_sides, train=False),
+    )
