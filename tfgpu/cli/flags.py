@@ -23,6 +23,7 @@ from tfgpu.cli.settings import (
     LaunchSettings,
     PredictSettings,
     RaySettings,
+    SidecarSettings,
 )
 from tfgpu.config import SETTINGS
 from tfgpu.settings import collect
@@ -41,6 +42,12 @@ COMMAND_SETTINGS = {
     "tfgpu-export": ExportSettings,
     "tfgpu-average": AverageSettings,
 }
+
+# The trainer's flags that only its TF_CONFIG evaluator task reads (cli/sidecar.py).
+SIDECAR_ABOUT = (
+    "`tfgpu-train` started as a TF_CONFIG `evaluator` task runs the side-car evaluator, as "
+    "`tfgpu-evaluate --watch` does (docs/evaluator.md), following the run by these flags."
+)
 
 # Section (None: the run's own settings) -> its title in --helpfull and docs/flags.md.
 SECTION_TITLES = {
@@ -155,6 +162,8 @@ def reference_markdown() -> str:
     for section, title in SECTION_TITLES.items():
         rows = [s for s in SETTINGS.values() if s.section == section]
         lines += ["", f"## {title[0].upper()}{title[1:]}", "", *_table(rows, {})]
+    lines += ["", "## The side-car evaluator (a TF_CONFIG evaluator task)", "", SIDECAR_ABOUT]
+    lines += ["", *_table(list(collect(SidecarSettings, {}).values()), {})]
     for command, cls in COMMAND_SETTINGS.items():
         about = " ".join(cls.__doc__.split()).replace("``", "`")  # rST -> Markdown
         shown = getattr(cls, "DOC_DEFAULTS", {})

@@ -26,7 +26,7 @@ QUANTIZES = {
     "litert": (("none", "float16", "int8"), ""),
     "onnx": (
         ("none",),
-        "tfgpu-export quantizes for LiteRT only; ONNX Runtime's own tools "
+        "only the LiteRT format is quantized here; ONNX Runtime's own tools "
         "(onnxruntime.quantization) quantize the float model this writes",
     ),
 }
