@@ -8,6 +8,9 @@ horovodrun, mpirun, Slurm, Ray) and Horovod.
   devices.py     what a process sees: logical CPUs, GPU memory growth, a rank's or task's GPUs
   backends.py    one backend per strategy, all with the same few verbs (see its docstring),
                  and ``setup``: the launcher's world -> the strategy -> its backend
+  strategies.py  the tf.distribute strategies StrategyBackend wraps, made from the options
+  collectives.py StrategyBackend's verbs across workers: any_worker, all_gather_bytes,
+                 broadcast_from_chief
   horovod_backend.py  Horovod's backend (horovodrun, or mpirun with Horovod's MPI)
   backend_parts.py  what both kinds of backend are built of (counters, timing of the
                  all-reduce, scratch directories, bytes gathered)

@@ -3,19 +3,20 @@
 ``is_chief``, ``input_shard`` (this worker's input pipeline), ``distribute_dataset``,
 ``each_replica``, ``all_reduce_sum`` (inside a step), ``sum_over_replicas`` (inside a step, for
 synchronized BatchNorm), ``reduce_sum`` (outside), ``any_worker``,
-``all_gather_bytes``, ``broadcast_from_chief`` and ``checkpoint_dir``.
+``all_gather_bytes``, ``broadcast_from_chief`` (``collectives.py``) and ``checkpoint_dir``. The
+strategies themselves are made in ``strategies.py``.
 """
 
 import json
 import os
 
-import numpy as np
 import tensorflow as tf
 
 from tfgpu import compat
-from tfgpu.distribute import DistributeError, InputShard, env, horovod_backend, mpi, slurm
+from tfgpu.distribute import InputShard, env, horovod_backend, mpi, slurm, strategies
+from tfgpu.distribute.collectives import WorkerCollectives
 from tfgpu.distribute.config import DistConfig
-from tfgpu.distribute.backend_parts import counter, gathered_bytes, scratch_dir, timed
+from tfgpu.distribute.backend_parts import counter, scratch_dir, timed
 from tfgpu.distribute.devices import configure_devices, pin_to_local_gpus
 from tfgpu.distribute.env import resolve_strategy
 
@@ -39,8 +40,9 @@ def _num_workers(strategy: tf.distribute.Strategy) -> int:
     return max(1, len(jobs.get("worker", [])) + len(jobs.get("chief", [])))
 
 
-class StrategyBackend:
-    """default, one_device, mirrored and multi_worker_mirrored: a tf.distribute.Strategy."""
+class StrategyBackend(WorkerCollectives):
+    """default, one_device, mirrored and multi_worker_mirrored: a tf.distribute.Strategy (its
+    verbs across workers: ``collectives.WorkerCollectives``)."""
 
     def __init__(self, name: str, strategy: tf.distribute.Strategy):
         self.name = name
@@ -51,7 +53,6 @@ class StrategyBackend:
         self.input_shard = InputShard(self.num_workers, self.worker_index)
         self.is_chief = strategy.extended.should_checkpoint if name != "default" else True
         self._local_sum = None  # compat.local_replica_sum, made on first use
-        self._gather_rows = None  # the all-gather of _all_gather_int32, traced on first use
         with strategy.scope():
             self.all_reduce_calls = counter()
             self.wait_seconds = counter(tf.float64)
@@ -136,80 +137,6 @@ class StrategyBackend:
         """The values of this worker's replicas, as a list."""
         return list(self.strategy.experimental_local_results(per_replica))
 
-    def any_worker(self, flag: bool) -> bool:
-        """True on every worker when ``flag`` is true on any (a collective: all must call)."""
-        value = self._per_replica(lambda replica: tf.constant(1.0 if flag else 0.0))
-        return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)) > 0
-
-    def _per_replica(self, value_fn):
-        """A per-replica value made eagerly: ``value_fn(replica_id)`` on each local replica's
-        device. Not ``strategy.run``: outside a tf.function that logs "Using
-        CollectiveAllReduceStrategy eagerly has significant overhead" (up to five times a
-        process), and these values need no replica context, only a device."""
-        devices = self.strategy.extended.worker_devices
-
-        def value(ctx: tf.distribute.experimental.ValueContext):
-            replica = ctx.replica_id_in_sync_group  # worker-major: local index = id % local
-            with tf.device(devices[replica % len(devices)]):
-                return value_fn(replica)
-
-        return self.strategy.experimental_distribute_values_from_function(value)
-
-    def all_gather_bytes(self, blob: bytes) -> list[bytes]:
-        """Every worker's ``blob``, in worker order (a collective: every worker must call)."""
-        if self.num_workers == 1:
-            return [blob]
-        local = self.strategy.num_replicas_in_sync // self.num_workers
-        gather = lambda rows: self._all_gather_int32(rows)[::local]  # noqa: E731
-        return gathered_bytes(blob, gather)
-
-    def _all_gather_int32(self, rows: np.ndarray) -> np.ndarray:
-        """[1, L] int32 on each worker -> [replicas, L] (each worker's row once per replica)."""
-        if self._gather_rows is None:
-            # One function for the run, traced once per width: a run gathers at every log
-            # window (the workers' compute times) and on each agreement, and a new function
-            # each time re-traced the collective (~0.2 CPU-s a call under
-            # multi_worker_mirrored). Its all-gather needs a known shape, so widths are
-            # padded to a power of two: a handful of traces per run.
-            @tf.function
-            def gather(value):
-                def row(v):  # the copy takes the replica's device: a collective needs one
-                    return tf.distribute.get_replica_context().all_gather(tf.identity(v), axis=0)
-
-                return self.strategy.run(row, args=(value,))
-
-            self._gather_rows = gather
-        width = rows.shape[1]
-        padded = np.zeros([1, 1 << (width - 1).bit_length()], np.int32)
-        padded[:, :width] = rows
-        gathered = self.local_values(self._gather_rows(tf.constant(padded)))[0].numpy()
-        return gathered[:, :width]
-
-    def broadcast_from_chief(self, variables) -> None:
-        """Gives every replica of every worker the chief's values of ``variables`` (its
-        restored checkpoint: the others may have none). One sum-all-reduce of every value,
-        flattened into one float64 vector (which carries every dtype's values exactly), to
-        which only the chief's first replica contributes. Eager: it runs once per run, and
-        tracing it cost more than running it (bench/README.md, Start-up)."""
-        if self.num_workers == 1:
-            return
-        variables = list(variables)
-        sizes = [v.shape.num_elements() for v in variables]
-
-        def flat(replica: int):
-            if replica != 0:
-                return tf.zeros([sum(sizes)], tf.float64)
-            # The first replica's own copies: reading a sync-on-read variable from outside
-            # a replica would be a collective (and an aggregate, not the chief's values).
-            own = [self.local_values(v)[0].read_value() for v in variables]
-            return tf.concat([tf.reshape(tf.cast(v, tf.float64), [-1]) for v in own], 0)
-
-        summed = self.strategy.reduce(
-            tf.distribute.ReduceOp.SUM, self._per_replica(flat), axis=None
-        )
-        for var, part in zip(variables, tf.split(summed, sizes)):
-            var.assign(tf.reshape(tf.cast(part, var.dtype), var.shape))
-
     def checkpoint_dir(self, directory: str) -> str:
         """Where this worker saves: the real directory for the chief, a scratch one otherwise.
 
@@ -218,78 +145,13 @@ class StrategyBackend:
         return directory if self.is_chief else scratch_dir(f"tfgpu-worker{self.worker_index}-")
 
 
-def _mirrored(all_reduce_alg: str) -> tf.distribute.Strategy:
-    ops = {
-        "auto": None,
-        "nccl": tf.distribute.NcclAllReduce,
-        "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
-        "reduce_to_one": tf.distribute.ReductionToOneDevice,
-    }[all_reduce_alg]
-    gpus = tf.config.list_logical_devices("GPU")
-    devices = [d.name for d in gpus or tf.config.list_logical_devices("CPU")]
-    if ops is None and not gpus:
-        # On CPU devices TensorFlow would pick NCCL-free ReductionToOneDevice anyway; say so.
-        ops = tf.distribute.ReductionToOneDevice
-    return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=ops())
-
-
-def _multi_worker(dist) -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy over the cluster TF_CONFIG or Slurm names, with bounded
-    waits: a worker that never joins (--startup_timeout_s), one that stops sending heartbeats
-    (--heartbeat_timeout_s) and a collective that waits too long (--collective_timeout_s)."""
-    config = env.cluster()
-    if not config:
-        raise DistributeError(
-            "--strategy=multi_worker_mirrored needs TF_CONFIG naming the workers, or srun "
-            "(or start the workers with `python -m tfgpu.launch --num_workers=N -- ...`)"
-        )
-    task = config["task"]
-    # Only the tasks that train join the collective: an evaluator task runs on its own.
-    jobs = {t: config["cluster"][t] for t in env.TRAINING_TASKS if config["cluster"].get(t)}
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(jobs),
-        task_type=task["type"],
-        task_id=int(task["index"]),
-        rpc_layer="grpc",
-    )
-    compat.configure_coordination_service(
-        resolver.cluster_spec(), dist.startup_timeout_s, dist.heartbeat_timeout_s
-    )
-    impl = {
-        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-    }[dist.communication]
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=impl, timeout_seconds=dist.collective_timeout_s or None
-    )
-    try:
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver, communication_options=options
-        )
-    except tf.errors.UnknownError as e:
-        if "Could not start gRPC server" not in str(e):
-            raise
-        address = config["cluster"][task["type"]][int(task["index"])]
-        raise DistributeError(
-            f"could not start this worker's server at {address} (TF_CONFIG's "
-            f"{task['type']} {task['index']}): the port is in use, or the host is not "
-            "this machine's"
-        ) from None
-
-
-def _one_device() -> tf.distribute.Strategy:
-    device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
-    return tf.distribute.OneDeviceStrategy(device)
-
-
 # Resolved strategy name -> fn(dist: config.DistConfig) -> backend.
 _BACKENDS = {
     "default": lambda dist: StrategyBackend("default", tf.distribute.get_strategy()),
-    "one_device": lambda dist: StrategyBackend("one_device", _one_device()),
-    "mirrored": lambda dist: StrategyBackend("mirrored", _mirrored(dist.all_reduce_alg)),
+    "one_device": lambda dist: StrategyBackend("one_device", strategies.one_device()),
+    "mirrored": lambda dist: StrategyBackend("mirrored", strategies.mirrored(dist.all_reduce_alg)),
     "multi_worker_mirrored": lambda dist: StrategyBackend(
-        "multi_worker_mirrored", _multi_worker(dist)
+        "multi_worker_mirrored", strategies.multi_worker(dist)
     ),
     "horovod": lambda dist: horovod_backend.build(dist.hvd_compression),
 }
