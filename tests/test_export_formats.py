@@ -224,7 +224,7 @@ def test_what_cannot_be_exported_is_one_line(monkeypatch):
     for fmt in ("saved_model", "litert", "onnx"):
         for family in FAMILIES:
             assert unsupported(fmt, "none", family=family) == ""
-    with pytest.raises(UsageError, match="is not supported: tfgpu-export quantizes"):
+    with pytest.raises(UsageError, match="is not supported: only the LiteRT format is quantized"):
         export("x", fmt="onnx", quantize="float16")
     with pytest.raises(UsageError, match=r"--output=m.onnx: a --format=litert file's name ends"):
         export("x", fmt="litert", output="m.onnx")
