@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-serial test-heavy test-fast install horovod system ray export bench
+.PHONY: demo test test-serial test-heavy test-fast install horovod system ray export report bench
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
@@ -15,15 +15,15 @@ demo: install
 # 2 cores busy. A module's tests stay on one worker (its shared runs happen once);
 # tests/conftest.py's spread hands out the modules that start processes first.
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder
-test: system install horovod ray export
+test: system install horovod ray export report
 	$(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # The same in one process (a failure's output reads in order).
-test-serial: system install horovod ray export
+test-serial: system install horovod ray export report
 	$(PY) -m pytest -q --durations=25 tests
 
 # Everything, with the opt-in heavy tests too (tests/conftest.py: HEAVY_ENV).
-test-heavy: system install horovod ray export
+test-heavy: system install horovod ray export report
 	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
@@ -58,4 +58,11 @@ export: $(STAMP)-export
 
 $(STAMP)-export: $(STAMP)
 	$(PY) -m pip install -q -e '.[export]'
+	touch $@
+
+# matplotlib for tfgpu-report, the [report] extra: tests/test_report.py draws its pages.
+report: $(STAMP)-report
+
+$(STAMP)-report: $(STAMP)
+	$(PY) -m pip install -q -e '.[report]'
 	touch $@

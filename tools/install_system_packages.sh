@@ -2,7 +2,8 @@
 # tools/install_system_packages.sh - the system packages the whole test suite uses, from
 # Debian's packages: Open MPI (mpirun, and mpicxx so that tools/install_horovod.sh builds
 # Horovod's MPI controller), sshd/ssh and iproute2 (tests/test_multihost.py's two hosts), and
-# Zalando's Fashion-MNIST (dataset-fashion-mnist: real data with a public results table).
+# Zalando's Fashion-MNIST (dataset-fashion-mnist: real data with a public results table), and
+# Chromium (tests/test_report.py opens tfgpu-report's page in it, headless).
 #
 # Installs only what is missing, with apt-get as root or through password-less sudo. Without
 # either it says so and exits 0: the tests that need a missing tool skip and say why.
@@ -17,6 +18,7 @@ have ssh && have ssh-keygen || missing+=(openssh-client)
 have ip || missing+=(iproute2)
 # Fashion-MNIST's four IDX files (tests/test_fashion_mnist.py; the recipes in flags/).
 [[ -d /usr/share/datasets/fashion-mnist ]] || missing+=(dataset-fashion-mnist)
+have chromium || missing+=(chromium)
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 
 sudo=""
@@ -28,6 +30,6 @@ if command -v apt-get >/dev/null 2>&1 &&
   echo "[system packages] installed ${missing[*]}"
 else
   echo "[system packages] could not install ${missing[*]} (needs apt-get as root or" \
-    "password-less sudo); the mpirun, multi-host and Fashion-MNIST tests will skip" >&2
+    "password-less sudo); the mpirun, multi-host, Fashion-MNIST and browser tests will skip" >&2
 fi
 exit 0

@@ -23,6 +23,7 @@ from tfgpu.cli.settings import (
     LaunchSettings,
     PredictSettings,
     RaySettings,
+    ReportSettings,
     SidecarSettings,
 )
 from tfgpu.config import SETTINGS
@@ -41,6 +42,7 @@ COMMAND_SETTINGS = {
     "tfgpu-predict": PredictSettings,
     "tfgpu-export": ExportSettings,
     "tfgpu-average": AverageSettings,
+    "tfgpu-report": ReportSettings,
 }
 
 # The trainer's flags that only its TF_CONFIG evaluator task reads (cli/sidecar.py).

@@ -288,3 +288,29 @@ class AverageSettings:
     output: str = setting(
         "", "The .weights.h5 file to write (default: --model_dir's averaged.weights.h5)."
     )
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """Runs as one self-contained HTML page (curves, the runs compared, where the time went,
+    the confusion matrix and the worst mistakes): ``tfgpu-report RUN_DIR [RUN_DIR ...]
+    --output=report.html`` (``python -m tfgpu.report``; docs/reports.md)."""
+
+    output: str = setting(
+        "report.html",
+        "The HTML file to write (checked before any work; written whole through a temporary "
+        "file in its folder, then renamed).",
+    )
+    evaluate: bool = setting(
+        True,
+        "Evaluate each run's checkpoint on its data (TensorFlow starts): the confusion matrix, "
+        "accuracy per class and the gallery. --noevaluate: the run's files alone.",
+    )
+    checkpoint: str = setting(
+        "latest", "Which checkpoint to evaluate: latest, best, or a path (as tfgpu-evaluate's)."
+    )
+    split: str = setting("validation", "The split evaluated.")
+    gallery: int = setting(
+        16, "Misclassified images to show, those the model was surest of first (0: none)."
+    )
+    batch_size: int = setting(64, "Images per forward pass when evaluating.")

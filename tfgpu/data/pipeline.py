@@ -118,8 +118,8 @@ def decode_eval_example(record: dict, data, spec: DataSpec, report=None) -> dict
 
 def make_named_eval_dataset(spec: DataSpec, data, batch_size: int) -> tf.data.Dataset:
     """The evaluation files of ``spec``, each record once, in order, preprocessed as evaluation
-    does, batched: {image, valid, name (the stored file name, else "shard#index")}
-    (``tfgpu.predict``)."""
+    does, batched: {image, valid, label, name (the stored file name, else "shard#index")}
+    (``tfgpu.predict``, the report's gallery)."""
     names = tf.constant([os.path.basename(f) for f in spec.eval_files])
     feature = {"image/filename": tf.io.FixedLenFeature([], tf.string, default_value="")}
 
@@ -138,7 +138,7 @@ def make_named_eval_dataset(spec: DataSpec, data, batch_size: int) -> tf.data.Da
             ]
         )
         name = tf.where(tf.equal(stored, b""), where, stored)
-        return {"image": image, "valid": valid, "name": name}
+        return {"image": image, "valid": valid, "label": example["label"], "name": name}
 
     data = dct.resolved(data, spec.eval_sides, train=False)
     ds = _records(spec.eval_files, data, deterministic=True)

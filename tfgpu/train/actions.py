@@ -39,6 +39,7 @@ except the log, which closes the last window.
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 
 from tfgpu.train import signals
@@ -174,10 +175,19 @@ class Evaluate(Action):
 
     def __call__(self, state: LoopState) -> None:
         phase("evaluation", state.step)
+        started = time.time()
         result = self._evaluate()
+        seconds = time.time() - started
+        state.window.pause("evaluation", seconds)
         context = eval_context(state.training, state.step, state.images_per_sec)
-        state.writer.log_eval(state.step, result, context)
+        state.writer.log_eval(state.step, timed(result, seconds), context)
         state.evaluation = (state.step, result) if result else None
+
+
+def timed(result: dict, seconds: float) -> dict:
+    """An evaluation's ``result`` with the ``seconds`` it took (its metrics.jsonl row's);
+    no result (the side-car evaluates) stays none."""
+    return dict(result, seconds=seconds) if result else result
 
 
 def eval_context(training, step: int, images_per_sec: float | None) -> dict:
@@ -207,7 +217,10 @@ class KeepBest(Action):
 
     def __call__(self, state: LoopState) -> None:
         phase("best checkpoint", state.step)
-        if self._best.observe(*state.evaluation):
+        started = time.time()
+        better = self._best.observe(*state.evaluation)
+        state.window.pause("checkpoint", time.time() - started)
+        if better:
             state.writer.info(f"best {self._best.metric} so far at step {state.step}")
 
 
@@ -270,7 +283,9 @@ class SaveCheckpoint(Action):
 
     def __call__(self, state: LoopState) -> None:
         phase("checkpoint save", state.step)
+        started = time.time()
         self._checkpoints.save()
+        state.window.pause("checkpoint", time.time() - started)
 
 
 class Unfreeze(Action):

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tfgpu import compat
 from tfgpu.train import average, runlock
-from tfgpu.train.actions import Action, LoopState, default_actions, eval_context, phase
+from tfgpu.train.actions import Action, LoopState, default_actions, eval_context, phase, timed
 from tfgpu.train.build import Training, build, train_batches, train_maker
 from tfgpu.train.checkpoints import refresh_derived_state, variables_of
 from tfgpu.config import Config, ConfigError, resolve, rundir
@@ -235,14 +235,18 @@ def _finish(training: Training, evaluate: Evaluator, writer: RunWriter, throughp
         with average.averaged(training) as steps:
             writer.info(f"final model: the mean of the checkpoints of steps {steps}")
             throughput["averaged_steps"] = steps
+            started = time.time()
             final_eval = {} if config.train.sidecar_eval else evaluate(ema=False)
-            writer.log_eval(last_step, final_eval, eval_context(training, last_step, ips))
+            final_row = timed(final_eval, time.time() - started)
+            writer.log_eval(last_step, final_row, eval_context(training, last_step, ips))
             _save_final(training, writer, ema=False)
         return final_eval
     # Evaluated first: the best (in the final checkpoint) takes it into account. With
     # --sidecar_eval the side-car evaluates the final checkpoint (summary.json: its final_eval).
+    started = time.time()
     final_eval = {} if config.train.sidecar_eval else evaluate()
-    writer.log_eval(last_step, final_eval, eval_context(training, last_step, ips))
+    final_row = timed(final_eval, time.time() - started)
+    writer.log_eval(last_step, final_row, eval_context(training, last_step, ips))
     if training.best is not None and final_eval:
         training.best.observe(last_step, final_eval)
     training.checkpoints.save(final=True)

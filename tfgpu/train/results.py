@@ -25,7 +25,9 @@ class Window:
     """Sums of one logging window's train metrics (``metrics.StepMetrics`` and "steps" of the
     applied updates, "skipped_updates" of the others), and the run's throughput over every
     window but the first (which includes tracing and warm-up). A window whose updates were all
-    skipped has no loss or accuracy (None: null in metrics.jsonl), never a made-up 0."""
+    skipped has no loss or accuracy (None: null in metrics.jsonl), never a made-up 0. Its
+    record also says where its wall time went (``seconds``, and the ``*_seconds`` of what the
+    loop's actions did inside it: ``pause``), so that a report can add the run's time up."""
 
     def __init__(self):
         self._reset()
@@ -34,7 +36,13 @@ class Window:
 
     def _reset(self) -> None:
         self._sums: dict = {}
+        self._paused: dict = {}  # {what: seconds} the actions took inside this window
         self._updates, self._start = 0, time.time()
+
+    def pause(self, what: str, seconds: float) -> None:
+        """Counts ``seconds`` of this window as spent on ``what`` ("evaluation",
+        "checkpoint"): its record's ``<what>_seconds``."""
+        self._paused[what] = self._paused.get(what, 0.0) + seconds
 
     LAST = ("weight_norm", "loss_scale")  # values at the window's end, not sums
 
@@ -67,7 +75,9 @@ class Window:
             "clipped_updates": int(s.get("clipped", 0.0)),
             "skipped_records": int(s.get("skipped", 0.0)),
             "input_wait_fraction": min(s.get("input_wait_s", 0.0) / max(seconds, 1e-9), 1.0),
+            "seconds": seconds,
         }
+        record.update({f"{what}_seconds": t for what, t in self._paused.items()})
         record.update({k: s[k] for k in self.LAST if k in s})
         if self._windows > 1:  # the first window includes tracing: not a fair share
             self._timed_wait += s.get("input_wait_s", 0.0)

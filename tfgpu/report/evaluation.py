@@ -1,0 +1,91 @@
+"""A run's checkpoint on its validation split, for the report: the confusion matrix, each
+class's accuracy, and the images the model gets most wrong.
+
+Read through tfgpu's own uses of a trained run: ``trained.run`` opens the run (its Config,
+data spec, registry model, the checkpoint), ``pipeline.make_named_eval_dataset`` reads the
+split with evaluation's preprocessing, ``trained.predict.predictor`` gives the probabilities
+(with the EMA weights when the run kept them). No test-time augmentation: the page says so
+beside the run's own top-1.
+"""
+
+import heapq
+import io
+
+import numpy as np
+from PIL import Image
+
+from tfgpu.data import pipeline
+from tfgpu.data.spec import split_spec
+from tfgpu.trained import run
+from tfgpu.trained.predict import predictor
+
+THUMB_SIDE = 96  # pixels a gallery image is shown at, at most (a small one is scaled up)
+
+
+def evaluate_run(model_dir: str, checkpoint: str, split: str, gallery: int, batch_size: int):
+    """{"checkpoint", "step", "split", "class_names", "confusion_matrix" (rows: true class),
+    "per_class_accuracy", "num_examples", "top1", "unreadable" (images that did not decode),
+    "gallery": the ``gallery`` misclassified images the model was surest of, surest first:
+    [{"name", "true", "pred" (class indices), "prob" (of pred), "true_prob", "png" (bytes)}]}.
+    Raises tfgpu's errors (no checkpoint yet, data missing) for the caller to say."""
+    config, path = run.config_and_checkpoint(model_dir, checkpoint)
+    trained = run.load(config, path)
+    spec = split_spec(trained.spec, split)
+    names = run.class_names(spec)
+    predict = predictor(trained)
+    k = len(names)
+    confusion = np.zeros((k, k), np.int64)
+    worst: list = []  # a heap of (prob, order, row): the surest mistakes
+    unreadable = order = 0
+    for batch in pipeline.make_named_eval_dataset(spec, config.data, batch_size):
+        probs = predict(batch["image"])
+        labels, valid = batch["label"].numpy(), batch["valid"].numpy()
+        preds = probs.argmax(axis=1)
+        unreadable += int((~valid).sum())
+        np.add.at(confusion, (labels[valid], preds[valid]), 1)
+        for i in np.flatnonzero(valid & (preds != labels)):
+            order += 1
+            item = (float(probs[i, preds[i]]), -order, i)
+            if len(worst) < gallery:
+                heapq.heappush(worst, (*item, _mistake(batch, probs, i)))
+            elif gallery and item[:2] > worst[0][:2]:
+                heapq.heapreplace(worst, (*item, _mistake(batch, probs, i)))
+    totals = confusion.sum(axis=1)
+    return {
+        "checkpoint": path,
+        "step": trained.step,
+        "split": split,
+        "class_names": names,
+        "confusion_matrix": confusion.tolist(),
+        "per_class_accuracy": [
+            float(confusion[c, c] / totals[c]) if totals[c] else None for c in range(k)
+        ],
+        "num_examples": int(totals.sum()),
+        "top1": float(np.trace(confusion) / max(totals.sum(), 1)),
+        "unreadable": unreadable,
+        "gallery": [entry[-1] for entry in sorted(worst, reverse=True)],
+    }
+
+
+def _mistake(batch, probs, i: int) -> dict:
+    """The gallery entry of row ``i`` of ``batch`` (its ``probs``)."""
+    label, pred = int(batch["label"][i]), int(probs[i].argmax())
+    name = batch["name"][i].numpy().decode("utf-8", "replace")
+    return {
+        "name": name,
+        "true": label,
+        "pred": pred,
+        "prob": float(probs[i, pred]),
+        "true_prob": float(probs[i, label]),
+        "png": thumbnail_png(batch["image"][i].numpy()),
+    }
+
+
+def thumbnail_png(image) -> bytes:
+    """A uint8 image [H, W, 3] as PNG bytes, shrunk to fit THUMB_SIDE (never enlarged: the
+    page scales small ones up, pixelated)."""
+    picture = Image.fromarray(np.asarray(image, np.uint8))
+    picture.thumbnail((THUMB_SIDE, THUMB_SIDE))
+    out = io.BytesIO()
+    picture.save(out, format="PNG", optimize=True)
+    return out.getvalue()

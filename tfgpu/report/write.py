@@ -1,0 +1,53 @@
+"""``write_report``: what ``tfgpu-report`` does, from run folders to the page on disk."""
+
+from tfgpu.errors import TfgpuError
+from tfgpu.files import check_output, replacing, shown
+from tfgpu.report import page
+from tfgpu.report.runs import Run, read_runs
+from tfgpu.train.op_errors import translate
+
+
+def write_report(
+    paths,
+    output: str = "report.html",
+    evaluate: bool = True,
+    checkpoint: str = "latest",
+    split: str = "validation",
+    gallery: int = 16,
+    batch_size: int = 64,
+    log=print,
+) -> dict:
+    """Writes the report of the run folders ``paths`` to ``output`` (checked before any work,
+    written whole). With ``evaluate``, each run's ``checkpoint`` is evaluated on ``split``
+    (``batch_size`` images at a time) for its confusion matrix, per-class accuracy and the
+    ``gallery`` surest mistakes; a run that cannot be (no checkpoint yet, its data gone) says
+    why on the page. Returns {"runs": [runs.Run], "evaluations": [dict], "bytes": int}."""
+    target = check_output(output)
+    runs = read_runs(paths)
+    evaluations = [
+        _evaluation(r, evaluate, checkpoint, split, gallery, batch_size, log) for r in runs
+    ]
+    text = page.render(runs, evaluations, {"evaluate": evaluate, "gallery": gallery})
+    data = text.encode("utf-8")
+    with replacing(target) as f:
+        f.write(data)
+    log(f"report of {len(runs)} run(s) written to {shown(output)} ({len(data) / 1024:,.0f} KB)")
+    return {"runs": runs, "evaluations": evaluations, "bytes": len(data)}
+
+
+def _evaluation(run: Run, evaluate: bool, checkpoint, split, gallery, batch_size, log) -> dict:
+    """``evaluation.evaluate_run``'s result for ``run``, or {"missing": why not}."""
+    if not evaluate:
+        return {"missing": "Not evaluated (--noevaluate): no confusion matrix, no gallery."}
+    # TensorFlow and the run's model: only for a report that evaluates.
+    from tfgpu.report.evaluation import evaluate_run  # noqa: PLC0415
+
+    log(f"evaluating {shown(run.path)} ({checkpoint} checkpoint) on its {split} split")
+    try:
+        return evaluate_run(run.path, checkpoint, split, gallery, batch_size)
+    except Exception as err:
+        known = err if isinstance(err, TfgpuError) else translate(err)
+        if known is None:
+            raise
+        log(f"{shown(run.path)}: no evaluation: {known.message}")
+        return {"missing": f"No evaluation: {known.message}"}
