@@ -21,6 +21,7 @@ ALIASES = {
     "tfgpu.predict": "tfgpu.cli.predict",
     "tfgpu.export.__main__": "tfgpu.cli.export",
     "tfgpu.average": "tfgpu.cli.average",
+    "tfgpu.report.__main__": "tfgpu.cli.report",
 }
 # The same below cli/: run as __main__ (runpy), so that their packages import nothing from above.
 RUN_ALIASES = {
@@ -78,6 +79,7 @@ def test_every_console_script_runs_a_command_in_cli():
         "tfgpu-predict",
         "tfgpu-export",
         "tfgpu-average",
+        "tfgpu-report",
     ):
         module, function = scripts[name].split(":")
         assert module.startswith("tfgpu.cli."), f"{name} = {scripts[name]}"
@@ -97,6 +99,7 @@ HELP = [
     ["-m", "tfgpu.predict", "--help"],
     ["-m", "tfgpu.export", "--help"],
     ["-m", "tfgpu.average", "--help"],
+    ["-m", "tfgpu.report", "--help"],
     [str(ROOT / "tools" / "to_tfrecord.py"), "--help"],
 ]
 
@@ -108,5 +111,5 @@ def test_help_exits_0_and_shows_the_commands_flags(argv):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     shown = out.stdout + out.stderr
-    flags = ("--num_workers", "--model_dir", "--role", "NUM_PROC")
+    flags = ("--num_workers", "--model_dir", "--role", "NUM_PROC", "--gallery")
     assert any(flag in shown for flag in flags), shown[-2000:]

@@ -138,6 +138,9 @@ def test_a_launch_that_cannot_be_one_job_is_reported_without_tensorflow(
         "tfgpu.predict",
         "tfgpu.export",
         "tfgpu.export.__main__",
+        "tfgpu.cli.report",
+        "tfgpu.report",
+        "tfgpu.report.write",  # TensorFlow only once a run is evaluated
         "tfgpu.cli.convert",
         "tfgpu.convert.plan",
         "tfgpu.convert.worker",
@@ -180,6 +183,7 @@ def test_the_converter_and_the_reader_share_only_the_record_format(package, othe
 # a higher one's (at its top or inside a function). CONTRIBUTING.md draws the same picture.
 LAYERS = (
     ("cli", "main", "evaluate", "average", "predict", "export", "ray", "launch"),  # commands
+    ("report",),  # runs as an HTML page: their files, and their checkpoints evaluated
     ("trained",),  # the uses of a trained run: evaluate, predict, export, side-car, average
     ("train",),  # a run: loop, build, actions, checkpoints, best, results, signals, ...
     ("serving",),  # the serving signatures: the end of a run's export and tfgpu-export's
