@@ -100,6 +100,8 @@ JS = {
                    .map(i => i.naturalWidth)""",
     "scripts": "document.scripts.length + document.querySelectorAll('i').length",
     "text": "document.body.innerText",
+    "time_total": """Object.fromEntries([...document.querySelectorAll('#time tr[data-run]')]
+                     .map(r => [r.dataset.run, +r.dataset.totalS]))""",
 }
 
 
@@ -186,3 +188,24 @@ def test_bad_run_folders_are_one_line(tmp_path):
         )
         assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
         assert "Traceback" not in out.stderr and not (tmp_path / "r.html").exists()
+
+
+def test_each_window_says_where_its_time_went(report, page):
+    """The loop's rows: a window's images/s is of its training time, its wall time less the
+    evaluation and checkpoint its actions did inside it; each evaluation row has its seconds.
+    The page's time table adds up to summary.json's wall time."""
+    folder = report["runs"]["fast"]
+    trains, evals = _rows(folder)
+    batch, previous = TINY_RUN["global_batch_size"], 0
+    for row in trains:
+        busy = row["seconds"] - row.get("evaluation_seconds", 0) - row.get("checkpoint_seconds", 0)
+        images = (row["step"] - previous) * batch
+        assert row["images_per_sec"] * busy == pytest.approx(images, rel=1e-6)
+        previous = row["step"]
+    # Step 3's evaluation and checkpoint ran inside the window that ends at step 6.
+    assert trains[1]["evaluation_seconds"] > 0 and trains[1]["checkpoint_seconds"] > 0
+    assert "evaluation_seconds" not in trains[0] and all(e["seconds"] > 0 for e in evals)
+    assert trains[1]["evaluation_seconds"] == pytest.approx(evals[0]["seconds"], abs=0.05)
+    with open(os.path.join(folder, "summary.json"), encoding="utf-8") as f:
+        wall = json.load(f)["wall_time_s"]
+    assert page["time_total"]["fast"] == pytest.approx(wall, abs=1e-3)

@@ -14,8 +14,6 @@ pytest.importorskip("matplotlib")  # the [report] extra (make test installs it)
 from tfgpu.report import page  # noqa: E402
 from tfgpu.report.runs import Run, read_metrics, read_run  # noqa: E402
 
-pytestmark = pytest.mark.fast
-
 ROWS = [
     {"step": 10, "split": "train", "loss": 2.3, "accuracy": 0.1, "learning_rate": 1e-3,
      "images_per_sec": 90.5, "input_wait_fraction": 0.01, "seconds": 3.5},
@@ -52,6 +50,7 @@ def _parses(data: bytes) -> bool:
         return False
 
 
+@pytest.mark.fast
 def test_lines_that_are_not_rows_are_left_out_and_named(tmp_path):
     lines = [json.dumps(ROWS[0]), "[1, 2]", '{"step": "x"}', "\xff not json", json.dumps(ROWS[2])]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n", encoding="latin-1")

@@ -10,6 +10,7 @@ from tfgpu.cli import quiet
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
 from tfgpu.errors import UsageError
+from tfgpu.report.runs import read_runs
 from tfgpu.train.op_errors import translate
 
 PROG = "tfgpu-report"  # its flags: cli/settings.py ReportSettings
@@ -31,11 +32,12 @@ def _command(paths) -> None:
         raise UsageError(
             "tfgpu-report draws with matplotlib: pip install 'tfgpu[report]'"
         ) from None
+    runs = read_runs(paths)  # a folder that is no run: one line before TensorFlow starts
     if s.evaluate:
         quiet.import_tensorflow()
     from tfgpu.report.write import write_report  # noqa: PLC0415 (matplotlib: checked above)
 
-    write_report(paths, s.output, s.evaluate, s.checkpoint, s.split, s.gallery, s.batch_size)
+    write_report(runs, s.output, s.evaluate, s.checkpoint, s.split, s.gallery, s.batch_size)
 
 
 def run():

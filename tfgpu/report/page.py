@@ -41,6 +41,8 @@ th { background: #f4f4f4; } td.n { text-align: right; font-variant-numeric: tabu
 .charts { display: flex; flex-wrap: wrap; gap: 8px; }
 .charts figure, figure.chart { margin: 0; border: 1px solid #eee; }
 .charts svg { width: 560px; height: auto; } figure.chart svg { max-width: 100%; height: auto; }
+.side { display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start; }
+.confusion svg { width: 520px; } .side h3 { margin-top: 0; }
 .notes { color: #8a4b00; } .missing { color: #a00; font-weight: 600; }
 .gallery { display: flex; flex-wrap: wrap; gap: 10px; }
 .gallery figure { margin: 0; width: 150px; font-size: 12px; }
@@ -218,9 +220,10 @@ def _evaluation_section(i: int, run: Run, result: dict, options: dict) -> str:
             "(broken or missing): left out.</p>"
         )
     matrix = charts.confusion_chart(result["confusion_matrix"], names)
-    parts.append(f'<figure class="chart">{matrix}</figure>')
-    parts.append(_confused_pairs(result))
-    parts.append(_per_class(result))
+    parts.append(
+        f'<div class="side"><figure class="chart confusion">{matrix}</figure><div>'
+        f"{_confused_pairs(result)}{_per_class(result)}</div></div>"
+    )
     parts.append(_gallery(result, options.get("gallery", 0)))
     return head + "".join(parts) + "</section>"
 

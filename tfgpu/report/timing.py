@@ -1,9 +1,9 @@
 """Where a run's time went, added up from what it logged.
 
 Each train row of metrics.jsonl is a logging window: its wall time (``seconds``; older runs
-logged only images/s, from which it is estimated), the share of it spent waiting for input
-(``input_wait_fraction``), and the time the loop's actions took inside it
-(``evaluation_seconds``, ``checkpoint_seconds``). The first window also holds the trace of the
+logged only images/s, from which it is estimated), the time the loop's actions took inside it
+(``evaluation_seconds``, ``checkpoint_seconds``), and the share of the rest, the training,
+spent waiting for input (``input_wait_fraction``). The first window also holds the trace of the
 train step (and XLA's compile): its excess over the later windows' pace. An evaluation row's
 ``seconds`` is that evaluation's; the final one runs after the last window. The rest of
 summary.json's ``wall_time_s`` is start-up, the final save and the export.
@@ -46,9 +46,10 @@ def time_spent(run: Run) -> dict:
     estimated or unknown]}."""
     seconds, logged = window_seconds(run)
     notes = [] if logged or not seconds else ["window times estimated from images/s"]
+    trained = [s - _paused(r) for s, r in zip(seconds, run.train)]  # the wait's share is of it
     parts = {
         "input_wait": sum(
-            s * (number(r.get("input_wait_fraction")) or 0.0) for s, r in zip(seconds, run.train)
+            s * (number(r.get("input_wait_fraction")) or 0.0) for s, r in zip(trained, run.train)
         ),
         "tracing": _tracing(run, seconds),
     }

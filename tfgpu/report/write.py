@@ -3,12 +3,12 @@
 from tfgpu.errors import TfgpuError
 from tfgpu.files import check_output, replacing, shown
 from tfgpu.report import page
-from tfgpu.report.runs import Run, read_runs
+from tfgpu.report.runs import Run
 from tfgpu.train.op_errors import translate
 
 
 def write_report(
-    paths,
+    runs: list,
     output: str = "report.html",
     evaluate: bool = True,
     checkpoint: str = "latest",
@@ -17,13 +17,13 @@ def write_report(
     batch_size: int = 64,
     log=print,
 ) -> dict:
-    """Writes the report of the run folders ``paths`` to ``output`` (checked before any work,
-    written whole). With ``evaluate``, each run's ``checkpoint`` is evaluated on ``split``
-    (``batch_size`` images at a time) for its confusion matrix, per-class accuracy and the
-    ``gallery`` surest mistakes; a run that cannot be (no checkpoint yet, its data gone) says
-    why on the page. Returns {"runs": [runs.Run], "evaluations": [dict], "bytes": int}."""
+    """Writes the report of ``runs`` (``runs.read_runs``' of their folders) to ``output``
+    (checked before any work, written whole). With ``evaluate``, each run's ``checkpoint``
+    is evaluated on ``split`` (``batch_size`` images at a time) for its confusion matrix,
+    per-class accuracy and the ``gallery`` surest mistakes; a run that cannot be (no
+    checkpoint yet, its data gone) says why on the page. Returns {"runs": ``runs``,
+    "evaluations": [dict], "bytes": int}."""
     target = check_output(output)
-    runs = read_runs(paths)
     evaluations = [
         _evaluation(r, evaluate, checkpoint, split, gallery, batch_size, log) for r in runs
     ]

@@ -27,7 +27,8 @@ class Window:
     window but the first (which includes tracing and warm-up). A window whose updates were all
     skipped has no loss or accuracy (None: null in metrics.jsonl), never a made-up 0. Its
     record also says where its wall time went (``seconds``, and the ``*_seconds`` of what the
-    loop's actions did inside it: ``pause``), so that a report can add the run's time up."""
+    loop's actions did inside it: ``pause``), so that a report can add the run's time up; its
+    images/s and input wait are of the rest, the training."""
 
     def __init__(self):
         self._reset()
@@ -54,7 +55,10 @@ class Window:
 
     def close(self, step: int, learning_rate: float, global_batch: int) -> dict:
         """The window's metrics.jsonl record; starts the next window."""
-        seconds = time.time() - self._start
+        wall = time.time() - self._start
+        # Training time only: what the actions did inside the window (an evaluation, a
+        # checkpoint after the previous line) is no update's, as its *_seconds say.
+        seconds = max(wall - sum(self._paused.values()), 1e-9)
         self.last_seconds, self.last_updates = seconds, self._updates
         images = self._updates * global_batch
         if self._windows:
@@ -75,7 +79,7 @@ class Window:
             "clipped_updates": int(s.get("clipped", 0.0)),
             "skipped_records": int(s.get("skipped", 0.0)),
             "input_wait_fraction": min(s.get("input_wait_s", 0.0) / max(seconds, 1e-9), 1.0),
-            "seconds": seconds,
+            "seconds": wall,
         }
         record.update({f"{what}_seconds": t for what, t in self._paused.items()})
         record.update({k: s[k] for k in self.LAST if k in s})
