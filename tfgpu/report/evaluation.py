@@ -33,24 +33,10 @@ def evaluate_run(model_dir: str, checkpoint: str, split: str, gallery: int, batc
     spec = split_spec(trained.spec, split)
     names = run.class_names(spec)
     predict = predictor(trained)
-    k = len(names)
-    confusion = np.zeros((k, k), np.int64)
-    worst: list = []  # a heap of (prob, order, row): the surest mistakes
-    unreadable = order = 0
+    tally = Tally(len(names), gallery)
     for batch in pipeline.make_named_eval_dataset(spec, config.data, batch_size):
-        probs = predict(batch["image"])
-        labels, valid = batch["label"].numpy(), batch["valid"].numpy()
-        preds = probs.argmax(axis=1)
-        unreadable += int((~valid).sum())
-        np.add.at(confusion, (labels[valid], preds[valid]), 1)
-        for i in np.flatnonzero(valid & (preds != labels)):
-            order += 1
-            item = (float(probs[i, preds[i]]), -order, i)
-            if len(worst) < gallery:
-                heapq.heappush(worst, (*item, _mistake(batch, probs, i)))
-            elif gallery and item[:2] > worst[0][:2]:
-                heapq.heapreplace(worst, (*item, _mistake(batch, probs, i)))
-    totals = confusion.sum(axis=1)
+        tally.add(batch, predict(batch["image"]))
+    confusion, totals = tally.confusion, tally.confusion.sum(axis=1)
     return {
         "checkpoint": path,
         "step": trained.step,
@@ -58,13 +44,37 @@ def evaluate_run(model_dir: str, checkpoint: str, split: str, gallery: int, batc
         "class_names": names,
         "confusion_matrix": confusion.tolist(),
         "per_class_accuracy": [
-            float(confusion[c, c] / totals[c]) if totals[c] else None for c in range(k)
+            float(confusion[c, c] / totals[c]) if totals[c] else None for c in range(len(names))
         ],
         "num_examples": int(totals.sum()),
         "top1": float(np.trace(confusion) / max(totals.sum(), 1)),
-        "unreadable": unreadable,
-        "gallery": [entry[-1] for entry in sorted(worst, reverse=True)],
+        "unreadable": tally.unreadable,
+        "gallery": [entry[-1] for entry in sorted(tally.worst, reverse=True)],
     }
+
+
+class Tally:
+    """The confusion matrix of the batches added, the images that did not decode, and the
+    ``keep`` surest mistakes (a heap of (probability, -order, row, entry): the earlier of
+    equals kept)."""
+
+    def __init__(self, num_classes: int, keep: int):
+        self.confusion = np.zeros((num_classes, num_classes), np.int64)
+        self.keep, self.worst, self.unreadable, self._order = keep, [], 0, 0
+
+    def add(self, batch, probs) -> None:
+        """One batch of ``make_named_eval_dataset`` and its probabilities [N, C]."""
+        labels, valid = batch["label"].numpy(), batch["valid"].numpy()
+        preds = probs.argmax(axis=1)
+        self.unreadable += int((~valid).sum())
+        np.add.at(self.confusion, (labels[valid], preds[valid]), 1)
+        for i in np.flatnonzero(valid & (preds != labels)):
+            self._order += 1
+            item = (float(probs[i, preds[i]]), -self._order, int(i))
+            if len(self.worst) < self.keep:
+                heapq.heappush(self.worst, (*item, _mistake(batch, probs, i)))
+            elif self.keep and item[:2] > self.worst[0][:2]:
+                heapq.heapreplace(self.worst, (*item, _mistake(batch, probs, i)))
 
 
 def _mistake(batch, probs, i: int) -> dict:

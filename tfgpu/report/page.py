@@ -137,11 +137,11 @@ def _run_row(i: int, run: Run, keys: list) -> str:
         _num(_pct(top1) + ("" if run.finished or top1 is None else " (so far)")),
         _num(_pct(top5)),
         _num(f"{_pct(number(best.get('top1')))} ({best['step']})" if best else "-"),
-        _num(_attr(run.summary.get("steps", run.last_step)) or "-"),
+        _num(_shown(run.summary.get("steps", run.last_step)) or "-"),
         _num(_duration(wall) if wall is not None else "-"),
         _num(f"{ips:,.0f}" if ips else "-"),
         f"<td>{esc(run.config.get('strategy', run.summary.get('strategy', '-')))}</td>",
-        _num(esc(run.config.get("num_replicas", run.summary.get("num_replicas", "-")))),
+        _num(run.config.get("num_replicas", run.summary.get("num_replicas", "-"))),
     ]
     shown = " ".join(f'{k}="{esc(v)}"' for k, v in attrs.items())
     return f'<tr class="run" {shown}>' + "".join(cells) + "</tr>"
@@ -311,7 +311,8 @@ def _footer() -> str:
 
 
 def _num(text) -> str:
-    return f'<td class="n">{text}</td>'
+    """A right-aligned cell of ``text`` (escaped: a hand-edited summary.json holds anything)."""
+    return f'<td class="n">{esc(text)}</td>'
 
 
 def _pct(value) -> str:
