@@ -21,12 +21,12 @@ ALIASES = {
     "tfgpu.predict": "tfgpu.cli.predict",
     "tfgpu.export.__main__": "tfgpu.cli.export",
     "tfgpu.average": "tfgpu.cli.average",
-    "tfgpu.report.__main__": "tfgpu.cli.report",
 }
 # The same below cli/: run as __main__ (runpy), so that their packages import nothing from above.
 RUN_ALIASES = {
     "tfgpu.distribute.hvdrun": "tfgpu.cli.horovodrun",
     "tfgpu.data.service_server": "tfgpu.cli.data_service",
+    "tfgpu.report.__main__": "tfgpu.cli.report",
 }
 
 
