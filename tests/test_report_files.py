@@ -92,7 +92,7 @@ names = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, ma
 
 
 @pytest.mark.slow  # each page draws its six charts: ~1 CPU-s an example
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=3, deadline=None)
 @example(classes=['<script>alert("x")</script>', "a & b <i>i</i>", "</td></tr>"], run_name="<b")
 @given(classes=st.lists(names, min_size=2, max_size=3, unique=True), run_name=names)
 def test_names_with_html_in_them_are_text_on_the_page(classes, run_name):
