@@ -5,6 +5,9 @@ joined by a veth pair named ``eth0`` at both ends (horovodrun picks the interfac
 hosts have, by name). ``Sshd`` runs an sshd on a host, with throwaway keys, and a client
 set-up (an ``ssh`` on PATH) that reaches it without touching ~/.ssh.
 
+``drop_incoming`` cuts a link the way a partition does (packets vanish, no error reaches the
+sender), in one direction or for one UDP port only, and ``heal`` mends it.
+
 Needs root (CAP_SYS_ADMIN), ``ip`` (iproute2) and ``unshare`` (util-linux): ``unavailable()``
 says what is missing, for a skip. Whatever is started is bounded by a timeout and killed with
 SIGKILL at tear-down (tfgpu workers catch SIGTERM), with every process left in the
@@ -56,14 +59,15 @@ def unavailable() -> str | None:
 class TwoHosts:
     """Two hosts, ``a`` and ``b``, named and addressed uniquely for this process."""
 
-    def __init__(self):
+    def __init__(self, pair: int = 0):
+        """``pair``: several pairs made by one process each take another number."""
         reason = unavailable()
         if reason:
             raise Unavailable(reason)
         pid = os.getpid()
-        subnet = f"10.77.{pid % 250 + 1}"
-        self.a = Host(f"tfgpu{pid}a", f"{subnet}.1")
-        self.b = Host(f"tfgpu{pid}b", f"{subnet}.2")
+        subnet = f"10.{78 + pair}.{pid % 250 + 1}"
+        self.a = Host(f"tfgpu{pid}p{pair}a", f"{subnet}.1")
+        self.b = Host(f"tfgpu{pid}p{pair}b", f"{subnet}.2")
         self._procs: list[subprocess.Popen] = []
         self._made: list[Host] = []
         try:
@@ -98,6 +102,24 @@ class TwoHosts:
             # lo stays up: MultiWorkerMirroredStrategy takes ~64 s to start without it.
             _ip("-n", host.name, "link", "set", "lo", "up")
             _ip("-n", host.name, "link", "set", "eth0", "up")
+            # The local table (what is delivered here) moves behind drop_incoming's rules.
+            _ip("-n", host.name, "rule", "add", "pref", "1000", "lookup", "local")
+            _ip("-n", host.name, "rule", "del", "pref", "0")
+
+    def drop_incoming(self, host: Host, udp_port: int | None = None) -> None:
+        """From now on ``host`` silently drops what reaches it over eth0 (only the UDP
+        datagrams to ``udp_port`` when given): a policy-routing rule sends it to a blackhole,
+        ahead of the local table. No firewall needed (this machine's kernel has neither
+        netfilter nor tc's drop action), and, unlike a link set down, the sender gets no
+        error: the packets vanish, as in a partition."""
+        match = ["ipproto", "udp", "dport", str(udp_port)] if udp_port else []
+        _ip("-n", host.name, "rule", "add", "pref", "100", "iif", "eth0", *match, "blackhole")
+
+    def heal(self) -> None:
+        """Removes every ``drop_incoming`` rule: the link carries everything again."""
+        for host in self.hosts:
+            while _run(["ip", "-n", host.name, "rule", "del", "pref", "100"]).returncode == 0:
+                pass
 
     def start(self, host: Host, argv: list[str], log_path: str, env=None) -> subprocess.Popen:
         """Starts ``argv`` on ``host`` in a process group of its own, output to ``log_path``."""

@@ -14,7 +14,15 @@ from procs import Output, kill_tree, popen, rank_process
 import tensorflow as tf
 
 from tfgpu.cli import launch
-from tfgpu.distribute import DistributeError, backends, devices, env, failures, horovod_backend
+from tfgpu.distribute import (
+    DistributeError,
+    backends,
+    devices,
+    env,
+    failures,
+    heartbeats,
+    horovod_backend,
+)
 
 EXIT_WORKER_LOST = 5
 LOST_LINE = "tfgpu: error: lost contact with another worker ("
@@ -190,8 +198,17 @@ def test_lost_worker_message_only_for_lost_peers(clean_env):
     clean_env.setenv("TF_CONFIG", _tf_config(2))
     message = failures.lost_worker_message(heartbeat)
     assert "worker 1 (localhost:2001) stopped sending heartbeats" in message
-    assert "run again to resume" in message and "\n" not in message
+    assert message.endswith(heartbeats.RESUME) and "\n" not in message
     assert failures.lost_worker_message(tf.errors.DeadlineExceededError(None, None, "x"))
+    # What a worker other than the leader raises when the network to the leader is cut.
+    partitioned = tf.errors.DeadlineExceededError(
+        None,
+        None,
+        "Collective ops is aborted by: Deadline Exceeded\n\nRPC: "
+        "/tensorflow.CoordinationService/Heartbeat\nThe error could be from a previous ...",
+    )
+    message = failures.lost_worker_message(partitioned)
+    assert "(worker 0 (localhost:2000), the coordination leader, stopped answering)" in message
     assert failures.lost_worker_message(tf.errors.InvalidArgumentError(None, None, "x")) is None
     clean_env.setenv("HOROVOD_RANK", "0")
     clean_env.setenv("HOROVOD_SIZE", "2")

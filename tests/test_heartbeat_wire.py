@@ -183,3 +183,70 @@ def test_a_name_not_of_this_machine_binds_the_route_to_it_else_every_interface(c
             assert bound == "0.0.0.0" and "every interface" in capfd.readouterr().err
     finally:
         sock.close()
+
+
+@pytest.fixture
+def counting_board(monkeypatch):
+    """Worker 0 of 2 as ``board``, whose updates the test counts (``steps[0]``), and a
+    ``say(seq)`` that sends worker 1's genuine heartbeat number ``seq``."""
+    monkeypatch.setattr(heartbeats, "INTERVAL_S", 0.2)  # the watchdog looks every 0.1 s
+    monkeypatch.setattr(heartbeats, "SILENT_S", 0.5)
+    sock, address = heartbeats.open_socket("localhost")
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.1", 0))
+    peers = [address, f"127.0.0.1:{peer.getsockname()[1]}"]
+    steps = [0]
+
+    def progress():
+        return {"reduced": steps[0], "step": steps[0]}
+
+    b = heartbeats.Board(sock, 0, peers, ["worker 0", "worker 1"], progress, 0, KEY)
+
+    def say(seq: int):
+        peer.sendto(wire.encode(KEY, 1, seq, "train", seq, seq), heartbeats._address(address))
+        _until(lambda: b.heard.get(1, (0, {}))[1].get("seq") == seq, b.heard)
+
+    yield b, steps, say
+    b.phase = heartbeats.DONE
+    heartbeats._CURRENT.clear()
+    sock.close()
+    peer.close()
+
+
+def _count_updates(steps: list, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        steps[0] += 1
+        time.sleep(0.05)
+
+
+def test_a_peer_silent_while_updates_complete_is_named_as_blocked_heartbeats(counting_board):
+    """Updates need every worker's all-reduce: a peer that goes on taking part in them
+    while its heartbeats stop arriving is alive behind a blocked port (a firewall), not
+    lost; a peer whose silence stops the updates too is lost (or the link to it)."""
+    b, steps, say = counting_board
+    say(1)
+    _count_updates(steps, 0.3)  # the peer is lost: updates stop with its heartbeats
+    time.sleep(1.0)
+    assert b.blocked() == "" and "worker 1 went silent at update 2" in b.silent()
+    assert heartbeats.silent_peers() == b.silent()
+    say(2)
+    _count_updates(steps, 1.5)  # silent again, while updates go on
+    blocked = heartbeats.silent_peers()
+    assert re.fullmatch(
+        r"no heartbeat from worker 1 for \d s while all-reduces with them still complete "
+        r"\(update \d+\): their heartbeats to this worker's UDP 127\.0\.0\.1:\d+ do not "
+        r"arrive \(a firewall\?\), and without them a lost worker would go unnoticed; open "
+        r"the heartbeat ports between the workers",
+        blocked,
+    ), blocked
+    assert blocked == b.blocked() == b._gone_line()
+
+
+def test_one_last_word_per_board(counting_board):
+    """The watchdog and the main thread may both see a lost peer: the first to claim the
+    last word says why the process ends, the other stays quiet."""
+    b, _, _ = counting_board
+    assert heartbeats.claim_last_word() and not heartbeats.claim_last_word()
+    heartbeats._CURRENT.clear()  # no board (a run of one process): nothing to share
+    assert heartbeats.claim_last_word() and heartbeats.claim_last_word()

@@ -6,14 +6,19 @@ on a reset connection and within --heartbeat_timeout_s when the coordination ser
 peer's heartbeats; a worker that never registers fails the others after --startup_timeout_s
 (DeadlineExceededError, "Barrier timed out ... Some timed out task names: .../task:1");
 Horovod raises UnknownError("Horovod has been shut down ...") once Gloo's connection drops or
-times out, naming no rank: the heartbeat board (``heartbeats.py``) names it then.
+times out, naming no rank: the heartbeat board (``heartbeats.py``) names it then. A partition
+(tests/test_partitions.py) reaches the leader as missed heartbeats and the other workers as
+their unanswered heartbeat calls to it ("RPC: /tensorflow.CoordinationService/Heartbeat"),
+~9 s after the cut.
 """
 
 import re
+import time
 
 import tensorflow as tf
 
 from tfgpu.distribute import env
+from tfgpu.distribute.heartbeats import RESUME, claim_last_word
 
 _TASK = r"/job:(?:worker|chief)(?:/replica:\d+)?/task:(\d+)"
 # (pattern, what it means); {} is the named worker.
@@ -21,6 +26,12 @@ _LOST_REASONS = (
     (r"Barrier timed out.*?Some timed out task names:\s*" + _TASK, "{} never joined in time"),
     (r"unhealthy \(stopped sending heartbeats\):\s*" + _TASK, "{} stopped sending heartbeats"),
     (r"remote target " + _TASK + r" while calling", "{} stopped answering"),
+    # A non-leader's heartbeats to the coordination leader (worker 0) went unanswered: the
+    # leader is gone, or the network between them is (measured: a partition, ~9 s).
+    (
+        r"RPC: /tensorflow\.CoordinationService/Heartbeat",
+        "{}, the coordination leader, stopped answering",
+    ),
     (r"Connection reset by peer", "connection reset by peer"),
     (r"Connection refused", "connection refused"),
     (r"Horovod has been shut down", "Horovod shut down after a rank failed"),
@@ -31,14 +42,24 @@ def lost_worker_message(err: BaseException, silent: str = "") -> str | None:
     """One line for an error that means another worker died, froze or never came, or None
     when ``err`` is something else (or this is not a multi-worker run, where the same error
     types mean other things, e.g. an unreachable file system). ``silent``: who the heartbeat
-    board saw go quiet, when it knows (it names what the error text does not)."""
+    board saw go quiet, when it knows (it names what the error text does not). When the
+    board has already said why the process ends, waits for it to end it: one line, not two."""
     if not isinstance(err, tf.errors.OpError) or not env.multi_process():
         return None
+    message = _message(err, silent)
+    if message and not claim_last_word():
+        time.sleep(60)  # the board's watchdog writes its line and ends the process now
+    return message
+
+
+def _message(err: BaseException, silent: str) -> str | None:
+    """``lost_worker_message``'s line, or None."""
     text = err.message or ""
     for pattern, reason in _LOST_REASONS:
         match = re.search(pattern, text, re.S)
         if match:
-            return _lost(reason.format(*map(_named, match.groups())), silent)
+            named = [_named(task) for task in match.groups()] or [_named("0")]
+            return _lost(reason.format(*named), silent)
     if isinstance(err, tf.errors.DeadlineExceededError):
         if "RegisterTask" in text:
             return _lost(f"{_named('0')} (the coordination leader) never answered", silent)
@@ -56,7 +77,4 @@ def _named(task: str) -> str:
 
 def _lost(reason: str, silent: str) -> str:
     who = f"; {silent}" if silent else ""
-    return (
-        f"lost contact with another worker ({reason}{who}); run again to resume from the last "
-        "checkpoint"
-    )
+    return f"lost contact with another worker ({reason}{who}); {RESUME}"

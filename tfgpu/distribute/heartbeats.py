@@ -29,6 +29,12 @@ from tfgpu.errors import WorkerLost
 INTERVAL_S = 1.0
 SILENT_S = 5.0  # a peer not heard from for this long is frozen, dead or unreachable
 DONE = "done"
+# How every line that stops a run for a lost, frozen or unreachable worker ends: nothing
+# since the last checkpoint was written anywhere else (only the chief writes them).
+RESUME = (
+    "the last checkpoint is kept: resume with the same command on every worker once they "
+    "and the network between them are back"
+)
 
 
 def open_socket(advertised_host: str) -> tuple[socket.socket, str]:
@@ -85,9 +91,17 @@ def _say(line: str) -> None:
 _CURRENT: list = []  # this process's board, once there is one
 
 
+def claim_last_word() -> bool:
+    """True for the first caller only while a board watches (always without one): the
+    board's watchdog and the main thread (an error TensorFlow raised as the peers vanished)
+    may both see a lost worker at the same moment, and the process ends with one line."""
+    return _CURRENT[0].last_word.acquire(blocking=False) if _CURRENT else True
+
+
 def silent_peers() -> str:
-    """What this process's board says about peers gone silent ("" without a board)."""
-    return _CURRENT[0].silent() if _CURRENT else ""
+    """What this process's board says about peers gone silent, or about their heartbeats
+    blocked ("" without a board)."""
+    return (_CURRENT[0].blocked() or _CURRENT[0].silent()) if _CURRENT else ""
 
 
 def tally() -> str:
@@ -129,7 +143,9 @@ class Board:
         self.progress, self.timeout_s = progress, timeout_s
         self.phase = "startup"
         self.heard: dict = {}  # worker -> (monotonic time, its message)
+        self.last_word = threading.Lock()  # held by whoever says why the process ends
         self._moved = (time.monotonic(), None)  # (when our counter last changed, its value)
+        self._updated = (time.monotonic(), None)  # (when the update count last changed, it)
         self._listening_since = time.monotonic()
         senders = {_address(p): i for i, p in enumerate(peers) if i != index}
         self.inbox, self.key = wire.Inbox(key, senders, len(peers)), key
@@ -191,8 +207,10 @@ class Board:
                 self._listening_since = now  # what the peers said meanwhile is still queued
             if self.phase == DONE:
                 return
+            if mine["step"] != self._updated[1]:
+                self._updated = (now, mine["step"])
             if self.timeout_s and self._all_gone(now):
-                _leave(f"every other worker went silent ({self.silent()})")
+                _leave(self._gone_line())
             if mine["reduced"] != self._moved[1] or self.phase != "train":
                 self._moved = (now, mine["reduced"])
                 continue
@@ -207,6 +225,34 @@ class Board:
         others = [i for i in range(len(self.peers)) if i != self.index]
         heard = [self._last_heard(i) for i in others]
         return all(h is not None and now - h > 3 * SILENT_S for h in heard)
+
+    def _gone_line(self) -> str:
+        """Why this worker stops when every other went silent: they are gone, or the network
+        to them is, or only their heartbeats are (``blocked``)."""
+        return self.blocked() or f"every other worker went silent ({self.silent()})"
+
+    def blocked(self) -> str:
+        """ "no heartbeat from worker i (...) for S s while all-reduces with them still
+        complete ..." when peers fell silent while all-reduces with them went on completing
+        for SILENT_S more (their UDP ports blocked, a firewall: the collectives' TCP still
+        flows), else "". Such a run stops too: without its side channel a later hang would
+        go unnoticed for --collective_timeout_s, so it stops while it can still say why."""
+        now, late = time.monotonic(), []
+        for i in range(len(self.peers)):
+            when = self._last_heard(i) if i != self.index else None
+            # Silent, and updates (whose all-reduces need every worker) completed since, for long.
+            if when is not None and self._updated[0] - when > SILENT_S:
+                late.append(i)
+        if not late:
+            return ""
+        quiet_s = now - max(self._last_heard(i) for i in late)
+        return (
+            f"no heartbeat from {', '.join(self.names[i] for i in late)} for {quiet_s:.0f} s "
+            f"while all-reduces with them still complete (update {self.progress()['step']}): "
+            f"their heartbeats to this worker's UDP {self.peers[self.index]} do not arrive (a "
+            "firewall?), and without them a lost worker would go unnoticed; open the heartbeat "
+            "ports between the workers"
+        )
 
     def _last_heard(self, worker: int) -> float | None:
         """When ``worker`` was last heard from, or since when this process has been able to
@@ -267,9 +313,20 @@ class Board:
 
 
 def _leave(why: str) -> None:
-    """Ends the process with one line: the main thread is stuck in TensorFlow."""
-    line = f"tfgpu: error: {why}; the last checkpoint is kept\n"
-    os.write(sys.stderr.fileno(), line.encode())
+    """Ends the process with one line: the main thread is stuck in TensorFlow. A non-chief's
+    scratch checkpoints go first (the exit handlers that would remove them do not run). When
+    the main thread has already said why it ends (``claim_last_word``), the watchdog ends."""
+    if not claim_last_word():
+        set_phase(DONE)
+        sys.exit()  # this thread only
+    # Imported here: the board itself needs no TensorFlow, which backend_parts imports.
+    from tfgpu.distribute.backend_parts import remove_scratch_dirs  # noqa: PLC0415
+
+    try:
+        remove_scratch_dirs()
+    except OSError:  # the main thread writing into one: what is left is never read
+        pass
+    os.write(sys.stderr.fileno(), f"tfgpu: error: {why}; {RESUME}\n".encode())
     os._exit(WorkerLost.exit_code)  # the main thread is stuck in TensorFlow
 
 
@@ -311,7 +368,7 @@ class Watch:
         if self.sock is None:
             return ""
         kind = "rank" if backend.name == "horovod" else "worker"
-        names = [f"{kind} {i} ({f['where']})" for i, f in enumerate(fingerprints)]
+        names = [f"{kind} {i} ({_where(f)})" for i, f in enumerate(fingerprints)]
         counters = backend.all_reduce_calls, global_step
         (key,) = [f["heartbeat_key"] for f in fingerprints if f["heartbeat_key"]]
         peers = [f["heartbeat"] for f in fingerprints]
@@ -329,6 +386,13 @@ class Watch:
         (``tally``: "" with one process)."""
         finish()
         return tally()
+
+
+def _where(fingerprint: dict) -> str:
+    """Where a worker runs, as its fingerprint says, with its address when that does not
+    say it (a Horovod rank's "host, pid N"): the address of its heartbeats."""
+    where, ip = fingerprint["where"], fingerprint["heartbeat"].rsplit(":", 1)[0]
+    return where if where.startswith(ip) else f"{where}, {ip}"
 
 
 def listeners_line(strategy: str, peers: list) -> str:
