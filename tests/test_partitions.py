@@ -305,6 +305,7 @@ def _check_stopped(outcome: dict, *expected: str, kind: str = "worker") -> list[
         assert line.endswith(f"; {RESUME}"), line
         for pattern in expected:
             assert re.search(pattern, line), line
+        print(f"{kind} {i} stopped {ended['seconds']:.1f} s after the cut: {line}")  # pytest -s
         lines.append(line)
     return lines
 

@@ -17,6 +17,7 @@ counted, and nothing a datagram holds can end the thread that reads it.
 """
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -389,10 +390,10 @@ class Watch:
 
 
 def _where(fingerprint: dict) -> str:
-    """Where a worker runs, as its fingerprint says, with its address when that does not
-    say it (a Horovod rank's "host, pid N"): the address of its heartbeats."""
+    """Where a worker runs, as its fingerprint says: its cluster address ("host:port"), or
+    (a Horovod rank's "host, pid N") that with the address its heartbeats come from."""
     where, ip = fingerprint["where"], fingerprint["heartbeat"].rsplit(":", 1)[0]
-    return where if where.startswith(ip) else f"{where}, {ip}"
+    return where if re.fullmatch(r"\S+:\d+", where) else f"{where}, {ip}"
 
 
 def listeners_line(strategy: str, peers: list) -> str:
