@@ -39,6 +39,9 @@ CUT_AT = 6
 BOUND_S = 40  # every worker gone within this of the cut, default flags (measured: 9-16 s)
 START_S = 200  # a start or a restart ends within this, the cores shared by every scenario
 TF_PORT = 23456
+# The first test waits for every scenario, started at once, each bounded by START_S and
+# BOUND_S: ~2 minutes on 2 quiet cores, 5 with the cores shared (load average ~15).
+pytestmark = pytest.mark.timeout(900)
 
 
 def _env(tmpdir: str, **extra) -> dict:
