@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-serial test-heavy test-fast install horovod system ray export report bench
+.PHONY: demo test test-serial test-heavy test-fast install horovod system ray export report mlflow mlflow-server bench
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
@@ -15,15 +15,15 @@ demo: install
 # 2 cores busy. A module's tests stay on one worker (its shared runs happen once);
 # tests/conftest.py's spread hands out the modules that start processes first.
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder
-test: system install horovod ray export report
+test: system install horovod ray export report mlflow mlflow-server
 	$(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # The same in one process (a failure's output reads in order).
-test-serial: system install horovod ray export report
+test-serial: system install horovod ray export report mlflow mlflow-server
 	$(PY) -m pytest -q --durations=25 tests
 
 # Everything, with the opt-in heavy tests too (tests/conftest.py: HEAVY_ENV).
-test-heavy: system install horovod ray export report
+test-heavy: system install horovod ray export report mlflow mlflow-server
 	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
@@ -65,4 +65,21 @@ report: $(STAMP)-report
 
 $(STAMP)-report: $(STAMP)
 	$(PY) -m pip install -q -e '.[report]'
+	touch $@
+
+# MLflow's client, the [mlflow] extra: --mlflow_tracking_uri (docs/reports.md).
+mlflow: $(STAMP)-mlflow
+
+$(STAMP)-mlflow: $(STAMP)
+	$(PY) -m pip install -q -e '.[mlflow]'
+	touch $@
+
+# A real `mlflow server` for tests/test_mlflow.py, in a venv of its own: the full mlflow
+# package (Flask, SQLAlchemy, scikit-learn, matplotlib, pyarrow, ...) stays out of tfgpu's.
+MLFLOW_VENV ?= .venv-mlflow
+mlflow-server: $(MLFLOW_VENV)/.installed
+
+$(MLFLOW_VENV)/.installed:
+	test -x $(MLFLOW_VENV)/bin/python || $(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/python -m pip install -q 'mlflow>=3.1,<4'
 	touch $@

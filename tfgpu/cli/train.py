@@ -31,13 +31,19 @@ from tfgpu.cli.flags import KEY_FLAGS, define_flags, given_flags
 from tfgpu.config import config_from, rundir, validate
 from tfgpu.distribute import env
 from tfgpu.errors import ConfigError
-from tfgpu.train import op_errors, signals
+from tfgpu.train import op_errors, signals, tracking
 
 define_flags()
 sidecar.define_flags()  # a TF_CONFIG evaluator task runs the side-car evaluator
 for _name in KEY_FLAGS:  # what --help lists beside this module's docstring
     flags.declare_key_flag(_name)
 FLAGS = flags.FLAGS
+# Settings that MLflow's own environment variables give when they are empty, as MLflow's
+# client reads them: the run's config.json then says where it logged.
+TRACKING_ENV = {
+    "mlflow_tracking_uri": "MLFLOW_TRACKING_URI",
+    "mlflow_experiment": "MLFLOW_EXPERIMENT_NAME",
+}
 
 
 def check_writable(model_dir: str) -> None:
@@ -74,10 +80,14 @@ def make_config(flag_values=FLAGS):
         use_demo = not ("data_dir" in present or given["synthetic_data"] or given["tfds_name"])
         recipe = demo.DEMO_RECIPE if use_demo else {}
         values = {k: recipe[k] if k in recipe and k not in present else v for k, v in given.items()}
+    for name, variable in TRACKING_ENV.items():
+        values[name] = values[name] or os.environ.get(variable, "")
     config = config_from(**values)
     if not config.model_dir:
         config = config.with_settings(model_dir=default_model_dir())
     config = validate(config)
+    if config.train.mlflow_tracking_uri:
+        tracking.check_client()
     if use_demo:  # built once (cached), only for a valid config: a bad flag returns at once
         config = config.with_settings(data_dir=demo.build_demo_dataset())
     return config

@@ -49,9 +49,9 @@ MAY_CHANGE = (
 )
 LAUNCH_SECTION = "dist"  # never read back from config.json: each start says how it spreads
 
-# What tfgpu itself puts into a --model_dir (``train.results``, ``runlock``, ``best``,
-# ``trained.sidecar``, tfgpu-ray), plus its temporary names: a folder holding anything else and no
-# config.json is not a tfgpu run.
+# What tfgpu itself puts into a --model_dir (``train.results``, ``train.tracking``, ``runlock``,
+# ``best``, ``trained.sidecar``, tfgpu-ray), plus its temporary names: a folder holding anything
+# else and no config.json is not a tfgpu run.
 RUN_ENTRIES = frozenset(
     {
         CONFIG_FILE,
@@ -62,6 +62,7 @@ RUN_ENTRIES = frozenset(
         "summary.csv",
         "summary.json",
         "sidecar.json",
+        "mlflow.json",
         "final.weights.h5",
         "averaged.weights.h5",  # tfgpu-average's default output
         "export",

@@ -3,6 +3,7 @@ sections of ``tfgpu.config.Config``), and the checks of each that can run before
 starts. No TensorFlow here. The optimizer's section is its package's (``optim/config.py``).
 """
 
+import urllib.parse
 from dataclasses import dataclass
 
 from tfgpu import models
@@ -170,6 +171,22 @@ class TrainConfig:
         "At the end, export the model as .keras and as a SavedModel (signatures for uint8 "
         "images, encoded image bytes and tf.Examples; tfgpu-export: docs/deploying.md).",
     )
+    # Only the chief logs to MLflow, and a restart may point elsewhere: per node.
+    mlflow_tracking_uri: str = setting(
+        "",
+        "Log the run to MLflow: a tracking server (http://host:5000) or a local store "
+        "(file:DIR, sqlite:///FILE); empty: the MLFLOW_TRACKING_URI environment variable, else "
+        "off. The chief logs the settings as params, every train and evaluation row as metrics "
+        "at its step, the summary, and at the end the run's files and export as artifacts; a "
+        "resumed run continues its MLflow run. Needs the [mlflow] extra (docs/reports.md).",
+        per_node=True,
+    )
+    mlflow_experiment: str = setting(
+        "",
+        "The MLflow experiment of --mlflow_tracking_uri (made if new); empty: the "
+        "MLFLOW_EXPERIMENT_NAME environment variable, else MLflow's Default experiment.",
+        per_node=True,
+    )
 
 
 def best_metric(t) -> str:
@@ -265,9 +282,25 @@ def check_train(t: TrainConfig) -> None:
         raise ConfigError("set --train_steps or --epochs, not both")
     check_best(t)
     check_average(t)
+    check_tracking(t)
     profile_window(t)
     if t.profile_all_workers and not t.profile_steps:
         raise ConfigError("--profile_all_workers needs --profile_steps=A:B")
+
+
+def check_tracking(t: TrainConfig) -> None:
+    """Raises a ConfigError for an --mlflow_tracking_uri that is no URI, or that holds a
+    password, which config.json and the logs would show (MLflow reads its credentials from
+    MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN)."""
+    try:
+        password = urllib.parse.urlsplit(t.mlflow_tracking_uri).password
+    except ValueError as err:
+        raise ConfigError(f"--mlflow_tracking_uri={t.mlflow_tracking_uri!r}: {err}") from None
+    if password is not None:
+        raise ConfigError(
+            "--mlflow_tracking_uri holds a password, which config.json and the logs would "
+            "show: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead"
+        )
 
 
 def check_average(t: TrainConfig) -> None:

@@ -7,6 +7,7 @@
   checkpoints.py  saving and restoring (exact resume), the chief's broadcast
   best.py         the K best checkpoints and early stopping
   results.py      config.json, metrics.jsonl, summary.json, TensorBoard, the export
+  tracking.py     --mlflow_tracking_uri: the same, to an MLflow run
   signals.py      SIGTERM/SIGINT, preemption, a run that must stop
   op_errors.py    TensorFlow's errors -> tfgpu's (translate)
   runlock.py      one run per --model_dir

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tfgpu.errors import warn
 from tfgpu.files import open_append, write_json
+from tfgpu.train import tracking
 
 
 class Window:
@@ -107,10 +108,12 @@ class Window:
 
 
 class RunWriter:
-    """Writes the run's files and progress lines; a no-op on non-chief workers."""
+    """Writes the run's files and progress lines, and with --mlflow_tracking_uri hands the
+    same to MLflow (``tracking``); a no-op on non-chief workers."""
 
     def __init__(self, model_dir: str, is_chief: bool):
         self.model_dir, self.is_chief = model_dir, is_chief
+        self.tracker: tracking.Tracker | None = None
         if is_chief:
             os.makedirs(model_dir, exist_ok=True)
             tb = os.path.join(model_dir, "tensorboard")
@@ -129,6 +132,16 @@ class RunWriter:
             resolved = dict(config.flat(), strategy=backend.name, num_replicas=backend.num_replicas)
             write_json(os.path.join(self.model_dir, "config.json"), resolved)
             self._write_hparams(resolved)
+            self._start_tracking(config, resolved)
+
+    def _start_tracking(self, config, resolved: dict) -> None:
+        t = config.train
+        if t.mlflow_tracking_uri:
+            tracking.check_client()
+            params = tracking.params_of(resolved)
+            self.tracker = tracking.Tracker(
+                t.mlflow_tracking_uri, t.mlflow_experiment, self.model_dir, params, t.export
+            )
 
     def _write_hparams(self, resolved: dict) -> None:
         """The resolved settings as TensorBoard hparams, so that runs compare side by side in
@@ -149,6 +162,8 @@ class RunWriter:
                 if key not in ("step", "split") and isinstance(value, (int, float)):
                     tf.summary.scalar(key, value)
         self._tb[split].flush()
+        if self.tracker:
+            self.tracker.log_row(record)
 
     def log_train(self, record: dict, total_steps: int, global_batch: int) -> None:
         if self.is_chief:
@@ -191,6 +206,8 @@ class RunWriter:
                         tf.summary.scalar(f"final/{key}", value)
             self._tb["run"].flush()
             print("summary: " + json.dumps(summary), file=sys.stdout, flush=True)
+            if self.tracker:
+                self.tracker.finish(summary)
 
 
 def final_eval_of(result: dict) -> dict:
