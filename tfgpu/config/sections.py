@@ -174,11 +174,12 @@ class TrainConfig:
     # Only the chief logs to MLflow, and a restart may point elsewhere: per node.
     mlflow_tracking_uri: str = setting(
         "",
-        "Log the run to MLflow: a tracking server (http://host:5000) or a local store "
-        "(file:DIR, sqlite:///FILE); empty: the MLFLOW_TRACKING_URI environment variable, else "
-        "off. The chief logs the settings as params, every train and evaluation row as metrics "
-        "at its step, the summary, and at the end the run's files and export as artifacts; a "
-        "resumed run continues its MLflow run. Needs the [mlflow] extra (docs/reports.md).",
+        "Log the run to MLflow: a tracking server (http://host:5000; a local store such as "
+        "sqlite:///FILE needs the full mlflow package); empty: the MLFLOW_TRACKING_URI "
+        "environment variable, else off. The chief logs the settings as params, every train "
+        "and evaluation row as metrics at its step, the summary, and at the end the run's "
+        "files and export as artifacts; a resumed run continues its MLflow run. Needs the "
+        "[mlflow] extra (docs/reports.md).",
         per_node=True,
     )
     mlflow_experiment: str = setting(
