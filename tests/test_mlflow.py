@@ -2,7 +2,9 @@
 and artifacts in the test's folder; `make mlflow-server` installs it in .venv-mlflow): what a
 run logs is read back through MLflow's client and compared with the run's own files; a resumed
 run continues its MLflow run; of two workers only the chief logs; a server killed mid-run or
-never there costs one warning, and training goes on."""
+never there costs one warning, and training goes on.
+
+One server for the module, started once; the test that kills it runs last."""
 
 import json
 import os
@@ -24,6 +26,8 @@ from tfgpu.train.actions import Action
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = os.path.join(ROOT, ".venv-mlflow", "bin", "mlflow")
+# The first test's set-up starts the server and trains twice: on 2 shared cores, minutes.
+pytestmark = pytest.mark.timeout(900)
 RUN = dict(TINY_RUN, eval_every_steps=3)  # rows at steps 3 and 6: train and validation
 WARNING = "MLflow tracking at"
 
@@ -36,7 +40,7 @@ def _free_port() -> int:
 
 class Server:
     """A real ``mlflow server`` with its store in ``folder``, started at once (``ready``
-    waits for it: both of the module's start side by side)."""
+    waits for it)."""
 
     def __init__(self, folder):
         port = _free_port()
@@ -49,7 +53,7 @@ class Server:
         self.proc = popen(cmd, env)
         self.output = Output(self.proc)
 
-    def ready(self, timeout: float = 180) -> "Server":
+    def ready(self, timeout: float = 400) -> "Server":
         deadline = time.time() + timeout
         while True:
             assert self.proc.poll() is None, self.output.text[-3000:]
@@ -67,17 +71,15 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """(a server for the runs, a spare that a test kills)."""
+def server(tmp_path_factory):
     if not os.access(SERVER, os.X_OK):
         pytest.skip(f"no `mlflow server` at {SERVER}: `make mlflow-server` installs it")
     pytest.importorskip("mlflow", reason="MLflow's client: pip install -e '.[mlflow]'")
-    started = [Server(tmp_path_factory.mktemp(name)) for name in ("mlflow", "spare")]
+    started = Server(tmp_path_factory.mktemp("mlflow"))
     try:
-        yield tuple(server.ready() for server in started)
+        yield started.ready()
     finally:
-        for server in started:
-            server.kill()
+        started.kill()
 
 
 def _client(uri):
@@ -98,14 +100,14 @@ def _run(data_dir, model_dir, uri, actions=(), **settings):
 
 
 @pytest.fixture(scope="module")
-def tracked(servers, small_dataset, tmp_path_factory):
+def tracked(server, small_dataset, tmp_path_factory):
     """(model_dir, the MLflow run id after the first run) of a run of 6 updates with its
     export, then resumed to 9."""
     model_dir = tmp_path_factory.mktemp("tracked")
-    _run(small_dataset, model_dir, servers[0].uri, export=True)
+    _run(small_dataset, model_dir, server.uri, export=True)
     with open(model_dir / tracking.RUN_FILE, encoding="utf-8") as f:
         first_id = json.load(f)["run_id"]
-    _run(small_dataset, model_dir, servers[0].uri, export=True, train_steps=9)
+    _run(small_dataset, model_dir, server.uri, export=True, train_steps=9)
     return model_dir, first_id
 
 
@@ -123,9 +125,9 @@ def _assert_history_is_metrics_jsonl(client, run_id, model_dir) -> None:
         assert sorted(history) == sorted(points), key
 
 
-def test_params_metrics_and_artifacts_read_back(servers, tracked, tmp_path):
+def test_params_metrics_and_artifacts_read_back(server, tracked, tmp_path):
     model_dir, run_id = tracked
-    client = _client(servers[0].uri)
+    client = _client(server.uri)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     with open(model_dir / "config.json", encoding="utf-8") as f:
@@ -147,33 +149,33 @@ def test_params_metrics_and_artifacts_read_back(servers, tracked, tmp_path):
         assert a.read() == b.read()
 
 
-def test_a_resumed_run_continues_its_mlflow_run(servers, tracked):
+def test_a_resumed_run_continues_its_mlflow_run(server, tracked):
     model_dir, first_id = tracked
     with open(model_dir / tracking.RUN_FILE, encoding="utf-8") as f:
         assert json.load(f)["run_id"] == first_id
-    client = _client(servers[0].uri)
+    client = _client(server.uri)
     experiment = client.get_experiment_by_name("runs")
     assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [first_id]
     steps = [m.step for m in client.get_metric_history(first_id, "train/loss")]
     assert sorted(steps) == [3, 6, 9]
 
 
-def test_two_workers_log_once_to_the_environments_server(servers, small_dataset, tmp_path):
+def test_two_workers_log_once_to_the_environments_server(server, small_dataset, tmp_path):
     # No flag: MLflow's own environment variables say where (the command reads them).
-    env = dict(os.environ, MLFLOW_TRACKING_URI=servers[0].uri, MLFLOW_EXPERIMENT_NAME="two")
+    env = dict(os.environ, MLFLOW_TRACKING_URI=server.uri, MLFLOW_EXPERIMENT_NAME="two")
     cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
     cmd += cli_flags(
         RUN, data_dir=small_dataset, model_dir=tmp_path, strategy="multi_worker_mirrored"
     )
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert WARNING not in out.stderr, out.stderr[-3000:]
-    client = _client(servers[0].uri)
+    client = _client(server.uri)
     runs = client.search_runs([client.get_experiment_by_name("two").experiment_id])
     assert len(runs) == 1
     _assert_history_is_metrics_jsonl(client, runs[0].info.run_id, tmp_path)
     with open(tmp_path / "config.json", encoding="utf-8") as f:
-        assert json.load(f)["mlflow_tracking_uri"] == servers[0].uri
+        assert json.load(f)["mlflow_tracking_uri"] == server.uri
 
 
 class _KillServer(Action):
@@ -192,9 +194,10 @@ class _KillServer(Action):
             self.server.kill()
 
 
-def test_a_server_killed_mid_run_is_one_warning(servers, small_dataset, tmp_path, capsys):
-    spare = servers[1]
-    summary = _run(small_dataset, tmp_path, spare.uri, actions=[_KillServer(spare)], train_steps=9)
+# Kills the module's server: the last test that needs it.
+def test_a_server_killed_mid_run_is_one_warning(server, small_dataset, tmp_path, capsys):
+    killer = _KillServer(server)
+    summary = _run(small_dataset, tmp_path, server.uri, actions=[killer], train_steps=9)
     said = capsys.readouterr().err
     assert summary["steps"] == 9
     assert said.count(WARNING) == 1, said
