@@ -8,10 +8,10 @@ under 2 minutes on 2 cores; ``make test`` and CI run both. A test is:
 - what it is marked: ``@pytest.mark.slow`` / ``@pytest.mark.fast`` on the test, its class, or
   the module's ``pytestmark`` (a test marked both is an error: ``-m`` would select it twice);
 - otherwise ``slow`` if its module holds a process helper (``subprocess``, ``multiprocessing``,
-  ``tests/procs.py`` or ``tests/multihost.py``, imported as a module or by name) or a training
-  helper (``tfgpu.train``, ``TrainStep``, ``assert_mirrored_equals_default``: every test here
-  that trains took 5-40 s on 2 cores), or it uses a fixture that starts processes
-  (``PROCESS_FIXTURES``);
+  ``tests/procs.py``, ``tests/multihost.py`` or ``tests/chaos.py``, imported as a module or by
+  name) or a training helper (``tfgpu.train``, ``TrainStep``, ``assert_mirrored_equals_default``:
+  every test here that trains took 5-40 s on 2 cores), or it uses a fixture that starts
+  processes (``PROCESS_FIXTURES``);
 - otherwise ``fast``.
 
 So a new test file is classified sensibly without anyone thinking about tiers: one that starts
@@ -68,7 +68,7 @@ devices.configure_devices(2)
 # --- test tiers (see the module docstring) ---------------------------------------------
 
 TIERS = ("fast", "slow")
-PROCESS_MODULES = frozenset({"subprocess", "multiprocessing", "procs", "multihost"})
+PROCESS_MODULES = frozenset({"subprocess", "multiprocessing", "procs", "multihost", "chaos"})
 PROCESS_FIXTURES = frozenset({"horovodrun_tfgpu"})
 TRAINING_HELPERS = frozenset(
     {

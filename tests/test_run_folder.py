@@ -302,6 +302,98 @@ def test_a_result_replaces_a_symlink_and_never_writes_its_target(tmp_path):
         open_append(os.devnull)
 
 
+def _writer_rows(model_dir) -> tuple[list, list]:
+    """((step, split) of every metrics.jsonl record, step of every summary.csv row)."""
+    with open(os.path.join(model_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        metrics = [(r["step"], r["split"]) for r in map(json.loads, f)]
+    with open(os.path.join(model_dir, "summary.csv"), encoding="utf-8", newline="") as f:
+        summary = [int(row["step"]) for row in csv.DictReader(f)]
+    return metrics, summary
+
+
+EVALUATION = {"top1": 0.5, "top5": 1.0, "loss": 1.0, "num_examples": 4}
+
+
+def _log(writer, step: int, evaluate: bool) -> None:
+    """A train window closed at ``step``, and an evaluation of it when ``evaluate``."""
+    record = {"step": step, "split": "train", "loss": 1.0, "accuracy": 0.5, "learning_rate": 0.1}
+    writer.log_train(dict(record, images_per_sec=10.0), 100, 8)
+    if evaluate:
+        writer.log_eval(step, EVALUATION, {"epoch": 1.0})
+
+
+@pytest.mark.fast
+@settings(deadline=None, max_examples=12)
+@given(
+    st.lists(st.integers(1, 40), min_size=1, max_size=12, unique=True).map(sorted),
+    st.integers(0, 45),
+    st.sampled_from(["", '{"step": 1', "1,0.5,"]),
+)
+def test_a_resumed_run_keeps_the_rows_up_to_its_checkpoint_and_no_torn_line(steps, restored, torn):
+    """What a run killed after its checkpoint of ``restored`` had logged ``steps`` (every
+    third evaluated), a write torn by the kill at the end of either file: the resumed run
+    finds each row of a step up to ``restored`` once, whole, in order, and nothing after."""
+    import tempfile
+
+    from tfgpu.train.results import RunWriter
+
+    with tempfile.TemporaryDirectory() as model_dir:
+        writer = RunWriter(model_dir, is_chief=True)
+        for i, step in enumerate(steps):
+            _log(writer, step, evaluate=i % 3 == 0)
+        name = "summary.csv" if torn.startswith("1,") else "metrics.jsonl"
+        with open(os.path.join(model_dir, name), "a", encoding="utf-8") as f:
+            f.write(torn)
+        RunWriter(model_dir, is_chief=True).resume(restored)
+        metrics, summary = _writer_rows(model_dir)
+        expected = [(s, "train") for s in steps if s <= restored]
+        evaluated = [s for i, s in enumerate(steps) if i % 3 == 0 and s <= restored]
+        assert [m for m in metrics if m[1] == "train"] == expected
+        assert [m[0] for m in metrics if m[1] == "validation"] == evaluated == summary
+
+
+@pytest.mark.fast
+def test_the_final_evaluation_done_again_replaces_its_row(tmp_path):
+    """A finished run started again (or one that stopped early at an evaluation) evaluates its
+    last step again: one row of it, the newest."""
+    from tfgpu.train.results import RunWriter
+
+    writer = RunWriter(str(tmp_path), is_chief=True)
+    _log(writer, 4, evaluate=True)
+    _log(writer, 8, evaluate=True)
+    writer.resume(8)
+    writer.log_eval(8, dict(EVALUATION, top1=0.75), {"epoch": 1.0}, again=True)
+    metrics, summary = _writer_rows(tmp_path)
+    assert metrics == [(4, "train"), (4, "validation"), (8, "train"), (8, "validation")]
+    assert summary == [4, 8]
+    with open(tmp_path / "summary.csv", encoding="utf-8", newline="") as f:
+        assert [row["top1"] for row in csv.DictReader(f)] == ["0.5", "0.75"]
+
+
+@pytest.mark.fast
+def test_the_test_only_pause_tears_a_row_at_the_nth_write_and_is_off_by_default(
+    tmp_path, monkeypatch, capfd
+):
+    from tfgpu import files
+
+    path = str(tmp_path / "metrics.jsonl")
+    monkeypatch.setattr(files, "_pauses_seen", {})
+    for line in ("one\n", "two\n"):
+        with open_append(path) as f:
+            files.append_text(f, line, "metrics.jsonl")  # unset: a plain write
+    monkeypatch.setenv(files.TEST_PAUSE_ENV, "metrics.jsonl@2")
+    monkeypatch.setenv("TFGPU_TEST_PAUSE_S", "0")
+    halves = []
+    monkeypatch.setattr(files, "_pause", lambda point: halves.append(open(path).read()))
+    for line in ("three\n", "four\n"):
+        with open_append(path) as f:
+            files.append_text(f, line, "metrics.jsonl")
+    assert halves == ["one\ntwo\nthree\nfo"]  # the second write, torn where the kill lands
+    assert open(path).read() == "one\ntwo\nthree\nfour\n"
+    files.pause_for_tests("checkpoint")  # another point: nothing
+    assert halves == ["one\ntwo\nthree\nfo"]
+
+
 @pytest.mark.fast
 def test_json_results_keep_file_names_that_are_not_utf8(tmp_path):
     name = os.fsdecode(b"/runs/caf\xe9/ckpt-4")  # a latin-1 folder name

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import sys
+import time
 
 from tfgpu.errors import UsageError
 
@@ -77,6 +78,62 @@ def open_append(path: str, warn=None):
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file", path)
     return os.fdopen(fd, "a", encoding="utf-8", newline="")
+
+
+def read_lines(path: str):
+    """The lines of the regular file ``path`` (UTF-8; other bytes kept as surrogate escapes,
+    which ``encode("utf-8", "surrogateescape")`` gives back), each with its end; None when
+    there is none, or it is a symlink (``open_append`` replaces one) or not a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        return f.readlines() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+
+
+def append_text(f, text: str, point: str = "") -> None:
+    """Appends ``text`` to the open text file ``f``. Under the test-only TFGPU_TEST_PAUSE at
+    ``point`` (``pause_for_tests``), the first half is written and flushed before the pause:
+    a kill there leaves a torn line, as a crash in the middle of a write can."""
+    if point and _pause_due(point):
+        half = len(text) // 2
+        f.write(text[:half])
+        f.flush()
+        _pause(point)
+        text = text[half:]
+    f.write(text)
+
+
+# Test-only (tests/test_chaos.py, bench/chaos_soak.py), off unless set:
+# TFGPU_TEST_PAUSE=POINT[@N] makes the N-th time (default the first) this process reaches
+# ``pause_for_tests(POINT)`` (or ``append_text`` at POINT) print ``tfgpu-test: paused in
+# POINT`` on stderr and sleep TFGPU_TEST_PAUSE_S seconds (default 60), so that a test's kill
+# lands inside that write. The points: "checkpoint" (its files written, the index not yet),
+# "best" (best/ckpt-S written, best.json not yet), "metrics.jsonl" and "summary.csv" (half a
+# row written), "export" (model.keras written, the SavedModel not yet), "final.weights" (before
+# final.weights.h5 is written).
+TEST_PAUSE_ENV = "TFGPU_TEST_PAUSE"
+_pauses_seen: dict = {}
+
+
+def pause_for_tests(point: str) -> None:
+    """The test-only pause at ``point`` (see TEST_PAUSE_ENV); nothing when it is not set."""
+    if _pause_due(point):
+        _pause(point)
+
+
+def _pause_due(point: str) -> bool:
+    wanted = os.environ.get(TEST_PAUSE_ENV, "")
+    if not wanted or wanted.partition("@")[0] != point:
+        return False
+    _pauses_seen[point] = seen = _pauses_seen.get(point, 0) + 1
+    return seen == int(wanted.partition("@")[2] or 1)
+
+
+def _pause(point: str) -> None:
+    os.write(2, f"tfgpu-test: paused in {point}\n".encode())
+    time.sleep(float(os.environ.get("TFGPU_TEST_PAUSE_S", "60")))
 
 
 def check_output(path: str, flag: str = "--output") -> str:

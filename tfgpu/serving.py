@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu.data import pipeline
+from tfgpu.files import pause_for_tests
 from tfgpu.recordformat import FEATURES
 
 TOP_K = 5
@@ -51,6 +52,7 @@ def export_model(
     if directory:
         os.makedirs(directory, exist_ok=True)
         model.save(os.path.join(directory, "model.keras"))
+        pause_for_tests("export")
     pixels = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")
     archive = keras.export.ExportArchive()
     archive.track(model)

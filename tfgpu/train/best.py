@@ -23,7 +23,7 @@ import math
 import os
 
 from tfgpu.config.sections import BEST_METRICS, best_metric, tracks_best, tracks_best_in_loop  # noqa: F401
-from tfgpu.files import read_json, write_json
+from tfgpu.files import pause_for_tests, read_json, write_json
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
@@ -118,6 +118,7 @@ class Best:
             return
         prefix = os.path.join(self._backend.checkpoint_dir(self.directory), f"ckpt-{step}")
         entry["checkpoint"] = self.checkpoint.write(prefix)
+        pause_for_tests("best")
         if not self._backend.is_chief:
             self._scratch[step] = entry["checkpoint"]
         for dropped in ranked[self.keep :]:

@@ -13,6 +13,7 @@ import os
 import tensorflow as tf
 
 from tfgpu.errors import CheckpointError, first_line, op_error_cause, warn
+from tfgpu.files import pause_for_tests
 from tfgpu.models.layers import nested_layers
 
 
@@ -109,8 +110,13 @@ class Checkpoints:
         """Writes a checkpoint. A failed write (disk full, ...) is reported loudly, in words:
         what failed, where, why, and which checkpoint is kept; training goes on with it,
         except at the end, where it is an error."""
+        # The callback runs once the files are written, before the manager records them in
+        # the index: the moment a kill must not turn into a damaged checkpoint.
+        written = tf.train.CheckpointOptions(
+            experimental_write_callbacks=[lambda: pause_for_tests("checkpoint")]
+        )
         try:
-            self._manager.save(checkpoint_number=self._step)
+            self._manager.save(checkpoint_number=self._step, options=written)
         except (tf.errors.OpError, OSError) as err:
             kept = self._manager.latest_checkpoint
             message = (

@@ -200,6 +200,7 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
         writer.info(training.init_line)
     evaluate = Evaluator.of(training)
     start_step = training.checkpoints.restore(writer.info)
+    writer.resume(start_step)
     if training.best is not None:
         training.best.resume(start_step)
     staged, batches, input_ips = _train_input(training, start_step, writer)
@@ -238,7 +239,8 @@ def _finish(training: Training, evaluate: Evaluator, writer: RunWriter, throughp
             started = time.time()
             final_eval = {} if config.train.sidecar_eval else evaluate(ema=False)
             final_row = timed(final_eval, time.time() - started)
-            writer.log_eval(last_step, final_row, eval_context(training, last_step, ips))
+            context = eval_context(training, last_step, ips)
+            writer.log_eval(last_step, final_row, context, again=True)
             _save_final(training, writer, ema=False)
         return final_eval
     # Evaluated first: the best (in the final checkpoint) takes it into account. With
@@ -246,7 +248,7 @@ def _finish(training: Training, evaluate: Evaluator, writer: RunWriter, throughp
     started = time.time()
     final_eval = {} if config.train.sidecar_eval else evaluate()
     final_row = timed(final_eval, time.time() - started)
-    writer.log_eval(last_step, final_row, eval_context(training, last_step, ips))
+    writer.log_eval(last_step, final_row, eval_context(training, last_step, ips), again=True)
     if training.best is not None and final_eval:
         training.best.observe(last_step, final_eval)
     training.checkpoints.save(final=True)

@@ -9,6 +9,7 @@ the confusion matrix as an image), summary.json and final.weights.h5 (export/ is
 
 import csv
 import datetime
+import io
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu.errors import warn
-from tfgpu.files import open_append, write_json
+from tfgpu.files import append_text, open_append, read_lines, replacing, write_json
 from tfgpu.train import tracking
 
 
@@ -155,8 +156,8 @@ class RunWriter:
         self._tb["run"].flush()
 
     def _append(self, record: dict, split: str) -> None:
-        with open_append(os.path.join(self.model_dir, "metrics.jsonl"), warn) as f:
-            f.write(json.dumps(record) + "\n")
+        with open_append(os.path.join(self.model_dir, METRICS), warn) as f:
+            append_text(f, json.dumps(record) + "\n", METRICS)
         with self._tb[split].as_default(step=record["step"]):
             for key, value in record.items():
                 if key not in ("step", "split") and isinstance(value, (int, float)):
@@ -170,10 +171,16 @@ class RunWriter:
             self._append(record, "train")
             print(format_progress(record, total_steps, global_batch), flush=True)
 
-    def log_eval(self, step: int, result: dict, context: dict | None = None) -> None:
+    def log_eval(
+        self, step: int, result: dict, context: dict | None = None, again: bool = False
+    ) -> None:
         """One evaluation: metrics.jsonl, TensorBoard, summary.csv and a line. ``context``:
-        {"epoch", "learning_rate", "images_per_sec"} at that step, for summary.csv."""
+        {"epoch", "learning_rate", "images_per_sec"} at that step, for summary.csv. ``again``:
+        the files may hold an evaluation of ``step`` already (the final one of a run started
+        again once finished, or stopped early there), which this one replaces."""
         if self.is_chief and result:
+            if again:
+                self._keep_rows(lambda at, evaluation: not (evaluation and at == step))
             self._append(dict(result, step=step, split="validation"), "eval")
             self._append_csv(dict(context or {}, **result, step=step))
             loss, bad = result["loss"], result.get("non_finite", 0)
@@ -188,12 +195,38 @@ class RunWriter:
 
     def _append_csv(self, row: dict) -> None:
         """summary.csv: one row per evaluation, header once; a resumed run appends."""
-        path = os.path.join(self.model_dir, "summary.csv")
-        with open_append(path, warn) as f:
-            out = csv.DictWriter(f, SUMMARY_CSV, extrasaction="ignore")
+        with open_append(os.path.join(self.model_dir, SUMMARY), warn) as f:
+            text = io.StringIO()
+            out = csv.DictWriter(text, SUMMARY_CSV, extrasaction="ignore")
             if os.fstat(f.fileno()).st_size == 0:
                 out.writeheader()
             out.writerow({k: "" if row.get(k) is None else row[k] for k in SUMMARY_CSV})
+            append_text(f, text.getvalue(), SUMMARY)
+
+    def resume(self, step: int) -> None:
+        """Once the checkpoint of ``step`` (0: none) is restored, metrics.jsonl and summary.csv
+        keep only the rows up to it: later ones were written by a run that stopped before its
+        next checkpoint, and the resumed run trains and writes them again, once."""
+        self._keep_rows(lambda at, evaluation: at <= step)
+
+    def _keep_rows(self, keep) -> None:
+        """Rewrites metrics.jsonl and summary.csv with the rows ``keep(step, is_evaluation)``
+        is true of, and the lines that are no rows (the header), without a torn last line (a
+        kill in the middle of a write). A file is rewritten whole (a new file, then a rename),
+        only when a line goes."""
+        if not self.is_chief:
+            return
+        for name, row_of in ((METRICS, _jsonl_row), (SUMMARY, _csv_row)):
+            path = os.path.join(self.model_dir, name)
+            lines = read_lines(path) or []
+            kept = [
+                line
+                for line in lines
+                if line.endswith("\n") and (row_of(line) is None or keep(*row_of(line)))
+            ]
+            if kept != lines:
+                with replacing(path) as f:
+                    f.write("".join(kept).encode("utf-8", "surrogateescape"))
 
     def write_summary(self, summary: dict) -> None:
         if self.is_chief:
@@ -213,6 +246,26 @@ class RunWriter:
 def final_eval_of(result: dict) -> dict:
     """summary.json's ``final_eval`` of an evaluation's ``result`` (``evaluator.Evaluator``)."""
     return {k: result.get(k) for k in ("top1", "top5", "loss", "non_finite", "tta")}
+
+
+METRICS, SUMMARY = "metrics.jsonl", "summary.csv"
+
+
+def _jsonl_row(line: str):
+    """(step, is an evaluation) of a metrics.jsonl line, None if it is not one of its rows."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        return None
+    return record["step"], record.get("split") != "train"
+
+
+def _csv_row(line: str):
+    """(step, True) of a summary.csv row (every row is an evaluation), None for the header."""
+    first = line.split(",", 1)[0]
+    return (int(first), True) if first.isdigit() else None
 
 
 SUMMARY_CSV = ("step", "epoch", "top1", "top5", "loss", "learning_rate", "images_per_sec")

@@ -1,0 +1,53 @@
+"""Kills at any moment, again and again: a real run SIGKILLed at random moments and at chosen
+ones (tracing, an update, inside a checkpoint, best/, metrics.jsonl, summary.csv or the export
+being written), started again with the same command until it finishes, ends with exactly the
+uninterrupted run's weights and files (tests/chaos.py has the loop and its moments).
+
+The seed is printed (pytest -s shows it; a failure's report too); TFGPU_CHAOS_SEED=N replays
+its choices. A few kills per job here; bench/chaos_soak.py runs many.
+"""
+
+import random
+import sys
+
+import pytest
+from chaos import SEED_ENV, chaos_run, chaos_seed, jobs, run_until_done
+
+# Each test runs its job a few times over (about 1-2 minutes on 2 shared cores); the bound is
+# for a hang, on a machine far busier than that.
+pytestmark = pytest.mark.timeout(900)
+
+
+def _chaos(job, tmp_path, kinds: list) -> None:
+    """The job uninterrupted, then killed at a moment of each of ``kinds`` in turn until it
+    finishes (a kind, or "kind:whom": all of its processes or one); the two must hold the same
+    weights and rows, to the byte."""
+    seed = chaos_seed()
+    print(f"{job.name}: chaos seed {seed} (replay: {SEED_ENV}={seed})", file=sys.stderr)
+    rng = random.Random(seed)
+    reference = str(tmp_path / "uninterrupted")
+    (whole,) = run_until_done(job, reference, [], rng)
+    attempts, lost = chaos_run(job, str(tmp_path / "chaos"), (reference, whole), kinds, rng)
+    assert any(a.moment is not None for a in attempts), "no kill landed"
+    assert not any(lost.values()), (seed, lost)
+
+
+def test_one_process_killed_at_any_moment_ends_as_the_uninterrupted_run(small_dataset, tmp_path):
+    _chaos(
+        jobs(small_dataset)["single"],
+        tmp_path,
+        ["tracing", "checkpoint", "metrics.jsonl", "summary.csv"],
+    )
+
+
+def test_batchnorm_ema_keep_best_and_export_killed_in_every_write(small_dataset, tmp_path):
+    _chaos(jobs(small_dataset)["batchnorm"], tmp_path, ["best", "export"])
+
+
+def test_two_workers_killed_one_or_all_end_as_the_uninterrupted_job(small_dataset, tmp_path):
+    _chaos(jobs(small_dataset)["mwms"], tmp_path, ["update:one", "checkpoint:all"])
+
+
+def test_horovod_ranks_killed_end_as_the_uninterrupted_job(small_dataset, tmp_path):
+    pytest.importorskip("horovod", reason="Horovod is not installed (make test builds it)")
+    _chaos(jobs(small_dataset)["horovod"], tmp_path, ["update:one"])
