@@ -253,7 +253,9 @@ def _pythons(proc) -> list:
     ranks = []
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
-            if "tfgpu.main" in " ".join(child.cmdline()) and "HOROVOD_RANK" in child.environ():
+            # Not the signal guardian each rank forks (tfgpu.train.signals): its child.
+            parent = " ".join(child.parent().cmdline())
+            if "tfgpu.main" in " ".join(child.cmdline()) and "tfgpu.main" not in parent:
                 ranks.append(child)
         except psutil.Error:
             continue
