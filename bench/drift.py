@@ -100,13 +100,21 @@ def _logged(line: str) -> int:
     return 0
 
 
+# Where a checkpoint holds the model's weights: the trainable ones under the optimizer (the
+# object graph saves each variable once, at its first path), the rest (BatchNorm's moving
+# statistics) under the model.
+WEIGHTS = ("optimizer/_trainable_variables/", "model/")
+
+
 def model_weights(model_dir: str, step: int) -> dict:
     """name -> array of the model's variables in checkpoint ``ckpt-step``."""
     import tensorflow as tf
 
     reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints", f"ckpt-{step}"))
-    names = [n for n in reader.get_variable_to_shape_map() if n.startswith("model/")]
-    return {n: reader.get_tensor(n) for n in names if n.endswith("VARIABLE_VALUE")}
+    names = [n for n in reader.get_variable_to_shape_map() if n.startswith(WEIGHTS)]
+    weights = {n: reader.get_tensor(n) for n in names if n.endswith("VARIABLE_VALUE")}
+    assert weights, f"no weights found in {model_dir}'s ckpt-{step}"
+    return weights
 
 
 def difference(a: dict, b: dict) -> tuple[float, float]:

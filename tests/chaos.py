@@ -317,7 +317,7 @@ def _tail(outputs) -> str:
     return "\n".join(o.text[-2000:] for o in outputs)
 
 
-def check_attempt(a: Attempt, before: int, job: Job) -> None:
+def check_attempt(a: Attempt, before: int) -> None:
     """What every attempt must show: no traceback, no damaged checkpoint, no refusal; once it
     trained, the resume from the newest checkpoint there was (``before``: its step, 0: none);
     after one process was killed, at most one error line from each other one (the peer it
@@ -344,7 +344,7 @@ def run_until_done(job, model_dir, moments, rng, log=print) -> list:
     for moment in [*moments, None]:
         before = newest_checkpoint(model_dir)
         a = attempt(job, model_dir, moment, rng)
-        check_attempt(a, before, job)
+        check_attempt(a, before)
         attempts.append(a)
         if a.moment is not None:
             log(
