@@ -5,7 +5,10 @@ then what it left is held to the same command run uninterrupted.
 A moment is one of:
 
 - ``time``: a random time after the start (start-up, tracing, an update, a write: anything);
+- ``startup``: a random time before the uninterrupted run began tracing;
 - ``tracing``: a random delay (0-2 s) after the chief says it traces the train step;
+- ``update``: 0-0.3 s after a drawn progress line of the attempt (mid-update, or the
+  final evaluation, save and export after the last line);
 - a write, through tfgpu's test-only pause (``tfgpu.files.TEST_PAUSE_ENV``): the N-th
   ``checkpoint`` (files written, index not yet), ``best``, ``metrics.jsonl`` or ``summary.csv``
   (half a row written), ``export`` (model.keras written, the SavedModel not yet); the kill
