@@ -1,16 +1,19 @@
 """Files written safely: a new file never goes through a symlink, a result lands whole
 (a temporary file in its folder, then a rename) or not at all, an append never follows a
-symlink, and an output is checked before any work is done for it.
+symlink, two writers that would race take turns (``locked``), and an output is checked
+before any work is done for it.
 
 The one JSON writer and the one JSON reader of tfgpu (converter and trainer alike).
 """
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
 import sys
+import threading
 import time
 
 from tfgpu.errors import UsageError
@@ -47,8 +50,10 @@ def replacing(path: str):
     """Yields a binary file that becomes ``path`` when the block ends without an error: a
     new temporary file in ``path``'s folder (``open_new``), renamed over ``path``. Whatever
     was at ``path`` (a file, a symlink: the link itself, its target never written) is
-    replaced at once; after an error the temporary file is removed and ``path`` untouched."""
-    temp = path + ".tmp"
+    replaced at once; after an error the temporary file is removed and ``path`` untouched.
+    The temporary name is this process's and thread's own: two writers of one file (two
+    commands given one --output) each rename a whole file of theirs, the last one stays."""
+    temp = f"{path}.{os.getpid()}-{threading.get_native_id()}.tmp"
     try:
         with open_new(temp) as f:
             yield f
@@ -57,6 +62,22 @@ def replacing(path: str):
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+
+
+@contextlib.contextmanager
+def locked(folder: str):
+    """Holds an exclusive advisory lock (``flock``) on ``folder`` itself for the block,
+    waiting for another holder to let go: for the short moments in which two writers into
+    one folder would race (a read-modify-write of a shared file, a rename over a name). No
+    file is left behind; the kernel lets go when the process ends, however it ends. Where
+    the file system locks no folders (some NFS clients), the block runs unlocked."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        with contextlib.suppress(OSError):  # ENOLCK, EBADF: no folder locks here
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def open_append(path: str, warn=None):

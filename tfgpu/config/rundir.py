@@ -56,6 +56,7 @@ RUN_ENTRIES = frozenset(
     {
         CONFIG_FILE,
         ".tfgpu.lock",
+        ".tfgpu-sidecar.lock",
         "checkpoints",
         "tensorboard",
         "metrics.jsonl",
@@ -63,6 +64,7 @@ RUN_ENTRIES = frozenset(
         "summary.json",
         "sidecar.json",
         "mlflow.json",
+        "data.json",  # data/identity.py
         "final.weights.h5",
         "averaged.weights.h5",  # tfgpu-average's default output
         "export",

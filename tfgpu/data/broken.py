@@ -7,13 +7,14 @@ that runs only then (so it costs nothing per whole record). Records are known by
 ``origin``: the index of their file in ``files`` (upper 32 bits) and their index in it.
 """
 
+import errno
 import os
 import re
 import threading
 
 import tensorflow as tf
 
-from tfgpu.errors import DataError, warn
+from tfgpu.errors import DataError, op_error_cause, warn
 from tfgpu.recordformat import damaged_at
 
 _LOCK = threading.Lock()
@@ -104,3 +105,29 @@ def data_loss_error(err) -> DataError | None:
         f"a shard holds a {found[1]} record at byte {offset} (it fails its checksum; TensorFlow "
         "does not say which file): re-copy or re-convert the dataset"
     )
+
+
+def vanished_shard_error(err) -> DataError | None:
+    """The one-line DataError for a TensorFlow error (not found, permission denied, an I/O
+    error of a network file system) naming a shard this process reads (``reading``), that was
+    there when the run started and is gone or unreadable now: it names the shard and the OS's
+    reason. None when the error names no such shard (then it is not the data's)."""
+    message = getattr(err, "message", "") or str(err)
+    with _LOCK:
+        shards = sorted(_SHARDS, key=len, reverse=True)  # the longest name that matches
+    shard = next((path for path in shards if path in message), None)
+    if shard is None:
+        return None
+    reason = next((r for r in _IO_REASONS if r in message), op_error_cause(err))
+    why = "it is gone" if not os.path.exists(shard) else "it cannot be read"
+    return DataError(
+        f"{shard}: {why} ({reason}), though it was there when the run started; the last "
+        "checkpoint is kept: run the same command again once the shard is back"
+    )
+
+
+# What the OS says of a file gone or out of reach (TensorFlow quotes it after the path).
+_IO_REASONS = tuple(
+    os.strerror(code)
+    for code in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.ESTALE, errno.EIO, errno.ENOTCONN)
+)

@@ -149,7 +149,7 @@ def _decode_split(spec: DataSpec, data) -> tuple[np.ndarray, np.ndarray, np.ndar
         return ds.enumerate().map(lambda i, r: (r, broken.origin(index, i)))
 
     def decode(serialized, origin):
-        example = spec.parse(serialized)
+        example = spec.parse(serialized, origin, spec.train_files)
         valid = host_ops.looks_whole(example["encoded"])
         whole = lambda shape: tf.stack([0, 0, shape[0], shape[1]])  # noqa: E731
         image = host_ops.decode_window_resized(example["encoded"], valid, whole, size)

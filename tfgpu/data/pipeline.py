@@ -110,7 +110,7 @@ def decode_eval_image(encoded: tf.Tensor, data) -> tuple:
 def decode_eval_example(record: dict, data, spec: DataSpec, report=None) -> dict:
     """One evaluation record {record, origin} -> one row of an ``EvalBatch`` {image uint8
     [S,S,3], label, weight (0: broken image, named by ``report``)}."""
-    example = spec.parse(record["record"])
+    example = spec.parse(record["record"], _origin(record), spec.eval_files)
     image, valid = decode_eval_image(example["encoded"], data)
     weight = broken.weight(valid, _origin(record), report)
     return {"image": image, "label": example["label"], "weight": weight}
@@ -124,7 +124,7 @@ def make_named_eval_dataset(spec: DataSpec, data, batch_size: int) -> tf.data.Da
     feature = {"image/filename": tf.io.FixedLenFeature([], tf.string, default_value="")}
 
     def decode(record):
-        example = spec.parse(record["record"])
+        example = spec.parse(record["record"], _origin(record), spec.eval_files)
         image, valid = decode_eval_image(example["encoded"], data)
         stored = b""
         if spec.parser is None:  # tfgpu's (and TF's ImageNet) schema holds the file name
@@ -182,7 +182,7 @@ def _origin(record: dict) -> tf.Tensor:
     return broken.origin(record["file"], record["index"])
 
 
-def _blocks(ds, size: int, epoch_seed, shuffle: bool, spec: DataSpec) -> tf.data.Dataset:
+def _blocks(ds, size: int, epoch_seed, shuffle: bool, spec: DataSpec, files) -> tf.data.Dataset:
     """One epoch's records as (block index, block of up to ``size`` parsed examples
     {encoded, label, valid}), each block shuffled statelessly when ``shuffle``.
 
@@ -194,7 +194,9 @@ def _blocks(ds, size: int, epoch_seed, shuffle: bool, spec: DataSpec) -> tf.data
     """
 
     def parsed(i, block):
-        example = spec.parse(block["record"])
+        # A label out of range stops the run here, naming its shard and index (``files``:
+        # what the block's file indices point into), before a batch holds it.
+        example = spec.parse(block["record"], _origin(block), files)
         example["valid"] = host_ops.looks_whole(example["encoded"])
         example["origin"] = _origin(block)
         if shuffle:
@@ -220,7 +222,7 @@ def _train_records(files, data, spec: DataSpec, first_epoch, seed, deterministic
     def one_epoch(epoch):
         epoch_seed = tf.stack([tf.cast(seed, tf.int64), epoch * 1_000_003])
         records = _records(files, data, deterministic, epoch_seed)
-        blocks = _blocks(records, size, epoch_seed, data.shuffle_buffer > 1, spec)
+        blocks = _blocks(records, size, epoch_seed, data.shuffle_buffer > 1, spec, files)
         return blocks.map(lambda i, block: (epoch, i, block))
 
     def examples_of(epoch, i, block):

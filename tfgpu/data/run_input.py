@@ -1,7 +1,8 @@
 """What a training run asks of data/, in one place, so that the trainer (train/loop.py,
 train/build.py) calls this module instead of one of data/'s modules for each question:
 
-  load          the dataset's spec and the class weights the loss uses
+  load          the dataset's spec and the class weights the loss uses (and whether a
+                resumed run's data is what it recorded: ``record``)
   class_balance the start-up line on class balance, and the check balanced sampling needs
   describe      the start-up words on how the train split is read and augmented
   step_fns      what the train step does to the batches the train pipeline makes
@@ -10,7 +11,7 @@ train/build.py) calls this module instead of one of data/'s modules for each que
 The readers themselves are chosen in ``readers.train_maker``.
 """
 
-from tfgpu.data import augment, balance, device_ops, dct, memory, pipeline
+from tfgpu.data import augment, balance, device_ops, dct, identity, memory, pipeline
 from tfgpu.data import spec as data_spec
 from tfgpu.errors import ConfigError
 
@@ -21,11 +22,21 @@ def class_weights(setting: str, spec: data_spec.DataSpec):
     return balance.class_weights(setting, spec.data_dir, data_spec.class_names(spec))
 
 
-def load(data, class_weights_setting: str) -> tuple:
+def load(data, class_weights_setting: str, resumed_in: str = "") -> tuple:
     """(the DataSpec of ``data``, a config.DataConfig; its class weights as ``class_weights``
-    reads them). Raises DataError or ConfigError, naming the file or flag."""
+    reads them). Raises DataError or ConfigError, naming the file or flag; a DataError too
+    when the run in ``resumed_in`` (its --model_dir) resumes on other data than it recorded
+    (``identity.check``)."""
     spec = data_spec.load_spec(data)
+    if resumed_in:
+        identity.check(resumed_in, spec)
     return spec, class_weights(class_weights_setting, spec)
+
+
+def record(model_dir: str, spec: data_spec.DataSpec) -> None:
+    """Records the data of ``spec`` with the run in ``model_dir`` (the chief, at its start),
+    for ``load`` to compare when it resumes (``identity.record``)."""
+    identity.record(model_dir, spec)
 
 
 def class_balance(data, setting: str, spec: data_spec.DataSpec, weights) -> str:

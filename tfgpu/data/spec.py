@@ -56,10 +56,12 @@ class DataSpec:
             "eval_sides": self.eval_sides,
         }
 
-    def parse(self, serialized: tf.Tensor) -> dict:
+    def parse(self, serialized: tf.Tensor, origin=None, files=()) -> dict:
         """A record (scalar) or a vector of them -> {"encoded", "label"} of that shape; a label
         outside [0, num_classes) fails the run (it means a wrong --num_classes or
-        --label_offset, which no skipping would fix)."""
+        --label_offset, which no skipping would fix) with an InvalidArgumentError naming the
+        first such record: its index and shard when ``origin`` (``broken.origin``, the shape
+        of ``serialized``) and ``files`` (the shards its file indices point into) are given."""
         if self.parser is None:
             example = parse_example(serialized, self.label_offset)
         elif serialized.shape.rank == 0:
@@ -71,15 +73,40 @@ class DataSpec:
             }
             example = tf.map_fn(self.parser, serialized, fn_output_signature=signature)
         label = example["label"]
-        bad = tf.reshape(tf.logical_or(label < 0, label >= self.num_classes), [-1])
-        message = f"{LABEL_ERROR} a record's label (after --label_offset={self.label_offset}) is"
-        wrong = tf.boolean_mask(tf.reshape(label, [-1]), bad)[:1]
-        check = tf.debugging.Assert(
-            tf.logical_not(tf.reduce_any(bad)),
-            [message, wrong, f"outside [0, {self.num_classes})"],
-        )
-        with tf.control_dependencies([check]):
+        with tf.control_dependencies([self._check_labels(label, origin, files)]):
             return dict(example, label=tf.identity(label))
+
+    def _check_labels(self, label: tf.Tensor, origin, files) -> tf.Operation:
+        """An op that fails (InvalidArgumentError, ``LABEL_ERROR``) when a label of ``label``
+        is outside [0, num_classes), naming the first such record (``parse``). The message is
+        made only then, in a ``tf.cond``: the check costs a comparison per record."""
+        flat = tf.reshape(label, [-1])
+        bad = tf.logical_or(flat < 0, flat >= self.num_classes)
+        wrong = tf.reduce_any(bad)
+
+        def named():
+            k = tf.argmax(tf.cast(bad, tf.int32))
+            where = tf.constant("a record")
+            if origin is not None and files:
+                at = tf.reshape(tf.cast(origin, tf.int64), [-1])[k]
+                shard = tf.gather(
+                    tf.constant([str(f) for f in files]), tf.bitwise.right_shift(at, 32)
+                )
+                index = tf.strings.as_string(tf.bitwise.bitwise_and(at, 0xFFFFFFFF))
+                where = tf.strings.join(["record ", index, " of ", shard])
+            text = tf.strings.join(
+                [
+                    f"{LABEL_ERROR} ",
+                    where,
+                    " has label ",
+                    tf.strings.as_string(flat[k]),
+                    f" (after --label_offset={self.label_offset}), outside [0, {self.num_classes})",
+                ]
+            )
+            with tf.control_dependencies([tf.debugging.Assert(tf.logical_not(wrong), [text])]):
+                return tf.constant(True)
+
+        return tf.cond(wrong, named, lambda: tf.constant(True))
 
 
 def _split_files(data_dir: str, info: dict, split: str) -> tuple:

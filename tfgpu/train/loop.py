@@ -188,6 +188,8 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
     spec, class_weights, fingerprints = _agreed_spec(config, backend, watch.announced, in_use)
     writer = RunWriter(config.model_dir, backend.is_chief)
     writer.write_config(config, backend)
+    if backend.is_chief:
+        run_input.record(config.model_dir, spec)
     training = build(config, backend, spec, class_weights)
     check_average_plan(config.train, training.plan.total_steps)
     writer.info(_start_line(training))
@@ -295,14 +297,17 @@ def _export(training: Training, writer: RunWriter, ema: bool = True) -> None:
 def _agreed_spec(config: Config, backend, announced: dict, in_use: str = "") -> tuple:
     """(this worker's data spec, its class weights: float64 [K] or None, every worker's
     fingerprint), once every worker has a spec and all agree on it, on the settings, on the
-    tfgpu version and on the class weights each read (``consensus.agree``): the run trains
+    tfgpu version and on the class weights each read (``consensus.agree``), the data being
+    the data the run's checkpoints were made on (``run_input.load``): the run trains
     with these weights, --class_weights is not read again. A worker that cannot read its
     data or its class weights still takes part, so that every worker stops with the same
     line, naming it. ``announced``: what this worker's fingerprint says of its heartbeats
     (``heartbeats.Watch``); ``in_use``: the chief found --model_dir held by another run."""
     spec, weights, error = None, None, in_use
     try:
-        spec, weights = run_input.load(config.data, config.optim.class_weights)
+        spec, weights = run_input.load(
+            config.data, config.optim.class_weights, resumed_in=config.model_dir
+        )
     except (DataError, ConfigError) as err:
         if backend.num_workers == 1:
             raise
