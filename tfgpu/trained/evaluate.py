@@ -43,7 +43,9 @@ def evaluate(
     config, path = run.config_and_checkpoint(
         model_dir, checkpoint, data_dir=data_dir, eval_batch_size=eval_batch_size, eval_tta=eval_tta
     )
-    trained = run.load(config, path)
+    # --checkpoint=latest of a run still training: the newest when it is read.
+    trained = run.load(config, path, newest_in=model_dir if checkpoint == "latest" else "")
+    path = trained.checkpoint
     spec = split_spec(trained.spec, split)
     names = run.class_names(spec)  # before evaluating: the report must not fail after it
     report = {

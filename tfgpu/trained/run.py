@@ -9,7 +9,7 @@ preprocesses: the uses read images with the evaluation's own functions (``data.p
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import keras
 import tensorflow as tf
@@ -74,10 +74,19 @@ class Trained:
     optimizer: object  # its EMA weights are what evaluation uses; None for a file of weights
     step: int | None  # the checkpoint's update; None for a .keras or .weights.h5 file
     eval_global_batch: int
+    checkpoint: str = ""  # the checkpoint (or file) read
 
 
-def load(config: Config, path: str) -> Trained:
-    """The model of checkpoint (or .keras file) ``path``, for ``config``'s data."""
+def load(config: Config, path: str, newest_in: str = "") -> Trained:
+    """The model of checkpoint (or .keras file) ``path``, for ``config``'s data. ``newest_in``:
+    the run folder whose newest checkpoint ``path`` was when it was looked up: one that a
+    training run deletes before it is read (--keep_checkpoints) is followed by the newest
+    then (``restore_newest``)."""
+    trained = _load(config, path, newest_in)
+    return trained if trained.checkpoint else replace(trained, checkpoint=path)
+
+
+def _load(config: Config, path: str, newest_in: str) -> Trained:
     batch = config.train.eval_batch_size or config.train.global_batch_size
     if path.endswith(".keras"):
         backend, spec = backends.setup(config.dist), data_spec.load_spec(config.data)
@@ -92,8 +101,30 @@ def load(config: Config, path: str) -> Trained:
     if path.endswith(WEIGHTS_FILE):
         load_weights(r.model, path)  # the weights evaluation uses already: no EMA to swap in
         return Trained(config, r.backend, r.spec, r.model, None, None, r.plan.eval_global_batch)
-    step = restore(r, path)
-    return Trained(config, r.backend, r.spec, r.model, r.optimizer, step, r.plan.eval_global_batch)
+    step, path = restore_newest(r, path, newest_in) if newest_in else (restore(r, path), path)
+    batch = r.plan.eval_global_batch
+    return Trained(config, r.backend, r.spec, r.model, r.optimizer, step, batch, path)
+
+
+FOLLOW_TRIES = 5  # newer checkpoints followed before a read that keeps failing is an error
+
+
+def restore_newest(r, path: str, model_dir: str) -> tuple[int, str]:
+    """(step, path) of the checkpoint read into ``r``: ``path``, ``model_dir``'s newest when it
+    was looked up, or, when a training run writing there replaced it meanwhile (deleted past
+    --keep_checkpoints, or half gone as it is read), the newest at that moment, up to
+    ``FOLLOW_TRIES`` times. A newest checkpoint that does not read is a CheckpointError."""
+    for _ in range(FOLLOW_TRIES):
+        try:
+            return restore(r, path), path
+        except CheckpointError:
+            newest = tf.train.latest_checkpoint(
+                os.path.join(os.path.expanduser(model_dir), "checkpoints")
+            )
+            if newest is None or (newest == path and os.path.exists(path + ".index")):
+                raise  # damaged, not replaced
+            path = newest
+    return restore(r, path), path
 
 
 def load_weights(model, path: str) -> None:

@@ -27,6 +27,8 @@ How it follows the run:
   checkpoint), is newer than config.json (which every start of the trainer writes again) and
   names a step already evaluated: then, with --sidecar_eval, summary.json gets the side-car's
   ``final_eval`` and ``best``, and ``watch`` returns;
+- one watcher per run: a second one started on the same run stops in one line naming the
+  first (``runlock.SIDECAR_LOCK_FILE``: two would write every result twice);
 - ``timeout_s`` (--watch_timeout_s) bounds a wait with nothing new (config.json, a checkpoint
   or the end): past it, a CheckpointError naming the wait.
 """
@@ -39,6 +41,7 @@ import tensorflow as tf
 
 from tfgpu.errors import CheckpointError, UsageError
 from tfgpu.files import read_json, write_json
+from tfgpu.train import runlock
 from tfgpu.train.actions import Evaluate, KeepBest, LoopState
 from tfgpu.train.best import SIDECAR_FILE, Best, read_sidecar, tracks_best
 from tfgpu.train.evaluator import Evaluator
@@ -82,8 +85,17 @@ def watch(model_dir: str, interval_s: float = 10.0, timeout_s: float = 3600.0, l
     wait = _Wait(interval_s, timeout_s)
     while not os.path.exists(os.path.join(model_dir, "config.json")):
         wait.sleep(f"the run's config.json in {model_dir}")
-    config = run_config(model_dir)
-    sidecar = Sidecar(config, log)
+    held = runlock.claim(model_dir, runlock.SIDECAR_LOCK_FILE)  # one watcher per run
+    if held:
+        raise UsageError(held)
+    try:
+        return _follow(Sidecar(run_config(model_dir), log), wait)
+    finally:
+        runlock.release(model_dir, runlock.SIDECAR_LOCK_FILE)
+
+
+def _follow(sidecar: "Sidecar", wait: _Wait) -> int:
+    """``watch``'s loop, once it holds the run's side-car lock."""
     while True:
         if sidecar.evaluate_new():
             wait.progress()

@@ -4,12 +4,14 @@ beside predict on the validation images (``check``), and only then moved to its 
 says how it went (docs/deploying.md).
 """
 
+import glob
 import os
 import shutil
 
 import numpy as np
 
 from tfgpu.errors import ExportRefused, UsageError
+from tfgpu.files import locked, replacing
 from tfgpu.trained.export import (
     check,
     check_request,
@@ -58,9 +60,8 @@ def export(
     in_run = not output
     output = os.path.expanduser(output) or os.path.join(model_dir, "export", name)
     beside = companions(output, in_run)
-    staged = unchecked_path(output)
-    _remove(staged)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    staged = _staging(output)
     module = FORMAT_MODULES[fmt]
     calibration = (
         _calibration(source, calibration_images, batch_size) if quantize == "int8" else None
@@ -70,30 +71,73 @@ def export(
     entry = _checked(source, module.runner(staged), check_images, batch_size)
     entry.update(format=fmt, quantize=quantize, full_integer=full_integer, bytes=_size(staged))
     refused = check.verdict(entry, quantize, max_prob_diff, max_top1_change)
-    return _settle(entry, staged, output, refused, source, beside, log)
+    try:
+        with locked(os.path.dirname(os.path.abspath(output))):
+            entry, line = _settle(entry, staged, output, refused, source, beside)
+    finally:
+        _remove(staged)  # left only when putting it in place failed
+    log(line)
+    return entry
 
 
-def _settle(entry: dict, staged: str, output: str, refused: str, source, beside, log) -> dict:
+def _settle(entry: dict, staged: str, output: str, refused: str, source, beside) -> tuple:
     """Puts a checked export in place (``output``, and its ``companions``: the labels beside
-    a file, model.keras beside the run's SavedModel) or, when ``refused``, leaves it at
-    ``staged`` and raises ExportRefused; either way the report gets ``entry``, with its
-    verdict and file."""
+    a file, model.keras beside the run's SavedModel) or, when ``refused``, moves it to
+    ``unchecked_path(output)`` and raises ExportRefused; either way the report gets
+    ``entry``, with its verdict and file. Returns (entry, the summary line). Called with the
+    folder locked: each file here is replaced whole, and the report keeps every export's."""
     key = os.path.basename(output)
     if refused:
-        entry.update(verdict=f"refused: {refused}", file=staged)
+        unchecked = unchecked_path(output)
+        _remove(unchecked)
+        os.replace(staged, unchecked)
+        entry.update(verdict=f"refused: {refused}", file=unchecked)
         report = check.add_to_report(beside["report"], key, entry)
-        raise ExportRefused(f"{staged}: refused: {refused} (see {report})")
+        raise ExportRefused(f"{unchecked}: refused: {refused} (see {report})")
     _remove(output)
     os.replace(staged, output)
     if os.path.isdir(output):
         if beside["keras"]:
-            with source.evaluation_weights():
-                source.model.save(beside["keras"])
+            _save_keras(source, beside["keras"])
     else:
         _write_labels(beside["labels"], source.class_names)
     entry.update(verdict="ok", file=output)
-    log(summary_line(entry, check.add_to_report(beside["report"], key, entry)))
-    return entry
+    return entry, summary_line(entry, check.add_to_report(beside["report"], key, entry))
+
+
+def _save_keras(source, path: str) -> None:
+    """The model with its evaluation weights as a .keras file at ``path``, written whole
+    (another name first: Keras writes the zip in place)."""
+    temp = f"{path[: -len('.keras')]}.{os.getpid()}.tmp.keras"
+    try:
+        with source.evaluation_weights():
+            source.model.save(temp)
+        os.replace(temp, path)
+    finally:
+        _remove(temp)
+
+
+def _staging(output: str) -> str:
+    """This process's own name for the export to ``output`` while it is written and checked
+    (``model.unchecked.PID.tflite``): two exports to one --output at once each write their
+    own, and take turns putting them in place (``_settle``). Those of exports killed before
+    (their process gone) are removed first."""
+    stem, ext = os.path.splitext(output)
+    for path in glob.glob(f"{glob.escape(stem)}.unchecked.*{ext}"):
+        pid = path[len(stem) + len(".unchecked.") : len(path) - len(ext)]
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove(path)
+    return f"{stem}.unchecked.{os.getpid()}{ext}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's
+    return True
 
 
 def _calibration(source, count: int, batch_size: int):
@@ -139,9 +183,9 @@ def summary_line(entry: dict, report: str) -> str:
 
 
 def _write_labels(path: str, class_names) -> None:
-    """The labels of a LiteRT or ONNX file: class i on line i (LiteRT's convention)."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("".join(f"{n}\n" for n in class_names))
+    """The labels of a LiteRT or ONNX file: class i on line i (LiteRT's convention), whole."""
+    with replacing(path) as f:
+        f.write("".join(f"{n}\n" for n in class_names).encode("utf-8"))
 
 
 def _remove(path: str) -> None:

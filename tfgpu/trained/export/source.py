@@ -47,7 +47,9 @@ def load_source(model_dir: str, checkpoint: str, data_dir: str = "") -> Source:
     """The run in ``model_dir`` at ``checkpoint`` (latest, best, a path or a .keras file with
     ``data_dir``), on its data (or ``data_dir``'s, of the same classes)."""
     config, path = run.config_and_checkpoint(model_dir, checkpoint, data_dir=data_dir)
-    trained = run.load(config, path)
+    # --checkpoint=latest of a run still training: the newest when it is read.
+    trained = run.load(config, path, newest_in=model_dir if checkpoint == "latest" else "")
+    path = trained.checkpoint
     if not trained.spec.eval_files:
         raise DataError(
             "the export is checked on images of the run's data, and this run has none "
