@@ -283,14 +283,13 @@ def tf_sources(
         from tfgpu_before.data import pipeline as old
         from tfgpu_before.data.config import DataConfig as OldConfig
         from tfgpu_before.data.spec import load_data_spec as old_spec
+        from tfgpu_before.data.stream import Stream as OldStream
         from tfgpu_before.distribute import InputShard as OldShard
 
         c = OldConfig(image_size=IMAGE_SIZE, shuffle_buffer=shuffle_buffer, resize_on="device")
         s = old_spec(tfr_dir, num_classes=NUM_CLASSES)
-        return lambda: old.make_train_dataset(
-            s, c, OldShard(1, 0), batch_size=batch, global_batch_size=batch, seed=0,
-            deterministic=False,
-        )  # fmt: skip
+        stream = OldStream(batch_size=batch, global_batch_size=batch, seed=0, deterministic=False)
+        return lambda: old.make_train_dataset(s, c, OldShard(1, 0), stream)
 
     return {
         CEILING: decode_only,

@@ -184,6 +184,7 @@ def _stopped_naming(proc, shard: str, why: str, model_dir) -> int:
     return int(kept.rsplit("-", 1)[1])
 
 
+@pytest.mark.timeout(600)  # three runs of 36 updates: 191 s on 2 cores shared at load ~17
 def test_a_shard_unreadable_or_deleted_mid_run_is_named_and_the_run_resumes_once_it_is_back(
     small_dataset, uninterrupted, tmp_path
 ):

@@ -90,6 +90,7 @@ def _left_over(folder) -> list[str]:
     return names
 
 
+@pytest.mark.timeout(600)  # three exports at once on 2 shared cores: 208 s with load ~17
 def test_exports_into_one_folder_at_once_each_land_whole(finished_run):
     """Three exports into the run's export/ started together: its SavedModel twice (one
     output) and its ONNX model (another output, the same report.json and folder). Each ends
