@@ -29,7 +29,7 @@ def _command(module: str, *args) -> subprocess.Popen:
     )
 
 
-def _ended(proc, timeout: float = 240) -> tuple[int, str, str]:
+def _ended(proc, timeout: float = 900) -> tuple[int, str, str]:
     out, err = proc.communicate(timeout=timeout)
     assert "Traceback" not in err, err[-3000:]
     return proc.returncode, out, err
@@ -51,6 +51,7 @@ def finished_run(small_dataset, tmp_path_factory) -> str:
     return model_dir
 
 
+@pytest.mark.timeout(900)  # two watchers: 91 s on 2 cores at load ~17
 def test_a_second_side_car_on_one_run_stops_in_one_line_and_the_first_writes_alone(
     finished_run, tmp_path
 ):
@@ -59,9 +60,9 @@ def test_a_second_side_car_on_one_run_stops_in_one_line_and_the_first_writes_alo
     checkpoint evaluated once."""
     summary = os.path.join(finished_run, "summary.json")
     os.rename(summary, tmp_path / "summary.json")
-    watch = ["--watch", "--watch_interval_s=0.2", "--watch_timeout_s=120"]
+    watch = ["--watch", "--watch_interval_s=0.2", "--watch_timeout_s=600"]
     first = _command("tfgpu.cli.evaluate", f"--model_dir={finished_run}", *watch)
-    deadline = time.time() + 120
+    deadline = time.time() + 600
     while not os.path.exists(os.path.join(finished_run, "sidecar.json")):  # it holds the lock
         assert first.poll() is None and time.time() < deadline, first.communicate()
         time.sleep(0.1)
@@ -90,7 +91,7 @@ def _left_over(folder) -> list[str]:
     return names
 
 
-@pytest.mark.timeout(600)  # three exports at once on 2 shared cores: 208 s with load ~17
+@pytest.mark.timeout(1200)  # three exports at once on 2 shared cores: 208 s at load ~17
 def test_exports_into_one_folder_at_once_each_land_whole(finished_run):
     """Three exports into the run's export/ started together: its SavedModel twice (one
     output) and its ONNX model (another output, the same report.json and folder). Each ends
@@ -111,6 +112,7 @@ def test_exports_into_one_folder_at_once_each_land_whole(finished_run):
     assert _left_over(export) == []
 
 
+@pytest.mark.timeout(900)  # a trainer and two evaluations: 84 s on 2 cores at load ~17
 def test_evaluate_while_the_trainer_replaces_its_checkpoints_reads_a_whole_one(
     small_dataset, tmp_path
 ):
@@ -123,7 +125,7 @@ def test_evaluate_while_the_trainer_replaces_its_checkpoints_reads_a_whole_one(
     flags = cli_flags(settings, data_dir=small_dataset, model_dir=run, strategy="default")
     trainer = _command("tfgpu.main", *flags)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 600
         while not tf.train.latest_checkpoint(os.path.join(run, "checkpoints")):
             assert trainer.poll() is None and time.time() < deadline, trainer.communicate()
             time.sleep(0.1)
