@@ -82,6 +82,13 @@ class ExportRefused(TfgpuError):
     exit_code = 6
 
 
+class OutOfMemory(TfgpuError, MemoryError):
+    """The device ran out of memory and the run cannot back off (no --micro_batch_size=auto,
+    nothing smaller left, or several processes); the line says what to set."""
+
+    exit_code = 7
+
+
 class Preempted(TfgpuError):
     """The run was asked to stop (SIGTERM/SIGINT) and saved a checkpoint; run it again."""
 

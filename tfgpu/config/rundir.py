@@ -62,6 +62,7 @@ RUN_ENTRIES = frozenset(
         "metrics.jsonl",
         "summary.csv",
         "summary.json",
+        "micro_batch.json",
         "sidecar.json",
         "mlflow.json",
         "data.json",  # data/identity.py
@@ -73,6 +74,7 @@ RUN_ENTRIES = frozenset(
     }
 )
 _LEGACY = {"dct_scaled_decode": {True: "on", False: "off"}}  # once a bool
+_ONCE_INT = frozenset({"micro_batch_size"})  # a count, until it could be auto too
 _INT_BOUND = 2**63
 
 
@@ -87,6 +89,8 @@ def stored_settings(values: dict, where: str) -> dict:
         if s is None:
             continue
         value = _LEGACY.get(key, {}).get(value, value) if isinstance(value, bool) else value
+        if key in _ONCE_INT and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
         if not _fits(value, s.default):
             shown = repr(value)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."

@@ -3,6 +3,7 @@ sections of ``tfgpu.config.Config``), and the checks of each that can run before
 starts. No TensorFlow here. The optimizer's section is its package's (``optim/config.py``).
 """
 
+import math
 import urllib.parse
 from dataclasses import dataclass
 
@@ -91,11 +92,20 @@ class TrainConfig:
         "Micro-batches per update; per-replica micro-batch = global / (replicas x "
         "grad_accum_steps).",
     )
-    micro_batch_size: int = setting(
-        0,
+    micro_batch_size: str = setting(
+        "0",
         "Per-replica micro-batch that fits in memory (0: off); --grad_accum_steps then follows "
         "from the global batch and the number of replicas, so one command runs on any number "
-        "of workers.",
+        "of workers. auto: before the first update each worker tries the divisors of its "
+        "per-replica batch, largest first, and all take the smallest that fits "
+        "(docs/memory.md); an out-of-memory error later backs off to the next smaller one.",
+    )
+    memory_budget_gb: str = setting(
+        "auto",
+        "With --micro_batch_size=auto: the memory (GB) one train step may take at its peak, "
+        "10% kept free of it. auto: on a GPU, what TensorFlow's allocator can give; on a CPU, "
+        "the machine's available memory (/proc/meminfo MemAvailable) at the start.",
+        per_node=True,
     )
     train_steps: int = setting(0, "Length of training in optimizer updates (0: use --epochs).")
     epochs: float = setting(
@@ -271,10 +281,12 @@ def check_train(t: TrainConfig) -> None:
             f"--global_batch_size={t.global_batch_size} does not divide by "
             f"--grad_accum_steps={t.grad_accum_steps}"
         )
-    if t.micro_batch_size < 0:
-        raise ConfigError(f"--micro_batch_size={t.micro_batch_size} must not be negative")
-    if t.micro_batch_size and t.grad_accum_steps != 1:
+    micro = micro_batch(t)  # raises for what is neither a count nor auto
+    if micro != 0 and t.grad_accum_steps != 1:
         raise ConfigError("set --grad_accum_steps or --micro_batch_size, not both")
+    budget = memory_budget_bytes(t)
+    if budget is not None and micro != AUTO:
+        raise ConfigError("--memory_budget_gb is for --micro_batch_size=auto")
     if t.train_steps < 0 or t.epochs < 0:
         raise ConfigError("--train_steps and --epochs must not be negative")
     if t.eval_every_steps and t.eval_every_epochs:
@@ -360,9 +372,11 @@ def profile_window(train: TrainConfig) -> tuple[int, int] | None:
 def split_batch(train: TrainConfig, num_replicas: int) -> tuple[int, int]:
     """(examples per replica per update, micro-batches per update) of ``num_replicas``:
     --grad_accum_steps, or with --micro_batch_size=M as many as make M per micro-batch, so
-    that one command keeps its global batch on any number of workers. A batch that does not
-    split is a ConfigError naming the numbers."""
-    g, m = train.global_batch_size, train.micro_batch_size
+    that one command keeps its global batch on any number of workers (``auto``: one
+    micro-batch, until a run chooses its size). A batch that does not split is a ConfigError
+    naming the numbers."""
+    g, m = train.global_batch_size, micro_batch(train)
+    m = 0 if m == AUTO else m  # one micro-batch until a run chooses (train/micro_batch.py)
     if g % num_replicas:
         raise ConfigError(f"--global_batch_size={g} does not divide by {num_replicas} replicas")
     replica_batch = g // num_replicas
@@ -380,3 +394,38 @@ def split_batch(train: TrainConfig, num_replicas: int) -> tuple[int, int]:
             f"{num_replicas} replicas x --grad_accum_steps={k} = {num_replicas * k}"
         )
     return replica_batch, k
+
+
+AUTO = "auto"  # --micro_batch_size=auto, --memory_budget_gb=auto
+
+
+def micro_batch(train: TrainConfig) -> int | str:
+    """--micro_batch_size of ``train``: a count (0: off) or AUTO; a ConfigError names
+    anything else in one line (a count given as a number, as the Python API may, is read so)."""
+    text = str(train.micro_batch_size).strip().lower()
+    if text == AUTO:
+        return AUTO
+    if text.isdigit():
+        return int(text)
+    raise ConfigError(
+        f"--micro_batch_size={train.micro_batch_size!r} must be a count of examples (0: off) "
+        "or auto"
+    )
+
+
+def memory_budget_bytes(train: TrainConfig) -> int | None:
+    """--memory_budget_gb of ``train`` in bytes, None for auto; a ConfigError names a value
+    that is not a positive, finite number of GB (or one under a megabyte)."""
+    text = str(train.memory_budget_gb).strip().lower()
+    if text == AUTO:
+        return None
+    try:
+        gb = float(text)
+    except ValueError:
+        gb = math.nan
+    if not (math.isfinite(gb) and gb * 1e9 >= 1e6):
+        raise ConfigError(
+            f"--memory_budget_gb={train.memory_budget_gb!r} must be a positive number of GB "
+            "(at least 0.001) or auto"
+        )
+    return int(gb * 1e9)

@@ -93,6 +93,18 @@ def _show(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def gather(backend, mine: dict) -> list:
+    """Every worker's ``mine`` (plain JSON data), in worker order. A collective."""
+    return [json.loads(b) for b in backend.all_gather_bytes(json.dumps(mine).encode())]
+
+
+def smallest(backend, mine: dict, key: str) -> tuple[int, list]:
+    """(the smallest ``key`` of every worker's ``mine``, every worker's ``mine``): what
+    all workers take when each found its own limit (--micro_batch_size=auto). A collective."""
+    found = gather(backend, mine)
+    return min(int(f[key]) for f in found), found
+
+
 def step_time_skew(backend, compute_s: float) -> dict:
     """Every worker's compute seconds per update in the last window (its step time less what
     it waited in the gradient all-reduce) -> {"slowest_worker", "slowest_compute_s",

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import compat
-from tfgpu.train import average, runlock
+from tfgpu.train import average, micro_batch, runlock
 from tfgpu.train.actions import Action, LoopState, default_actions, eval_context, phase, timed
 from tfgpu.train.build import Training, build, train_batches, train_maker
 from tfgpu.train.checkpoints import refresh_derived_state, variables_of
@@ -154,7 +154,9 @@ def run(config: Config, actions: Sequence[Action] = ()) -> dict:
     with runlock.held(config.model_dir, backend.is_chief) as in_use:
         if in_use and backend.num_workers == 1:
             raise ConfigError(in_use)
-        return _run(config, backend, in_use, actions)
+        sizing = micro_batch.Sizing(config)
+        start = lambda: _run(config, backend, in_use, actions, sizing)  # noqa: E731
+        return sizing.backing_off(start, backend.num_workers)
 
 
 def _train_input(training: Training, start_step: int, writer: RunWriter):
@@ -176,9 +178,10 @@ def _train_input(training: Training, start_step: int, writer: RunWriter):
     return staged, train_batches(training, start_step, make), input_ips
 
 
-def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -> dict:
+def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = (), sizing=None) -> dict:
     """``run`` once the backend is set up (``in_use``: the chief's lock error, which every
-    worker stops with at the start-up agreement)."""
+    worker stops with at the start-up agreement; ``sizing``: the run's
+    ``micro_batch.Sizing``, which decides --micro_batch_size=auto)."""
     config = resolve(config, has_gpu=bool(tf.config.list_logical_devices("GPU")))
     keras.utils.set_random_seed(config.seed)
     broken.forget()
@@ -190,6 +193,9 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = ()) -
     writer.write_config(config, backend)
     if backend.is_chief:
         run_input.record(config.model_dir, spec)
+    config = (sizing or micro_batch.Sizing(config)).choose(
+        config, backend, spec, class_weights, writer
+    )
     training = build(config, backend, spec, class_weights)
     check_average_plan(config.train, training.plan.total_steps)
     writer.info(_start_line(training))
