@@ -19,6 +19,11 @@ Rows:
       check of tests/test_gpu_kernels.py) has a GPU kernel for its dtypes.
   ops placed on the CPU: what TensorFlow's placer logged for the step's ops on this machine
       (``tf.debugging.set_log_device_placement``), function inputs and outputs aside.
+  micro-batch auto: --micro_batch_size=auto's search (``train/micro_batch.search``: real
+      updates at each divisor, largest first, TensorFlow's out-of-memory error caught, 10% kept
+      beyond the allocator's peak) over a replica batch of twice --max_batch, then the chosen
+      size measured as a batch of its own; OK when one fits and trains. The dry run injects an
+      out-of-memory error above a quarter of that batch (the test hook TFGPU_TEST_OOM_ABOVE).
   all-reduces per update: the backend's count of gradient all-reduces against the updates
       run (what tests/test_step.py asserts), and on 2+ GPUs the collective ops in the loop's
       graph: one NcclAllReduce per replica is one batched NCCL all-reduce per update.
@@ -48,6 +53,7 @@ from gpu_probes import (  # noqa: E402
     measure,
     probe_step,
     replicated_loop,
+    run_config,
 )
 
 MODELS = ("resnet50", "efficientnet_b0", "densenet121")
@@ -219,6 +225,39 @@ def nccl_row(args, num_gpus: int) -> Row:
     return Row(name, text if ok else "FAIL: " + text, notes=f"collectives: {dict(ops)}", ok=ok)
 
 
+def auto_micro_batch_row(args) -> Row:
+    """--micro_batch_size=auto on this device (the module docstring's row)."""
+    from tfgpu.data.spec import load_spec
+    from tfgpu.step import memory
+    from tfgpu.train import micro_batch
+
+    name, batch, model = "micro-batch auto", 2 * args.max_batch, first_model(args)
+    config = run_config(args, model, "float32", False, batch, micro_batch_size="auto")
+    hook = {memory.TEST_HOOK: str(batch // 4)} if args.dry_run else {}
+    saved = {k: os.environ.get(k) for k in hook}
+    os.environ.update(hook)
+    try:
+        device = memory.this_device(None)
+        tried = micro_batch.search(config, load_spec(config.data), None, batch, device)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    text = "; ".join(m.describe() for m in tried)
+    if not (tried and tried[-1].fits):
+        return Row(name, f"FAIL: no micro-batch of {batch} fits: {text}", ok=False)
+    chosen = tried[-1].size
+    trained = measure(args, model, "float32", False, chosen)
+    if trained is None:
+        return Row(name, f"FAIL: {chosen} chosen, then out of memory: {text}", ok=False)
+    note = f"float32 {model}, replica batch {batch}, {device.describe()}"
+    note += "; out of memory injected above " + hook[memory.TEST_HOOK] if hook else ""
+    measured = f"{chosen} of {batch} ({text}); {trained.images_per_sec:,.0f} img/s at {chosen}"
+    return Row(name, measured, notes=note, ok=True)
+
+
 def step_rows(args, log_fd: int, num_gpus: int) -> list[Row]:
     """The rows of ``probe_step``: GPU kernels, placement, input rate."""
     probe = probe_step(args, first_model(args), log_fd)
@@ -326,6 +365,8 @@ def run_checks(args, log_fd: int, num_gpus: int, started: float) -> list[Row]:
     runs = [m for m in found.values() if m is not None]
     if runs:  # the all-reduce count of one device comes with the first measured run
         checks.append(all_reduce_row(runs[0]))
+    print(f"micro-batch auto ({time.monotonic() - started:.0f} s) ...", flush=True)
+    checks += guarded("micro-batch auto", lambda: [auto_micro_batch_row(args)])
     print(f"all-reduces on 2+ devices ({time.monotonic() - started:.0f} s) ...", flush=True)
     checks += guarded("NCCL all-reduce, 2+ GPUs", lambda: [nccl_row(args, num_gpus)])
     start = found["float32"].batch if found.get("float32") else args.start_batch

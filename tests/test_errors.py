@@ -36,6 +36,7 @@ DISK_FULL = (
         ),
         (CheckpointError("no checkpoint reads back"), 4, "tfgpu: error: no checkpoint reads back"),
         (errors.WorkerLost("lost contact"), 5, "tfgpu: error: lost contact"),
+        (errors.OutOfMemory("out of memory"), 7, "tfgpu: error: out of memory"),
         (Preempted("stopped by SIGTERM"), 75, "tfgpu: stopped by SIGTERM; run the same command"),
     ],
 )

@@ -55,6 +55,8 @@ def test_the_dry_run_prints_every_row_and_exits_0():
     assert placement[0] == "skipped: no GPU" and "placement log read" in placement[3]
     assert "img/s (reader alone" in table["input pipeline, resize on device"][0]
     assert table["gradient all-reduces per update"][0].startswith("1 per update")
+    auto = table["micro-batch auto"]  # replica batch 8, out of memory injected above 2
+    assert auto[0].startswith("2 of 8 (8: out of memory (injected); 4: out of memory"), auto
     nccl = table["NCCL all-reduce, 2+ GPUs"]
     assert nccl[0] == "skipped: no GPU"
     assert "{'NcclAllReduce': 2}" in nccl[3] and "2 all-reduces in 2 updates" in nccl[3]

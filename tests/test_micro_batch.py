@@ -186,7 +186,8 @@ def test_batchnorm_auto_equals_the_fixed_split_it_chose(small_dataset, tmp_path,
     """With BatchNorm each micro-batch normalizes with its own statistics, so the split is
     part of the arithmetic: an auto run equals the fixed run of the size it chose (the probe
     leaves the initial weights, the statistics and the random state as they were)."""
-    bn = dict(model="resnet20", small_input=True, global_batch_size=8, train_steps=3)
+    bn = dict(model="resnet20", small_input=True, image_size=16, global_batch_size=8)
+    bn.update(train_steps=2, steps_per_loop=2, log_every_steps=2)
     _, at_4 = _run(small_dataset, tmp_path / "fixed", micro_batch_size="4", **bn)
     monkeypatch.setenv(memory.TEST_HOOK, "4")
     summary, auto = _run(small_dataset, tmp_path / "auto", micro_batch_size="auto", **bn)
@@ -197,7 +198,8 @@ def test_batchnorm_auto_equals_the_fixed_split_it_chose(small_dataset, tmp_path,
 def test_two_workers_with_different_limits_take_the_smallest(small_dataset, tmp_path):
     """Two multi_worker_mirrored processes (8 examples per replica): one fits 8, the other 2;
     both train with 2, and end with the same weights."""
-    flags = cli_flags(dict(RUN, train_steps=3, micro_batch_size="auto"), data_dir=small_dataset)
+    values = dict(RUN, train_steps=2, steps_per_loop=2, micro_batch_size="auto")
+    flags = cli_flags(values, data_dir=small_dataset)
     dirs = [tmp_path / "w0", tmp_path / "w1"]
     procs = [
         subprocess.Popen(
