@@ -405,7 +405,7 @@ def micro_batch(train: TrainConfig) -> int | str:
     text = str(train.micro_batch_size).strip().lower()
     if text == AUTO:
         return AUTO
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return int(text)
     raise ConfigError(
         f"--micro_batch_size={train.micro_batch_size!r} must be a count of examples (0: off) "

@@ -83,7 +83,9 @@ def measure(run_once, size: int, device: Device) -> Measurement:
                 None, None, f"injected out of memory: micro-batch {size} > {TEST_HOOK}={limit}"
             )
         peak = _gpu_peak(run_once) if device.name.startswith("GPU") else _cpu_growth(run_once)
-    except tf.errors.ResourceExhaustedError as err:
+    except tf.errors.OpError as err:
+        if not is_out_of_memory(err):
+            raise
         injected = "injected" in (err.message or "")
         return Measurement(size, False, None, "out of memory" + (" (injected)" * injected))
     needed = int(peak * (1 + MARGIN))
@@ -93,6 +95,16 @@ def measure(run_once, size: int, device: Device) -> Measurement:
     elif not _gpu_can_hold(needed):
         return Measurement(size, False, peak, "no room for the margin")
     return Measurement(size, True, peak)
+
+
+def is_out_of_memory(err: Exception) -> bool:
+    """Whether TensorFlow's error ``err`` is a device out of memory: a ResourceExhaustedError,
+    or another error type with those words (XLA and cuDNN report it so, bench/gpu_probes.py)."""
+    text = str(err).lower()
+    words = "out of memory" in text or "oom when allocating" in text
+    return isinstance(err, tf.errors.ResourceExhaustedError) or (
+        isinstance(err, tf.errors.OpError) and words
+    )
 
 
 def _gpu_peak(run_once) -> int:

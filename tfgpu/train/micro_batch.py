@@ -84,7 +84,9 @@ class Sizing:
         while True:
             try:
                 return start()
-            except tf.errors.ResourceExhaustedError as err:
+            except tf.errors.OpError as err:
+                if not memory.is_out_of_memory(err):
+                    raise
                 smaller = candidates(self.used, self.used) if self.used else []
                 if not (self.auto and smaller and num_workers == 1):
                     raise OutOfMemory(self._advice(err, smaller, num_workers)) from None
