@@ -182,6 +182,7 @@ def test_a_budget_too_small_for_one_example_is_one_line(small_dataset, tmp_path)
     assert "2: " in line and "1: " in line and "over budget" in line
 
 
+@pytest.mark.timeout(600)  # three resnet20 traces: ~37 s of CPU, minutes on 2 shared cores
 def test_batchnorm_auto_equals_the_fixed_split_it_chose(small_dataset, tmp_path, monkeypatch):
     """With BatchNorm each micro-batch normalizes with its own statistics, so the split is
     part of the arithmetic: an auto run equals the fixed run of the size it chose (the probe
@@ -195,6 +196,7 @@ def test_batchnorm_auto_equals_the_fixed_split_it_chose(small_dataset, tmp_path,
     _same(auto, at_4, atol=1e-6)
 
 
+@pytest.mark.timeout(600)  # two processes: ~25 s of CPU, minutes on 2 shared cores
 def test_two_workers_with_different_limits_take_the_smallest(small_dataset, tmp_path):
     """Two multi_worker_mirrored processes (8 examples per replica): one fits 8, the other 2;
     both train with 2, and end with the same weights."""
@@ -214,7 +216,11 @@ def test_two_workers_with_different_limits_take_the_smallest(small_dataset, tmp_
             dirs, launch.tf_configs(2), [{memory.TEST_HOOK: "8"}, {memory.TEST_HOOK: "2"}]
         )
     ]
-    outs = [p.communicate(timeout=240)[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=540)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     line = re.search(r"^micro-batch: auto chose .*$", outs[0], re.M)
     assert line and "chose 2 of 8 per replica" in line.group(0), outs[0][-3000:]

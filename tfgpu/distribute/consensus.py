@@ -58,7 +58,7 @@ def agree(backend, mine: dict) -> list:
     (on every worker) naming the first worker that failed, or the first field that differs
     and who holds which value. A collective: every worker must call it, also one that
     failed."""
-    gathered = [json.loads(b) for b in backend.all_gather_bytes(json.dumps(mine).encode())]
+    gathered = gather(backend, mine)
     message = disagreement(gathered)
     if message:
         raise DistributeError(message)
