@@ -111,7 +111,9 @@ def test_folder_round_trip_through_the_input_pipeline(image_tree, tmp_path):
     assert info["skipped"] == [{"file": "LICENSE", "reason": "not inside a class folder"}]
     assert info["num_skipped"] == len(expected) + 1
     assert sorted(os.listdir(out)) == sorted(
-        [recordformat.INFO_FILE] + plan.shard_names("train", 3) + plan.shard_names("validation", 1)
+        [recordformat.INFO_FILE, recordformat.QUALITY_FILE]
+        + plan.shard_names("train", 3)
+        + plan.shard_names("validation", 1)
     )
 
     spec = data_spec.load_data_spec(out)

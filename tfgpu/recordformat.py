@@ -24,6 +24,7 @@ import google_crc32c
 
 SCHEMA_VERSION = 1
 INFO_FILE = "dataset_info.json"  # written last by the converter: a folder with one is whole
+QUALITY_FILE = "quality.json"  # the converter's duplicate check, beside INFO_FILE
 
 # Feature name -> (kind, default); "bytes" and "int64" as in tf.train.Feature. The converter
 # writes every feature; a reader needs only the first two (the others default).

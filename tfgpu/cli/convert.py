@@ -25,7 +25,7 @@ from tfgpu.cli import quiet
 from tfgpu.cli.app import run_command
 from tfgpu.cli.flags import command_settings, define_flags
 from tfgpu.cli.settings import ConvertSettings
-from tfgpu.convert import plan
+from tfgpu.convert import dedupe, plan
 from tfgpu.convert.inputs import arrays, cifar, folders, hdf5, idx, lmdb_input, npz, tfds_input
 from tfgpu.errors import ConvertError
 from tfgpu.convert.manifest import Source
@@ -55,6 +55,7 @@ def _check_flags(f: ConvertSettings) -> None:
         ("max_megapixels", f.max_megapixels > 0, "> 0"),
         ("lmdb_layout", f.lmdb_layout in lmdb_input.LAYOUTS, "auto, datum or encoded"),
         ("lmdb_channel_order", f.lmdb_channel_order in lmdb_input.CHANNEL_ORDERS, "bgr or rgb"),
+        ("dedupe", f.dedupe in dedupe.MODES, "none, validation or all"),
     ]
     for name, ok, expected in checks:
         if not ok:
@@ -64,6 +65,8 @@ def _check_flags(f: ConvertSettings) -> None:
         if inside.startswith(os.path.realpath(os.path.expanduser(f.input)) + os.sep):
             raise ConvertError(f"--output_dir={f.output_dir} is inside --input={f.input}")
     _check_lmdb_flags(f)
+    if f.dedupe != "none" and not f.check_duplicates:
+        raise ConvertError(f"--dedupe={f.dedupe} needs --check_duplicates")
 
 
 def _check_lmdb_flags(f: ConvertSettings) -> None:
@@ -170,6 +173,8 @@ def convert_source(f: ConvertSettings, source: Source, lossless_given: bool) -> 
         max_side=f.max_side,
         max_file_mb=f.max_file_mb,
         max_megapixels=f.max_megapixels,
+        check_duplicates=f.check_duplicates,
+        dedupe=f.dedupe,
     )
 
 
@@ -197,6 +202,8 @@ def _convert(argv: list) -> int:
     except KeyboardInterrupt:
         print("to_tfrecord: interrupted; run the same command again to finish", file=sys.stderr)
         return 130
+    if "quality" in info:  # first: the summary line stays the last one
+        print(f"to_tfrecord: {quality_line(info['quality'])}")
     counts = ", ".join(f"{n} {s}" for s, n in info["num_examples"].items())
     shards = sum(len(v["shards"]) for v in info["splits"].values())
     print(
@@ -211,6 +218,17 @@ def _convert(argv: list) -> int:
         + ("; verified: every record decodes" if f.verify else "")
     )
     return 0
+
+
+def quality_line(quality: dict) -> str:
+    """The duplicate check's line: its summary, what --dedupe dropped, where the groups are."""
+    dropped = quality["dedupe"]["dropped"]
+    cut = ", ".join(f"{n} {split}" for split, n in dropped.items())
+    return (
+        quality["summary"]
+        + (f"; --dedupe={quality['dedupe']['mode']} dropped {cut}" if cut else "")
+        + f" ({quality['seconds']:.1f} s; groups in {quality['file']})"
+    )
 
 
 def verify(output_dir: str) -> None:

@@ -128,6 +128,18 @@ class ConvertSettings:
         "Skip images of more than this many million pixels, undecoded (their header says): "
         "a decompression bomb, a few kB that decode to GBs, is skipped by name.",
     )
+    check_duplicates: bool = setting(
+        True,
+        "Find exact duplicates (equal pixels) and near-duplicates (re-encoded, resized, "
+        "slightly cropped or flipped copies: perceptual hash plus thumbnail) within and across "
+        "splits, and duplicates with different labels; writes quality.json beside "
+        "dataset_info.json and prints one line (docs/data.md#data-quality). Costs COST_TBD.",
+    )
+    dedupe: str = setting(
+        "none",
+        "With --check_duplicates: none (only report), validation (drop every non-train image "
+        "that has a copy in train) or all (also keep one image of each group within a split).",
+    )
     overwrite: bool = setting(
         False,
         "Replace a finished or different conversion in --output_dir. A finished dataset is "

@@ -67,6 +67,9 @@ class EncodeOptions:
     # A grayscale image stays 1-channel instead of RGB (raw-pixel inputs: exact and 3x
     # smaller; the reader decodes every image to RGB anyway).
     keep_grayscale: bool = False
+    # Keep each record's exact key, perceptual hashes and thumbnail (fingerprint.py) for the
+    # duplicate check run once all shards are written (duplicates.py).
+    check_duplicates: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 
 from tfgpu import __version__
 from tfgpu.errors import ConvertError
+from tfgpu.convert import duplicates
+from tfgpu.convert.dedupe import QUALITY_FILE, check_and_dedupe
 from tfgpu.convert.manifest import EncodeOptions, Item, LazySplit
 from tfgpu.convert.replace import PLAN_FILE, has_finished, is_own, staging_dir, swap_in
 from tfgpu.convert.worker import display_name, done_marker, serve, write_shard
@@ -90,9 +92,9 @@ def choose_num_shards(
     return out
 
 
-def plan_fingerprint(jobs: list, options: EncodeOptions, source: str) -> str:
+def plan_fingerprint(jobs: list, options: EncodeOptions, source: str, dedupe: str = "none") -> str:
     """A hash of what each shard will hold: a re-run may keep a shard only if it matches."""
-    digest = hashlib.sha256(json.dumps([source, asdict(options)]).encode())
+    digest = hashlib.sha256(json.dumps([source, asdict(options), dedupe]).encode())
     for job in jobs:
         digest.update(job.name.encode())
         if isinstance(job.items, list):
@@ -256,13 +258,16 @@ def write_dataset(
     overwrite: bool = False,
     progress: bool = False,
     skipped: Sequence[dict] = (),
+    dedupe: str = "none",
     **encode_options,
 ) -> dict:
     """Writes every split, then ``dataset_info.json``; returns the info dict.
 
     ``splits`` maps a split name to a list of Items or a LazySplit; ``num_shards`` gives
     each split's shard count; ``skipped`` lists inputs the source itself rejected.
-    ``encode_options`` are EncodeOptions' fields. Shards that an interrupted run with the
+    ``encode_options`` are EncodeOptions' fields; with ``check_duplicates``, ``quality.json``
+    is written too and ``dedupe`` ("none", "validation", "all") drops duplicates from the
+    written shards (``dedupe.py``). Shards that an interrupted run with the
     same inputs and options completed are kept; ConvertError explains any refusal. With
     ``overwrite``, a finished dataset in ``output_dir`` is replaced only once the new one is
     complete (``replace.py``).
@@ -271,35 +276,38 @@ def write_dataset(
     jobs = [
         j for name, items in splits.items() for j in plan_split(items, name, num_shards[name], seed)
     ]
-    fingerprint = plan_fingerprint(jobs, options, source)
+    fingerprint = plan_fingerprint(jobs, options, source, dedupe)
+    if dedupe != "none" and not options.check_duplicates:
+        raise ConvertError(f"--dedupe={dedupe} needs --check_duplicates")
+    rest = (class_names, source, skipped, options, seed, num_workers, progress, dedupe)
     if overwrite and has_finished(output_dir):
         staging = staging_dir(output_dir)
         resume = _own_json(os.path.join(staging, PLAN_FILE)).get("fingerprint") == fingerprint
         prepare_output(staging, fingerprint, overwrite=not resume)
-        info = _write_shards_and_info(
-            staging, jobs, class_names, source, skipped, options, seed, num_workers, progress
-        )
+        info = _write_shards_and_info(staging, jobs, *rest)
         swap_in(staging, output_dir)
         return info
     prepare_output(output_dir, fingerprint, overwrite)
-    return _write_shards_and_info(
-        output_dir, jobs, class_names, source, skipped, options, seed, num_workers, progress
-    )
+    return _write_shards_and_info(output_dir, jobs, *rest)
 
 
 def _write_shards_and_info(
-    output_dir, jobs, class_names, source, skipped, options, seed, num_workers, progress
+    output_dir, jobs, class_names, source, skipped, options, seed, num_workers, progress, dedupe
 ) -> dict:
-    """Writes the shards not finished yet, then the info file; returns the info."""
+    """Writes the shards not finished yet, then (checked for duplicates if asked) the info
+    file; returns the info."""
     splits = list(dict.fromkeys(j.split for j in jobs))
     results = {j.name: r for j in jobs if (r := _finished(output_dir, j.name))}
     todo = [j for j in jobs if j.name not in results]
     results.update(run_jobs(todo, output_dir, options, num_workers, progress))
+    quality = None
+    if options.check_duplicates:
+        quality = check_and_dedupe(output_dir, jobs, results, class_names, dedupe)
     entries = {
         split: _split_entry([results[j.name] for j in jobs if j.split == split], class_names)
         for split in splits
     }
-    info = write_info(output_dir, class_names, entries, source, skipped, options, seed)
+    info = write_info(output_dir, class_names, entries, source, skipped, options, seed, quality)
     for job in jobs:  # the info file now holds what the markers held
         os.unlink(os.path.join(output_dir, done_marker(job.name)))
     os.unlink(os.path.join(output_dir, PLAN_FILE))
@@ -340,8 +348,10 @@ def write_info(
     skipped: Sequence[dict] = (),
     options: EncodeOptions | None = None,
     seed: int | None = None,
+    quality: dict | None = None,
 ) -> dict:
-    """Writes ``dataset_info.json`` atomically, last, and returns it."""
+    """Writes ``dataset_info.json`` atomically, last, and returns it; ``quality`` (the
+    duplicate check's report) adds its counts, the groups being in quality.json."""
     names = [display_name(c) for c in class_names]
     info = {
         "schema_version": SCHEMA_VERSION,
@@ -357,5 +367,8 @@ def write_info(
         "skipped": [dict(s, file=display_name(s["file"])) for s in skipped],
         "options": dict(asdict(options or EncodeOptions()), seed=seed),
     }
+    if quality is not None:
+        info["quality"] = {k: v for k, v in quality.items() if k not in ("groups", "method")}
+        info["quality"].update(file=QUALITY_FILE, summary=duplicates.summary(quality))
     write_json(os.path.join(output_dir, INFO_FILE), info)
     return info

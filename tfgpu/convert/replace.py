@@ -19,7 +19,7 @@ import shutil
 import stat
 
 from tfgpu.errors import ConvertError
-from tfgpu.recordformat import INFO_FILE
+from tfgpu.recordformat import INFO_FILE, QUALITY_FILE
 
 PLAN_FILE = ".to_tfrecord-plan.json"
 # Everything a conversion may leave in --output_dir; --overwrite removes these and only these.
@@ -31,7 +31,11 @@ _RENAME_EXCHANGE = 2
 
 def is_own(name: str) -> bool:
     """True for a file name a conversion writes in its output folder."""
-    return bool(_OWN_FILE.match(name)) or name.split(".tmp")[0] in (INFO_FILE, PLAN_FILE)
+    return bool(_OWN_FILE.match(name)) or name.split(".tmp")[0] in (
+        INFO_FILE,
+        PLAN_FILE,
+        QUALITY_FILE,
+    )
 
 
 def has_finished(output_dir: str) -> bool:

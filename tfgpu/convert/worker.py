@@ -15,6 +15,7 @@ from dataclasses import asdict
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from tfgpu.convert import fingerprint
 from tfgpu.convert.manifest import (
     DEFAULT_MAX_FILE_MB,
     DEFAULT_MAX_MEGAPIXELS,
@@ -43,6 +44,7 @@ def encode_image(
     max_file_mb: int = DEFAULT_MAX_FILE_MB,
     max_megapixels: int = DEFAULT_MAX_MEGAPIXELS,
     keep_grayscale: bool = False,
+    look: list | None = None,
 ):
     """Returns ``(encoded, format, height, width)`` for one image, or raises BadImage.
 
@@ -52,6 +54,8 @@ def encode_image(
     grayscale one stays 1-channel with ``keep_grayscale``). A file that is
     not a regular one, or holds more than ``max_file_mb`` MB, is not read; an image of more
     than ``max_megapixels`` million pixels is not decoded (its header says its size).
+    With a ``look`` list, the duplicate check's view of the image is appended to it: its
+    exact key and 32x32 thumbnail (``fingerprint.py``), from the pixels decoded anyway.
     """
     max_pixels = max_megapixels * 1_000_000
     # PIL refuses images over twice its own limit, whatever ours is: ours is the one.
@@ -64,12 +68,19 @@ def encode_image(
     elif len(data) > max_file_mb * _MB:
         raise BadImage(_too_many_bytes(len(data), max_file_mb))
     elif data[:3] == _JPEG_MAGIC:
-        mode, height, width = _verify_jpeg(data, max_pixels)
-        if mode == "RGB" and not _too_big((width, height), max_side):
+        draft = _verify_jpeg(data, max_pixels)
+        width, height = draft.info["size"]
+        if draft.mode == "RGB" and not _too_big((width, height), max_side):
+            if look is not None:  # the 1/8-scale draft: each pixel an 8x8 block's mean
+                # libjpeg scales by 1/1, 1/2, 1/4 or 1/8, rounding sizes up
+                step = next((s for s in (8, 4, 2, 1) if -(-width // s) == draft.width), 1)
+                look += [fingerprint.jpeg_key(data), fingerprint.thumbnail(draft, step)]
             return bytes(data), "JPEG", height, width
         image = _decode(data, max_pixels)  # grayscale, CMYK or too big: re-encoded below
     else:
         image = _decode(data, max_pixels)
+    if look is not None:
+        look += [fingerprint.exact_key(image), fingerprint.thumbnail(image)]
     try:
         return _reencode(image, jpeg_quality, lossless, max_side, keep_grayscale)
     except Exception as err:  # noqa: BLE001 - an odd mode PIL cannot convert: skip, go on
@@ -123,8 +134,9 @@ def _too_many_bytes(size: int, max_file_mb: int) -> str:
     return f"file too large: {size / _MB:.1f} MB, over --max_file_mb={max_file_mb}"
 
 
-def _verify_jpeg(data: bytes, max_pixels: int) -> tuple[str, int, int]:
-    """(mode, height, width) of a JPEG that decodes; raises BadImage otherwise.
+def _verify_jpeg(data: bytes, max_pixels: int) -> Image.Image:
+    """A JPEG that decodes, decoded at 1/8 scale (its full size in ``info["size"]``);
+    raises BadImage otherwise.
 
     It decodes at 1/8 scale (libjpeg's DCT scaling): the entropy decoder still walks every
     coefficient of every block, which is where truncated or corrupt data fails, but the
@@ -139,7 +151,8 @@ def _verify_jpeg(data: bytes, max_pixels: int) -> tuple[str, int, int]:
         image.load()
     except Exception as err:  # noqa: BLE001 - PIL raises many types for bad data
         raise BadImage(f"cannot decode: {err}") from None
-    return mode, height, width
+    image.info["size"] = (width, height)
+    return image
 
 
 def _decode(data: bytes, max_pixels: int) -> Image.Image:
@@ -266,22 +279,32 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
 
     The shard is written as ``name.tmp``, synced and renamed when complete, then a done
     marker with the returned dict (``file``, ``num_examples``, ``per_class`` by label,
-    ``short_sides`` {bucket: count}, ``skipped``) is written beside it, so an interrupted
-    run can keep it.
+    ``short_sides`` {bucket: count}, ``skipped``, and with ``options.check_duplicates`` the
+    records' ``fingerprints``) is written beside it, so an interrupted run can keep it.
     """
     path = os.path.join(output_dir, name)
     count, per_class, skipped, sides = 0, {}, [], {}
+    encode_options = asdict(options)
+    check = encode_options.pop("check_duplicates")
+    looks = {"keys": [], "thumbs": [], "labels": [], "files": [], "sides": []}
     with open_new(path + ".tmp") as f:
         for item, data in _load(items, options):
+            look = [] if check else None
             try:
                 if isinstance(data, BadImage):
                     raise data
-                encoded, fmt, height, width = encode_image(data, **asdict(options))
+                encoded, fmt, height, width = encode_image(data, **encode_options, look=look)
             except BadImage as err:
                 skipped.append({"file": display_name(item.filename), "reason": str(err)})
             else:
                 record = encode_example(encoded, item.label, height, width, fmt, item.filename)
                 write_record(f, record)
+                if check:
+                    looks["keys"].append(look[0])
+                    looks["thumbs"].append(look[1])
+                    looks["labels"].append(item.label)
+                    looks["files"].append(display_name(item.filename))
+                    looks["sides"].append(short_side_bucket(height, width))
                 count += 1
                 per_class[item.label] = per_class.get(item.label, 0) + 1
                 side = short_side_bucket(height, width)
@@ -300,6 +323,8 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
         "short_sides": {str(k): v for k, v in sorted(sides.items())},
         "skipped": skipped,
     }
+    if check:
+        result["fingerprints"] = fingerprint.shard_record(**looks)
     write_json(os.path.join(output_dir, done_marker(name)), result)
     return result
 

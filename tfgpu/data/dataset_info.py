@@ -13,7 +13,7 @@ import os
 
 from tfgpu.errors import DataError
 from tfgpu.files import read_json
-from tfgpu.recordformat import INFO_FILE
+from tfgpu.recordformat import INFO_FILE, QUALITY_FILE
 
 MAX_CLASSES = 1_000_000  # more is no classifier's head: a typo or a hostile file
 MAX_EXAMPLES = 1 << 40  # a trillion examples per shard or split
@@ -108,3 +108,26 @@ class _Where:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             self.fail(field, value, f"a whole number in {low}..{high}")
         return value
+
+
+def leak_line(data_dir: str, split: str) -> str:
+    """One line on ``split``'s leaks into train, from the converter's quality.json in
+    ``data_dir``: how many of its images have a copy (exact or near) in train, or what
+    --dedupe dropped; "" when there is no such file (not checked) or the split is train."""
+    path = os.path.join(data_dir, QUALITY_FILE)
+    if not data_dir or split == "train" or not os.path.isfile(path):
+        return ""
+    try:
+        quality = read_json(path)
+        leaked = int(quality.get("leaked_images", {}).get(split, 0))
+        dropped = quality.get("dedupe", {}).get("dropped", {}).get(split, 0)
+    except (ValueError, AttributeError, TypeError) as err:
+        return f"data: {path} is unreadable ({err}); leaks not known"
+    if leaked and dropped >= leaked:
+        return f"data: the {leaked} {split} images with a copy in train were dropped (--dedupe)"
+    if leaked:
+        return (
+            f"data: {leaked} {split} images have an exact or near copy in train ({path}): "
+            f"this {split} score is optimistic; convert with --dedupe=validation to drop them"
+        )
+    return f"data: checked for duplicates, no {split} image has a copy in train"

@@ -14,6 +14,7 @@ import os
 
 import tensorflow as tf
 
+from tfgpu.data.dataset_info import leak_line
 from tfgpu.data.spec import split_spec
 from tfgpu.errors import UsageError, op_error_cause, warn
 from tfgpu.files import check_output, shown, write_json
@@ -55,6 +56,7 @@ def evaluate(
         "split": split,
         **_per_class_results(trained, spec, config.data),
         "class_names": names,
+        "data_quality": leak_line(spec.data_dir, split),
     }
     log(format_report(report))
     if target:
@@ -112,6 +114,8 @@ def format_report(r: dict) -> str:
         f"{where}: {r['num_examples']} examples{tta}",
         f"top1 {r['top1']:.4f}  top5 {r['top5']:.4f}  loss {r['loss']:.4f}",
     ]
+    if r.get("data_quality"):
+        lines.append(r["data_quality"])
     names, matrix = r["class_names"], r["confusion_matrix"]
     width = max(6, *(len(n) for n in names[:50]), len(str(max(map(max, matrix), default=0))))
     lines.append("per class (accuracy, examples):")

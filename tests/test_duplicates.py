@@ -1,0 +1,220 @@
+"""The converter's duplicate check (--check_duplicates, --dedupe): copies planted by the
+transformations that make near-duplicates (JPEG quality 95 -> 60, a 90% resize, a 2-pixel
+crop, a mirror) are found across splits beside distinct real photos (scikit-image's samples),
+which group with nothing; a copy with another label is named; --dedupe leaves no validation
+image that is in train and counts that add up; hostile inputs (1x1, one colour, 100,000 copies
+of one image) end in results, never a hang; tfgpu-evaluate's line reads quality.json."""
+
+import functools
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from PIL import Image
+
+from tfgpu import recordformat
+from tfgpu.cli import convert as cli
+from tfgpu.convert import dedupe, duplicates, fingerprint
+from tfgpu.data.dataset_info import leak_line
+
+skimage_data = pytest.importorskip("skimage.data")
+pytestmark = pytest.mark.fast
+
+# Distinct photographs and scans among scikit-image's samples (data.cat is chelsea again).
+PHOTOS = [
+    "astronaut", "camera", "coffee", "chelsea", "rocket", "coins", "moon", "page", "text",
+    "clock", "hubble_deep_field", "immunohistochemistry", "brick", "grass", "gravel", "cell",
+]  # fmt: skip
+PLANTED = {"astronaut": "q60", "coffee": "resize90", "rocket": "crop2", "chelsea": "flip"}
+
+
+@functools.cache
+def _photo(name: str) -> Image.Image:
+    array = getattr(skimage_data, name)()
+    if array.dtype != np.uint8:
+        array = (255 * (array - array.min()) / (np.ptp(array) or 1)).astype(np.uint8)
+    return Image.fromarray(array).convert("RGB")
+
+
+def _jpeg(image: Image.Image, quality: int = 95) -> bytes:
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def _transformed(image: Image.Image, how: str) -> bytes:
+    """The near-duplicate ``how`` makes of ``image``, as JPEG bytes."""
+    if how == "q60":  # a JPEG saved at quality 95, decoded and saved again at 60
+        return _jpeg(Image.open(io.BytesIO(_jpeg(image))), 60)
+    if how == "resize90":
+        size = (image.width * 9 // 10, image.height * 9 // 10)
+        return _jpeg(image.resize(size, Image.Resampling.BICUBIC))
+    if how == "crop2":
+        return _jpeg(image.crop((2, 2, image.width - 2, image.height - 2)))
+    return _jpeg(image.transpose(Image.Transpose.FLIP_LEFT_RIGHT))
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """ROOT/{train,validation}/{a,b}/: every photo in train; transformed copies of four in
+    validation; an exact copy of ``camera`` in train under the other class."""
+    root = tmp_path_factory.mktemp("planted")
+    for i, name in enumerate(PHOTOS):
+        label = "ab"[i % 2]
+        image = _photo(name)
+        (root / "train" / label).mkdir(parents=True, exist_ok=True)
+        (root / "train" / label / f"{name}.jpg").write_bytes(_jpeg(image))
+        if name in PLANTED:
+            (root / "validation" / label).mkdir(parents=True, exist_ok=True)
+            (root / "validation" / label / f"{name}-{PLANTED[name]}.jpg").write_bytes(
+                _transformed(image, PLANTED[name])
+            )
+        if name == "camera":
+            other = "ba"[i % 2]
+            (root / "train" / other / "camera-copy.jpg").write_bytes(_jpeg(image))
+    return root
+
+
+def _convert(capsys, root, out, *flags) -> tuple[dict, dict, str]:
+    """(dataset_info, quality.json, stdout) of converting ``root`` into ``out``."""
+    capsys.readouterr()
+    code = cli.main(
+        ["to_tfrecord", "--noprogress", "--num_workers=0", f"--input={root}", f"--output_dir={out}"]
+        + list(flags)
+    )
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
+    with open(os.path.join(out, recordformat.INFO_FILE), encoding="utf-8") as f:
+        info = json.load(f)
+    with open(os.path.join(out, recordformat.QUALITY_FILE), encoding="utf-8") as f:
+        return info, json.load(f), stdout
+
+
+def _names(group: dict) -> set:
+    return {os.path.basename(m["file"]).split(".")[0] for m in group["members"]}
+
+
+def test_planted_copies_found_across_splits_and_distinct_photos_not(planted, tmp_path, capsys):
+    info, quality, stdout = _convert(capsys, planted, tmp_path / "out")
+    groups = {frozenset(_names(g)): g for g in quality["groups"]}
+    planted_pairs = {frozenset({n, f"{n}-{how}"}) for n, how in PLANTED.items()}
+    assert set(groups) == planted_pairs | {frozenset({"camera", "camera-copy"})}
+    for pair in planted_pairs:
+        assert groups[pair]["kind"] == "near" and groups[pair]["leak"]
+        assert groups[pair]["splits"] == {"train": 1, "validation": 1}
+    assert quality["leaked_images"] == {"validation": 4}
+    assert "4 validation images also in train" in stdout
+    assert info["quality"]["num_leak_groups"] == 4
+
+
+def test_a_copy_with_another_label_is_named(planted, tmp_path, capsys):
+    _, quality, stdout = _convert(capsys, planted, tmp_path / "out")
+    conflicts = [g for g in quality["groups"] if g["label_conflict"]]
+    assert len(conflicts) == 1 and conflicts[0]["kind"] == "exact"
+    assert conflicts[0]["labels"] == {"a": 1, "b": 1} and not conflicts[0]["leak"]
+    assert quality["num_label_conflicts"] == 1 and "1 groups with different labels" in stdout
+
+
+@pytest.mark.parametrize("mode", ["validation", "all"])
+def test_dedupe_writes_clean_splits_whose_counts_add_up(planted, tmp_path, capsys, mode):
+    out = tmp_path / "out"
+    info, quality, stdout = _convert(capsys, planted, out, f"--dedupe={mode}")
+    dropped = {"validation": 4, **({"train": 1} if mode == "all" else {})}
+    assert quality["dedupe"] == {"mode": mode, "dropped": dropped}
+    assert info["num_examples"] == {
+        "train": len(PHOTOS) + 1 - dropped.get("train", 0),
+        "validation": 0,
+    }
+    for entry in info["splits"].values():
+        in_files = [recordformat.scan_shard(out / s["file"])[0] for s in entry["shards"]]
+        assert in_files == [s["num_examples"] for s in entry["shards"]]
+        assert sum(in_files) == entry["num_examples"] == sum(entry["per_class"].values())
+    assert f"--dedupe={mode} dropped" in stdout
+
+
+def test_dedupe_of_a_shard_is_done_once(tmp_path):
+    """A run interrupted after cutting a shard cuts it no further when run again."""
+    path = tmp_path / "train-00000-of-00001.tfrecord"
+    with open(path, "wb") as f:
+        for i in range(5):
+            recordformat.write_record(f, recordformat.encode_example(b"x", i, 1, 1, "PNG", str(i)))
+    dedupe.drop_records(str(path), {1, 3}, before=5)
+    once = path.read_bytes()
+    dedupe.drop_records(str(path), {1, 3}, before=5)
+    assert path.read_bytes() == once and recordformat.scan_shard(str(path)) == (3, -1)
+
+
+def test_evaluate_says_when_the_data_leaks(planted, tmp_path, capsys):
+    out = tmp_path / "out"
+    _convert(capsys, planted, out)
+    assert leak_line(str(out), "validation").startswith("data: 4 validation images have")
+    assert leak_line(str(out), "train") == ""
+    _convert(capsys, planted, out, "--dedupe=validation", "--overwrite")
+    assert "were dropped" in leak_line(str(out), "validation")
+    assert leak_line(str(tmp_path), "validation") == ""  # no quality.json: nothing said
+
+
+def test_phash_is_imagehashs_and_the_mirror_hash_the_mirrors():
+    imagehash = pytest.importorskip("imagehash")
+    for name in PHOTOS:
+        thumb = np.rint(fingerprint.thumbnail(_photo(name))).astype(np.uint8)
+        direct, mirror = fingerprint.phashes(np.stack([thumb, thumb[:, ::-1]]))
+        theirs = imagehash.phash(Image.fromarray(thumb)).hash.reshape(-1)
+        ours = np.unpackbits(np.array([direct[0]], ">u8").view(np.uint8)).astype(bool)
+        assert (ours == theirs).all(), name
+        assert direct[1] == mirror[0], name
+
+
+def _shards(images: list, split: str = "train") -> list:
+    """The check's input for ``images`` (2-D uint8 arrays), as one shard of ``split``."""
+    pil = [Image.fromarray(a) for a in images]
+    record = fingerprint.shard_record(
+        [fingerprint.exact_key(i) for i in pil],
+        [fingerprint.thumbnail(i) for i in pil],
+        [0] * len(pil),
+        [f"{split}/{i}" for i in range(len(pil))],
+        [16] * len(pil),
+    )
+    return [(split, f"{split}-00000-of-00001.tfrecord", {"fingerprints": record})]
+
+
+@settings(max_examples=15, deadline=None)
+@given(hnp.arrays(np.uint8, st.tuples(st.integers(1, 9), st.integers(1, 9))))
+def test_any_tiny_image_and_its_copy_make_one_exact_group(image):
+    """1x1 images, one colour, odd sizes: a result, never an error."""
+    _, groups, report = duplicates.check(_shards([image, image.copy()]), ["c"])
+    assert [len(g) for g in groups] == [2] and report["num_exact_groups"] == 1
+
+
+def test_images_of_one_colour_group_only_when_equal():
+    flat = [np.full((8, 8), v, np.uint8) for v in (0, 0, 90, 255)]
+    _, groups, report = duplicates.check(_shards(flat), ["c"])
+    assert [sorted(g) for g in groups] == [[0, 1]] and report["flat_images"] == 4
+
+
+def test_a_hundred_thousand_copies_are_one_group():
+    """100,000 copies of one 2x2 image (fingerprinted once), 10,000 in validation: one
+    group, 100 members listed, found in well under a second's worth of search."""
+    ((_, _, one),) = _shards([np.array([[0, 255], [255, 0]], np.uint8)])
+    record = fingerprint.unpack(one["fingerprints"])
+    copies = {
+        name: fingerprint.pack(np.repeat(record[name], 100_000, axis=0))
+        for name in ("exact", "phash", "mirror", "thumbs")
+    }
+    shards = []
+    for split, start, stop in (("train", 0, 90_000), ("validation", 90_000, 100_000)):
+        part = {k: fingerprint.pack(fingerprint.unpack({**copies, "files": []})[k][start:stop])
+                for k in ("exact", "phash", "mirror", "thumbs")}  # fmt: skip
+        n = stop - start
+        part.update(labels=[0] * n, files=[f"{split}/{i}" for i in range(n)], sides=[0] * n)
+        shards.append((split, f"{split}-00000-of-00001.tfrecord", {"fingerprints": part}))
+    _, groups, report = duplicates.check(shards, ["c"])
+    (group,) = report["groups"]
+    assert group["size"] == 100_000 and len(group["members"]) == duplicates.MAX_LISTED
+    assert group["kind"] == "exact" and group["leak"]
+    assert report["leaked_images"] == {"validation": 10_000}
