@@ -11,6 +11,11 @@ fine grain, 10 class folders; cached in $TMPDIR/tfgpu-bench-convert), then measu
   converter                 tfgpu.convert_cli end to end (list the folders, verify-decode,
                             write 4 shards per worker, dataset_info.json) with N workers
 
+With ``--duplicates=DIR`` (an input the converter reads, e.g. Fashion-MNIST's IDX folder
+/usr/share/datasets/fashion-mnist) it measures instead what ``--check_duplicates`` adds: the
+conversion in this one process (``--num_workers=0``) with and without the check, interleaved,
+by CPU time (what other users of the machine cannot change), and the groups found.
+
 Every measurement runs ``--repeats`` times, interleaved, and the best is kept. On a shared
 machine wall-clock rates swing with the others' load, so the CPU time per image of each
 contender (one process, 300 images) is printed too: the ratio of those is what the rates'
@@ -161,12 +166,53 @@ def cpu_costs(paths: list, workers: int) -> dict:
     return costs
 
 
+def duplicates_cost(input_dir: str, repeats: int) -> None:
+    """Prints the CPU seconds of converting ``input_dir`` with and without the duplicate
+    check (best of ``repeats``, interleaved), their ratio and the check's summary."""
+    import json
+
+    seconds = {"--nocheck_duplicates": [], "--check_duplicates": []}
+    output_dir = tempfile.mkdtemp(prefix="tfgpu-bench-dup-")
+    try:
+        for _ in range(repeats):
+            for flag, runs in seconds.items():
+                argv = ["bench", f"--input={input_dir}", f"--output_dir={output_dir}", flag]
+                cli.FLAGS.unparse_flags()
+                cli.FLAGS(argv + ["--num_workers=0", "--overwrite", "--noprogress"])
+                start = time.process_time()
+                info = cli.convert_from_flags(cli.FLAGS)
+                runs.append(time.process_time() - start)
+        with open(os.path.join(output_dir, "quality.json"), encoding="utf-8") as f:
+            quality = json.load(f)
+    finally:
+        shutil.rmtree(output_dir, ignore_errors=True)
+    images = sum(info["num_examples"].values())
+    plain, checked = min(seconds["--nocheck_duplicates"]), min(seconds["--check_duplicates"])
+    print(f"\n{images} images of {input_dir}, converted in one process; CPU s (best of {repeats})")
+    for flag, runs in seconds.items():
+        each = ", ".join(f"{r:.1f}" for r in runs)
+        print(f"{flag:22s} {min(runs):8.1f} s  {1e6 * min(runs) / images:6.0f} us/img   ({each})")
+    print(f"added by the check: {100 * (checked / plain - 1):.1f}% (target <= 15%)")
+    print(f"{cli.quality_line(dict(quality, file='quality.json', summary=_summary(quality)))}")
+    print(f"search: {quality['method']['search']}; {quality['search']}")
+
+
+def _summary(quality: dict) -> str:
+    from tfgpu.convert import duplicates
+
+    return duplicates.summary(quality)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num_images", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--duplicates", default="", help="measure --check_duplicates on this")
     args = parser.parse_args()
+    if args.duplicates:
+        duplicates_cost(args.duplicates, args.repeats)
+        return
     root, paths = make_images(args.num_images, args.workers)
     megabytes = sum(os.path.getsize(p) for p in paths) / 2**20
     for path in paths:  # page cache: every measurement reads from memory, like the others

@@ -133,7 +133,9 @@ class ConvertSettings:
         "Find exact duplicates (equal pixels) and near-duplicates (re-encoded, resized, "
         "slightly cropped or flipped copies: perceptual hash plus thumbnail) within and across "
         "splits, and duplicates with different labels; writes quality.json beside "
-        "dataset_info.json and prints one line (docs/data.md#data-quality). Costs COST_TBD.",
+        "dataset_info.json and prints one line (docs/data.md#data-quality). Its cost depends on "
+        "the images: on Fashion-MNIST it doubled the conversion's CPU time (+112%, 70,000 small "
+        "look-alike images: 22M candidate pairs to rule out); --nocheck_duplicates skips it.",
     )
     dedupe: str = setting(
         "none",
