@@ -197,6 +197,7 @@ def test_images_of_one_colour_group_only_when_equal():
     assert [sorted(g) for g in groups] == [[0, 1]] and report["flat_images"] == 4
 
 
+@pytest.mark.slow  # ~3 s alone, 10 s on a loaded machine: numpy over 100,000 rows
 def test_a_hundred_thousand_copies_are_one_group():
     """100,000 copies of one 2x2 image (fingerprinted once), 10,000 in validation: one
     group, 100 members listed, found in well under a second's worth of search."""
