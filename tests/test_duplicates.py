@@ -23,7 +23,6 @@ from tfgpu.convert import dedupe, duplicates, fingerprint
 from tfgpu.data.dataset_info import leak_line
 
 skimage_data = pytest.importorskip("skimage.data")
-pytestmark = pytest.mark.fast
 
 # Distinct photographs and scans among scikit-image's samples (data.cat is chelsea again).
 PHOTOS = [
