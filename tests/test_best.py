@@ -125,7 +125,8 @@ def test_early_stop_ends_cleanly_and_stays_stopped(small_dataset, tmp_path):
     summary = train.run(config)
     assert summary["stopped"] == "early_stop" and summary["stopped_at_step"] == 6
     assert summary["steps"] == 6 and summary["final_eval"]["loss"] is not None
-    assert [r["step"] for r in _evals(tmp_path)] == [2, 4, 6, 6]
+    # The final evaluation at step 6 replaces the early stop's row of that step: one each.
+    assert [r["step"] for r in _evals(tmp_path)] == [2, 4, 6]
     assert os.path.exists(tmp_path / "export" / "model.keras")
     assert os.path.exists(tmp_path / "checkpoints" / "ckpt-6.index")
     assert json.load(open(tmp_path / "summary.json"))["stopped"] == "early_stop"

@@ -227,7 +227,7 @@ def quality_line(quality: dict) -> str:
     return (
         quality["summary"]
         + (f"; --dedupe={quality['dedupe']['mode']} dropped {cut}" if cut else "")
-        + f" ({quality['seconds']:.1f} s; groups in {quality['file']})"
+        + f" (groups in {quality['file']}, with the check's seconds)"
     )
 
 

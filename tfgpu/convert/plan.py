@@ -368,7 +368,9 @@ def write_info(
         "options": dict(asdict(options or EncodeOptions()), seed=seed),
     }
     if quality is not None:
-        info["quality"] = {k: v for k, v in quality.items() if k not in ("groups", "method")}
+        # Not its seconds: the same input converts to the same dataset_info.json, byte for byte.
+        left_out = ("groups", "method", "seconds")
+        info["quality"] = {k: v for k, v in quality.items() if k not in left_out}
         info["quality"].update(file=QUALITY_FILE, summary=duplicates.summary(quality))
     write_json(os.path.join(output_dir, INFO_FILE), info)
     return info
