@@ -48,6 +48,7 @@ def test_two_workers_killed_one_or_all_end_as_the_uninterrupted_job(small_datase
     _chaos(jobs(small_dataset)["mwms"], tmp_path, ["update:one", "checkpoint:all"])
 
 
+@pytest.mark.heavy  # the two-worker case above shows the claim; this one under Horovod
 def test_horovod_ranks_killed_end_as_the_uninterrupted_job(small_dataset, tmp_path):
     pytest.importorskip("horovod", reason="Horovod is not installed (make test builds it)")
     _chaos(jobs(small_dataset)["horovod"], tmp_path, ["update:one"])
