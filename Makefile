@@ -49,29 +49,18 @@ horovod: install
 # Ray Train, the [ray] extra: tests/test_ray.py runs tfgpu-ray on a local Ray cluster.
 ray: $(STAMP)-ray
 
-$(STAMP)-ray: $(STAMP)
-	$(PY) -m pip install -q -e '.[ray]'
-	touch $@
-
 # LiteRT and ONNX for tfgpu-export, the [export] extra: tests/test_export_formats.py runs them.
 export: $(STAMP)-export
-
-$(STAMP)-export: $(STAMP)
-	$(PY) -m pip install -q -e '.[export]'
-	touch $@
 
 # matplotlib for tfgpu-report, the [report] extra: tests/test_report.py draws its pages.
 report: $(STAMP)-report
 
-$(STAMP)-report: $(STAMP)
-	$(PY) -m pip install -q -e '.[report]'
-	touch $@
-
 # MLflow's client, the [mlflow] extra: --mlflow_tracking_uri (docs/reports.md).
 mlflow: $(STAMP)-mlflow
 
-$(STAMP)-mlflow: $(STAMP)
-	$(PY) -m pip install -q -e '.[mlflow]'
+# Each extra above, installed once per set of dependencies (its stamp beside $(STAMP)).
+$(addprefix $(STAMP)-,ray export report mlflow): $(STAMP)-%: $(STAMP)
+	$(PY) -m pip install -q -e '.[$*]'
 	touch $@
 
 # A real `mlflow server` for tests/test_mlflow.py, in a venv of its own: the full mlflow

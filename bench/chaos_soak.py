@@ -31,24 +31,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 from calibration import calibration  # noqa: E402
 from chaos import SEED_ENV, chaos_run, jobs, run_until_done  # noqa: E402
-from conftest import make_image_arrays  # noqa: E402
-
-
-def write_dataset(out: str) -> str:
-    """The tests' small dataset (96 train, 24 validation 40x40 images, 4 classes) in ``out``."""
-    from tfgpu.convert import plan
-    from tfgpu.convert.manifest import items_from_arrays
-
-    images, labels = make_image_arrays(120)
-    items = items_from_arrays(images, labels, prefix="synthetic")
-    plan.write_dataset(
-        {"train": items[:96], "validation": items[96:]},
-        class_names=["a", "b", "c", "d"],
-        output_dir=out,
-        source="bench",
-        num_shards={"train": 4, "validation": 2},
-    )
-    return out
+from conftest import write_small_dataset  # noqa: E402
 
 
 def main() -> int:
@@ -63,7 +46,7 @@ def main() -> int:
     print(calibration(), flush=True)
     print(f"chaos soak seed {seed} (replay: --seed={seed})", flush=True)
     rng, root = random.Random(seed), tempfile.mkdtemp(prefix="tfgpu-chaos-")
-    available = jobs(write_dataset(os.path.join(root, "data")))
+    available = jobs(write_small_dataset(os.path.join(root, "data"), source="bench"))
     chosen = [available[name] for name in args.jobs.split(",")]
     started, references = time.time(), {}
     kills, restarts, runs, lost = collections.Counter(), 0, 0, collections.Counter()

@@ -195,20 +195,24 @@ def _op_determinism_off_after_each_test():
     set_op_determinism(False)
 
 
-@pytest.fixture(scope="session")
-def small_dataset(tmp_path_factory) -> str:
-    """A converted dataset of 96 train and 24 validation 40x40 images in 4 classes."""
-    out = str(tmp_path_factory.mktemp("data"))
+def write_small_dataset(out: str, source: str = "tests") -> str:
+    """Converts 96 train and 24 validation 40x40 images in 4 classes into ``out``; returns it."""
     images, labels = make_image_arrays(120)
     items = items_from_arrays(images, labels, prefix="synthetic")
     plan.write_dataset(
         {"train": items[:96], "validation": items[96:]},
         class_names=["a", "b", "c", "d"],
         output_dir=out,
-        source="tests",
+        source=source,
         num_shards={"train": 4, "validation": 2},
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory) -> str:
+    """A converted dataset of 96 train and 24 validation 40x40 images in 4 classes."""
+    return write_small_dataset(str(tmp_path_factory.mktemp("data")))
 
 
 # A short deterministic tiny_cnn run: the base of the equivalence tests.
