@@ -12,9 +12,10 @@ fine grain, 10 class folders; cached in $TMPDIR/tfgpu-bench-convert), then measu
                             write 4 shards per worker, dataset_info.json) with N workers
 
 With ``--duplicates=DIR`` (an input the converter reads, e.g. Fashion-MNIST's IDX folder
-/usr/share/datasets/fashion-mnist) it measures instead what ``--check_duplicates`` adds: the
-conversion in this one process (``--num_workers=0``) with and without the check, interleaved,
-by CPU time (what other users of the machine cannot change), and the groups found.
+/usr/share/datasets/fashion-mnist; ``jpegs``: the generated JPEGs) it measures instead what
+``--check_duplicates`` adds, with and without the check interleaved: the conversion's CPU
+time in this one process (``--num_workers=0``: what other users of the machine cannot
+change) and its wall time with N workers (what a user waits), and the groups found.
 
 Every measurement runs ``--repeats`` times, interleaved, and the best is kept. On a shared
 machine wall-clock rates swing with the others' load, so the CPU time per image of each
@@ -28,6 +29,7 @@ import io
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 import time
 
@@ -37,6 +39,9 @@ import numpy as np
 from PIL import Image
 
 from tfgpu.cli import convert as cli
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from calibration import calibration  # noqa: E402
 
 CACHE = os.path.join(tempfile.gettempdir(), "tfgpu-bench-convert")
 NUM_CLASSES = 10
@@ -166,35 +171,50 @@ def cpu_costs(paths: list, workers: int) -> dict:
     return costs
 
 
-def duplicates_cost(input_dir: str, repeats: int) -> None:
-    """Prints the CPU seconds of converting ``input_dir`` with and without the duplicate
-    check (best of ``repeats``, interleaved), their ratio and the check's summary."""
+def duplicates_cost(input_dir: str, repeats: int, workers: int) -> None:
+    """Prints what the duplicate check adds to converting ``input_dir``, side by side,
+    interleaved, best of ``repeats``: the CPU seconds of the conversion in this one process
+    (what other users of the machine cannot change) and the wall seconds with ``workers``
+    worker processes (what a user waits: the workers fingerprint in parallel, the grouping
+    runs once at the end); then the check's summary."""
     import json
 
-    seconds = {"--nocheck_duplicates": [], "--check_duplicates": []}
+    flags = ("--nocheck_duplicates", "--check_duplicates")
+    cpu, wall = ({f: [] for f in flags} for _ in range(2))
     output_dir = tempfile.mkdtemp(prefix="tfgpu-bench-dup-")
     try:
         for _ in range(repeats):
-            for flag, runs in seconds.items():
-                argv = ["bench", f"--input={input_dir}", f"--output_dir={output_dir}", flag]
-                cli.FLAGS.unparse_flags()
-                cli.FLAGS(argv + ["--num_workers=0", "--overwrite", "--noprogress"])
-                start = time.process_time()
-                info = cli.convert_from_flags(cli.FLAGS)
-                runs.append(time.process_time() - start)
+            for flag in flags:
+                cpu[flag].append(_convert_timed(input_dir, output_dir, flag, 0)[0])
+                wall[flag].append(_convert_timed(input_dir, output_dir, flag, workers)[1])
         with open(os.path.join(output_dir, "quality.json"), encoding="utf-8") as f:
             quality = json.load(f)
+        with open(os.path.join(output_dir, "dataset_info.json"), encoding="utf-8") as f:
+            images = sum(json.load(f)["num_examples"].values())
     finally:
         shutil.rmtree(output_dir, ignore_errors=True)
-    images = sum(info["num_examples"].values())
-    plain, checked = min(seconds["--nocheck_duplicates"]), min(seconds["--check_duplicates"])
-    print(f"\n{images} images of {input_dir}, converted in one process; CPU s (best of {repeats})")
-    for flag, runs in seconds.items():
-        each = ", ".join(f"{r:.1f}" for r in runs)
-        print(f"{flag:22s} {min(runs):8.1f} s  {1e6 * min(runs) / images:6.0f} us/img   ({each})")
-    print(f"added by the check: {100 * (checked / plain - 1):.1f}% (target <= 15%)")
+    print(f"\n{images} images of {input_dir}; best of {repeats}, interleaved")
+    print("calibration:", calibration())
+    for name, runs in (("CPU s, 1 process", cpu), (f"wall s, {workers} workers", wall)):
+        plain, checked = min(runs[flags[0]]), min(runs[flags[1]])
+        print(
+            f"{name:22s} {plain:7.2f} without, {checked:7.2f} with the check: "
+            f"+{100 * (checked / plain - 1):.1f}% (target <= 15%)"
+        )
+        for flag in flags:
+            print(f"    {flag:22s} " + ", ".join(f"{r:.2f}" for r in runs[flag]))
     print(f"{cli.quality_line(dict(quality, file='quality.json', summary=_summary(quality)))}")
     print(f"search: {quality['method']['search']}; {quality['search']}")
+
+
+def _convert_timed(input_dir: str, output_dir: str, flag: str, workers: int) -> tuple:
+    """(CPU s of this process, wall s) of one conversion with ``flag`` and ``workers``."""
+    argv = ["bench", f"--input={input_dir}", f"--output_dir={output_dir}", flag]
+    cli.FLAGS.unparse_flags()
+    cli.FLAGS(argv + [f"--num_workers={workers}", "--overwrite", "--noprogress"])
+    cpu, wall = time.process_time(), time.perf_counter()
+    cli.convert_from_flags(cli.FLAGS)
+    return time.process_time() - cpu, time.perf_counter() - wall
 
 
 def _summary(quality: dict) -> str:
@@ -208,10 +228,16 @@ def main() -> None:
     parser.add_argument("--num_images", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--duplicates", default="", help="measure --check_duplicates on this")
+    parser.add_argument(
+        "--duplicates",
+        default="",
+        help="measure --check_duplicates on this input (jpegs: the generated JPEGs)",
+    )
     args = parser.parse_args()
     if args.duplicates:
-        duplicates_cost(args.duplicates, args.repeats)
+        jpegs = args.duplicates == "jpegs"
+        source = make_images(args.num_images, args.workers)[0] if jpegs else args.duplicates
+        duplicates_cost(source, args.repeats, args.workers)
         return
     root, paths = make_images(args.num_images, args.workers)
     megabytes = sum(os.path.getsize(p) for p in paths) / 2**20

@@ -19,7 +19,7 @@ from PIL import Image
 
 from tfgpu import recordformat
 from tfgpu.cli import convert as cli
-from tfgpu.convert import dedupe, duplicates, fingerprint
+from tfgpu.convert import dedupe, duplicates, fingerprint, near_search
 from tfgpu.data.dataset_info import leak_line
 
 skimage_data = pytest.importorskip("skimage.data")
@@ -169,12 +169,85 @@ def test_phash_is_imagehashs_and_the_mirror_hash_the_mirrors():
         assert direct[1] == mirror[0], name
 
 
+def _all_pairs(direct, mirror, thumbs) -> set:
+    """Every near pair by the definition, over all pairs: the search's reference."""
+    t, found = thumbs.astype(np.float32), set()
+    for i in range(len(t)):
+        for hashes, others in ((direct, t), (mirror, t[:, :, ::-1])):
+            rms = np.sqrt(((t[i] - others) ** 2).mean(axis=(1, 2)))
+            bits = np.bitwise_count(direct[i] ^ hashes)
+            close = (rms <= duplicates.THUMB_RMS) & (bits <= duplicates.RADIUS)
+            found |= {(min(i, j), max(i, j)) for j in np.nonzero(close)[0] if j != i}
+    return found
+
+
+@pytest.mark.parametrize("index", ["thumbnails", "pHashes"])
+@pytest.mark.parametrize("kind", ["smooth", "noise"])
+def test_the_search_finds_every_near_pair_a_search_over_all_pairs_finds(kind, index, monkeypatch):
+    """Copies at noise levels on both sides of the thresholds, some mirrored, of smooth
+    images and of noise, searched by either index (near_search.py): the pairs are exactly
+    those of the search over all pairs."""
+    monkeypatch.setattr(near_search, "MAX_TREE_DIMS", 8 if index == "thumbnails" else 0)
+    rng = np.random.default_rng(0)
+    side = fingerprint.THUMB
+    if kind == "smooth":
+        coarse = rng.uniform(0, 255, (60, 4, 4))
+        bases = np.kron(coarse, np.ones((side // 4, side // 4)))
+    else:
+        bases = rng.uniform(0, 255, (60, side, side))
+    copies = [bases]
+    for sigma in (2, 5, 7, 9, 12):
+        noisy = bases + rng.normal(0, sigma, bases.shape)
+        copies.append(np.where(rng.random(60)[:, None, None] < 0.3, noisy[:, :, ::-1], noisy))
+    thumbs32 = np.clip(np.concatenate(copies), 0, 255).astype(np.float32)
+    direct, mirror = fingerprint.phashes(thumbs32)
+    thumbs = fingerprint.small(thumbs32)
+    pairs, stats = duplicates.near_pairs(direct, mirror, thumbs)
+    assert stats["index"].startswith(index)
+    expected = _all_pairs(direct, mirror, thumbs)
+    assert len(expected) > 50  # the thresholds cut through the copies: some in, some out
+    assert {tuple(p) for p in pairs.tolist()} == expected
+    assert stats["candidates"] < len(thumbs) ** 2 / 2
+
+
+def test_one_pass_over_a_shard_makes_the_hashes_and_thumbnails_image_by_image_would():
+    """``summaries`` (matrices folded, a shard's images at once, float32) against
+    ``phashes`` and ``small`` of each image's 32x32 thumbnail (float64): the same hashes,
+    thumbnails within a grey level of rounding; photos of every
+    size, a JPEG draft's 1/8 scale, Fashion-MNIST-sized arrays."""
+    rng = np.random.default_rng(1)
+    views = [fingerprint.view(_photo(name)) for name in PHOTOS]
+    draft = Image.open(io.BytesIO(_jpeg(_photo("coffee"))))
+    draft.draft("RGB", (draft.width // 8, draft.height // 8))
+    views.append(fingerprint.view(draft, 8))
+    views += [(a, a.shape, 1) for a in rng.integers(0, 256, (50, 28, 28), dtype=np.uint8)]
+    coeffs, smalls = fingerprint.summaries(views)
+    thumbs = np.stack([fingerprint.thumbnails([v])[0] for v in views])
+    for ours, theirs in zip(fingerprint.hashes(coeffs), fingerprint.phashes(thumbs)):
+        assert (ours == theirs).all()
+    apart = np.abs(smalls.astype(int) - fingerprint.small(thumbs))
+    assert apart.max() <= 1 and (apart > 0).mean() < 1e-3  # a mean at x.5, rounded apart
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (5, 7, 1), (5, 7, 3), (5, 7, 4), (300, 200)])
+def test_an_arrays_key_is_the_key_of_the_image_made_of_it(shape):
+    """The key taken from an array (``of_array``; a small grayscale one's in
+    ``shard_record``) equals the one taken from its PIL image, as a file of it gives."""
+    array = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)
+    for source in (array, array[::-1]):  # and not contiguous
+        pixels = np.ascontiguousarray(source)
+        image = Image.fromarray(pixels[:, :, 0] if shape[2:] == (1,) else pixels)
+        key, view = fingerprint.of_array(source, image)
+        record = fingerprint.unpack(fingerprint.shard_record([key], [view], [0], ["f"], [0]))
+        assert int(record["exact"][0]) == fingerprint.exact_key(image)
+
+
 def _shards(images: list, split: str = "train") -> list:
     """The check's input for ``images`` (2-D uint8 arrays), as one shard of ``split``."""
     pil = [Image.fromarray(a) for a in images]
     record = fingerprint.shard_record(
         [fingerprint.exact_key(i) for i in pil],
-        [fingerprint.thumbnail(i) for i in pil],
+        [fingerprint.view(i) for i in pil],
         [0] * len(pil),
         [f"{split}/{i}" for i in range(len(pil))],
         [16] * len(pil),

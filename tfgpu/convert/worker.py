@@ -55,7 +55,8 @@ def encode_image(
     not a regular one, or holds more than ``max_file_mb`` MB, is not read; an image of more
     than ``max_megapixels`` million pixels is not decoded (its header says its size).
     With a ``look`` list, the duplicate check's view of the image is appended to it: its
-    exact key and 32x32 thumbnail (``fingerprint.py``), from the pixels decoded anyway.
+    exact key and what its 32x32 thumbnail is made of (``fingerprint.py``), from the pixels
+    decoded anyway.
     """
     max_pixels = max_megapixels * 1_000_000
     # PIL refuses images over twice its own limit, whatever ours is: ours is the one.
@@ -74,17 +75,25 @@ def encode_image(
             if look is not None:  # the 1/8-scale draft: each pixel an 8x8 block's mean
                 # libjpeg scales by 1/1, 1/2, 1/4 or 1/8, rounding sizes up
                 step = next((s for s in (8, 4, 2, 1) if -(-width // s) == draft.width), 1)
-                look += [fingerprint.jpeg_key(data), fingerprint.thumbnail(draft, step)]
+                look += [fingerprint.jpeg_key(data), fingerprint.view(draft, step)]
             return bytes(data), "JPEG", height, width
         image = _decode(data, max_pixels)  # grayscale, CMYK or too big: re-encoded below
     else:
         image = _decode(data, max_pixels)
     if look is not None:
-        look += [fingerprint.exact_key(image), fingerprint.thumbnail(image)]
+        look += _look(data, image)
     try:
         return _reencode(image, jpeg_quality, lossless, max_side, keep_grayscale)
     except Exception as err:  # noqa: BLE001 - an odd mode PIL cannot convert: skip, go on
         raise BadImage(f"cannot convert to RGB: {err}") from None
+
+
+def _look(data, image: Image.Image) -> list:
+    """The duplicate check's view of a decoded ``image`` (``fingerprint.py``), from the
+    array it was made of when ``data`` is one (cheaper than PIL's copy of its pixels)."""
+    if isinstance(data, np.ndarray):
+        return list(fingerprint.of_array(data, image))
+    return [fingerprint.exact_key(image), fingerprint.view(image)]
 
 
 def _reencode(image: Image.Image, jpeg_quality, lossless, max_side, keep_grayscale=False):
@@ -286,7 +295,7 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
     count, per_class, skipped, sides = 0, {}, [], {}
     encode_options = asdict(options)
     check = encode_options.pop("check_duplicates")
-    looks = {"keys": [], "thumbs": [], "labels": [], "files": [], "sides": []}
+    looks = {"keys": [], "views": [], "labels": [], "files": [], "sides": []}
     with open_new(path + ".tmp") as f:
         for item, data in _load(items, options):
             look = [] if check else None
@@ -301,7 +310,7 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
                 write_record(f, record)
                 if check:
                     looks["keys"].append(look[0])
-                    looks["thumbs"].append(look[1])
+                    looks["views"].append(look[1])
                     looks["labels"].append(item.label)
                     looks["files"].append(display_name(item.filename))
                     looks["sides"].append(short_side_bucket(height, width))

@@ -1,0 +1,198 @@
+"""The duplicate check's search for near pairs, not over all pairs: the candidates among
+which every pair within both of the check's distances is (``duplicates.py`` says which pairs
+are near), by whichever of two indexes the data suits.
+
+- **thumbnails** (most data): two 16x16 thumbnails within ``reach`` of each other as
+  256-vectors are within it on any orthonormal basis too, so their first principal
+  components (and their mirrors') go in a k-d tree (scipy's), whose range search returns
+  every pair that close. Data puts most of its variance in a few components (Fashion-MNIST's
+  garments: 6 keep the candidates near 10 an image);
+- **pHashes** (thumbnails that spread their variance over more than ``MAX_TREE_DIMS``
+  components, like noise, where a k-d tree visits nearly every pair): multi-index hashing
+  (Norouzi et al., 2012) cuts the 64 bits into ``m`` bands; two hashes within ``radius``
+  bits agree to within ``radius // m`` bits on at least one band (the pigeonhole), so only
+  the records whose band lies that close to a query's are compared, found by a sorted search.
+  Small centred images have pHashes so alike that this leaves 22 million candidates for
+  Fashion-MNIST's 70,000: hence the thumbnails first.
+
+Both return (i, j, flipped) triples whose pHashes are within ``radius`` bits (j's mirror's
+when flipped); the caller compares their thumbnails.
+"""
+
+import itertools
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+MAX_TREE_DIMS = 8  # a k-d tree over more components nears a search over all pairs
+_CANDIDATES_PER_IMAGE = 10  # what the tree's components are chosen for (``_dims``)
+_SAMPLE = 4000  # thumbnails the components (and how many) are chosen on
+_CHUNK = 4096  # rows converted to float at once: they stay in a cache, memory stays bounded
+_PROBES_AT_ONCE = 1 << 21  # queries x probes searched per numpy call (bounds memory)
+_PLAN_SAMPLE = 500  # queries the band plans are tried on
+_MAX_PROBES = 1000  # band plans that probe more patterns per band are not tried
+
+
+def candidates(direct, mirror, thumbs, radius: int, reach: float) -> tuple:
+    """((K, 3) int64 triples (i, j, flipped), i != j, with direct[i] within ``radius`` bits
+    of direct[j] or, flipped, of mirror[j]; stats) among which is every such pair whose 16x16
+    uint8 ``thumbs`` (j's mirrored) are within ``reach`` (L2 over their pixels)."""
+    if len(direct) < 2:
+        return np.zeros((0, 3), np.int64), {"index": "none", "candidates": 0}
+    basis, mean = _components(thumbs, reach)
+    if basis is not None:
+        return _tree_candidates(direct, mirror, thumbs, radius, reach, basis, mean)
+    return _hash_candidates(direct, mirror, radius)
+
+
+# --- the thumbnails' k-d tree -------------------------------------------------------------
+
+
+def _tree_candidates(direct, mirror, thumbs, radius, reach, basis, mean) -> tuple:
+    points, mirrored = _projected(thumbs, basis, mean)
+    images = cKDTree(points, leafsize=16)
+    same = images.query_pairs(reach, output_type="ndarray")
+    flips = images.sparse_distance_matrix(
+        cKDTree(mirrored, leafsize=16), reach, output_type="ndarray"
+    )
+    i = np.concatenate([same[:, 0], flips["i"]])
+    j = np.concatenate([same[:, 1], flips["j"]])
+    flipped = np.arange(len(i)) >= len(same)
+    other = np.where(flipped, mirror[j], direct[j])
+    keep = (i != j) & (np.bitwise_count(direct[i] ^ other) <= radius)
+    triples = np.stack([i[keep], j[keep], flipped[keep]], axis=1).astype(np.int64)
+    dims = basis.shape[1]
+    return triples, {"index": f"thumbnails, {dims} components", "candidates": int(len(i))}
+
+
+def _components(thumbs: np.ndarray, reach: float) -> tuple:
+    """(the (256, d) principal components to search on, the thumbnails' mean), or (None,
+    None) when more than MAX_TREE_DIMS would be needed (``_dims``)."""
+    n, pixels = len(thumbs), thumbs[0].size
+    sample = thumbs[:: max(1, n // _SAMPLE)].reshape(-1, pixels).astype(np.float64)
+    # Components fitted on half the sample, counted on the other half: on the half they
+    # were fitted to they would look more spread than the data (and promise too few pairs).
+    fit, held_out = sample[::2], sample[1::2] if len(sample) > 1 else sample
+    mean = fit.mean(axis=0)
+    _, vectors = np.linalg.eigh((fit - mean).T @ (fit - mean))
+    components = vectors[:, ::-1]
+    dims = _dims((held_out - mean) @ components, n, reach)
+    return (components[:, :dims], mean) if dims else (None, None)
+
+
+def _dims(coordinates: np.ndarray, n: int, reach: float) -> int:
+    """How many principal components to search on: the fewest (of 4, 6, 8) on which the
+    pairs of a sample (its ``coordinates`` on all of them) within ``reach`` of each other,
+    counted up to the whole ``n`` records, are at most _CANDIDATES_PER_IMAGE an image;
+    0 when not even MAX_TREE_DIMS are enough."""
+    m = len(coordinates)
+    for dims in range(4, MAX_TREE_DIMS + 1, 2):
+        tree = cKDTree(coordinates[:, :dims])
+        pairs = (tree.count_neighbors(tree, reach) - m) / 2  # without each with itself
+        if pairs * (n / m) ** 2 <= _CANDIDATES_PER_IMAGE * n:
+            return dims
+    return 0
+
+
+def _projected(thumbs: np.ndarray, basis: np.ndarray, mean: np.ndarray) -> list:
+    """[(N, d) coordinates of the thumbnails on ``basis`` about ``mean``, the same of their
+    mirrors]: orthonormal, so distances only shrink."""
+    n, side = len(thumbs), thumbs.shape[-1]
+    # A mirror's coordinates are the image's on the mirrored basis: no mirrored copies.
+    mirrored = basis.reshape(side, side, -1)[:, ::-1].reshape(side * side, -1)
+    both = np.concatenate([basis, mirrored], axis=1).astype(np.float32)
+    offset = np.tile(mean @ basis, 2)  # both halves about the same point
+    out = np.empty((n, both.shape[1]))
+    for start in range(0, n, _CHUNK):  # as float, 1.28M thumbnails would take 1.3 GB
+        part = thumbs[start : start + _CHUNK].reshape(-1, side * side).astype(np.float32)
+        out[start : start + len(part)] = part @ both - offset
+    return np.split(out, 2, axis=1)
+
+
+# --- the pHashes' multi-index hashing -----------------------------------------------------
+
+
+def _hash_candidates(direct, mirror, radius) -> tuple:
+    n = len(direct)
+    entries = np.concatenate([direct, mirror])
+    owner = np.concatenate([np.arange(n), np.arange(n)])
+    flipped = np.repeat([False, True], n)
+    widths, per_band = _plan_bands(direct, entries, radius)
+    found, looked = [], 0
+    for shift, width in _bands(widths):
+        for a, e in _band_matches(direct, entries, shift, width, _probe_masks(width, per_band)):
+            looked += len(a)
+            b = owner[e]
+            keep = (a != b) & (np.bitwise_count(direct[a] ^ entries[e]) <= radius)
+            found.append((a[keep] * n + b[keep]) * 2 + flipped[e][keep])
+    codes = np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
+    triples = np.stack([codes // 2 // n, codes // 2 % n, codes % 2], axis=1).astype(np.int64)
+    index = f"pHashes, bands {list(widths)} probed within {per_band} bits"
+    return triples, {"index": index, "candidates": looked}
+
+
+def _band_matches(direct, entries, shift, width, masks):
+    """Yields (query indices, entry indices) whose band ``[shift, shift + width)`` lies
+    within the ``masks``' bit patterns of each other: a sorted search per probe."""
+    keys = _band(entries, shift, width)
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    step = max(1, _PROBES_AT_ONCE // len(masks))
+    for start in range(0, len(direct), step):
+        index = np.arange(start, min(start + step, len(direct)))
+        lo, count = _lookup(sorted_keys, direct[index], shift, width, masks)
+        total = int(count.sum())
+        if total:
+            queries = np.repeat(np.repeat(index, len(masks)), count)
+            offsets = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
+            yield queries, order[np.repeat(lo, count) + offsets]
+
+
+def _band(hashes: np.ndarray, shift: int, width: int) -> np.ndarray:
+    return (hashes >> np.uint64(shift)) & np.uint64((1 << width) - 1)
+
+
+def _bands(widths: list) -> list:
+    """[(shift, width)] of bands of ``widths`` bits, from the top bit down."""
+    tops = 64 - np.cumsum(widths)
+    return [(int(t), int(w)) for t, w in zip(tops, widths)]
+
+
+def _lookup(sorted_keys, queries, shift, width, masks) -> tuple:
+    """(first match, number of matches) in ``sorted_keys`` of every probe of ``queries``:
+    their band XOR each mask."""
+    probes = (_band(queries, shift, width)[:, None] ^ masks[None, :]).reshape(-1)
+    lo = np.searchsorted(sorted_keys, probes, "left")
+    return lo, np.searchsorted(sorted_keys, probes, "right") - lo
+
+
+def _plan_bands(direct, entries, radius: int) -> tuple[list, int]:
+    """(band widths, bits within which a band is probed): of the splits of 64 bits that
+    find every pair within ``radius``, the one with the least work (probes plus candidates)
+    counted for a sample of the queries: real hashes are far from uniform."""
+    rng = np.random.default_rng(0)
+    sample = rng.choice(len(direct), size=min(len(direct), _PLAN_SAMPLE), replace=False)
+    best = None
+    for m in range(2, 9):
+        widths, per_band = [64 // m + (i < 64 % m) for i in range(m)], radius // m
+        masks = _probe_masks(min(widths), per_band)
+        if len(masks) > _MAX_PROBES:
+            continue
+        work = 0
+        for shift, width in _bands(widths):
+            keys = np.sort(_band(entries, shift, width))
+            _, count = _lookup(keys, direct[sample], shift, width, masks)
+            work += count.sum() + count.size
+        if best is None or work < best[0]:
+            best = (work, widths, per_band)
+    return best[1], best[2]
+
+
+def _probe_masks(width: int, bits: int) -> np.ndarray:
+    """Every ``width``-bit pattern with at most ``bits`` ones, as uint64."""
+    masks = [
+        sum(1 << b for b in combo)
+        for k in range(bits + 1)
+        for combo in itertools.combinations(range(width), k)
+    ]
+    return np.array(masks, dtype=np.uint64)
