@@ -55,6 +55,7 @@ def tfgpu_contender(strategy: str, steps: int):
     from tfgpu.train import build
     from tfgpu.step import loops
     from tfgpu.config import config_from
+    from tfgpu.data import run_input
     from tfgpu.data.spec import load_spec
     from tfgpu.distribute import backends
 
@@ -66,7 +67,8 @@ def tfgpu_contender(strategy: str, steps: int):
         model_dir=tempfile.mkdtemp(prefix="tfgpu-bench-"),
     )
     backend = backends.build_backend(strategy, config.dist)
-    run = build.build(config, backend, load_spec(config.data))
+    spec = load_spec(config.data)
+    run = build.build(config, backend, run_input.prepare(config.data, "", spec))
     loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
     batches = build.train_batches(run, start_step=0)
     return lambda: float(loop(batches, tf.constant(steps))[0]["loss"])

@@ -16,7 +16,7 @@ from PIL import Image
 from conftest import assert_mirrored_equals_default, train_ds
 
 from tfgpu.config import config_from, validate
-from tfgpu.data import augment, device_ops, erasing, host_ops, memory
+from tfgpu.data import augment, device_ops, erasing, host_ops, memory, run_input
 from tfgpu.data import augment_ops as A
 from tfgpu.data import spec as data_spec
 from tfgpu.data.stream import Stream
@@ -458,7 +458,9 @@ def test_a_policy_trains_under_jit_compile(photos):
     )
     model = models.build_model("tiny_cnn", 4, 32)
     backend = backends.build_backend("default")
-    step = build.build_step(config, model, keras.optimizers.SGD(0.1), backend, 4)
+    step = build.build_step(
+        config, model, keras.optimizers.SGD(0.1), backend, run_input.step_fns(config.data, 4)
+    )
     batch = {"image": tf.cast(_images(photos, 4, 32), tf.uint8), "label": tf.range(4)}
     batch |= {"flip": tf.zeros([4], tf.bool), "weight": tf.ones([4])}
     batch |= _draws(config.data, range(4))

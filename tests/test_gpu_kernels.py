@@ -16,7 +16,7 @@ from tfgpu import models
 from tfgpu.train import build
 from tfgpu.compat import gpu_kernels, ops_refused_under_gpu_determinism, ops_without_gpu_kernel
 from tfgpu.config import config_from
-from tfgpu.data import augment, augment_ops, host_ops
+from tfgpu.data import augment, augment_ops, host_ops, run_input
 from tfgpu.data.config import DataConfig
 from tfgpu.distribute import backends
 from tfgpu.step.train_step import DynamicLossScale
@@ -85,7 +85,15 @@ def test_every_op_of_the_train_step_has_a_gpu_kernel(model_name, dtype, accumula
     optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
     backend = backends.build_backend("default")
     class_weights = np.array([0.5, 1.0, 2.0, 1.0])  # --class_weights' path in the loss
-    step = build.build_step(config, model, optimizer, backend, 4, loss_scale, class_weights)
+    step = build.build_step(
+        config,
+        model,
+        optimizer,
+        backend,
+        run_input.step_fns(config.data, 4),
+        loss_scale,
+        class_weights,
+    )
     assert ops_without_gpu_kernel(tf.function(step.update), _batch(resize_on)) == set()
 
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 from tfgpu import compat, models
 from tfgpu.train import build
 from tfgpu.config import config_from, resolve
-from tfgpu.data import host_ops
+from tfgpu.data import host_ops, run_input
 from tfgpu.distribute import backends
 from tfgpu.step.train_step import DynamicLossScale, TrainStep
 
@@ -150,7 +150,13 @@ def test_xla_step_takes_un_resized_crops_and_matches_the_plain_one():
 
     def step(model, jit_compile):
         config = config_from(**settings, jit_compile=jit_compile)
-        return build.build_step(config, model, keras.optimizers.SGD(0.05), _backend(), 4)
+        return build.build_step(
+            config,
+            model,
+            keras.optimizers.SGD(0.05),
+            _backend(),
+            run_input.step_fns(config.data, 4),
+        )
 
     plain, xla = step(plain_model, False), step(xla_model, True)
     rng = np.random.default_rng(4)

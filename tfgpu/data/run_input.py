@@ -1,15 +1,21 @@
-"""What a training run asks of data/, in one place, so that the trainer (train/loop.py,
-train/build.py) calls this module instead of one of data/'s modules for each question:
+"""What a training run asks of data/, in one place, so that the trainer (train/loop.py)
+calls this module instead of one of data/'s modules for each question:
 
   load          the dataset's spec and the class weights the loss uses (and whether a
                 resumed run's data is what it recorded: ``record``)
-  class_balance the start-up line on class balance, and the check balanced sampling needs
-  describe      the start-up words on how the train split is read and augmented
-  step_fns      what the train step does to the batches the train pipeline makes
-  serving       what the export's serving signatures need: class names, evaluation's decode
+  prepare       the rest, worked out once and handed over as plain values (``RunInput``):
+                the class-balance line (and the check balanced sampling needs), the start
+                line's words on the input, whether the train split is read from memory, what
+                the train step does to the train pipeline's batches (``step_fns``), and what
+                the export's serving signatures need (``serving``)
 
 The readers themselves are chosen in ``readers.train_maker``.
 """
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
 
 from tfgpu.data import augment, balance, device_ops, dct, identity, memory, pipeline
 from tfgpu.data import spec as data_spec
@@ -31,6 +37,47 @@ def load(data, class_weights_setting: str, resumed_in: str = "") -> tuple:
     if resumed_in:
         identity.check(resumed_in, spec)
     return spec, class_weights(class_weights_setting, spec)
+
+
+class _Read(enum.Enum):
+    """``prepare``'s class weights when its caller has none agreed: read --class_weights
+    then (None cannot say so: it means no class weights)."""
+
+    READ = "read --class_weights"
+
+
+READ = _Read.READ
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """What a training run takes from data/ besides its readers, worked out once
+    (``prepare``): plain values the trainer hands on."""
+
+    spec: data_spec.DataSpec
+    class_weights: np.ndarray | None  # float64 [K] for the loss, or None
+    balance_line: str  # the start-up line on class balance ("": neither)
+    words: str  # the start line's words on the input (``describe``)
+    in_memory: bool  # the train split read from memory (decided at the final size)
+    step_fns: tuple  # (prepare, unpack): what the train step does to the train batches
+    serving: dict  # the export's serving signatures' keyword arguments (``serving``)
+
+
+def prepare(data, setting: str, spec: data_spec.DataSpec, weights=READ) -> RunInput:
+    """The ``RunInput`` of a run on ``spec`` under ``data`` (a config.DataConfig), whose loss
+    takes the class ``weights`` (float64 [K] or None; READ: read --class_weights=``setting``
+    now). Raises ConfigError for balanced sampling the split's path cannot do, or a
+    --class_weights file that does not fit."""
+    weights = class_weights(setting, spec) if weights is READ else weights
+    return RunInput(
+        spec=spec,
+        class_weights=weights,
+        balance_line=class_balance(data, setting, spec, weights),
+        words=describe(data, spec),
+        in_memory=memory.decide(spec, data).use,
+        step_fns=step_fns(data, spec.num_classes),
+        serving=serving(data, spec),
+    )
 
 
 def record(model_dir: str, spec: data_spec.DataSpec) -> None:

@@ -1,9 +1,9 @@
-"""What a run is made of, built once: ``build(config, backend, spec) -> Training`` (the plan, the
-model, the optimizer inside the train step, the counters and their checkpoints) and
-``train_batches(run, start_step)``, the distributed train batches from a step on.
+"""What a run is made of, built once: ``build(config, backend, inputs) -> Training`` (the plan,
+the model, the optimizer inside the train step, the counters and their checkpoints; ``inputs``:
+what the run takes from data/, ``run_input.RunInput``) and ``train_batches(run, start_step)``,
+the distributed train batches from a step on.
 """
 
-import enum
 from dataclasses import dataclass
 
 import keras
@@ -15,8 +15,8 @@ from tfgpu.models import pretrained
 from tfgpu.train.best import Best, tracks_best_in_loop
 from tfgpu.train.checkpoints import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch
-from tfgpu.data import readers, run_input, sampling
-from tfgpu.data import spec as data_spec
+from tfgpu.data import readers, sampling
+from tfgpu.data.run_input import RunInput
 from tfgpu.data.stream import Stream
 from tfgpu.distribute import Backend
 from tfgpu.step.train_step import DynamicLossScale, TrainStep
@@ -62,7 +62,7 @@ class Training:
 
     config: Config
     backend: Backend
-    spec: data_spec.DataSpec
+    inputs: RunInput
     plan: Plan
     model: keras.Model
     step: TrainStep  # holds the optimizer and the loss scale
@@ -76,15 +76,9 @@ class Training:
     def optimizer(self):
         return self.step.optimizer
 
-
-class _FromConfig(enum.Enum):
-    """``build``'s class weights when its caller has none resolved: read --class_weights
-    there (None cannot say so: it means no class weights)."""
-
-    FROM_CONFIG = "read --class_weights"
-
-
-FROM_CONFIG = _FromConfig.FROM_CONFIG
+    @property
+    def spec(self):
+        return self.inputs.spec
 
 
 def _setup_lines(config: Config, spec, step, plan, balance_line: str, init_line: str) -> str:
@@ -99,18 +93,13 @@ def _setup_lines(config: Config, spec, step, plan, balance_line: str, init_line:
     return "\n".join(line for line in lines if line)
 
 
-def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_CONFIG) -> Training:
+def build(config: Config, backend, inputs: RunInput) -> Training:
     """Plans the run, then builds model, optimizer, train step, counters and checkpoints
     under the backend's scope (``Checkpoints.restore`` then gives every worker the chief's
-    values). ``class_weights``: the float64 [K] weights the loss uses, or None for none;
-    FROM_CONFIG (the default) reads --class_weights (``run_input.class_weights``). A run
-    passes the ones its workers agreed on, so that a file rewritten since is not read again."""
+    values). ``inputs``: what the run takes from data/ (``run_input.prepare``: the spec, the
+    class weights the loss uses, the step's input functions)."""
+    spec = inputs.spec
     plan = make_plan(config, spec.num_train, backend.num_replicas)
-    if class_weights is FROM_CONFIG:
-        class_weights = run_input.class_weights(config.optim.class_weights, spec)
-    balance_line = run_input.class_balance(
-        config.data, config.optim.class_weights, spec, class_weights
-    )
     keras.mixed_precision.set_global_policy(config.model.dtype)
     with backend.scope():
         model = models.build_model(
@@ -129,7 +118,7 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
             pretrained.freeze_backbone(model)
         loss_scale = DynamicLossScale() if config.model.dtype == "mixed_float16" else None
         step = build_step(
-            config, model, optimizer, backend, spec.num_classes, loss_scale, class_weights
+            config, model, optimizer, backend, inputs.step_fns, loss_scale, inputs.class_weights
         )
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
         skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -139,7 +128,7 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
     if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
         fresh = models.load_initial_weights(model, config.model.init_weights)
         init_line = _init_line(config, model, fresh)
-    init_line = _setup_lines(config, spec, step, plan, balance_line, init_line)
+    init_line = _setup_lines(config, spec, step, plan, inputs.balance_line, init_line)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
     if loss_scale:
@@ -151,7 +140,7 @@ def build(config: Config, backend, spec: data_spec.DataSpec, class_weights=FROM_
     if best:
         best.checkpoint = checkpoints.checkpoint
     parts = (model, step, global_step, skipped_updates, checkpoints, best, init_line)
-    return Training(config, backend, spec, plan, *parts)
+    return Training(config, backend, inputs, plan, *parts)
 
 
 def _init_line(config: Config, model, fresh: list) -> str:
@@ -168,11 +157,11 @@ def _init_line(config: Config, model, fresh: list) -> str:
 
 
 def build_step(
-    config: Config, model, optimizer, backend, num_classes: int, loss_scale=None, class_weights=None
+    config: Config, model, optimizer, backend, step_fns: tuple, loss_scale=None, class_weights=None
 ):
-    """The TrainStep for batches of the layout the train pipeline makes (``class_weights``:
-    float [K], or None)."""
-    prepare, unpack = run_input.step_fns(config.data, num_classes)
+    """The TrainStep for batches of the layout the train pipeline makes (``step_fns``: its
+    (prepare, unpack), ``run_input.step_fns``; ``class_weights``: float [K], or None)."""
+    prepare, unpack = step_fns
     if config.model.remat:  # only the step runs the blocks so; checkpoints hold ``model``
         staged = config.curriculum.progressive_stages > 1
         model = models.rematerialized(model, config.model.name, any_size=staged)

@@ -135,8 +135,7 @@ def _start_line(training: Training) -> str:
     return (
         f"{backend.name}: {backend.num_replicas} replica(s), {plan.total_steps} updates "
         f"of {config.train.global_batch_size} ({plan.grad_accum_steps} micro-batch(es) of "
-        f"{micro} per replica), model {config.model.name}, "
-        + run_input.describe(config.data, training.spec)
+        f"{micro} per replica), model {config.model.name}, " + training.inputs.words
     )
 
 
@@ -189,14 +188,15 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = (), s
     started = time.time()
     watch = heartbeats.Watch.open(backend)
     spec, class_weights, fingerprints = _agreed_spec(config, backend, watch.announced, in_use)
-    writer = RunWriter(config.model_dir, backend.is_chief)
-    writer.write_config(config, backend)
+    inputs = run_input.prepare(config.data, config.optim.class_weights, spec, class_weights)
     if backend.is_chief:
         run_input.record(config.model_dir, spec)
+    writer = RunWriter(config.model_dir, backend.is_chief)
+    writer.write_config(config, backend)
     config = (sizing or micro_batch.Sizing(config)).choose(
         config, backend, spec, class_weights, writer
     )
-    training = build(config, backend, spec, class_weights)
+    training = build(config, backend, inputs)
     check_average_plan(config.train, training.plan.total_steps)
     writer.info(_start_line(training))
     listening = watch.start(
@@ -280,7 +280,7 @@ def _export(training: Training, writer: RunWriter, ema: bool = True) -> None:
     keeps them (--ema_decay) and ``ema``, as evaluation and tfgpu-export use."""
     config = training.config
     directory = os.path.join(config.model_dir, "export")
-    served = run_input.serving(config.data, training.spec)
+    served = training.inputs.serving
     if not (config.train.export_best and training.best is not None and training.best.kept):
         with compat.ema_weights(training.optimizer) if ema else contextlib.nullcontext():
             export_model(training.model, directory, config.data.image_size, **served)

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tfgpu.config import Config, ConfigError, split_batch
 from tfgpu.config.sections import AUTO, memory_budget_bytes, micro_batch
+from tfgpu.data import run_input
 from tfgpu.distribute import backends, consensus
 from tfgpu.errors import OutOfMemory, first_line
 from tfgpu.files import read_json, write_json
@@ -159,7 +160,8 @@ def _probe_config(config: Config, replica_batch: int, size: int, scratch: str) -
 def _one_update(probe: Config, spec, class_weights) -> None:
     """One update of the scratch run ``probe`` (compiled as the run's), on this process'
     first device."""
-    training = build.build(probe, backends.build_backend("default"), spec, class_weights)
+    inputs = run_input.prepare(probe.data, probe.optim.class_weights, spec, class_weights)
+    training = build.build(probe, backends.build_backend("default"), inputs)
     step = training.step
     loop = make_train_loop(step, training.global_step, training.skipped_updates)
     totals, _, _ = loop(build.train_batches(training, 0), tf.constant(1), step.variant)

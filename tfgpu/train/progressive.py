@@ -13,7 +13,6 @@ stage its step is in, reading from that step on as an uninterrupted run does.
 import dataclasses
 from dataclasses import dataclass
 
-from tfgpu.data import memory
 from tfgpu.data.run_input import step_fns
 from tfgpu.train.build import Training, train_batches, train_maker
 
@@ -104,9 +103,8 @@ class Staged:
 
     def __init__(self, training: Training, stages: list, info):
         self.training, self.stages, self.info = training, stages, info
-        config = training.config
         # Decided once, at the final size: a stage must not move the run to the other reader.
-        self.in_memory = memory.decide(training.spec, config.data).use
+        self.in_memory = training.inputs.in_memory
         self.current = None
 
     @classmethod

@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu.config import Config
+from tfgpu.data import run_input
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends
 from tfgpu.errors import CheckpointError, DataError, UsageError, first_line
@@ -142,7 +143,8 @@ def build_run(config: Config):
     """The run of ``config`` built as it trained (``build.build``: model, optimizer, counters,
     checkpoints) on ``config``'s backend, with weights to be read by ``restore``."""
     backend = backends.setup(config.dist)
-    return build(config, backend, data_spec.load_spec(config.data))
+    spec = data_spec.load_spec(config.data)
+    return build(config, backend, run_input.prepare(config.data, config.optim.class_weights, spec))
 
 
 def restore(r, path: str) -> int:
