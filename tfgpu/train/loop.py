@@ -181,12 +181,35 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = (), s
     """``run`` once the backend is set up (``in_use``: the chief's lock error, which every
     worker stops with at the start-up agreement; ``sizing``: the run's
     ``micro_batch.Sizing``, which decides --micro_batch_size=auto)."""
+    config = _start(config)
+    started = time.time()
+    watch = heartbeats.Watch.open(backend)
+    training, writer = _set_up(config, backend, watch, in_use, sizing)
+    evaluate = Evaluator.of(training)
+    start_step = _restore(training, writer)
+    staged, batches, input_ips = _train_input(training, start_step, writer)
+    with PreemptionGuard() as guard:
+        loop_actions = default_actions(training, evaluate, guard, extra=actions)
+        throughput = fit(training, batches, loop_actions, writer, input_ips, staged)
+    throughput["input_images_per_sec"] = input_ips
+    final_eval = _finish(training, evaluate, writer, throughput)
+    return _end(training, watch, writer, final_eval, throughput, time.time() - started)
+
+
+def _start(config: Config) -> Config:
+    """``config`` resolved for this machine; the process seeded and made as deterministic
+    as it says, the broken records an earlier run in this process found forgotten."""
     config = resolve(config, has_gpu=bool(tf.config.list_logical_devices("GPU")))
     keras.utils.set_random_seed(config.seed)
     broken.forget()
     compat.set_op_determinism(config.deterministic)
-    started = time.time()
-    watch = heartbeats.Watch.open(backend)
+    return config
+
+
+def _set_up(config: Config, backend, watch, in_use: str, sizing) -> tuple:
+    """(the run's Training, its RunWriter): the data agreed on with every worker and what
+    the run takes from it (``run_input``), config.json written, the micro-batch sized, the
+    run built, its start lines said and the heartbeats (``watch``) started."""
     spec, class_weights, fingerprints = _agreed_spec(config, backend, watch.announced, in_use)
     inputs = run_input.prepare(config.data, config.optim.class_weights, spec, class_weights)
     if backend.is_chief:
@@ -199,29 +222,34 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = (), s
     training = build(config, backend, inputs)
     check_average_plan(config.train, training.plan.total_steps)
     writer.info(_start_line(training))
-    listening = watch.start(
-        fingerprints, backend, training.global_step, config.dist.stall_timeout_s
-    )
-    if listening:
-        writer.info(listening)
-    if training.init_line:
-        writer.info(training.init_line)
-    evaluate = Evaluator.of(training)
+    timeout = config.dist.stall_timeout_s
+    listening = watch.start(fingerprints, backend, training.global_step, timeout)
+    for line in (listening, training.init_line):
+        if line:
+            writer.info(line)
+    return training, writer
+
+
+def _restore(training: Training, writer: RunWriter) -> int:
+    """The step the run goes on from: its newest checkpoint's (0 for none), which the
+    metrics and the best-so-far are cut back to."""
     start_step = training.checkpoints.restore(writer.info)
     writer.resume(start_step)
     if training.best is not None:
         training.best.resume(start_step)
-    staged, batches, input_ips = _train_input(training, start_step, writer)
-    with PreemptionGuard() as guard:
-        loop_actions = default_actions(training, evaluate, guard, extra=actions)
-        throughput = fit(training, batches, loop_actions, writer, input_ips, staged)
-    throughput["input_images_per_sec"] = input_ips
-    final_eval = _finish(training, evaluate, writer, throughput)
-    throughput["broken"] = _broken_records(backend)  # the last collective
+    return start_step
+
+
+def _end(training: Training, watch, writer: RunWriter, final_eval, throughput, wall_s) -> dict:
+    """The summary, written and returned, once every worker's broken records are gathered
+    (the last collective) and the heartbeats stopped; each worker prints its weights'
+    fingerprint."""
+    backend = training.backend
+    throughput["broken"] = _broken_records(backend)
     heard = watch.finish()
     if heard:  # what the side channel heard: a flood or a deaf board shows here
         print(f"worker {backend.worker_index}: heartbeats: {heard}", flush=True)
-    summary = _summary(training, final_eval, throughput, time.time() - started)
+    summary = _summary(training, final_eval, throughput, wall_s)
     writer.write_summary(summary)
     # Every worker says what it ended with: replicas that disagree are a bug, and visible.
     worker = f"{backend.worker_index}/{backend.num_workers}"
