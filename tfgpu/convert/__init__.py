@@ -7,6 +7,10 @@ errors and exit codes: ``tfgpu/cli/convert.py``): apart from the trainer.
   plan.py     deals items into shards, runs the workers, writes dataset_info.json last
   replace.py  --overwrite: the new dataset written beside the old one, swapped in when complete
   worker.py   encodes images and writes one whole shard (records serialized by hand)
+  fingerprint.py  what the duplicate check keeps of each image (exact key, pHashes, thumbnail)
+  duplicates.py   the duplicate check: near and exact groups, leaks, quality.json's content
+  near_search.py  its search for near pairs (a k-d tree, or multi-index hashing)
+  dedupe.py   --dedupe: the shards rewritten without the dropped copies
   verify.py   --verify: re-reads the output as the trainer does (the only part using TF)
 
 Nothing in this package but verify.py imports TensorFlow when imported (tests/test_imports.py).

@@ -6,7 +6,8 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
   dataset_info.py  what a dataset_info.json may say, checked once when a dataset is opened
   identity.py    the data a run recorded (data.json), compared when the run resumes
   run_input.py   what a training run asks of data/, in one place: spec and class weights,
-                 start-up words, the step's batch functions, the serving signatures' inputs
+                 then the rest worked out once (RunInput): start-up words, the step's batch
+                 functions, the serving signatures' inputs
   readers.py     which reader a run's train batches come from: pipeline, memory or
                  service_client, each a ``stream.TrainReader``
   stream.py      what every train reader offers (``TrainReader``), and the plain arguments
