@@ -3,10 +3,12 @@ which every pair within both of the check's distances is (``duplicates.py`` says
 are near), by whichever of two indexes the data suits.
 
 - **thumbnails** (most data): two 16x16 thumbnails within ``reach`` of each other as
-  256-vectors are within it on any orthonormal basis too, so their first principal
-  components (and their mirrors') go in a k-d tree (scipy's), whose range search returns
-  every pair that close. Data puts most of its variance in a few components (Fashion-MNIST's
-  garments: 6 keep the candidates near 10 an image);
+  256-vectors (one of them mirrored or not) have mirror-symmetric parts within ``reach``
+  too, and so do those parts' coordinates on any orthonormal basis: their first principal
+  components go in a k-d tree (scipy's), whose range search returns every pair that close,
+  each a candidate as it is and mirrored: one search for both. Data puts most of its
+  variance in a few components (Fashion-MNIST's garments: 6 keep the candidates near 20 an
+  image);
 - **pHashes** (thumbnails that spread their variance over more than ``MAX_TREE_DIMS``
   components, like noise, where a k-d tree visits nearly every pair): multi-index hashing
   (Norouzi et al., 2012) cuts the 64 bits into ``m`` bands; two hashes within ``radius``
@@ -25,7 +27,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 MAX_TREE_DIMS = 8  # a k-d tree over more components nears a search over all pairs
-_CANDIDATES_PER_IMAGE = 10  # what the tree's components are chosen for (``_dims``)
+_CANDIDATES_PER_IMAGE = 20  # what the tree's components are chosen for (``_dims``)
 _SAMPLE = 4000  # thumbnails the components (and how many) are chosen on
 _CHUNK = 4096  # rows converted to float at once: they stay in a cache, memory stays bounded
 _PROBES_AT_ONCE = 1 << 21  # queries x probes searched per numpy call (bounds memory)
@@ -49,17 +51,16 @@ def candidates(direct, mirror, thumbs, radius: int, reach: float) -> tuple:
 
 
 def _tree_candidates(direct, mirror, thumbs, radius, reach, basis, mean) -> tuple:
-    points, mirrored = _projected(thumbs, basis, mean)
-    images = cKDTree(points, leafsize=16)
-    same = images.query_pairs(reach, output_type="ndarray")
-    flips = images.sparse_distance_matrix(
-        cKDTree(mirrored, leafsize=16), reach, output_type="ndarray"
+    same = cKDTree(_projected(thumbs, basis, mean), leafsize=16).query_pairs(
+        reach, 2.0, 0, "ndarray"
     )
-    i = np.concatenate([same[:, 0], flips["i"]])
-    j = np.concatenate([same[:, 1], flips["j"]])
-    flipped = np.arange(len(i)) >= len(same)
+    # Each pair close in the mirror-symmetric part is a candidate as it is and mirrored,
+    # either way round: a mirror's pHash is not its image's bits mirrored (the median moves).
+    a, b = same.T
+    i, j = np.concatenate([a, a, b]), np.concatenate([b, b, a])
+    flipped = np.repeat([False, True, True], len(same))
     other = np.where(flipped, mirror[j], direct[j])
-    keep = (i != j) & (np.bitwise_count(direct[i] ^ other) <= radius)
+    keep = np.bitwise_count(direct[i] ^ other) <= radius
     triples = np.stack([i[keep], j[keep], flipped[keep]], axis=1).astype(np.int64)
     dims = basis.shape[1]
     return triples, {"index": f"thumbnails, {dims} components", "candidates": int(len(i))}
@@ -67,9 +68,11 @@ def _tree_candidates(direct, mirror, thumbs, radius, reach, basis, mean) -> tupl
 
 def _components(thumbs: np.ndarray, reach: float) -> tuple:
     """(the (256, d) principal components to search on, the thumbnails' mean), or (None,
-    None) when more than MAX_TREE_DIMS would be needed (``_dims``)."""
+    None) when more than MAX_TREE_DIMS would be needed (``_dims``): of the thumbnails'
+    mirror-symmetric parts, (t + mirror(t)) / 2, an orthogonal projection that an image and
+    its mirror share, so that one search finds the pairs of both orientations."""
     n, pixels = len(thumbs), thumbs[0].size
-    sample = thumbs[:: max(1, n // _SAMPLE)].reshape(-1, pixels).astype(np.float64)
+    sample = _symmetric(thumbs[:: max(1, n // _SAMPLE)]).reshape(-1, pixels)
     # Components fitted on half the sample, counted on the other half: on the half they
     # were fitted to they would look more spread than the data (and promise too few pairs).
     fit, held_out = sample[::2], sample[1::2] if len(sample) > 1 else sample
@@ -80,33 +83,41 @@ def _components(thumbs: np.ndarray, reach: float) -> tuple:
     return (components[:, :dims], mean) if dims else (None, None)
 
 
+def _symmetric(thumbs: np.ndarray) -> np.ndarray:
+    """The mirror-symmetric part of each (side, side) thumbnail, float64."""
+    return (thumbs.astype(np.float64) + thumbs[:, :, ::-1]) / 2
+
+
 def _dims(coordinates: np.ndarray, n: int, reach: float) -> int:
     """How many principal components to search on: the fewest (of 4, 6, 8) on which the
     pairs of a sample (its ``coordinates`` on all of them) within ``reach`` of each other,
-    counted up to the whole ``n`` records, are at most _CANDIDATES_PER_IMAGE an image;
-    0 when not even MAX_TREE_DIMS are enough."""
+    counted up to the whole ``n`` records (each pair three candidates: as it is, and
+    mirrored either way round), are at most _CANDIDATES_PER_IMAGE an image; 0 when not even
+    MAX_TREE_DIMS are enough."""
     m = len(coordinates)
     for dims in range(4, MAX_TREE_DIMS + 1, 2):
         tree = cKDTree(coordinates[:, :dims])
         pairs = (tree.count_neighbors(tree, reach) - m) / 2  # without each with itself
-        if pairs * (n / m) ** 2 <= _CANDIDATES_PER_IMAGE * n:
+        if 3 * pairs * (n / m) ** 2 <= _CANDIDATES_PER_IMAGE * n:
             return dims
     return 0
 
 
-def _projected(thumbs: np.ndarray, basis: np.ndarray, mean: np.ndarray) -> list:
-    """[(N, d) coordinates of the thumbnails on ``basis`` about ``mean``, the same of their
-    mirrors]: orthonormal, so distances only shrink."""
+def _projected(thumbs: np.ndarray, basis: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """(N, d): the coordinates of the thumbnails' mirror-symmetric parts on ``basis`` about
+    ``mean``: an orthogonal projection, so distances only shrink, and the same for an
+    image and its mirror."""
     n, side = len(thumbs), thumbs.shape[-1]
-    # A mirror's coordinates are the image's on the mirrored basis: no mirrored copies.
+    # The symmetric part's coordinates are the image's on the basis folded onto itself: no
+    # symmetrized copies of the thumbnails.
     mirrored = basis.reshape(side, side, -1)[:, ::-1].reshape(side * side, -1)
-    both = np.concatenate([basis, mirrored], axis=1).astype(np.float32)
-    offset = np.tile(mean @ basis, 2)  # both halves about the same point
-    out = np.empty((n, both.shape[1]))
+    folded = ((basis + mirrored) / 2).astype(np.float32)
+    offset = mean @ basis
+    out = np.empty((n, basis.shape[1]))
     for start in range(0, n, _CHUNK):  # as float, 1.28M thumbnails would take 1.3 GB
         part = thumbs[start : start + _CHUNK].reshape(-1, side * side).astype(np.float32)
-        out[start : start + len(part)] = part @ both - offset
-    return np.split(out, 2, axis=1)
+        out[start : start + len(part)] = part @ folded - offset
+    return out
 
 
 # --- the pHashes' multi-index hashing -----------------------------------------------------
