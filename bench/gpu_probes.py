@@ -93,10 +93,12 @@ def run_config(args, model: str, dtype: str, jit: bool, batch: int, **settings):
 def build_training(config, strategy: str = "default"):
     """``build.build`` of ``config`` on a fresh backend (its own all-reduce counter)."""
     from tfgpu.train import build
+    from tfgpu.data import run_input
     from tfgpu.data.spec import load_spec
     from tfgpu.distribute.backends import build_backend
 
-    return build.build(config, build_backend(strategy, config.dist), load_spec(config.data))
+    inputs = run_input.prepare(config.data, config.optim.class_weights, load_spec(config.data))
+    return build.build(config, build_backend(strategy, config.dist), inputs)
 
 
 def out_of_memory(error) -> bool:

@@ -37,6 +37,7 @@ from tfgpu.train import build
 from tfgpu.step import loops
 from tfgpu.config import config_from
 from tfgpu.data import pipeline
+from tfgpu.data import run_input
 from tfgpu.data.spec import load_spec
 from tfgpu.distribute.backends import build_backend
 
@@ -72,7 +73,7 @@ def make_trainer(backend, global_batch: int, accum: int, extra_metrics: bool = T
         model_dir=tempfile.mkdtemp(),
     )
     config = config_from(**dict(values, **settings))
-    run = build.build(config, backend, load_spec(config.data))
+    run = build.build(config, backend, run_input.prepare(config.data, "", load_spec(config.data)))
     run.step.extra_metrics = extra_metrics  # read when the loop is traced (its first call)
     loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
     batches = build.train_batches(run, start_step=0)
