@@ -1,7 +1,7 @@
 """Real data: a slice of Fashion-MNIST (Debian's ``dataset-fashion-mnist``, which ``make test``
 installs) converted from its own IDX files and trained on, as the recipes in ``flags/`` are.
 The full recipes are benchmarks (bench/README.md), not tests: this one trains resnet20 on
-4,000 training images for ~30 s and asserts a floor far above chance (10%)."""
+2,000 training images for ~25 s and asserts a floor far above chance (10%)."""
 
 import os
 
@@ -13,7 +13,7 @@ from tfgpu.config import config_from, validate
 from tfgpu.cli import convert as cli
 from tfgpu.convert.inputs.idx import read_idx
 
-pytestmark = pytest.mark.slow  # converts and trains: ~40 s on 2 cores
+pytestmark = pytest.mark.slow  # converts and trains: ~30 s on 2 idle cores
 
 PACKAGE = "/usr/share/datasets/fashion-mnist"
 needs_package = pytest.mark.skipif(
@@ -37,7 +37,7 @@ def _slice(tmp_path, train_count: int, test_count: int) -> str:
 @needs_package
 def test_resnet20_learns_a_slice_of_fashion_mnist(tmp_path):
     data = tmp_path / "fm"
-    argv = ["to_tfrecord", f"--input={_slice(tmp_path, 4000, 1000)}", f"--output_dir={data}"]
+    argv = ["to_tfrecord", f"--input={_slice(tmp_path, 2000, 1000)}", f"--output_dir={data}"]
     assert cli.main(argv + ["--noprogress", "--num_workers=0"]) == 0
     config = config_from(
         strategy="default",
@@ -57,5 +57,6 @@ def test_resnet20_learns_a_slice_of_fashion_mnist(tmp_path):
         seed=0,
     )
     summary = train.run(validate(config))
-    # 3 epochs of 4,000 images reach ~0.8 here; chance is 0.1.
+    # 3 epochs of 2,000 images (94 updates) reach 0.74-0.76 here, 4,000 images 0.77 in twice
+    # the time (measured 2026-12-05); chance is 0.1.
     assert summary["final_eval"]["top1"] > 0.70, summary["final_eval"]
