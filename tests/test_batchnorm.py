@@ -37,14 +37,16 @@ def _size(name: str) -> int:
 # replicas then differ from 1 device (0.7%); in float64 they agree to 1e-14 (a bound no
 # wrong synchronization meets). It also traces for ~2 minutes on 2 cores (121 BatchNorm
 # layers): heavy (opt-in, tests/conftest.py). efficientnet_b0 is heavy too (60 CPU-s, two
-# traces of 37,000 and 12,000 ops): the synchronization is the same code for every family,
-# which resnet18 shows in every run; what differs by family, that every BatchNorm layer takes
-# the synchronized moments, is shown for all three by the structural test below.
+# traces of 37,000 and 12,000 ops), and so are the small-image families (resnet20's option-A
+# shortcuts, wrn16_4's pre-activation blocks; ~13 s each in the suite): the synchronization is
+# the same code for every family, which resnet18 shows in every run; what differs by family,
+# that every BatchNorm layer takes the synchronized moments, is shown for all five by the
+# structural test below.
 MODELS = [
     ("resnet18", "float32", 1e-5),
-    # The small-image families (option-A shortcuts; pre-activation blocks) at 16x16.
-    ("resnet20", "float32", 1e-5),
-    ("wrn16_4", "float32", 1e-5),
+    # The small-image families at 16x16.
+    pytest.param("resnet20", "float32", 1e-5, marks=pytest.mark.heavy),
+    pytest.param("wrn16_4", "float32", 1e-5, marks=pytest.mark.heavy),
     pytest.param("efficientnet_b0", "float32", 1e-5, marks=pytest.mark.heavy),
     pytest.param("densenet121", "float64", 1e-9, marks=pytest.mark.heavy),
 ]
