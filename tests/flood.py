@@ -2,11 +2,12 @@
 the heartbeat sockets of a run on 127.0.0.1 with malformed, forged and replayed datagrams
 until it is killed (or for --seconds).
 
-From its own UDP socket it sends junk (what any stranger can do). As root it also captures
-the workers' genuine heartbeats on the loopback interface for --capture_s, then sends every
-kind of junk with a worker's own address as the source (raw sockets), and replays the captured
-genuine datagrams: what an attacker on the cluster network can do. It prints one line,
-``flood: captured N genuine, spoofing on|off``, once it floods.
+From its own UDP socket it sends junk (what any stranger can do). As root it also sends every
+kind of junk with a worker's own address as the source (raw sockets), and, once it has
+captured the workers' genuine heartbeats on the loopback interface for --capture_s (beside
+the flood, which starts at once: a short run may end before the capture does), replays them:
+what an attacker on the cluster network can do. It prints ``flood: spoofing on|off`` when it
+starts and ``flood: captured N genuine`` when the replays begin.
 """
 
 import argparse
@@ -17,6 +18,7 @@ import os
 import random
 import socket
 import struct
+import threading
 import time
 
 HOST = "127.0.0.1"
@@ -40,9 +42,10 @@ def junk() -> list[bytes]:
     ]
 
 
-def capture(ports: set, seconds: float) -> list[tuple[int, int, bytes]]:
+def capture(ports: set, seconds: float, ours: set) -> list[tuple[int, int, bytes]]:
     """(source port, destination port, payload) of the UDP datagrams between ``ports`` seen
-    on the loopback interface for ``seconds`` (needs root)."""
+    on the loopback interface for ``seconds``, but for the payloads in ``ours`` (needs
+    root)."""
     sniffer = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0800))
     sniffer.bind(("lo", 0))
     sniffer.settimeout(0.2)
@@ -56,7 +59,7 @@ def capture(ports: set, seconds: float) -> list[tuple[int, int, bytes]]:
         if packet[9] != socket.IPPROTO_UDP:
             continue
         source, dest = struct.unpack("!HH", packet[header : header + 4])
-        if source in ports and dest in ports:
+        if source in ports and dest in ports and packet[header + 8 :] not in ours:
             seen.append((source, dest, packet[header + 8 :]))
     sniffer.close()
     return seen
@@ -79,18 +82,27 @@ def send_as(raw, source: int, dest: int, payload: bytes) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("ports", type=int, nargs="+")
-    parser.add_argument("--capture_s", type=float, default=2.5)
+    parser.add_argument("--capture_s", type=float, default=1.5)
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument(
         "--rate", type=float, default=300, help="rounds per second (up to 5 datagrams each)"
     )
     args = parser.parse_args()
     ports, root = set(args.ports), os.geteuid() == 0
-    genuine = capture(ports, args.capture_s) if root else []
+    kinds = junk()
+    genuine: list = []  # filled once the capture is done: the replays start then
+    if root:
+        ours = {k[:1400] for k in kinds}  # spoofed junk is not a genuine heartbeat
+
+        def captured():
+            genuine.extend(capture(ports, args.capture_s, ours))
+            print(f"flood: captured {len(genuine)} genuine", flush=True)
+
+        threading.Thread(target=captured, daemon=True).start()
     raw = spoofer() if root else None
     plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    print(f"flood: captured {len(genuine)} genuine, spoofing {'on' if root else 'off'}", flush=True)
-    kinds, deadline = junk(), time.monotonic() + args.seconds
+    print(f"flood: spoofing {'on' if root else 'off'}", flush=True)
+    deadline = time.monotonic() + args.seconds
     while time.monotonic() < deadline:
         dest = random.choice(args.ports)
         payload = random.choice(kinds)
