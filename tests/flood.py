@@ -59,8 +59,9 @@ def capture(ports: set, seconds: float, ours: set) -> list[tuple[int, int, bytes
         if packet[9] != socket.IPPROTO_UDP:
             continue
         source, dest = struct.unpack("!HH", packet[header : header + 4])
-        if source in ports and dest in ports and packet[header + 8 :] not in ours:
-            seen.append((source, dest, packet[header + 8 :]))
+        payload = packet[header + 8 :]
+        if source in ports and dest in ports and payload not in ours:
+            seen.append((source, dest, payload))
     sniffer.close()
     return seen
 

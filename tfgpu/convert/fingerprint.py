@@ -44,9 +44,12 @@ def _key(mode: str, size: tuple, pixels) -> int:
 
 def _gray_key(gray: np.ndarray) -> int:
     """``exact_key`` of the mode "L" image of the 2-D uint8 array ``gray``."""
-    digest = _prefix("L", gray.shape[::-1]).copy()
-    digest.update(gray.data if gray.flags.c_contiguous else gray.tobytes())
-    return int.from_bytes(digest.digest()[:8], "little")
+    return _key("L", gray.shape[::-1], _pixels(gray))
+
+
+def _pixels(array: np.ndarray):
+    """``array``'s bytes in row-major order: its own buffer when it is contiguous."""
+    return array.data if array.flags.c_contiguous else array.tobytes()
 
 
 @functools.lru_cache(maxsize=64)
@@ -98,8 +101,7 @@ def of_array(array: np.ndarray, image: Image.Image) -> tuple:
     others (``shard_record``); a large one is reduced first, as ``view`` does."""
     if array.ndim == 2 and min(array.shape) < 4 * THUMB:
         return None, (array, array.shape, 1)
-    pixels = array.data if array.flags.c_contiguous else array.tobytes()
-    return _key(image.mode, image.size, pixels), view(image)
+    return _key(image.mode, image.size, _pixels(array)), view(image)
 
 
 def thumbnails(views: list) -> np.ndarray:
@@ -145,7 +147,7 @@ def _stack(views: list, members: list, dtype) -> np.ndarray:
     return np.stack([views[i][0] for i in members]).astype(dtype)  # uint8 stacked: 1/4 the bytes
 
 
-_HALF = np.kron(np.eye(SMALL), [0.5, 0.5])
+_HALF = np.kron(np.eye(SMALL), [0.5, 0.5])  # (16, 32): the mean of each pair
 
 
 @functools.lru_cache(maxsize=256)
@@ -153,10 +155,9 @@ def _folded(shape: tuple, full: tuple, step: int) -> tuple:
     """(DCT rows x area rows, the same for columns, 2x2 means x area rows, columns) for
     images of ``shape`` standing for ``full`` at ``step``."""
     rows, cols = (_area_matrix(size, f, step).astype(np.float64) for size, f in zip(shape, full))
-    half = _HALF  # (16, 32): the mean of each pair
     return tuple(
         m.astype(np.float32)
-        for m in (_dct_rows() @ rows, _dct_rows() @ cols, half @ rows, half @ cols)
+        for m in (_dct_rows() @ rows, _dct_rows() @ cols, _HALF @ rows, _HALF @ cols)
     )
 
 

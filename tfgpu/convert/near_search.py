@@ -51,9 +51,8 @@ def candidates(direct, mirror, thumbs, radius: int, reach: float) -> tuple:
 
 
 def _tree_candidates(direct, mirror, thumbs, radius, reach, basis, mean) -> tuple:
-    same = cKDTree(_projected(thumbs, basis, mean), leafsize=16).query_pairs(
-        reach, 2.0, 0, "ndarray"
-    )
+    tree = cKDTree(_projected(thumbs, basis, mean), leafsize=16)
+    same = tree.query_pairs(reach, output_type="ndarray")
     # Each pair close in the mirror-symmetric part is a candidate as it is and mirrored,
     # either way round: a mirror's pHash is not its image's bits mirrored (the median moves).
     a, b = same.T

@@ -69,12 +69,13 @@ def prepare(data, setting: str, spec: data_spec.DataSpec, weights=READ) -> RunIn
     now). Raises ConfigError for balanced sampling the split's path cannot do, or a
     --class_weights file that does not fit."""
     weights = class_weights(setting, spec) if weights is READ else weights
+    reading = memory.decide(spec, data)
     return RunInput(
         spec=spec,
         class_weights=weights,
         balance_line=class_balance(data, setting, spec, weights),
-        words=describe(data, spec),
-        in_memory=memory.decide(spec, data).use,
+        words=describe(data, spec, reading),
+        in_memory=reading.use,
         step_fns=step_fns(data, spec.num_classes),
         serving=serving(data, spec),
     )
@@ -105,11 +106,11 @@ def class_balance(data, setting: str, spec: data_spec.DataSpec, weights) -> str:
     return "; ".join(lines)
 
 
-def describe(data, spec: data_spec.DataSpec) -> str:
+def describe(data, spec: data_spec.DataSpec, reading: memory.Decision) -> str:
     """The start line's words on the input: where crops are resized, how the train split is
-    read (``memory.decide``'s reason), the augmentation and the DCT-scaled decode, if any."""
+    read (``reading``: ``memory.decide``'s decision), the augmentation and the DCT-scaled
+    decode, if any."""
     policy = augment.describe(data)
-    reading = memory.decide(spec, data)
     scaled = "" if reading.use else dct.describe(data, spec.train_sides, train=True)
     return (
         f"data {spec.data_dir or 'synthetic'}, crops resized on the {data.resize_on}, "
