@@ -62,13 +62,13 @@ def _shard(thumbs: np.ndarray, start: int) -> tuple:
     """One shard's (split, name, worker result) for records ``start``, ``start + 1``, ..."""
     direct, mirror = fingerprint.phashes(thumbs)
     record = {
-        "exact": fingerprint.pack(np.arange(start, start + len(thumbs), dtype=np.uint64)),
-        "phash": fingerprint.pack(direct),
-        "mirror": fingerprint.pack(mirror),
-        "thumbs": fingerprint.pack(fingerprint.small(thumbs)),
-        "labels": [0] * len(thumbs),
+        "exact": np.arange(start, start + len(thumbs), dtype=np.uint64),
+        "phash": direct,
+        "mirror": mirror,
+        "thumbs": fingerprint.small(thumbs),
+        "labels": np.zeros(len(thumbs), np.int64),
         "files": [f"img_{i}" for i in range(start, start + len(thumbs))],
-        "sides": [256] * len(thumbs),
+        "sides": np.full(len(thumbs), 256, np.int64),
     }
     return "train", f"train-{start // SHARD:05d}", {"fingerprints": record}
 

@@ -220,6 +220,45 @@ def test_encode_image_converts_and_passes_through():
         worker.encode_image(np.zeros((4, 4), np.float32))
 
 
+def _decodes_fully(data: bytes) -> bool:
+    try:
+        Image.open(io.BytesIO(data)).load()
+        return True
+    except Exception:  # noqa: BLE001 - PIL raises many types for bad data
+        return False
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("progressive", [False, True])
+def test_the_scaled_jpeg_check_refuses_what_a_full_decode_refuses(mode, progressive):
+    """The converter's 1/8-scale (luma-only for colour) decode against a full decode, on
+    truncated, cut and overwritten copies of one smooth photo-like JPEG: the same verdicts,
+    both kinds among them."""
+    rng = np.random.default_rng(3)
+    coarse = Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8))
+    photo = coarse.resize((160, 120), Image.Resampling.BICUBIC).convert(mode)
+    jpeg = _encoded(photo, "JPEG", quality=90, progressive=progressive)
+    verdicts = set()
+    for trial in range(60):
+        data = bytearray(jpeg)
+        at = int(rng.integers(2, len(data)))
+        if trial % 3 == 0:
+            data = data[:at]
+        elif trial % 3 == 1:
+            data = data[:at] + data[at + int(rng.integers(1, 300)) :]
+        else:
+            data[at : at + 8] = rng.integers(0, 256, 8, dtype=np.uint8).tobytes()
+        try:
+            worker.encode_image(bytes(data))
+            ours = True
+        except BadImage:
+            ours = False
+        assert ours == _decodes_fully(bytes(data)), (trial, at)
+        verdicts.add(ours)
+    assert verdicts == {True, False}
+
+
 # --- interruption, refusal, safety ----------------------------------------------------------
 
 
@@ -267,6 +306,38 @@ def test_interrupted_run_keeps_finished_shards_and_finishes_the_rest(tmp_path, m
     assert info["num_examples"] == {"train": 40}
     names = [recordformat.INFO_FILE, *plan.shard_names("train", 5)]
     assert sorted(os.listdir(out)) == sorted(names)
+
+
+def test_a_shard_whose_fingerprints_are_lost_or_older_is_written_again(tmp_path, monkeypatch):
+    """A finished shard whose duplicate-check arrays are damaged, or whose exact keys are
+    of another kind (an older tfgpu's, SHA-1), is converted again when the run resumes;
+    the others are kept, and the check sees every record."""
+    items, options = _items(), {"check_duplicates": True}
+    real, calls = worker.write_shard, []
+
+    def dies_on_fourth_shard(output_dir, name, shard_items, options):
+        calls.append(name)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(output_dir, name, shard_items, options)
+
+    monkeypatch.setattr(plan, "write_shard", dies_on_fourth_shard)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        _write(out, items, **options)
+    older, damaged, kept = calls[:3]
+    marker = out / worker.done_marker(older)
+    marker.write_text(marker.read_text().replace('"key": "xxh3-64"', '"key": "sha1"'))
+    arrays = out / worker.fingerprints_file(damaged)
+    arrays.write_bytes(arrays.read_bytes()[:100])
+    inodes = {n: os.stat(out / n).st_ino for n in calls[:3]}
+    monkeypatch.setattr(plan, "write_shard", real)
+    info = _write(out, items, **options)
+    assert os.stat(out / kept).st_ino == inodes[kept]
+    assert os.stat(out / older).st_ino != inodes[older]
+    assert os.stat(out / damaged).st_ino != inodes[damaged]
+    assert info["quality"]["num_images"] == 40
+    assert not [n for n in os.listdir(out) if n.startswith(".")]  # markers and arrays gone
 
 
 def test_killed_run_is_finished_by_running_it_again(tmp_path):

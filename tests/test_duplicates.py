@@ -210,38 +210,52 @@ def test_the_search_finds_every_near_pair_a_search_over_all_pairs_finds(kind, in
     expected = _all_pairs(direct, mirror, thumbs)
     assert len(expected) > 50  # the thresholds cut through the copies: some in, some out
     assert {tuple(p) for p in pairs.tolist()} == expected
-    assert stats["candidates"] < len(thumbs) ** 2 / 2
+    if index == "pHashes":  # the tree here searches on its fewest components, however many
+        assert stats["candidates"] < len(thumbs) ** 2 / 2
 
 
 def test_one_pass_over_a_shard_makes_the_hashes_and_thumbnails_image_by_image_would():
     """``summaries`` (matrices folded, a shard's images at once, float32) against
     ``phashes`` and ``small`` of each image's 32x32 thumbnail (float64): the same hashes,
-    thumbnails within a grey level of rounding; photos of every
-    size, a JPEG draft's 1/8 scale, Fashion-MNIST-sized arrays."""
+    thumbnails within a grey level of rounding; photos of every size, JPEG drafts at 1/8
+    scale of one shape standing for different sizes, Fashion-MNIST-sized arrays."""
     rng = np.random.default_rng(1)
     views = [fingerprint.view(_photo(name)) for name in PHOTOS]
-    draft = Image.open(io.BytesIO(_jpeg(_photo("coffee"))))
-    draft.draft("RGB", (draft.width // 8, draft.height // 8))
-    views.append(fingerprint.view(draft, 8))
-    views += [(a, a.shape, 1) for a in rng.integers(0, 256, (50, 28, 28), dtype=np.uint8)]
+    for cut in range(8):  # 593..600 px wide: 75 px drafts, each its own area matrix
+        coffee = _photo("coffee")
+        draft = Image.open(io.BytesIO(_jpeg(coffee.crop((cut, 0, coffee.width, 400)))))
+        size = draft.size
+        draft.draft("RGB", (draft.width // 8, draft.height // 8))
+        assert draft.size == (75, 50)
+        draft.info["size"] = size  # as the converter's check of a JPEG leaves it
+        views.append(fingerprint.view(draft, 8))
+    arrays = rng.integers(0, 256, (50, 28, 28), dtype=np.uint8)
+    views += [(a, a.shape, 1) for a in arrays[:-1]] + [(arrays[-1, ::-1], (28, 28), 1)]
+    views = [views[i] for i in rng.permutation(len(views))]  # the kinds interleaved
     coeffs, smalls = fingerprint.summaries(views)
     thumbs = np.stack([fingerprint.thumbnails([v])[0] for v in views])
     for ours, theirs in zip(fingerprint.hashes(coeffs), fingerprint.phashes(thumbs)):
         assert (ours == theirs).all()
     apart = np.abs(smalls.astype(int) - fingerprint.small(thumbs))
     assert apart.max() <= 1 and (apart > 0).mean() < 1e-3  # a mean at x.5, rounded apart
+    collector = fingerprint.Collector()  # what a shard being written collects: the same
+    for i, view in enumerate(views):
+        collector.add(i, view, i % 3, f"f{i}", 7)
+    record = collector.record()
+    assert (record["phash"] == fingerprint.hashes(coeffs)[0]).all()
+    assert (record["thumbs"] == smalls).all() and record["exact"].tolist() == list(range(i + 1))
 
 
 @pytest.mark.parametrize("shape", [(5, 7), (5, 7, 1), (5, 7, 3), (5, 7, 4), (300, 200)])
 def test_an_arrays_key_is_the_key_of_the_image_made_of_it(shape):
-    """The key taken from an array (``of_array``; a small grayscale one's in
-    ``shard_record``) equals the one taken from its PIL image, as a file of it gives."""
+    """The key taken from an array (``of_array``), kept in a shard's record, equals the
+    one taken from its PIL image, as a file of it gives."""
     array = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)
     for source in (array, array[::-1]):  # and not contiguous
         pixels = np.ascontiguousarray(source)
         image = Image.fromarray(pixels[:, :, 0] if shape[2:] == (1,) else pixels)
         key, view = fingerprint.of_array(source, image)
-        record = fingerprint.unpack(fingerprint.shard_record([key], [view], [0], ["f"], [0]))
+        record = fingerprint.shard_record([key], [view], [0], ["f"], [0])
         assert int(record["exact"][0]) == fingerprint.exact_key(image)
 
 
@@ -277,17 +291,11 @@ def test_a_hundred_thousand_copies_are_one_group():
     """100,000 copies of one 2x2 image (fingerprinted once), 10,000 in validation: one
     group, 100 members listed, found in well under a second's worth of search."""
     ((_, _, one),) = _shards([np.array([[0, 255], [255, 0]], np.uint8)])
-    record = fingerprint.unpack(one["fingerprints"])
-    copies = {
-        name: fingerprint.pack(np.repeat(record[name], 100_000, axis=0))
-        for name in ("exact", "phash", "mirror", "thumbs")
-    }
     shards = []
-    for split, start, stop in (("train", 0, 90_000), ("validation", 90_000, 100_000)):
-        part = {k: fingerprint.pack(fingerprint.unpack({**copies, "files": []})[k][start:stop])
-                for k in ("exact", "phash", "mirror", "thumbs")}  # fmt: skip
-        n = stop - start
-        part.update(labels=[0] * n, files=[f"{split}/{i}" for i in range(n)], sides=[0] * n)
+    for split, n in (("train", 90_000), ("validation", 10_000)):
+        arrays = {k: v for k, v in one["fingerprints"].items() if isinstance(v, np.ndarray)}
+        part = {k: np.repeat(v, n, axis=0) for k, v in arrays.items()}
+        part.update(files=[f"{split}/{i}" for i in range(n)])
         shards.append((split, f"{split}-00000-of-00001.tfrecord", {"fingerprints": part}))
     _, groups, report = duplicates.check(shards, ["c"])
     (group,) = report["groups"]

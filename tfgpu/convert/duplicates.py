@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
+from threadpoolctl import threadpool_limits
 
 from tfgpu.convert import fingerprint, near_search
 
@@ -47,12 +48,12 @@ class Records:
     thumbs: np.ndarray
     labels: np.ndarray
     files: list
-    sides: list
+    sides: np.ndarray
 
 
 def gather(shards: list) -> Records:
     """``shards``: (split, shard name, its worker result holding ``fingerprints``)."""
-    parts = [(split, name, fingerprint.unpack(r["fingerprints"])) for split, name, r in shards]
+    parts = [(split, name, r["fingerprints"]) for split, name, r in shards]
     where = [(s, n, i) for s, n, p in parts for i in range(len(p["files"]))]
 
     def cat(field, dtype, shape=()):
@@ -68,7 +69,7 @@ def gather(shards: list) -> Records:
         cat("thumbs", np.uint8, (side, side)),
         cat("labels", np.int64),
         [f for _, _, p in parts for f in p["files"]],
-        [s for _, _, p in parts for s in p["sides"]],
+        cat("sides", np.int64),
     )
 
 
@@ -136,7 +137,8 @@ def check(shards: list, class_names: list) -> tuple[Records, list, dict]:
     """Runs the check over ``shards`` (see ``gather``); returns (records, groups, report)."""
     start = time.perf_counter()
     records = gather(shards)
-    groups, stats = find_groups(records)
+    with threadpool_limits(1, "blas"):  # small products: more BLAS threads only spin
+        groups, stats = find_groups(records)
     report = build_report(records, groups, class_names, stats)
     report["seconds"] = round(time.perf_counter() - start, 3)
     return records, groups, report

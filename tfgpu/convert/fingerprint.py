@@ -1,10 +1,13 @@
 """What the duplicate check keeps of each image, computed by the converter's workers as they
 decode it: an exact key, a perceptual hash of the image and of its mirror, a 16x16 thumbnail.
 
-- exact key: the first 8 bytes of SHA-1 over the decoded pixels (mode, size, bytes); for a
-  JPEG the converter stores as it is (and so decodes at 1/8 scale only, ``worker.py``), over
-  its image data with the metadata segments (APPn, COM) removed: equal data decodes to equal
-  pixels, and the full decode it would take costs more than the rest of the conversion.
+- exact key: xxHash's XXH3 (64 bits) of the decoded pixels, seeded by their mode and size;
+  for a JPEG the converter stores as it is (and so decodes at 1/8 scale only, ``worker.py``),
+  of its image data with the metadata segments (APPn, COM) removed: equal data decodes to
+  equal pixels, and the full decode it would take costs more than the rest of the
+  conversion. XXH3, not a cryptographic digest: SHA-1 of an 87 KB JPEG takes 52 us, XXH3 2;
+  two of ImageNet's 1.28M distinct images share a key with probability ~4e-8. Neither is a
+  defence against collisions made on purpose, and the check claims none.
 - pHash: imagehash's ``phash`` (a 32x32 grayscale thumbnail, its 2-D DCT-II, the 8x8 lowest
   frequencies thresholded at their median: 64 bits), computed here in numpy for a whole shard
   at once: a 32x32 DCT is two small matrix products, and imagehash's call per image (scipy's
@@ -18,16 +21,20 @@ decode it: an exact key, a perceptual hash of the image and of its mirror, a 16x
 No TensorFlow (workers stay light).
 """
 
-import base64
 import functools
-import hashlib
+from array import array
 
 import numpy as np
+import xxhash
 from PIL import Image
+
+from tfgpu.files import replacing
 
 THUMB = 32  # the pHash's thumbnail side (imagehash: hash_size 8 x highfreq_factor 4)
 SMALL = 16  # the stored thumbnail's side
-_AT_ONCE = 2048  # images multiplied at once: their floats fit in a cache, not in new pages
+KEY = "xxh3-64"  # the exact key's kind, kept in done markers (a resumed run checks it)
+_AT_ONCE = 1 << 21  # pixels multiplied at once: their floats fit in a cache, not new pages
+_PAD = 8  # views whose sides round up to one multiple of this share a stack (``summaries``)
 _JPEG_METADATA = set(range(0xE0, 0xF0)) | {0xFE}  # APP0..APP15, COM
 
 
@@ -37,14 +44,7 @@ def exact_key(image: Image.Image) -> int:
 
 
 def _key(mode: str, size: tuple, pixels) -> int:
-    digest = _prefix(mode, size).copy()
-    digest.update(pixels)
-    return int.from_bytes(digest.digest()[:8], "little")
-
-
-def _gray_key(gray: np.ndarray) -> int:
-    """``exact_key`` of the mode "L" image of the 2-D uint8 array ``gray``."""
-    return _key("L", gray.shape[::-1], _pixels(gray))
+    return xxhash.xxh3_64_intdigest(pixels, seed=_seed(mode, size))
 
 
 def _pixels(array: np.ndarray):
@@ -53,16 +53,21 @@ def _pixels(array: np.ndarray):
 
 
 @functools.lru_cache(maxsize=64)
-def _prefix(mode: str, size: tuple):
-    return hashlib.sha1(f"{mode}{size}".encode())
+def _seed(mode: str, size: tuple) -> int:
+    """The hash's seed for images of ``mode`` and ``size``: equal pixels in another shape
+    get another key."""
+    return xxhash.xxh3_64_intdigest(f"{mode}{size}".encode())
+
+
+_JPEG_SEED = xxhash.xxh3_64_intdigest(b"JPEG")
 
 
 def jpeg_key(data: bytes) -> int:
     """The exact key of JPEG bytes stored as they are: their image data, metadata removed."""
-    digest = hashlib.sha1(b"JPEG")
+    digest = xxhash.xxh3_64(seed=_JPEG_SEED)
     for part in _jpeg_image_parts(data):
         digest.update(part)
-    return int.from_bytes(digest.digest()[:8], "little")
+    return digest.intdigest()
 
 
 def _jpeg_image_parts(data: bytes):
@@ -97,68 +102,163 @@ def view(image: Image.Image, step: int = 1) -> tuple:
 def of_array(array: np.ndarray, image: Image.Image) -> tuple:
     """(exact key, view) of ``image``, the PIL image made of the uint8 ``array`` (H x W or
     H x W x C), from the array where that is cheaper than PIL's copy of its pixels: a small
-    grayscale array is its own view, and its key (None here) is computed with the shard's
-    others (``shard_record``); a large one is reduced first, as ``view`` does."""
+    grayscale array is its own view, and its key (None here) is made with its shard's
+    others (``Collector``); a large one is reduced first, as ``view`` does."""
     if array.ndim == 2 and min(array.shape) < 4 * THUMB:
         return None, (array, array.shape, 1)
     return _key(image.mode, image.size, _pixels(array)), view(image)
 
 
 def thumbnails(views: list) -> np.ndarray:
-    """The 32x32 float32 area-average thumbnails (N, 32, 32) of ``views`` (``view``)."""
+    """The 32x32 float32 area-average thumbnails (N, 32, 32) of ``views`` (``view``), one
+    by one: the reference ``summaries`` is tested against."""
     out = np.zeros((len(views), THUMB, THUMB), np.float32)
-    for key, members in _same_sizes(views).items():
-        rows, cols = (_area_matrix(size, full, key[2]) for size, full in zip(*key[:2]))
-        # (N, h, w) @ (w, 32) first: numpy multiplies a stack by one matrix as one product
-        out[members] = rows @ (_stack(views, members, np.float32) @ cols.T)
+    for i, (gray, full, step) in enumerate(views):
+        rows, cols = (_area_matrix(size, f, step) for size, f in zip(gray.shape, full))
+        out[i] = rows @ gray.astype(np.float32) @ cols.T
     return out
+
+
+class Collector:
+    """A shard's fingerprints, gathered as its records are written: each record's exact
+    key, label, short-side bucket and file name, and its view's pixels appended to those
+    of its kind (gray shape, original size, step), so that no Python object is kept per
+    record (a 60,000-image shard's tuples cost the worker ~10% of a conversion, in the
+    collector and the allocator) and the views need no stacking later."""
+
+    def __init__(self):
+        self.keys, self.labels, self.sides = array("Q"), array("q"), array("q")
+        self.files: list = []
+        # (gray shape, full, step): (its pixels, its records, which of them have no key)
+        self._kinds: dict = {}
+
+    def add(self, key: int | None, view: tuple, label: int, file: str, side: int) -> None:
+        """One record: ``key`` None for a view that is its whole grayscale image (a small
+        array's, ``of_array``): its key is made from the kind's pixels, in ``record``."""
+        gray, full, step = view
+        kind = self._kinds.get((gray.shape, full, step))
+        if kind is None:
+            kind = self._kinds[gray.shape, full, step] = (bytearray(), array("q"), array("q"))
+        if key is None:
+            kind[2].append(len(kind[1]))
+        kind[0].extend(_pixels(gray))
+        kind[1].append(len(self.keys))
+        self.keys.append(key or 0)
+        self.labels.append(label)
+        self.sides.append(side)
+        self.files.append(file)
+
+    def record(self) -> dict:
+        """The shard's check record (``shard_record``); the collector's last use."""
+        kinds = self._arrays()
+        for kind, (_, members, unkeyed) in self._kinds.items():
+            if unkeyed:  # whole grayscale images: each one's key is that of its pixels
+                seed, grays = _seed("L", kind[0][::-1]), kinds[kind][0]
+                for at in unkeyed:
+                    self.keys[members[at]] = xxhash.xxh3_64_intdigest(grays[at], seed=seed)
+        return _record(self.keys, kinds, self.labels, self.files, self.sides)
+
+    def _arrays(self) -> dict:
+        """{kind: (its grays (M, h, w) uint8, their records' indices)}."""
+        return {
+            kind: (np.frombuffer(pixels, np.uint8).reshape(-1, *kind[0]), np.asarray(members))
+            for kind, (pixels, members, _) in self._kinds.items()
+        }
 
 
 def summaries(views: list) -> tuple[np.ndarray, np.ndarray]:
     """(the pHash's 8x8 DCT coefficients (N, 64) float32, the 16x16 uint8 thumbnails) of
-    ``views``, as ``phashes`` and ``small`` would make them of ``thumbnails``, without the
-    32x32 thumbnails: their matrices are folded into the ones that make them, and each
-    size's images are multiplied at once (over a shard of 28x28 images, a hundredth of
-    what one call per image costs)."""
-    coeffs = np.zeros((len(views), 64), np.float32)
-    smalls = np.zeros((len(views), SMALL, SMALL), np.uint8)
-    for key, same in _same_sizes(views).items():
-        dct_rows, dct_cols, half_rows, half_cols = _folded(*key)
-        for start in range(0, len(same), _AT_ONCE):
-            members = same[start : start + _AT_ONCE]
+    ``views``, as ``phashes`` and ``small`` would make them of ``thumbnails``."""
+    collector = Collector()
+    for view in views:
+        collector.add(0, view, 0, "", 0)
+    return _summaries(collector._arrays(), len(views))
+
+
+def _summaries(kinds: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``summaries`` of ``n`` images given by ``kinds`` (``_kinds``), without the 32x32
+    thumbnails: their matrices are folded into the ones that make them, and images of
+    about one size are multiplied at once, each by its own matrices, padded with zeros to
+    the largest (a shard of 28x28 images: a hundredth of what one call per image costs;
+    of JPEG drafts, whose sizes differ by a few pixels: a tenth)."""
+    coeffs = np.zeros((n, 64), np.float32)
+    smalls = np.zeros((n, SMALL, SMALL), np.uint8)
+    for shape, group in _buckets(kinds).items():
+        stack, members = _stacked(group, shape)
+        sides = [_matrices(group, axis, size) for axis, size in enumerate(shape)]
+        at_once = max(1, _AT_ONCE // (shape[0] * shape[1]))
+        for start in range(0, len(members), at_once):
+            part = members[start : start + at_once]
             # float32: the coefficients' rounding (~1e-7 of them) flips no bit of a real
             # image's hash (tests: equal to ``phashes`` of the thumbnails, in float64)
-            grays = _stack(views, members, np.float32)
-            coeffs[members] = (dct_rows @ (grays @ dct_cols.T)).reshape(len(members), 64)
-            blocks = half_rows @ (grays @ half_cols.T)
-            smalls[members] = np.clip(np.rint(blocks), 0, 255).astype(np.uint8)
+            grays = stack[start : start + at_once].astype(np.float32)
+            (dct_rows, half_rows), cols = (_pick(*side, start, len(part)) for side in sides)
+            dct_cols, half_cols = (np.swapaxes(m, -1, -2) for m in cols)
+            coeffs[part] = (dct_rows @ (grays @ dct_cols)).reshape(len(part), 64)
+            blocks = half_rows @ (grays @ half_cols)
+            smalls[part] = np.clip(np.rint(blocks), 0, 255).astype(np.uint8)
     return coeffs, smalls
 
 
-def _same_sizes(views: list) -> dict:
-    """{(gray shape, full size, step): indices of the ``views`` with those}."""
-    sizes: dict = {}
-    for i, (gray, full, step) in enumerate(views):
-        sizes.setdefault((gray.shape, tuple(full), step), []).append(i)
-    return sizes
+def _buckets(kinds: dict) -> dict:
+    """{stack shape: {kind: its (grays, indices)}}: the kinds whose sides round up to the
+    same multiple of _PAD share a stack, as large as the largest of them."""
+    rounded: dict = {}
+    for kind in kinds:
+        rounded.setdefault(tuple(-(-side // _PAD) for side in kind[0]), []).append(kind)
+    return {
+        tuple(max(kind[0][axis] for kind in group) for axis in (0, 1)): {
+            kind: kinds[kind] for kind in group
+        }
+        for group in rounded.values()
+    }
 
 
-def _stack(views: list, members: list, dtype) -> np.ndarray:
-    return np.stack([views[i][0] for i in members]).astype(dtype)  # uint8 stacked: 1/4 the bytes
+def _stacked(group: dict, shape: tuple) -> tuple:
+    """(the uint8 (M, *shape) stack of the ``group``'s grays, zero-padded, its kinds one
+    after another; their indices): a kind's own array when it is the only one."""
+    if len(group) == 1 and next(iter(group))[0] == shape:
+        return next(iter(group.values()))
+    stack = np.zeros((sum(len(m) for _, m in group.values()), *shape), np.uint8)
+    at = 0
+    for grays, _ in group.values():
+        stack[at : at + len(grays), : grays.shape[1], : grays.shape[2]] = grays
+        at += len(grays)
+    return stack, np.concatenate([m for _, m in group.values()])
+
+
+def _matrices(kinds: dict, axis: int, padded: int) -> tuple:
+    """(DCT rows x area matrix, 2x2 means x area matrix) along ``axis``, zero-padded to
+    ``padded`` columns, of the images of ``kinds`` (a ``_buckets`` group), in order: (the
+    pair, None) where they all share one, else (a pair of stacks of the distinct ones,
+    each image's index into them)."""
+    pairs = [_folded(shape[axis], full[axis], step, padded) for shape, full, step in kinds]
+    distinct = list({id(pair): pair for pair in pairs}.values())  # the cache's objects
+    if len(distinct) == 1:
+        return distinct[0], None
+    index = {id(pair): n for n, pair in enumerate(distinct)}
+    which = np.repeat([index[id(pair)] for pair in pairs], [len(m) for _, m in kinds.values()])
+    return tuple(np.stack(matrices) for matrices in zip(*distinct)), which
+
+
+def _pick(matrices: tuple, which, start: int, count: int) -> tuple:
+    """The ``matrices`` (``_matrices``) of the images ``start`` to ``start + count``: the
+    pair itself when it is one (numpy multiplies every image by it), else the stacks'."""
+    if which is None:
+        return matrices
+    return tuple(m[which[start : start + count]] for m in matrices)
 
 
 _HALF = np.kron(np.eye(SMALL), [0.5, 0.5])  # (16, 32): the mean of each pair
 
 
-@functools.lru_cache(maxsize=256)
-def _folded(shape: tuple, full: tuple, step: int) -> tuple:
-    """(DCT rows x area rows, the same for columns, 2x2 means x area rows, columns) for
-    images of ``shape`` standing for ``full`` at ``step``."""
-    rows, cols = (_area_matrix(size, f, step).astype(np.float64) for size, f in zip(shape, full))
-    return tuple(
-        m.astype(np.float32)
-        for m in (_dct_rows() @ rows, _dct_rows() @ cols, _HALF @ rows, _HALF @ cols)
-    )
+@functools.lru_cache(maxsize=4096)
+def _folded(size: int, full: int, step: int, padded: int) -> tuple:
+    """(DCT rows x area matrix, 2x2 means x area matrix), float32, zero-padded to
+    ``padded`` columns, for a side of ``size`` pixels standing for ``full`` at ``step``."""
+    area = np.zeros((THUMB, padded))
+    area[:, :size] = _area_matrix(size, full, step)
+    return (_dct_rows() @ area).astype(np.float32), (_HALF @ area).astype(np.float32)
 
 
 def thumbnail(image: Image.Image, step: int = 1) -> np.ndarray:
@@ -216,34 +316,66 @@ def small(thumbs: np.ndarray) -> np.ndarray:
 
 
 def shard_record(keys: list, views: list, labels: list, files: list, sides: list) -> dict:
-    """What a shard's done marker keeps for the check: its records' keys (None: that of a
-    grayscale view, ``of_array``), hashes, thumbnails (made of their ``views``), labels, file
-    names and short-side buckets, in record order (arrays base64-packed)."""
-    keys = [_gray_key(v[0]) if k is None else k for k, v in zip(keys, views)]
-    coeffs, smalls = summaries(views)
+    """What the check keeps of a shard (``Collector`` gathers it as the shard is written):
+    its records' exact keys (None: made of the view, ``of_array``), pHashes and mirror
+    pHashes (uint64), 16x16 thumbnails (uint8, made of their ``views``), labels,
+    short-side buckets (int64) and file names, in record order, with the key's kind."""
+    collector = Collector()
+    for record in zip(keys, views, labels, files, sides):
+        collector.add(*record)
+    return collector.record()
+
+
+def _record(keys, kinds: dict, labels, files, sides) -> dict:
+    coeffs, smalls = _summaries(kinds, len(keys))
     direct, mirror = hashes(coeffs)
     return {
-        "exact": pack(np.asarray(keys, dtype=np.uint64)),
-        "phash": pack(direct),
-        "mirror": pack(mirror),
-        "thumbs": pack(smalls),
-        "labels": labels,
-        "files": files,
-        "sides": sides,
+        "key": KEY,
+        "exact": np.asarray(keys, dtype=np.uint64),
+        "phash": direct,
+        "mirror": mirror,
+        "thumbs": smalls,
+        "labels": np.asarray(labels, dtype=np.int64),
+        "sides": np.asarray(sides, dtype=np.int64),
+        "files": list(files),
     }
 
 
-def unpack(record: dict) -> dict:
-    """A shard's check record with its arrays back: exact, phash, mirror (uint64), thumbs
-    (N, 16, 16 uint8), labels, files, sides."""
-    out = dict(record)
-    for name in ("exact", "phash", "mirror"):
-        out[name] = np.frombuffer(base64.b64decode(record[name]), dtype="<u8").astype(np.uint64)
-    thumbs = np.frombuffer(base64.b64decode(record["thumbs"]), dtype=np.uint8)
-    out["thumbs"] = thumbs.reshape(-1, SMALL, SMALL)
-    return out
+# The record's arrays, stored as the fields of one structured array (no zip, no CRC).
+_FIELDS = np.dtype(
+    [
+        ("exact", "<u8"),
+        ("phash", "<u8"),
+        ("mirror", "<u8"),
+        ("thumbs", "u1", (SMALL, SMALL)),
+        ("labels", "<i8"),
+        ("sides", "<i8"),
+    ]
+)
 
 
-def pack(array: np.ndarray) -> str:
-    little = array.astype(array.dtype.newbyteorder("<"), copy=False)
-    return base64.b64encode(np.ascontiguousarray(little).tobytes()).decode("ascii")
+def save(path: str, record: dict) -> dict:
+    """Writes ``record``'s arrays to ``path`` (.npy, atomically) and returns the rest: what
+    a done marker keeps in its JSON (arrays in JSON cost the converter's worker ~30% of
+    the check's time, in base64 and in json's escaping of it)."""
+    table = np.empty(len(record["files"]), _FIELDS)
+    for name in _FIELDS.names:
+        table[name] = record[name]
+    with replacing(path) as f:
+        np.save(f, table)
+    return {k: v for k, v in record.items() if k not in _FIELDS.names}
+
+
+def load(path: str, rest: dict) -> dict | None:
+    """The record ``save`` split into ``path`` and ``rest``, or None when the file is
+    missing, damaged, of another length than ``rest["files"]``, or its keys of another
+    kind (an older tfgpu's): the shard is then written again."""
+    if rest.get("key") != KEY:
+        return None
+    try:
+        table = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    if table.dtype != _FIELDS or table.shape != (len(rest.get("files", ())),):
+        return None
+    return {**rest, **{name: table[name] for name in _FIELDS.names}}

@@ -4,11 +4,12 @@ are near), by whichever of two indexes the data suits.
 
 - **thumbnails** (most data): two 16x16 thumbnails within ``reach`` of each other as
   256-vectors (one of them mirrored or not) have mirror-symmetric parts within ``reach``
-  too, and so do those parts' coordinates on any orthonormal basis: their first principal
-  components go in a k-d tree (scipy's), whose range search returns every pair that close,
-  each a candidate as it is and mirrored: one search for both. Data puts most of its
-  variance in a few components (Fashion-MNIST's garments: 6 keep the candidates near 20 an
-  image);
+  too, and so do those parts' coordinates on any orthonormal basis, with the norm of what
+  the basis leaves and that of the antisymmetric parts (the triangle inequality): their
+  first principal components and those two norms go in a k-d tree (scipy's), whose range
+  search returns every pair that close, each a candidate as it is and mirrored: one search
+  for both. Data puts most of its variance in a few components (Fashion-MNIST's garments:
+  3 and the norms keep the candidates under 10 an image; without the norms 6 left 15);
 - **pHashes** (thumbnails that spread their variance over more than ``MAX_TREE_DIMS``
   components, like noise, where a k-d tree visits nearly every pair): multi-index hashing
   (Norouzi et al., 2012) cuts the 64 bits into ``m`` bands; two hashes within ``radius``
@@ -51,7 +52,8 @@ def candidates(direct, mirror, thumbs, radius: int, reach: float) -> tuple:
 
 
 def _tree_candidates(direct, mirror, thumbs, radius, reach, basis, mean) -> tuple:
-    tree = cKDTree(_projected(thumbs, basis, mean), leafsize=16)
+    coordinates = _with_norms(*_coordinates(thumbs, basis, mean), basis.shape[1])
+    tree = cKDTree(coordinates, leafsize=16)
     same = tree.query_pairs(reach, output_type="ndarray")
     # Each pair close in the mirror-symmetric part is a candidate as it is and mirrored,
     # either way round: a mirror's pHash is not its image's bits mirrored (the median moves).
@@ -62,61 +64,80 @@ def _tree_candidates(direct, mirror, thumbs, radius, reach, basis, mean) -> tupl
     keep = np.bitwise_count(direct[i] ^ other) <= radius
     triples = np.stack([i[keep], j[keep], flipped[keep]], axis=1).astype(np.int64)
     dims = basis.shape[1]
-    return triples, {"index": f"thumbnails, {dims} components", "candidates": int(len(i))}
+    index = f"thumbnails, {dims} components and 2 norms"
+    return triples, {"index": index, "candidates": int(len(i))}
 
 
 def _components(thumbs: np.ndarray, reach: float) -> tuple:
-    """(the (256, d) principal components to search on, the thumbnails' mean), or (None,
-    None) when more than MAX_TREE_DIMS would be needed (``_dims``): of the thumbnails'
-    mirror-symmetric parts, (t + mirror(t)) / 2, an orthogonal projection that an image and
-    its mirror share, so that one search finds the pairs of both orientations."""
-    n, pixels = len(thumbs), thumbs[0].size
-    sample = _symmetric(thumbs[:: max(1, n // _SAMPLE)]).reshape(-1, pixels)
+    """(the (256, d) principal components to search on, the mean they are about), or
+    (None, None) when more than MAX_TREE_DIMS would be needed (``_dims``): of the
+    thumbnails' mirror-symmetric parts, (t + mirror(t)) / 2, an orthogonal projection that
+    an image and its mirror share, so that one search finds the pairs of both
+    orientations."""
+    n, side = len(thumbs), thumbs.shape[-1]
+    sample = thumbs[:: max(1, n // _SAMPLE)]
     # Components fitted on half the sample, counted on the other half: on the half they
     # were fitted to they would look more spread than the data (and promise too few pairs).
     fit, held_out = sample[::2], sample[1::2] if len(sample) > 1 else sample
-    mean = fit.mean(axis=0)
-    _, vectors = np.linalg.eigh((fit - mean).T @ (fit - mean))
-    components = vectors[:, ::-1]
-    dims = _dims((held_out - mean) @ components, n, reach)
+    symmetric = (fit.astype(np.float64) + fit[:, :, ::-1]).reshape(-1, side * side) / 2
+    mean = symmetric.mean(axis=0)
+    values, vectors = np.linalg.eigh((symmetric - mean).T @ (symmetric - mean))
+    # Only directions the symmetric parts vary in: those lie in the symmetric subspace
+    # (eigh's null vectors may not), which ``_with_norms``' bound needs.
+    spread = values[::-1] > 1e-9 * max(values[-1], 1e-300)
+    components = vectors[:, ::-1][:, spread][:, :MAX_TREE_DIMS]
+    dims = _dims(_coordinates(held_out, components, mean), n, reach)
     return (components[:, :dims], mean) if dims else (None, None)
 
 
-def _symmetric(thumbs: np.ndarray) -> np.ndarray:
-    """The mirror-symmetric part of each (side, side) thumbnail, float64."""
-    return (thumbs.astype(np.float64) + thumbs[:, :, ::-1]) / 2
-
-
-def _dims(coordinates: np.ndarray, n: int, reach: float) -> int:
-    """How many principal components to search on: the fewest (of 4, 6, 8) on which the
-    pairs of a sample (its ``coordinates`` on all of them) within ``reach`` of each other,
-    counted up to the whole ``n`` records (each pair three candidates: as it is, and
-    mirrored either way round), are at most _CANDIDATES_PER_IMAGE an image; 0 when not even
-    MAX_TREE_DIMS are enough."""
-    m = len(coordinates)
-    for dims in range(4, MAX_TREE_DIMS + 1, 2):
-        tree = cKDTree(coordinates[:, :dims])
+def _dims(coordinates: tuple, n: int, reach: float) -> int:
+    """How many principal components to search on: the fewest (up to MAX_TREE_DIMS) on
+    which, with the two norms (``_with_norms``), the pairs of a sample (its
+    ``_coordinates``) within ``reach`` of each other, counted up to the whole ``n`` records
+    (each pair three candidates: as it is, and mirrored either way round), are at most
+    _CANDIDATES_PER_IMAGE an image; 0 when not even MAX_TREE_DIMS are enough."""
+    m = len(coordinates[0])
+    for dims in range(1, coordinates[0].shape[1] + 1):
+        tree = cKDTree(_with_norms(*coordinates, dims))
         pairs = (tree.count_neighbors(tree, reach) - m) / 2  # without each with itself
         if 3 * pairs * (n / m) ** 2 <= _CANDIDATES_PER_IMAGE * n:
             return dims
     return 0
 
 
-def _projected(thumbs: np.ndarray, basis: np.ndarray, mean: np.ndarray) -> np.ndarray:
-    """(N, d): the coordinates of the thumbnails' mirror-symmetric parts on ``basis`` about
-    ``mean``: an orthogonal projection, so distances only shrink, and the same for an
-    image and its mirror."""
+def _coordinates(thumbs: np.ndarray, basis: np.ndarray, mean: np.ndarray) -> tuple:
+    """(the coordinates (N, d) of the thumbnails' mirror-symmetric parts on ``basis`` about
+    ``mean``; those parts' squared distances from ``mean``; the norms of their
+    antisymmetric parts, (t - mirror(t)) / 2), float64. The symmetric part is the same for
+    an image and its mirror, the antisymmetric one's norm too."""
     n, side = len(thumbs), thumbs.shape[-1]
-    # The symmetric part's coordinates are the image's on the basis folded onto itself: no
-    # symmetrized copies of the thumbnails.
-    mirrored = basis.reshape(side, side, -1)[:, ::-1].reshape(side * side, -1)
-    folded = ((basis + mirrored) / 2).astype(np.float32)
+    # Both parts are mirror images of their left halves: twice those halves, u = left +
+    # mirrored right and v = left - mirrored right, are small integers, their squares
+    # exact; |S - mean|^2 = 2 |u/2 - mean's left half|^2, <S, b> = <u, b's left half>.
+    half = side // 2
+    left = basis.reshape(side, side, -1)[:, :half].reshape(side * half, -1)
+    mean_left = mean.reshape(side, side)[:, :half].reshape(-1)
     offset = mean @ basis
-    out = np.empty((n, basis.shape[1]))
+    out = np.empty((n, basis.shape[1])), np.empty(n), np.empty(n)
     for start in range(0, n, _CHUNK):  # as float, 1.28M thumbnails would take 1.3 GB
-        part = thumbs[start : start + _CHUNK].reshape(-1, side * side).astype(np.float32)
-        out[start : start + len(part)] = part @ folded - offset
+        part = thumbs[start : start + _CHUNK].astype(np.int32)
+        u = (part[:, :, :half] + part[:, :, : half - 1 : -1]).reshape(len(part), -1)
+        v = (part[:, :, :half] - part[:, :, : half - 1 : -1]).reshape(len(part), -1)
+        rows, centred = slice(start, start + len(part)), u / 2 - mean_left
+        out[0][rows] = u @ left - offset
+        out[1][rows] = 2 * np.einsum("ij,ij->i", centred, centred)
+        out[2][rows] = np.sqrt(np.einsum("ij,ij->i", v, v) / 2)
     return out
+
+
+def _with_norms(projected: np.ndarray, centred: np.ndarray, anti: np.ndarray, dims: int):
+    """(N, dims + 2): the first ``dims`` coordinates, the norm of the rest of the symmetric
+    part (what the basis leaves of it), the antisymmetric part's norm. An orthogonal split
+    and the triangle inequality (| |x| - |y| | <= |x - y|) make the distance of two of them
+    at most that of the thumbnails, one mirrored or not: a pair within reach is found."""
+    kept = projected[:, :dims]
+    rest = np.sqrt(np.maximum(centred - (kept * kept).sum(axis=1), 0))
+    return np.column_stack([kept, rest, anti])
 
 
 # --- the pHashes' multi-index hashing -----------------------------------------------------

@@ -25,9 +25,16 @@ from tfgpu import __version__
 from tfgpu.errors import ConvertError
 from tfgpu.convert import duplicates
 from tfgpu.convert.dedupe import QUALITY_FILE, check_and_dedupe
+from tfgpu.convert.fingerprint import load as load_fingerprints
 from tfgpu.convert.manifest import EncodeOptions, Item, LazySplit
 from tfgpu.convert.replace import PLAN_FILE, has_finished, is_own, staging_dir, swap_in
-from tfgpu.convert.worker import display_name, done_marker, serve, write_shard
+from tfgpu.convert.worker import (
+    display_name,
+    done_marker,
+    fingerprints_file,
+    serve,
+    write_shard,
+)
 from tfgpu.errors import WorkerLost
 from tfgpu.files import read_json, write_json
 from tfgpu.recordformat import INFO_FILE, SCHEMA_VERSION
@@ -145,7 +152,14 @@ def _finished(output_dir: str, name: str) -> dict:
     if not os.path.isfile(os.path.join(output_dir, name)):
         return {}
     result = _own_json(os.path.join(output_dir, done_marker(name)))
-    return result if result.get("file") == name else {}
+    if result.get("file") != name:
+        return {}
+    if "fingerprints" in result:  # the check's arrays, from the file beside the marker
+        path = os.path.join(output_dir, fingerprints_file(name))
+        result["fingerprints"] = load_fingerprints(path, result["fingerprints"])
+        if result["fingerprints"] is None:  # missing, damaged or an older tfgpu's
+            return {}
+    return result
 
 
 def run_jobs(
@@ -310,6 +324,8 @@ def _write_shards_and_info(
     info = write_info(output_dir, class_names, entries, source, skipped, options, seed, quality)
     for job in jobs:  # the info file now holds what the markers held
         os.unlink(os.path.join(output_dir, done_marker(job.name)))
+        if options.check_duplicates:
+            os.unlink(os.path.join(output_dir, fingerprints_file(job.name)))
     os.unlink(os.path.join(output_dir, PLAN_FILE))
     return info
 

@@ -23,7 +23,7 @@ from tfgpu.recordformat import INFO_FILE, QUALITY_FILE
 
 PLAN_FILE = ".to_tfrecord-plan.json"
 # Everything a conversion may leave in --output_dir; --overwrite removes these and only these.
-_OWN_FILE = re.compile(r"^\.?[\w.]+-\d{5}-of-\d{5}\.tfrecord(\.tmp|\.json|\.json\.tmp)?$")
+_OWN_FILE = re.compile(r"^\.?[\w.]+-\d{5}-of-\d{5}\.tfrecord(\.tmp|\.json|\.json\.tmp|\.npy)?$")
 _INSIDE = ".to_tfrecord-new"  # the staging folder when no sibling can be made
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
