@@ -246,6 +246,21 @@ def test_one_pass_over_a_shard_makes_the_hashes_and_thumbnails_image_by_image_wo
     assert (record["thumbs"] == smalls).all() and record["exact"].tolist() == list(range(i + 1))
 
 
+def test_a_jpegs_key_leaves_out_its_metadata_and_nothing_else():
+    """A JPEG's exact key (``jpeg_key``) is the same with an EXIF block and a comment
+    added, and another for other pixels, other tables, or bytes that do not parse."""
+    photo = _photo("coffee").resize((96, 64))
+    plain = _jpeg(photo)
+    out = io.BytesIO()
+    photo.save(out, "JPEG", quality=95, exif=b"Exif\0\0" + bytes(40), comment=b"kept out")
+    assert out.getvalue() != plain and fingerprint.jpeg_key(out.getvalue()) == fingerprint.jpeg_key(
+        plain
+    )
+    others = [_jpeg(photo.rotate(180)), _jpeg(photo, quality=94), plain[:-2], b"\xff\xd8\xff"]
+    keys = {fingerprint.jpeg_key(data) for data in [plain, *others]}
+    assert len(keys) == 1 + len(others)
+
+
 @pytest.mark.parametrize("shape", [(5, 7), (5, 7, 1), (5, 7, 3), (5, 7, 4), (300, 200)])
 def test_an_arrays_key_is_the_key_of_the_image_made_of_it(shape):
     """The key taken from an array (``of_array``), kept in a shard's record, equals the

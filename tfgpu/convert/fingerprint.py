@@ -63,27 +63,15 @@ _JPEG_SEED = xxhash.xxh3_64_intdigest(b"JPEG")
 
 
 def jpeg_key(data: bytes) -> int:
-    """The exact key of JPEG bytes stored as they are: their image data, metadata removed."""
-    digest = xxhash.xxh3_64(seed=_JPEG_SEED)
-    for part in _jpeg_image_parts(data):
-        digest.update(part)
-    return digest.intdigest()
-
-
-def _jpeg_image_parts(data: bytes):
-    """The segments of a JPEG that make its pixels (tables, frame, scans), without APPn and
-    COM; the whole of ``data`` when its markers do not parse."""
+    """The exact key of JPEG bytes stored as they are: of their image data, from the first
+    segment after the metadata (APPn, COM) that follows the start marker; the whole of
+    ``data`` when its markers do not parse. Metadata written later (rare) stays in: such
+    copies are then found as near, not exact, duplicates."""
     view, at = memoryview(data), 2
-    parts = []
-    while at + 4 <= len(data) and data[at] == 0xFF:
-        marker = data[at + 1]
-        if marker == 0xDA:  # start of scan: the entropy-coded rest
-            return parts + [view[at:]]
-        end = at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")
-        if marker not in _JPEG_METADATA:
-            parts.append(view[at:end])
-        at = end
-    return [view]
+    while at + 4 <= len(data) and data[at] == 0xFF and data[at + 1] in _JPEG_METADATA:
+        at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    start = at if at + 2 <= len(data) and data[at] == 0xFF else 0
+    return xxhash.xxh3_64_intdigest(view[start:], seed=_JPEG_SEED)
 
 
 def view(image: Image.Image, step: int = 1) -> tuple:

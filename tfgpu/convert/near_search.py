@@ -34,6 +34,7 @@ _CHUNK = 4096  # rows converted to float at once: they stay in a cache, memory s
 _PROBES_AT_ONCE = 1 << 21  # queries x probes searched per numpy call (bounds memory)
 _PLAN_SAMPLE = 500  # queries the band plans are tried on
 _MAX_PROBES = 1000  # band plans that probe more patterns per band are not tried
+_TABLE_BITS = 20  # bands up to this wide are looked up in a table (8 MB at most)
 
 
 def candidates(direct, mirror, thumbs, radius: int, reach: float) -> tuple:
@@ -97,12 +98,21 @@ def _dims(coordinates: tuple, n: int, reach: float) -> int:
     (each pair three candidates: as it is, and mirrored either way round), are at most
     _CANDIDATES_PER_IMAGE an image; 0 when not even MAX_TREE_DIMS are enough."""
     m = len(coordinates[0])
-    for dims in range(1, coordinates[0].shape[1] + 1):
+
+    def enough(dims: int) -> bool:
         tree = cKDTree(_with_norms(*coordinates, dims))
         pairs = (tree.count_neighbors(tree, reach) - m) / 2  # without each with itself
-        if 3 * pairs * (n / m) ** 2 <= _CANDIDATES_PER_IMAGE * n:
-            return dims
-    return 0
+        return 3 * pairs * (n / m) ** 2 <= _CANDIDATES_PER_IMAGE * n
+
+    # More components only part pairs further: the most first (noise fails there, once),
+    # then a bisection for the fewest.
+    low, high = 0, coordinates[0].shape[1]
+    if not high or not enough(high):
+        return 0
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return high
 
 
 def _coordinates(thumbs: np.ndarray, basis: np.ndarray, mean: np.ndarray) -> tuple:
@@ -164,14 +174,15 @@ def _hash_candidates(direct, mirror, radius) -> tuple:
 
 def _band_matches(direct, entries, shift, width, masks):
     """Yields (query indices, entry indices) whose band ``[shift, shift + width)`` lies
-    within the ``masks``' bit patterns of each other: a sorted search per probe."""
+    within the ``masks``' bit patterns of each other: a look-up per probe."""
     keys = _band(entries, shift, width)
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
+    starts = _starts(sorted_keys, width)
     step = max(1, _PROBES_AT_ONCE // len(masks))
     for start in range(0, len(direct), step):
         index = np.arange(start, min(start + step, len(direct)))
-        lo, count = _lookup(sorted_keys, direct[index], shift, width, masks)
+        lo, count = _lookup(sorted_keys, direct[index], shift, width, masks, starts)
         total = int(count.sum())
         if total:
             queries = np.repeat(np.repeat(index, len(masks)), count)
@@ -189,12 +200,25 @@ def _bands(widths: list) -> list:
     return [(int(t), int(w)) for t, w in zip(tops, widths)]
 
 
-def _lookup(sorted_keys, queries, shift, width, masks) -> tuple:
+def _lookup(sorted_keys, queries, shift, width, masks, starts=None) -> tuple:
     """(first match, number of matches) in ``sorted_keys`` of every probe of ``queries``:
-    their band XOR each mask."""
+    their band XOR each mask; by ``starts`` (``_starts``) when there is one."""
     probes = (_band(queries, shift, width)[:, None] ^ masks[None, :]).reshape(-1)
+    if starts is not None:
+        lo = starts[probes]
+        return lo, starts[probes + np.uint64(1)] - lo
     lo = np.searchsorted(sorted_keys, probes, "left")
     return lo, np.searchsorted(sorted_keys, probes, "right") - lo
+
+
+def _starts(sorted_keys: np.ndarray, width: int):
+    """Where each ``width``-bit value starts in ``sorted_keys`` (one more: the end), for
+    bands up to _TABLE_BITS wide: a look-up instead of two binary searches (~10x faster
+    over 20,000 images' 16-bit bands); None for wider ones."""
+    if width > _TABLE_BITS:
+        return None
+    counts = np.bincount(sorted_keys.astype(np.intp), minlength=1 << width)
+    return np.concatenate([[0], np.cumsum(counts)])
 
 
 def _plan_bands(direct, entries, radius: int) -> tuple[list, int]:
@@ -212,7 +236,7 @@ def _plan_bands(direct, entries, radius: int) -> tuple[list, int]:
         work = 0
         for shift, width in _bands(widths):
             keys = np.sort(_band(entries, shift, width))
-            _, count = _lookup(keys, direct[sample], shift, width, masks)
+            _, count = _lookup(keys, direct[sample], shift, width, masks, _starts(keys, width))
             work += count.sum() + count.size
         if best is None or work < best[0]:
             best = (work, widths, per_band)
