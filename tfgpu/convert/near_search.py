@@ -55,38 +55,35 @@ def candidates(direct, mirror, thumbs, radius: int, reach: float) -> tuple:
 def _tree_candidates(direct, mirror, thumbs, radius, reach, basis, mean) -> tuple:
     coordinates = _with_norms(*_coordinates(thumbs, basis, mean), basis.shape[1])
     tree = cKDTree(coordinates, leafsize=16)
-    same = tree.query_pairs(reach, output_type="ndarray")
+    a, b = tree.query_pairs(reach, output_type="ndarray").T
     # Each pair close in the mirror-symmetric part is a candidate as it is and mirrored,
     # either way round: a mirror's pHash is not its image's bits mirrored (the median moves).
-    a, b = same.T
-    i, j = np.concatenate([a, a, b]), np.concatenate([b, b, a])
-    flipped = np.repeat([False, True, True], len(same))
-    other = np.where(flipped, mirror[j], direct[j])
-    keep = np.bitwise_count(direct[i] ^ other) <= radius
-    triples = np.stack([i[keep], j[keep], flipped[keep]], axis=1).astype(np.int64)
-    dims = basis.shape[1]
-    index = f"thumbnails, {dims} components and 2 norms"
-    return triples, {"index": index, "candidates": int(len(i))}
+    kept = [
+        (np.bitwise_count(direct[i] ^ hashes[j]) <= radius, i, j, flipped)
+        for i, j, hashes, flipped in ((a, b, direct, 0), (a, b, mirror, 1), (b, a, mirror, 1))
+    ]
+    triples = np.concatenate(
+        [np.stack([i[k], j[k], np.full(k.sum(), f)], axis=1) for k, i, j, f in kept]
+    ).astype(np.int64)
+    index = f"thumbnails, {basis.shape[1]} components and 2 norms"
+    return triples, {"index": index, "candidates": 3 * len(a)}
 
 
 def _components(thumbs: np.ndarray, reach: float) -> tuple:
-    """(the (256, d) principal components to search on, the mean they are about), or
+    """(the principal components to search on, (128, d), the mean they are about), or
     (None, None) when more than MAX_TREE_DIMS would be needed (``_dims``): of the
     thumbnails' mirror-symmetric parts, (t + mirror(t)) / 2, an orthogonal projection that
     an image and its mirror share, so that one search finds the pairs of both
-    orientations."""
-    n, side = len(thumbs), thumbs.shape[-1]
+    orientations; in the space of those parts' left halves (``_halves``)."""
+    n = len(thumbs)
     sample = thumbs[:: max(1, n // _SAMPLE)]
     # Components fitted on half the sample, counted on the other half: on the half they
     # were fitted to they would look more spread than the data (and promise too few pairs).
     fit, held_out = sample[::2], sample[1::2] if len(sample) > 1 else sample
-    symmetric = (fit.astype(np.float64) + fit[:, :, ::-1]).reshape(-1, side * side) / 2
+    symmetric = _halves(fit)[0]
     mean = symmetric.mean(axis=0)
     values, vectors = np.linalg.eigh((symmetric - mean).T @ (symmetric - mean))
-    # Only directions the symmetric parts vary in: those lie in the symmetric subspace
-    # (eigh's null vectors may not), which ``_with_norms``' bound needs.
-    spread = values[::-1] > 1e-9 * max(values[-1], 1e-300)
-    components = vectors[:, ::-1][:, spread][:, :MAX_TREE_DIMS]
+    components = vectors[:, ::-1][:, :MAX_TREE_DIMS]
     dims = _dims(_coordinates(held_out, components, mean), n, reach)
     return (components[:, :dims], mean) if dims else (None, None)
 
@@ -115,28 +112,30 @@ def _dims(coordinates: tuple, n: int, reach: float) -> int:
     return high
 
 
+def _halves(thumbs: np.ndarray) -> tuple:
+    """(the thumbnails' mirror-symmetric parts, their antisymmetric parts' norms), the
+    first as vectors of 128 whose distances are those of the 16x16 parts: each part is its
+    left half mirrored, so sqrt(2) times the left half keeps the distances; float64."""
+    part = thumbs.astype(np.int32)
+    half = part.shape[-1] // 2
+    left, right = part[:, :, :half], part[:, :, : half - 1 : -1]
+    # Twice the halves are small integers: exact, whatever the order of the sums.
+    anti = np.sqrt(((left - right) ** 2).reshape(len(part), -1).sum(axis=1) / 2)
+    return (left + right).reshape(len(part), -1) * (np.sqrt(2) / 2), anti
+
+
 def _coordinates(thumbs: np.ndarray, basis: np.ndarray, mean: np.ndarray) -> tuple:
-    """(the coordinates (N, d) of the thumbnails' mirror-symmetric parts on ``basis`` about
-    ``mean``; those parts' squared distances from ``mean``; the norms of their
-    antisymmetric parts, (t - mirror(t)) / 2), float64. The symmetric part is the same for
-    an image and its mirror, the antisymmetric one's norm too."""
-    n, side = len(thumbs), thumbs.shape[-1]
-    # Both parts are mirror images of their left halves: twice those halves, u = left +
-    # mirrored right and v = left - mirrored right, are small integers, their squares
-    # exact; |S - mean|^2 = 2 |u/2 - mean's left half|^2, <S, b> = <u, b's left half>.
-    half = side // 2
-    left = basis.reshape(side, side, -1)[:, :half].reshape(side * half, -1)
-    mean_left = mean.reshape(side, side)[:, :half].reshape(-1)
-    offset = mean @ basis
-    out = np.empty((n, basis.shape[1])), np.empty(n), np.empty(n)
-    for start in range(0, n, _CHUNK):  # as float, 1.28M thumbnails would take 1.3 GB
-        part = thumbs[start : start + _CHUNK].astype(np.int32)
-        u = (part[:, :, :half] + part[:, :, : half - 1 : -1]).reshape(len(part), -1)
-        v = (part[:, :, :half] - part[:, :, : half - 1 : -1]).reshape(len(part), -1)
-        rows, centred = slice(start, start + len(part)), u / 2 - mean_left
-        out[0][rows] = u @ left - offset
-        out[1][rows] = 2 * np.einsum("ij,ij->i", centred, centred)
-        out[2][rows] = np.sqrt(np.einsum("ij,ij->i", v, v) / 2)
+    """(the coordinates (N, d) of the thumbnails' mirror-symmetric parts (``_halves``) on
+    ``basis`` about ``mean``; those parts' squared distances from ``mean``; the norms of
+    their antisymmetric parts, (t - mirror(t)) / 2), float64. The symmetric part is the
+    same for an image and its mirror, the antisymmetric one's norm too."""
+    out = np.empty((len(thumbs), basis.shape[1])), np.empty(len(thumbs)), np.empty(len(thumbs))
+    for start in range(0, len(thumbs), _CHUNK):  # as floats, 1.28M would take 1.3 GB
+        symmetric, anti = _halves(thumbs[start : start + _CHUNK])
+        centred, rows = symmetric - mean, slice(start, start + len(symmetric))
+        out[0][rows] = centred @ basis
+        out[1][rows] = np.einsum("ij,ij->i", centred, centred)
+        out[2][rows] = anti
     return out
 
 
@@ -146,7 +145,7 @@ def _with_norms(projected: np.ndarray, centred: np.ndarray, anti: np.ndarray, di
     and the triangle inequality (| |x| - |y| | <= |x - y|) make the distance of two of them
     at most that of the thumbnails, one mirrored or not: a pair within reach is found."""
     kept = projected[:, :dims]
-    rest = np.sqrt(np.maximum(centred - (kept * kept).sum(axis=1), 0))
+    rest = np.sqrt(np.maximum(centred - np.einsum("ij,ij->i", kept, kept), 0))
     return np.column_stack([kept, rest, anti])
 
 
