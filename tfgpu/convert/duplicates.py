@@ -154,8 +154,8 @@ def build_report(records: Records, groups: list, class_names: list, stats: dict)
     leaks = [e for e in entries if e["leak"]]
     return {
         "method": {
-            "exact": "SHA-1 of the decoded pixels (a JPEG stored as it is: of its image data "
-            "without metadata segments)",
+            "exact": "XXH3 (64 bits) of the decoded pixels (a JPEG stored as it is: of its "
+            "image data without its leading metadata segments)",
             "near": f"pHash (imagehash's: 32x32 grayscale, DCT, 8x8 low frequencies) within "
             f"{RADIUS} of 64 bits, of the image or its mirror, confirmed by 16x16 thumbnails "
             f"within {THUMB_RMS} grey levels RMS",
