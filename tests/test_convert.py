@@ -309,15 +309,16 @@ def test_interrupted_run_keeps_finished_shards_and_finishes_the_rest(tmp_path, m
 
 
 def test_a_shard_whose_fingerprints_are_lost_or_older_is_written_again(tmp_path, monkeypatch):
-    """A finished shard whose duplicate-check arrays are damaged, or whose exact keys are
-    of another kind (an older tfgpu's, SHA-1), is converted again when the run resumes;
-    the others are kept, and the check sees every record."""
+    """A finished shard whose duplicate-check arrays are damaged, replaced by a FIFO (which
+    must not block the run) or by a huge file, or whose exact keys are of another kind (an
+    older tfgpu's, SHA-1), is converted again when the run resumes; the others are kept,
+    and the check sees every record."""
     items, options = _items(), {"check_duplicates": True}
     real, calls = worker.write_shard, []
 
     def dies_on_fourth_shard(output_dir, name, shard_items, options):
         calls.append(name)
-        if len(calls) == 4:
+        if len(calls) == 5:
             raise KeyboardInterrupt
         return real(output_dir, name, shard_items, options)
 
@@ -325,17 +326,19 @@ def test_a_shard_whose_fingerprints_are_lost_or_older_is_written_again(tmp_path,
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         _write(out, items, **options)
-    older, damaged, kept = calls[:3]
+    older, damaged, fifo, kept = calls[:4]
     marker = out / worker.done_marker(older)
     marker.write_text(marker.read_text().replace('"key": "xxh3-64"', '"key": "sha1"'))
     arrays = out / worker.fingerprints_file(damaged)
-    arrays.write_bytes(arrays.read_bytes()[:100])
-    inodes = {n: os.stat(out / n).st_ino for n in calls[:3]}
+    arrays.write_bytes(arrays.read_bytes()[:100] + bytes(1 << 20))  # cut, and too long
+    (out / worker.fingerprints_file(fifo)).unlink()
+    os.mkfifo(out / worker.fingerprints_file(fifo))
+    inodes = {n: os.stat(out / n).st_ino for n in calls[:4]}
     monkeypatch.setattr(plan, "write_shard", real)
     info = _write(out, items, **options)
     assert os.stat(out / kept).st_ino == inodes[kept]
-    assert os.stat(out / older).st_ino != inodes[older]
-    assert os.stat(out / damaged).st_ino != inodes[damaged]
+    for rewritten in (older, damaged, fifo):
+        assert os.stat(out / rewritten).st_ino != inodes[rewritten]
     assert info["quality"]["num_images"] == 40
     assert not [n for n in os.listdir(out) if n.startswith(".")]  # markers and arrays gone
 

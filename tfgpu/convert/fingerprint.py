@@ -3,7 +3,7 @@ decode it: an exact key, a perceptual hash of the image and of its mirror, a 16x
 
 - exact key: xxHash's XXH3 (64 bits) of the decoded pixels, seeded by their mode and size;
   for a JPEG the converter stores as it is (and so decodes at 1/8 scale only, ``worker.py``),
-  of its image data with the metadata segments (APPn, COM) removed: equal data decodes to
+  of its image data without the metadata segments (APPn, COM) that lead it: equal data decodes to
   equal pixels, and the full decode it would take costs more than the rest of the
   conversion. XXH3, not a cryptographic digest: SHA-1 of an 87 KB JPEG takes 52 us, XXH3 2;
   two of ImageNet's 1.28M distinct images share a key with probability ~4e-8. Neither is a
@@ -22,6 +22,8 @@ No TensorFlow (workers stay light).
 """
 
 import functools
+import os
+import stat
 from array import array
 
 import numpy as np
@@ -164,7 +166,7 @@ def summaries(views: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _summaries(kinds: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``summaries`` of ``n`` images given by ``kinds`` (``_kinds``), without the 32x32
+    """``summaries`` of ``n`` images given by ``kinds`` (``Collector._arrays``), without the 32x32
     thumbnails: their matrices are folded into the ones that make them, and images of
     about one size are multiplied at once, each by its own matrices, padded with zeros to
     the largest (a shard of 28x28 images: a hundredth of what one call per image costs;
@@ -356,14 +358,22 @@ def save(path: str, record: dict) -> dict:
 
 def load(path: str, rest: dict) -> dict | None:
     """The record ``save`` split into ``path`` and ``rest``, or None when the file is
-    missing, damaged, of another length than ``rest["files"]``, or its keys of another
-    kind (an older tfgpu's): the shard is then written again."""
+    missing, damaged, not a regular file, of another length than ``rest["files"]``, or its
+    keys of another kind (an older tfgpu's): the shard is then written again."""
     if rest.get("key") != KEY:
         return None
+    n = len(rest.get("files", ()))
     try:
-        table = np.load(path, allow_pickle=False)
+        # Non-blocking, and regular files only: a FIFO planted there would block for ever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(fd)
+            # No more than n records and a header (a few hundred bytes): nothing huge is read.
+            if not stat.S_ISREG(info.st_mode) or info.st_size > n * _FIELDS.itemsize + 4096:
+                return None
+            table = np.load(f, allow_pickle=False)
     except (OSError, ValueError, EOFError):
         return None
-    if table.dtype != _FIELDS or table.shape != (len(rest.get("files", ())),):
+    if table.dtype != _FIELDS or table.shape != (n,):
         return None
     return {**rest, **{name: table[name] for name in _FIELDS.names}}

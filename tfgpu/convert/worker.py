@@ -298,7 +298,8 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
     The shard is written as ``name.tmp``, synced and renamed when complete, then a done
     marker with the returned dict (``file``, ``num_examples``, ``per_class`` by label,
     ``short_sides`` {bucket: count}, ``skipped``, and with ``options.check_duplicates`` the
-    records' ``fingerprints``) is written beside it, so an interrupted run can keep it.
+    records' ``fingerprints``, whose arrays go to a file of their own) is written beside
+    it, so an interrupted run can keep it.
     """
     path = os.path.join(output_dir, name)
     count, per_class, skipped, sides = 0, {}, [], {}
@@ -337,8 +338,15 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
         "short_sides": {str(k): v for k, v in sorted(sides.items())},
         "skipped": skipped,
     }
+    return _mark_done(output_dir, name, result, prints)
+
+
+def _mark_done(output_dir: str, name: str, result: dict, prints) -> dict:
+    """Writes shard ``name``'s done marker (``result``) and, with ``prints`` (a
+    ``fingerprint.Collector``), the check's arrays beside it (``fingerprints_file``);
+    returns ``result``, with the fingerprints when there are some."""
     marker = result
-    if check:
+    if prints is not None:
         with threadpool_limits(1, "blas"):  # small products: BLAS threads would only spin
             record = prints.record()
         rest = fingerprint.save(os.path.join(output_dir, fingerprints_file(name)), record)
