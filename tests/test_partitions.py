@@ -3,7 +3,9 @@ the way a switch or a firewall cuts them: the packets vanish, no error reaches t
 
 - the link cut both ways, one way only, or only for the heartbeats' UDP ports (the
   collectives' TCP still flows): both workers stop within BOUND_S of the cut, each with one
-  line naming the peer it lost (its index and address) and how to resume;
+  line naming the peer it lost as TF_CONFIG does (a chief and a worker, as Kubeflow's TFJob
+  writes them, or two workers) with its address, the update it went silent at and how to
+  resume;
 - neither leaves a checkpoint the other lacks: the chief's node-local --model_dir holds
   complete checkpoints only, the other worker's nothing (its saves went to a scratch
   directory, removed as it stops);
@@ -62,23 +64,37 @@ def _read(path) -> str:
         return ""
 
 
-class Run:
-    """A two-worker multi_worker_mirrored run across ``hosts``, each worker with its own
-    node-local --model_dir (``dirs[i]``) and TMPDIR (``tmpdirs[i]``)."""
+# TF_CONFIG's tasks of hosts a and b: Kubeflow's TFJob (a chief and a worker, on ports of
+# their own), or two workers.
+TFJOB = (("chief", 0, TF_PORT), ("worker", 0, TF_PORT + 1))
+WORKERS = (("worker", 0, TF_PORT), ("worker", 1, TF_PORT))
 
-    def __init__(self, hosts: TwoHosts, data: str, where):
-        self.hosts, self.data, self.where = hosts, data, where
+
+class Run:
+    """A two-process multi_worker_mirrored run across ``hosts`` as ``tasks`` (``TFJOB`` or
+    ``WORKERS``) say, each with its own node-local --model_dir (``dirs[i]``) and TMPDIR
+    (``tmpdirs[i]``)."""
+
+    def __init__(self, hosts: TwoHosts, data: str, where, tasks=WORKERS):
+        self.hosts, self.data, self.where, self.tasks = hosts, data, where, tasks
         self.dirs = [str(where / f"w{i}") for i in (0, 1)]
         self.tmpdirs = [str(where / f"tmp{i}") for i in (0, 1)]
         self.attempt = 0
 
+    def names(self) -> list[str]:
+        """How each process names its task and address: ``chief 0 (10.79.1.1:23456)``."""
+        return [f"{k} {i} ({h.address}:{p})" for (k, i, p), h in zip(self.tasks, self.hosts.hosts)]
+
     def start(self, steps: int = STEPS) -> tuple[list, list]:
         """Starts both workers, to train ``steps`` updates; returns (processes, log paths)."""
         self.attempt += 1
-        cluster = {"worker": [f"{h.address}:{TF_PORT}" for h in self.hosts.hosts]}
+        cluster = {}
+        for (kind, _, port), host in zip(self.tasks, self.hosts.hosts):
+            cluster.setdefault(kind, []).append(f"{host.address}:{port}")
         procs, logs = [], []
         for i, host in enumerate(self.hosts.hosts):
-            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+            task = {"type": self.tasks[i][0], "index": self.tasks[i][1]}
+            tf_config = json.dumps({"cluster": cluster, "task": task})
             values = dict(FLAGS, train_steps=steps)
             flags = cli_flags(values, data_dir=self.data, model_dir=self.dirs[i])
             argv = [sys.executable, "-m", "tfgpu.main", "--strategy=multi_worker_mirrored"]
@@ -114,14 +130,14 @@ def _ended(procs, logs, started: float, timeout: float) -> list[dict]:
     return [{"code": c, "seconds": s, "text": _read(log)} for c, s, log in zip(codes, ends, logs)]
 
 
-def _cut_and_resume(data, where, pair: int, cut, steps: int = STEPS) -> dict:
-    """A run of ``steps`` updates cut by ``cut(hosts, chief's log)`` once the chief logged
-    CUT_AT; what each worker said and left, then (when ``steps`` is STEPS) the same command
-    after ``heal``: its outputs and final weights."""
+def _cut_and_resume(data, where, pair: int, cut, steps: int = STEPS, tasks=WORKERS) -> dict:
+    """A run of ``steps`` updates (its processes as ``tasks`` say) cut by ``cut(hosts,
+    chief's log)`` once the chief logged CUT_AT; what each worker said and left, then (when
+    ``steps`` is STEPS) the same command after ``heal``: its outputs and final weights."""
     where.mkdir()
     hosts = TwoHosts(pair)
     try:
-        run = Run(hosts, data, where)
+        run = Run(hosts, data, where, tasks)
         procs, logs = run.start(steps)
         _wait_for(logs[0], rf"step\s+{CUT_AT}/", procs, START_S)
         cut(hosts, logs[0])
@@ -130,7 +146,8 @@ def _cut_and_resume(data, where, pair: int, cut, steps: int = STEPS) -> dict:
             "checkpoints": [_listing(d) for d in run.dirs],
             "scratch": [sorted(os.listdir(t)) for t in run.tmpdirs],
         }
-        outcome = {"hosts": hosts, "stopped": stopped, "left": left}
+        peers = [re.escape(name) for name in run.names()]
+        outcome = {"hosts": hosts, "peers": peers, "stopped": stopped, "left": left}
         if steps != STEPS:
             return outcome
         hosts.heal()
@@ -162,7 +179,7 @@ def _uninterrupted(data, where, pair: int) -> dict:
     where.mkdir()
     hosts = TwoHosts(pair)
     try:
-        run = Run(hosts, data, where)
+        run = Run(hosts, data, where, TFJOB)
         procs, logs = run.start()
         ended = _ended(procs, logs, time.time(), START_S)
         assert [e["code"] for e in ended] == [0, 0], ended[0]["text"][-3000:]
@@ -189,13 +206,15 @@ def _heartbeats_only(hosts, log: str) -> None:
         hosts.drop_incoming(host, udp_port=int(address.rsplit(":", 1)[1]))
 
 
-# name -> (how the link is cut, updates, heavy: run only with the heavy tests). Blocked
-# heartbeats stop a run only after 3 x heartbeats.SILENT_S, when STEPS may be done: that run
-# is longer, and not resumed (the cut both ways shows the resume).
+# name -> (how the link is cut, updates, heavy: run only with the heavy tests, the tasks).
+# Blocked heartbeats stop a run only after 3 x heartbeats.SILENT_S, when STEPS may be done:
+# that run is longer, and not resumed (the cut both ways shows the resume). The runs that
+# resume are TFJob's chief and worker, as the uninterrupted one; blocked heartbeats stop two
+# workers.
 SCENARIOS = {
-    "both_ways": (_both_ways, STEPS, False),
-    "heartbeats_only": (_heartbeats_only, 10**5, False),
-    "one_way": (_one_way, STEPS, True),
+    "both_ways": (_both_ways, STEPS, False, TFJOB),
+    "heartbeats_only": (_heartbeats_only, 10**5, False, WORKERS),
+    "one_way": (_one_way, STEPS, True, TFJOB),
 }
 
 
@@ -210,9 +229,9 @@ def outcomes(small_dataset, tmp_path_factory):
     root = tmp_path_factory.mktemp("partitions")
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(SCENARIOS) + 1)
     futures = {"reference": pool.submit(_uninterrupted, small_dataset, root / "reference", 0)}
-    for pair, (name, (cut, steps, heavy)) in enumerate(SCENARIOS.items(), 1):
+    for pair, (name, (cut, steps, heavy, tasks)) in enumerate(SCENARIOS.items(), 1):
         if heavy_enabled() or not heavy:
-            run = functools.partial(_cut_and_resume, cut=cut, steps=steps)
+            run = functools.partial(_cut_and_resume, cut=cut, steps=steps, tasks=tasks)
             futures[name] = pool.submit(run, small_dataset, root / name, pair)
     if heavy_enabled() and not _horovod_missing():
         pair = len(SCENARIOS) + 1
@@ -272,7 +291,8 @@ def _horovod_pair(data, where, pair: int) -> dict:
         (resumed,) = _ended([proc], [str(where / "horovodrun-2.log")], time.time(), START_S)
         resumed["text"] = _read(logs[0])  # rank 0's, of the second run
         weights = final_weights(dirs[0]) if resumed["code"] == 0 else None
-        outcome = {"hosts": hosts, "stopped": stopped, "left": left, "weights": weights}
+        peers = [rf"rank {r} \([^)]*{re.escape(h.address)}\b" for r, h in enumerate(hosts.hosts)]
+        outcome = {"peers": peers, "stopped": stopped, "left": left, "weights": weights}
         return dict(outcome, resumed=[resumed, resumed])  # one command: its exit, twice
     finally:
         hosts.close()
@@ -294,23 +314,28 @@ def _last_error(text: str) -> str:
     return lines[-1]
 
 
-def _check_stopped(outcome: dict, *expected: str, kind: str = "worker") -> list[str]:
+def _check_stopped(outcome: dict, *expected: str, silent: bool = False) -> list[str]:
     """Both workers stopped within BOUND_S of the cut, exit 5, no traceback, with one line
-    naming the other (``kind`` and index, address), each ``expected`` pattern and how to
-    resume."""
-    hosts, lines = outcome["hosts"], []
+    naming the other as its launcher does (``outcome["peers"][i]``: a pattern of process i's
+    name and address), each ``expected`` pattern and how to resume. A peer said to have gone
+    silent went silent at an update the run reached before the cut, or after it; with
+    ``silent``, every line says so."""
+    lines = []
     for i, ended in enumerate(outcome["stopped"]):
         text = ended["text"]
         assert ended["code"] == 5, (i, ended["code"], text[-3000:])
         assert ended["seconds"] < BOUND_S, (i, ended["seconds"], text[-3000:])
         assert "Traceback" not in text, text[-3000:]
         line = _last_error(text)
-        peer = hosts.hosts[1 - i].address
-        assert re.search(rf"{kind} {1 - i} \([^)]*{re.escape(peer)}\b", line), line
+        assert re.search(outcome["peers"][1 - i], line), line
         assert line.endswith(f"; {RESUME}"), line
         for pattern in expected:
             assert re.search(pattern, line), line
-        print(f"{kind} {i} stopped {ended['seconds']:.1f} s after the cut: {line}")  # pytest -s
+        # The chief logged update CUT_AT before the cut; the other may be one behind it.
+        went = [int(n) for n in re.findall(r"went silent at update (\d+) ", line)]
+        assert all(CUT_AT - 1 <= n <= STEPS for n in went), line
+        assert went or not silent, line
+        print(f"process {i} stopped {ended['seconds']:.1f} s after the cut: {line}")  # pytest -s
         lines.append(line)
     return lines
 
@@ -344,8 +369,12 @@ def _check_nothing_lost(outcome: dict, reference) -> None:
 
 
 def test_a_link_cut_both_ways_stops_both_workers_and_loses_nothing(outcomes):
+    """Kubeflow's TFJob: a chief and a worker. Each names the other by its task and address;
+    the worker names the chief as the coordination leader."""
     outcome = outcomes["both_ways"].result()
-    _check_stopped(outcome)
+    chief, worker = _check_stopped(outcome, silent=True)
+    assert re.search(r"\(worker 0 \(\S+\) stopped sending heartbeats; ", chief), chief
+    assert "chief 0 (" in worker and "), the coordination leader, stopped answering" in worker
     _check_nothing_lost(outcome, outcomes["reference"])
 
 
@@ -353,7 +382,7 @@ def test_blocked_heartbeats_stop_both_workers_naming_them(outcomes):
     """The collectives' TCP still flows, only the heartbeats' UDP is dropped: the run stops
     (without its side channel a later hang would go unnoticed), saying so."""
     outcome = outcomes["heartbeats_only"].result()
-    lines = _check_stopped(outcome, r"no heartbeat from worker \d .* all-reduces with them still")
+    lines = _check_stopped(outcome, r"no heartbeat from worker \d \(.* all-reduces with them still")
     assert all("firewall" in line for line in lines), lines
     _check_left(outcome)
 
@@ -370,6 +399,6 @@ def test_a_horovod_pair_cut_both_ways_stops_both_ranks_and_loses_nothing(outcome
     if "horovod" not in outcomes:
         pytest.skip(_horovod_missing())
     outcome = outcomes["horovod"].result()
-    _check_stopped(outcome, kind="rank")
+    _check_stopped(outcome, silent=True)
     # Two ranks sum as two workers do: the multi_worker_mirrored run's weights, bit for bit.
     _check_nothing_lost(outcome, outcomes["reference"])

@@ -97,7 +97,7 @@ def test_auto_is_multi_worker_under_srun(monkeypatch):
     for key, value in _srun("2", "localhost", 1).items():
         monkeypatch.setenv(key, value)
     assert env.resolve_strategy("auto", num_gpus=0) == "multi_worker_mirrored"
-    assert env.worker_address(1).startswith("localhost:")
+    assert env.task_name("worker", 1).startswith("task 1 (localhost:")
 
 
 def test_srun_with_two_tasks_ends_with_the_weights_of_one_process(small_dataset, tmp_path):

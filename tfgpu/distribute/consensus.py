@@ -26,6 +26,13 @@ def this_worker() -> str:
     return f"{socket.gethostname()}, pid {os.getpid()}"
 
 
+def named(index: int, where: str) -> str:
+    """Training process ``index`` as messages name it: its launcher's word for it
+    (``env.task_label``: ``chief 0``, ``worker 1``, ``rank 2``) and ``where`` it runs
+    (``this_worker`` of that process)."""
+    return f"{env.task_label(index)} ({where})"
+
+
 def fingerprint(
     settings: dict, data: dict | None, error: str = "", class_weights: list | None = None
 ) -> dict:
@@ -69,7 +76,7 @@ def disagreement(fingerprints: list) -> str:
     """One line about the first worker with an error or the first differing field; ""."""
     for i, f in enumerate(fingerprints):
         if f["error"]:
-            return f"worker {i} ({f['where']}): {f['error']}"
+            return f"{named(i, f['where'])}: {f['error']}"
     first = fingerprints[0]
     checks = [("the tfgpu version", lambda f: f["tfgpu"])]
     checks += [(f"--{k}", lambda f, k=k: f["settings"].get(k)) for k in first["settings"]]
@@ -81,8 +88,7 @@ def disagreement(fingerprints: list) -> str:
         values = [get(f) for f in fingerprints]
         if any(v != values[0] for v in values):
             holders = ", ".join(
-                f"{_show(v)} on worker {i} ({fingerprints[i]['where']})"
-                for i, v in enumerate(values)
+                f"{_show(v)} on {named(i, fingerprints[i]['where'])}" for i, v in enumerate(values)
             )
             return f"the workers disagree on {label}: {holders}"
     return ""
@@ -107,13 +113,16 @@ def smallest(backend, mine: dict, key: str) -> tuple[int, list]:
 
 def step_time_skew(backend, compute_s: float) -> dict:
     """Every worker's compute seconds per update in the last window (its step time less what
-    it waited in the gradient all-reduce) -> {"slowest_worker", "slowest_compute_s",
-    "median_compute_s"}. A collective: every worker calls it at the same step."""
-    gathered = backend.all_gather_bytes(json.dumps(compute_s).encode())
-    values = [float(json.loads(b)) for b in gathered]
+    it waited in the gradient all-reduce) -> {"slowest_worker" (its index),
+    "slowest_worker_name" (``named``), "slowest_compute_s", "median_compute_s"}. A
+    collective: every worker calls it at the same step."""
+    mine = json.dumps({"compute_s": compute_s, "where": this_worker()})
+    gathered = [json.loads(b) for b in backend.all_gather_bytes(mine.encode())]
+    values = [float(g["compute_s"]) for g in gathered]
     slowest = max(range(len(values)), key=values.__getitem__)
     return {
         "slowest_worker": slowest,
+        "slowest_worker_name": named(slowest, gathered[slowest]["where"]),
         "slowest_compute_s": values[slowest],
         "median_compute_s": statistics.median(values),
     }

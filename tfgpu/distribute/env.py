@@ -126,23 +126,57 @@ def is_evaluator() -> bool:
         return False
 
 
-def cluster() -> dict:
+def cluster(environ=os.environ) -> dict:
     """The multi-worker cluster as a TF_CONFIG dict: TF_CONFIG itself, else the Slurm job step
     this task belongs to (``srun --ntasks=N``), else {}."""
-    config = read_tf_config()
-    if not config and slurm.in_slurm_step():
-        config = slurm.tf_config()
+    config = read_tf_config(environ)
+    if not config and slurm.in_slurm_step(environ):
+        config = slurm.tf_config(environ)
     return config
 
 
-def worker_address(task: int) -> str:
-    """``host:port`` of task ``task`` of the cluster's worker job (as TensorFlow's errors number
-    them), or "" when unknown."""
+def task_label(index: int, environ=os.environ) -> str:
+    """How messages call training process ``index`` (the collective's order: TF_CONFIG's
+    chief first, then its workers), in the words of the launcher the user ran: TF_CONFIG's
+    own ``chief 0`` / ``worker 1`` (Kubeflow's TFJob, Ray Train, tfgpu.launch, a hand-written
+    one), ``rank 1`` under horovodrun or mpirun, ``task 1`` under srun (SLURM_PROCID)."""
     try:
-        workers = cluster().get("cluster", {}).get("worker", [])
+        found, config = world(environ), read_tf_config(environ)
     except DistributeError:
-        return ""
-    return workers[task] if 0 <= task < len(workers) else ""
+        return f"worker {index}"
+    if found.launcher in HOROVOD_LAUNCHERS:
+        return f"rank {index}"
+    if found.launcher == "slurm":
+        return f"task {index}"
+    if not config:
+        return f"worker {index}"
+    chiefs = len(config["cluster"].get("chief") or [])
+    return f"chief {index}" if index < chiefs else f"worker {index - chiefs}"
+
+
+def task_name(job: str, task: int, environ=os.environ) -> str:
+    """``task_label`` with its address, for the task TensorFlow calls ``/job:JOB/task:N``
+    (its coordination service and collectives name them so): ``chief 0 (node1:2222)``."""
+    try:
+        config = cluster(environ)
+    except DistributeError:
+        config = {}
+    jobs = config.get("cluster", {})
+    addresses = jobs.get(job) or []
+    if job not in TRAINING_TASKS or not 0 <= task < len(addresses):
+        return f"{job} {task}"
+    index = task + (len(jobs.get("chief") or []) if job == "worker" else 0)
+    return f"{task_label(index, environ)} ({addresses[task]})"
+
+
+def leader_name(environ=os.environ) -> str:
+    """The coordination service's leader, named as ``task_name`` does: TF_CONFIG's chief
+    when there is one, else worker 0 (TensorFlow's ``multi_worker_util.coordination_leader``)."""
+    try:
+        has_chief = bool(cluster(environ).get("cluster", {}).get("chief"))
+    except DistributeError:
+        has_chief = False
+    return task_name("chief" if has_chief else "worker", 0, environ)
 
 
 def multi_process() -> bool:

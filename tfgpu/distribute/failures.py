@@ -20,14 +20,14 @@ import tensorflow as tf
 from tfgpu.distribute import env
 from tfgpu.distribute.heartbeats import RESUME, claim_last_word
 
-_TASK = r"/job:(?:worker|chief)(?:/replica:\d+)?/task:(\d+)"
+_TASK = r"/job:(worker|chief)(?:/replica:\d+)?/task:(\d+)"
 # (pattern, what it means); {} is the named worker.
 _LOST_REASONS = (
     (r"Barrier timed out.*?Some timed out task names:\s*" + _TASK, "{} never joined in time"),
     (r"unhealthy \(stopped sending heartbeats\):\s*" + _TASK, "{} stopped sending heartbeats"),
     (r"remote target " + _TASK + r" while calling", "{} stopped answering"),
-    # A non-leader's heartbeats to the coordination leader (worker 0) went unanswered: the
-    # leader is gone, or the network between them is.
+    # A non-leader's heartbeats to the coordination leader (the chief, else worker 0) went
+    # unanswered: the leader is gone, or the network between them is.
     (
         r"RPC: /tensorflow\.CoordinationService/Heartbeat",
         "{}, the coordination leader, stopped answering",
@@ -58,11 +58,10 @@ def _message(err: BaseException, silent: str) -> str | None:
     for pattern, reason in _LOST_REASONS:
         match = re.search(pattern, text, re.S)
         if match:
-            named = [_named(task) for task in match.groups()] or [_named("0")]
-            return _lost(reason.format(*named), silent)
+            return _lost(reason.format(_named(*match.groups())), silent)
     if isinstance(err, tf.errors.DeadlineExceededError):
         if "RegisterTask" in text:
-            return _lost(f"{_named('0')} (the coordination leader) never answered", silent)
+            return _lost(f"{_named()} (the coordination leader) never answered", silent)
         return _lost("a collective waited longer than --collective_timeout_s", silent)
     if isinstance(err, tf.errors.UnavailableError) or "Collective ops is aborted" in text:
         last = text.strip().splitlines()[-1][:200] if text.strip() else type(err).__name__
@@ -70,9 +69,10 @@ def _message(err: BaseException, silent: str) -> str | None:
     return None
 
 
-def _named(task: str) -> str:
-    address = env.worker_address(int(task))
-    return f"worker {task} ({address})" if address else f"worker {task}"
+def _named(job: str = "", task: str = "") -> str:
+    """The task an error names (``/job:JOB/task:N``), as the user's launcher calls it; with
+    none named, the coordination leader."""
+    return env.task_name(job, int(task)) if job else env.leader_name()
 
 
 def _lost(reason: str, silent: str) -> str:

@@ -297,8 +297,10 @@ class Board:
 
     def silent(self) -> str:
         """ "worker i (...) went silent at update N (nothing for S s)" for peers not heard
-        from in SILENT_S, or ""."""
+        from in SILENT_S, or "". N is the last update it took part in: the one its last
+        heartbeat counted, or a later one completed here (each needed its all-reduce)."""
         now, out = time.monotonic(), []
+        mine = self.progress()["step"]
         for i in range(len(self.peers)):
             if i == self.index:
                 continue
@@ -307,8 +309,8 @@ class Board:
                 out.append(f"{self.names[i]} never heard from")
             elif now - when > SILENT_S:
                 out.append(
-                    f"{self.names[i]} went silent at update {message['step'] + 1} (nothing "
-                    f"heard for {now - when:.0f} s: frozen, dead or unreachable)"
+                    f"{self.names[i]} went silent at update {max(message['step'], mine)} "
+                    f"(nothing heard for {now - when:.0f} s: frozen, dead or unreachable)"
                 )
         return "; ".join(out)
 
@@ -371,8 +373,7 @@ class Watch:
         the run listens on ("" with one process)."""
         if self.sock is None:
             return ""
-        kind = "rank" if backend.name == "horovod" else "worker"
-        names = [f"{kind} {i} ({_where(f)})" for i, f in enumerate(fingerprints)]
+        names = peer_names(fingerprints)
         counters = backend.all_reduce_calls, global_step
         (key,) = [f["heartbeat_key"] for f in fingerprints if f["heartbeat_key"]]
         peers = [f["heartbeat"] for f in fingerprints]
@@ -390,6 +391,13 @@ class Watch:
         (``tally``: "" with one process)."""
         finish()
         return tally()
+
+
+def peer_names(fingerprints: list) -> list[str]:
+    """How the board's lines call each worker of ``fingerprints`` (in the collective's
+    order): the launcher's word for it (``env.task_label``: ``chief 0``, ``worker 0``,
+    ``rank 1``) and where it runs (``_where``)."""
+    return [f"{env.task_label(i)} ({_where(f)})" for i, f in enumerate(fingerprints)]
 
 
 def _where(fingerprint: dict) -> str:

@@ -171,7 +171,7 @@ def _one_update(probe: Config, spec, class_weights) -> None:
 def _line(size: int, replica_batch: int, workers: list, reason: str) -> str:
     """The log's line of the choice and its measurements."""
     tried = "; ".join(
-        f"worker {i} on {w['device']}: "
+        f"{consensus.named(i, w['where'])} on {w['device']}: "
         + ", ".join(memory.Measurement(**m).describe() for m in w["tried"])
         for i, w in enumerate(workers)
     )
@@ -207,8 +207,9 @@ def _none_fits(workers: list, below: int | None) -> str:
     i, w = next((i, w) for i, w in enumerate(workers) if not w["size"])
     tried = ", ".join(memory.Measurement(**m).describe() for m in w["tried"]) or "nothing"
     again = f" below {below}" if below else ""
+    worker = consensus.named(i, f"{w['where']}, {w['device']}; tried {tried}")
     return (
-        f"--micro_batch_size=auto: no micro-batch{again} fits on worker {i} ({w['where']}, "
-        f"{w['device']}; tried {tried}): a larger --memory_budget_gb, "
-        "--dtype=mixed_bfloat16/mixed_float16, --remat or a smaller model (docs/memory.md)"
+        f"--micro_batch_size=auto: no micro-batch{again} fits on {worker}: a larger "
+        "--memory_budget_gb, --dtype=mixed_bfloat16/mixed_float16, --remat or a smaller model "
+        "(docs/memory.md)"
     )

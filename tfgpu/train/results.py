@@ -337,10 +337,16 @@ def format_progress(record: dict, total_steps: int, global_batch: int) -> str:
             line += f" (input alone {record['input_images_per_sec']:,.0f} img/s)"
     if "slowest_worker" in record:
         line += (
-            f"  slowest worker {record['slowest_worker']}: {record['slowest_compute_s']:.3f} s"
+            f"  slowest {_slowest(record)}: {record['slowest_compute_s']:.3f} s"
             f"/update (median {record['median_compute_s']:.3f})"
         )
     return line
+
+
+def _slowest(record: dict) -> str:
+    """The slowest worker as the launcher names it (``consensus.named``); a row logged before
+    the name was kept gives its index."""
+    return record.get("slowest_worker_name") or f"worker {record['slowest_worker']}"
 
 
 INPUT_BOUND = 0.10  # the share of step time waiting for input that is worth a warning
