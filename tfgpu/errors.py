@@ -98,6 +98,18 @@ class Preempted(TfgpuError):
         return f"{prog}: {self.message}; run the same command again to resume"
 
 
+# How a user installs what an optional part of tfgpu needs: tfgpu is installed from its source
+# folder (README: Install), so an extra is ``pip install '.[EXTRA]'`` there; Horovod is built
+# against the installed TensorFlow by a script of its own.
+INSTALL_HOROVOD = "bash tools/install_horovod.sh"
+
+
+def install_extra(extra: str) -> str:
+    """The command that installs tfgpu's optional ``extra`` (setup.cfg's extras_require):
+    ``pip install '.[ray]'`` in tfgpu's folder."""
+    return f"pip install '.[{extra}]' in tfgpu's folder"
+
+
 def say(line: str) -> None:
     """Writes ``line`` and its newline to stderr in one write. The processes of one launch
     share a stream (mpirun forwards their stderr as it comes), and print() writes the two

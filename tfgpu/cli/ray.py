@@ -23,7 +23,15 @@ from tfgpu.cli.train import check_writable
 from tfgpu.cli.train import make_config as train_config
 from tfgpu.distribute import ray_train
 from tfgpu.distribute.ray_train import RayJob
-from tfgpu.errors import DistributeError, TfgpuError, UsageError, WorkerLost, first_line, say
+from tfgpu.errors import (
+    DistributeError,
+    TfgpuError,
+    UsageError,
+    WorkerLost,
+    first_line,
+    install_extra,
+    say,
+)
 from tfgpu.train import op_errors
 
 COMMAND = "tfgpu-ray"
@@ -34,7 +42,7 @@ USAGE = (
 STRATEGY = "multi_worker_mirrored"
 
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull")
-INSTALL = "pip install 'tfgpu[ray]'"
+INSTALL = install_extra("ray")
 # Set before Ray is imported (it reads them then), unless the user set them.
 RAY_ENV = {
     # Every worker prints its weights fingerprint: lines alike but for numbers, which Ray's
@@ -134,7 +142,7 @@ def run_job(config, job: RayJob) -> int:
     require_ray()
     quiet.quiet_log_level()  # the workers inherit it (a local cluster)
     quiet.import_tensorflow()  # Ray's TensorflowTrainer imports it: without its notices
-    # Ray is an optional extra (tfgpu[ray]), imported once the job is sure to run.
+    # Ray is an optional extra ('.[ray]'), imported once the job is sure to run.
     import ray
     from ray.train import TrainingFailedError
 

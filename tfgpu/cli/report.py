@@ -9,7 +9,7 @@
 from tfgpu.cli import quiet
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
-from tfgpu.errors import UsageError
+from tfgpu.errors import UsageError, install_extra
 from tfgpu.report.runs import read_runs
 from tfgpu.train.op_errors import translate
 
@@ -20,18 +20,22 @@ def main(argv):
     return run_command(lambda: _command(argv[1:]), prog=PROG, translate=translate)
 
 
+def require_matplotlib() -> None:
+    """Returns when matplotlib (the [report] extra) imports; else the UsageError saying how
+    to install it."""
+    try:
+        import matplotlib  # noqa: F401, PLC0415 (the [report] extra: said in one line)
+    except ImportError:
+        raise UsageError(f"tfgpu-report draws with matplotlib: {install_extra('report')}") from None
+
+
 def _command(paths) -> None:
     s, _ = command_settings(PROG)
     if not paths:
         raise UsageError("name one or more run folders (a training run's --model_dir)")
     if s.gallery < 0 or s.batch_size < 1:
         raise UsageError("--gallery must be 0 or more and --batch_size positive")
-    try:
-        import matplotlib  # noqa: F401, PLC0415 (the [report] extra: said in one line)
-    except ImportError:
-        raise UsageError(
-            "tfgpu-report draws with matplotlib: pip install 'tfgpu[report]'"
-        ) from None
+    require_matplotlib()
     runs = read_runs(paths)  # a folder that is no run: one line before TensorFlow starts
     if s.evaluate:
         quiet.import_tensorflow()

@@ -9,6 +9,7 @@ import tensorflow as tf
 from tfgpu.distribute import DistributeError, InputShard, env
 from tfgpu.distribute.backend_parts import counter, gathered_bytes, scratch_dir, timed
 from tfgpu.distribute.devices import pin_to_local_gpu
+from tfgpu.errors import INSTALL_HOROVOD
 
 
 class HorovodBackend:
@@ -112,14 +113,14 @@ def build(hvd_compression: str) -> HorovodBackend:
         backend = HorovodBackend(hvd_compression)
     except ImportError:
         raise DistributeError(
-            "--strategy=horovod needs Horovod: run `bash tools/install_horovod.sh`"
+            f"--strategy=horovod needs Horovod: run `{INSTALL_HOROVOD}`"
         ) from None
     if backend.num_workers != found.size:
         # A Horovod built without MPI under mpirun: every process a world of its own.
         raise DistributeError(
             f"Horovod sees {backend.num_workers} process(es) but {found.evidence}: this "
             f"Horovod is built without {'MPI' if found.launcher == 'mpirun' else 'Gloo'}; "
-            "rebuild it with `bash tools/install_horovod.sh` once Open MPI is installed "
+            f"rebuild it with `{INSTALL_HOROVOD}` once Open MPI is installed "
             "(apt-get install libopenmpi-dev), or use --strategy=multi_worker_mirrored"
         )
     return backend

@@ -4,13 +4,14 @@ others reach it at (``env.local_address``), and MPI's allgather hands every proc
 list, in rank order. Rank 0 is worker 0, the chief. No TensorFlow here.
 
 MPI carries these few bytes only; TensorFlow's collectives then run over their own gRPC
-connections. mpi4py is an optional extra (``pip install 'tfgpu[mpi]'``).
+connections. mpi4py is an optional extra (``pip install '.[mpi]'``).
 """
 
 import os
 import socket
 
 from tfgpu.distribute import DistributeError, env, gpu_share
+from tfgpu.errors import INSTALL_HOROVOD, install_extra
 
 
 # (local rank, local size) variables: Open MPI, MPICH/Intel MPI's Hydra, MVAPICH.
@@ -37,8 +38,8 @@ def _comm_world():
     except ImportError:
         raise DistributeError(
             "multi_worker_mirrored under mpirun exchanges the workers' addresses through MPI: "
-            "pip install 'tfgpu[mpi]' (mpi4py), or build Horovod with MPI "
-            "(bash tools/install_horovod.sh) and use --strategy=auto"
+            f"{install_extra('mpi')} (mpi4py), or build Horovod with MPI "
+            f"({INSTALL_HOROVOD}) and use --strategy=auto"
         ) from None
     return MPI.COMM_WORLD
 

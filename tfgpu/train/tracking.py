@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 
-from tfgpu.errors import ConfigError, first_line, warn
+from tfgpu.errors import ConfigError, first_line, install_extra, warn
 from tfgpu.files import read_json, write_json
 
 RUN_FILE = "mlflow.json"  # {"tracking_uri", "experiment_id", "run_id"} of the run's MLflow run
@@ -44,7 +44,7 @@ def check_client() -> None:
     installed (before training starts, not after it)."""
     if importlib.util.find_spec("mlflow") is None:
         raise ConfigError(
-            "--mlflow_tracking_uri needs MLflow's client: pip install 'tfgpu[mlflow]' "
+            f"--mlflow_tracking_uri needs MLflow's client: {install_extra('mlflow')} "
             "(mlflow-skinny)"
         )
 

@@ -12,7 +12,7 @@ what goes with it are written (``companions``).
 import importlib.util
 import os
 
-from tfgpu.errors import UsageError
+from tfgpu.errors import UsageError, install_extra
 from tfgpu.models import MODELS
 
 FORMATS = ("saved_model", "litert", "onnx")
@@ -71,7 +71,7 @@ def missing_packages(fmt: str) -> str:
     absent = [pip for name, pip in NEEDS[fmt].items() if importlib.util.find_spec(name) is None]
     if not absent:
         return ""
-    return f"--format={fmt} needs {' and '.join(absent)}: pip install 'tfgpu[export]'"
+    return f"--format={fmt} needs {' and '.join(absent)}: {install_extra('export')}"
 
 
 def default_name(fmt: str, quantize: str, full_integer: bool) -> str:
