@@ -1,15 +1,19 @@
 """A quiet start: the first line a user reads is tfgpu's, not TensorFlow's start-up notices.
 
 Every command imports TensorFlow through ``import_tensorflow()``. Unless the user set
-``TF_CPP_MIN_LOG_LEVEL`` (then TensorFlow logs as they asked, untouched), TensorFlow's C++ log
-level becomes warnings-and-above (1): that silences the INFO notices that respect it (oneDNN's
-"custom operations are on", the CPU-instructions notice). Some lines come before TensorFlow's
-logging is initialized and ignore that level (absl writes everything to stderr until then):
-"WARNING: All log messages before absl::InitializeLog() ...", cudart_stub's "Could not find
-cuda drivers" (INFO) and, on a machine without an NVIDIA driver, cuda_platform's "failed call to
-cuInit". Nothing in Python can raise absl's threshold before the library that holds it is
-loaded, so those lines are taken out of stderr while TensorFlow is imported and its devices
-are first listed (that is when cuInit runs), and every other line is passed on as it came.
+``TF_CPP_MIN_LOG_LEVEL``, TensorFlow's C++ log level becomes warnings-and-above (1): that
+silences the INFO notices that respect it (oneDNN's "custom operations are on", the
+CPU-instructions notice). Some lines come before TensorFlow's logging is initialized and ignore
+any level (absl writes everything to stderr until then): "WARNING: All log messages before
+absl::InitializeLog() ...", cudart_stub's "Could not find cuda drivers" (INFO) and, on a machine
+without an NVIDIA driver, cuda_platform's "failed call to cuInit". Nothing in Python can raise
+absl's threshold before the library that holds it is loaded, so those lines are taken out of
+stderr while TensorFlow is imported and its devices are first listed (that is when cuInit
+runs), and every other line is passed on as it came.
+
+A level the user set is honoured for those lines too: 1 drops them as the default does, 2 also
+absl's warnings of that moment, 3 (what users export to silence TensorFlow) its errors too, so
+that it is never louder than the default; 0 (every log) keeps them all.
 """
 
 import contextlib
@@ -37,12 +41,27 @@ _NOISE = (
     re.compile(r"^To enable the following instructions: .* rebuild TensorFlow"),
 )
 _NO_DRIVER = re.compile(r"^E\d{4} .*\] failed call to cuInit")
+# What each level above 1 drops besides: absl's warnings (2), and its errors too (3).
+_QUIETER = {2: re.compile(r"^W\d{4} "), 3: re.compile(r"^[WE]\d{4} ")}
 
 
-def _is_noise(line: str, has_driver: bool) -> bool:
+def _is_noise(line: str, has_driver: bool, level: int = 1) -> bool:
+    """Whether ``line``, written to stderr while TensorFlow starts, is dropped at the C++ log
+    ``level`` (the user's TF_CPP_MIN_LOG_LEVEL, else DEFAULT_LOG_LEVEL; 0 drops nothing)."""
+    if level < 1:
+        return False
     if any(p.search(line) for p in _NOISE):
         return True
+    if level in _QUIETER and _QUIETER[level].search(line):
+        return True
     return not has_driver and bool(_NO_DRIVER.search(line))
+
+
+def log_level() -> int:
+    """The C++ log level TensorFlow starts with: the user's (a number from 0 to 3; anything
+    else TensorFlow reads as 0), else DEFAULT_LOG_LEVEL."""
+    text = (DEFAULT_LOG_LEVEL if USER_LOG_LEVEL is None else USER_LOG_LEVEL).strip()
+    return min(int(text), 3) if text.isdigit() else 0
 
 
 def has_nvidia_driver() -> bool:
@@ -91,11 +110,12 @@ def _importing():
 
 
 def import_tensorflow():
-    """``import tensorflow`` (and a first look at its GPUs) without its start-up notices, as
-    ``_importing`` does it, with tfgpu's code traced as written
+    """``import tensorflow`` (and a first look at its GPUs) without the start-up notices the
+    log level drops (``_is_noise``), as ``_importing`` does it, with tfgpu's code traced as written
     (``compat.trace_tfgpu_as_written``); returns the module."""
     quiet_log_level()
-    if "tensorflow" in sys.modules or USER_LOG_LEVEL is not None:
+    level = log_level()
+    if "tensorflow" in sys.modules or level == 0:
         with _importing():
             import tensorflow as tf
 
@@ -119,7 +139,7 @@ def import_tensorflow():
             kept = [
                 line
                 for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True)
-                if not _is_noise(line, has_driver)
+                if not _is_noise(line, has_driver, level)
             ]
             sys.stderr.write("".join(kept))
             sys.stderr.flush()
