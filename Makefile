@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-serial test-heavy test-fast install horovod system ray export report mlflow mlflow-server bench
+.PHONY: demo test test-serial test-heavy test-fast test-fast-bare install horovod system ray export report mlflow mlflow-server bench
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
@@ -30,6 +30,12 @@ test-heavy: system install horovod ray export report mlflow mlflow-server
 # cores, and no Horovod or Ray needed.
 test-fast: install
 	$(PY) -m pytest -q -m fast tests
+
+# The fast tier in a virtualenv of its own that never had Horovod, Ray, MLflow, matplotlib or
+# the export runtimes: what a user has after `pip install .` (CI runs it before `make test`).
+BARE_VENV ?= .venv-bare
+test-fast-bare:
+	$(MAKE) test-fast VENV=$(BARE_VENV)
 
 install: $(STAMP)
 
