@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-serial test-heavy test-fast test-fast-bare install horovod system ray export report mlflow mlflow-server bench
+.PHONY: demo test test-serial test-heavy test-fast test-fast-bare install horovod system ray export report mlflow mlflow-server
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 

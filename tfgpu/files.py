@@ -247,12 +247,29 @@ def check_flagfiles(argv: list) -> None:
             if nested is not None:
                 visit(nested, stack + (real,))
 
+    for name in flagfiles_named(argv):
+        visit(name, ())
+
+
+def flagfiles_named(argv: list) -> list[str]:
+    """The ``--flagfile``s ``argv`` (program name first) names itself, in order."""
+    out = []
     for i, arg in enumerate(argv[1:], 1):
         name = _flagfile_named(arg)
         if name is None and arg in ("--flagfile", "-flagfile") and i + 1 < len(argv):
             name = argv[i + 1]
         if name:
-            visit(name, ())
+            out.append(name)
+    return out
+
+
+def typed_flags(argv: list) -> set[str]:
+    """The names of the flags ``argv`` (program name first) sets itself, not through a
+    flagfile: ``--name``, ``--name=value``, ``--noname`` (as ``name`` and ``noname``: a
+    boolean's either way), up to a ``--`` that ends the flags."""
+    args = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
+    names = {a.lstrip("-").split("=")[0] for a in args if a.startswith("-") and len(a) > 1}
+    return names | {n[2:] for n in names if n.startswith("no")}
 
 
 def _flagfile_named(arg: str):

@@ -109,7 +109,7 @@ def make_config(tfgpu_argv: list[str], local: bool):
     if strategy.present and strategy.value not in ("auto", STRATEGY):
         raise UsageError(f"tfgpu-ray runs --strategy={STRATEGY}, not --strategy={strategy.value}")
     tfgpu_flags.strategy = STRATEGY  # also for one worker: TF_CONFIG names the cluster
-    config = train_config(tfgpu_flags)
+    config = train_config(tfgpu_flags, argv=["tfgpu", *tfgpu_argv])
     if local:
         check_writable(config.model_dir)
     return config

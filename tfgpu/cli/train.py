@@ -21,6 +21,7 @@ the reference. Guides, one per topic: docs/ (README.md has the map).
 
 import datetime
 import os
+import sys
 
 from absl import app, flags, logging
 
@@ -31,6 +32,7 @@ from tfgpu.cli.flags import KEY_FLAGS, define_flags, given_flags
 from tfgpu.config import config_from, rundir, validate
 from tfgpu.distribute import env
 from tfgpu.errors import ConfigError
+from tfgpu.files import flagfiles_named, typed_flags
 from tfgpu.train import op_errors, signals, tracking
 
 define_flags()
@@ -62,13 +64,15 @@ def default_model_dir() -> str:
     return os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
 
 
-def make_config(flag_values=FLAGS):
+def make_config(flag_values=FLAGS, argv: list | None = None):
     """The run's validated Config from parsed tfgpu flags (``flag_values``: absl's global
-    FLAGS, or the FlagValues another command parsed its tfgpu flags into, e.g. ``tfgpu-ray``).
-    A --model_dir that holds a run gives its settings (its config.json) for every flag not
-    set, and refuses a set flag that contradicts its checkpoints (``rundir.restart_values``);
-    else the demo recipe gives the defaults when there is no data. A --model_dir that holds
-    something other than a tfgpu run is refused before anything is written."""
+    FLAGS, or the FlagValues another command parsed its tfgpu flags into, e.g. ``tfgpu-ray``;
+    ``argv``: what was parsed, program name first, which says which flags came from a
+    ``--flagfile`` recipe). A --model_dir that holds a run gives its settings (its
+    config.json) for every flag not set, and refuses a set flag that contradicts its
+    checkpoints (``rundir.restart_values``); else the demo recipe gives the defaults when there
+    is no data and no recipe (``_new_run_values``). A --model_dir that holds something other
+    than a tfgpu run is refused before anything is written."""
     given, present = given_flags(flag_values)
     model_dir = given["model_dir"]
     stored = rundir.read_run(model_dir) if model_dir else None
@@ -78,8 +82,7 @@ def make_config(flag_values=FLAGS):
         values = rundir.restart_values(stored, given, present, resuming, model_dir)
     else:
         use_demo = not ("data_dir" in present or given["synthetic_data"] or given["tfds_name"])
-        recipe = demo.DEMO_RECIPE if use_demo else {}
-        values = {k: recipe[k] if k in recipe and k not in present else v for k, v in given.items()}
+        values = _new_run_values(given, present, use_demo, argv or [])
     for name, variable in TRACKING_ENV.items():
         values[name] = values[name] or os.environ.get(variable, "")
     config = config_from(**values)
@@ -91,6 +94,28 @@ def make_config(flag_values=FLAGS):
     if use_demo:  # built once (cached), only for a valid config: a bad flag returns at once
         config = config.with_settings(data_dir=demo.build_demo_dataset())
     return config
+
+
+def _new_run_values(given: dict, present: frozenset, use_demo: bool, argv: list) -> dict:
+    """A new run's settings: ``given`` (every flag's value; ``present``: those set). Without
+    data (``use_demo``) the demo recipe fills the flags not set, unless a --flagfile recipe
+    is given: that recipe is the run's (one for another model than the demo's needs its data).
+    With --sidecar_eval, a recipe's own evaluation interval is the side-car's to keep."""
+    recipes, typed = flagfiles_named(argv), typed_flags(argv)
+    from_recipe = {k for k in present if k not in typed} if recipes else set()
+    values = dict(given)
+    if use_demo and recipes and values["model"] != demo.DEMO_RECIPE["model"]:
+        raise ConfigError(
+            f"--flagfile={recipes[0]} is a recipe for --model={values['model']} but no dataset "
+            "is given: add --data_dir=DIR (tools/to_tfrecord.py writes one), --tfds_name or "
+            "--synthetic_data (without them tfgpu trains its demo, flags/demo_digits.flags)"
+        )
+    if use_demo and not recipes:
+        recipe = demo.DEMO_RECIPE
+        values.update({k: v for k, v in recipe.items() if k not in present})
+    if values["sidecar_eval"]:
+        values.update({k: 0 for k in ("eval_every_steps", "eval_every_epochs") if k in from_recipe})
+    return values
 
 
 def main(argv):
@@ -108,7 +133,7 @@ def _train() -> None:
         os.environ.pop("TF_CONFIG", None)
         sidecar.follow(FLAGS.model_dir, FLAGS.watch_interval_s, FLAGS.watch_timeout_s)
         return
-    config = make_config()
+    config = make_config(argv=sys.argv)
     env.check_launch(config.dist.strategy)  # before anything is written or TensorFlow starts
     check_writable(config.model_dir)
     signals.install(config.dist.stop_grace_s)  # before TensorFlow starts its threads
