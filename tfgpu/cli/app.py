@@ -43,15 +43,27 @@ def asked_for_help(argv) -> bool:
     return any(a in HELP_FLAGS or a.startswith("--helpxml=") for a in flags_part)
 
 
-def run_app(main, prog: str, doc: str | None = None) -> None:
+def show_key_flags(*modules: str) -> None:
+    """Makes --help list the key flags of ``modules`` (the command's module, the group its
+    settings' flags are defined in): absl lists those of the program as started
+    (sys.argv[0]), which for a console script or a ``python -m`` alias is neither."""
+    for module in modules:
+        for flag in flags.FLAGS.get_key_flags_for_module(module):
+            flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+
+
+def run_app(main, prog: str, doc: str | None = None, group: str = "") -> None:
     """absl's ``app.run(main)`` for a command called ``prog``, after reading ahead the
     ``--flagfile``s absl will read: absl would hang on a FIFO there and end in a traceback on
     bytes that are not UTF-8; this exits with one line instead (files.check_flagfiles).
-    Help exits 0 (absl's own convention is 1) and begins with ``doc``, the command's usage."""
+    Help exits 0 (absl's own convention is 1), begins with ``doc``, the command's usage, and
+    lists its flags (``show_key_flags``: those of ``group``, its settings' flags, ``prog``
+    when empty)."""
     if doc:
         # absl's help prints the __main__ module's docstring: a console script's has none,
         # and `python -m tfgpu.main` runs an alias; the command's own usage either way.
         sys.modules["__main__"].__doc__ = doc
+    show_key_flags(main.__module__, group or prog)
     code = run_command(check_flagfiles, sys.argv, prog=prog)
     if code:
         sys.exit(code)

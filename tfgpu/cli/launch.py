@@ -121,7 +121,7 @@ def _launch(argv) -> int:
 
 def run():
     """Console-script entry point (``tfgpu-launch``)."""
-    run_app(main, prog="tfgpu.launch", doc=__doc__)
+    run_app(main, prog="tfgpu.launch", doc=__doc__, group=COMMAND)
 
 
 if __name__ == "__main__":
