@@ -134,8 +134,8 @@ class ConvertSettings:
         "slightly cropped or flipped copies: perceptual hash plus thumbnail) within and across "
         "splits, and duplicates with different labels; writes quality.json beside "
         "dataset_info.json and prints one line (docs/data.md#data-quality). It adds about a "
-        "sixth to a quarter to the conversion's time (measured: +22-24% CPU on Fashion-MNIST, "
-        "+17% on 20,000 photo-sized JPEGs); --nocheck_duplicates skips it.",
+        "tenth to the conversion's CPU time (measured: +12.3% on Fashion-MNIST, +11.3% on "
+        "20,000 photo-sized JPEGs: bench/README.md); --nocheck_duplicates skips it.",
     )
     dedupe: str = setting(
         "none",
