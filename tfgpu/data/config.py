@@ -322,6 +322,11 @@ def check_data(d: DataConfig) -> None:
     _check_sampling(d)
     if d.data_dir and not os.path.isdir(os.path.expanduser(d.data_dir)):
         raise ConfigError(f"--data_dir={d.data_dir} is not a directory")
+    if d.label_offset < -1 or d.num_classes < 0:  # -1 and 0 say "from dataset_info.json"
+        flag, value = ("label_offset", -1) if d.label_offset < -1 else ("num_classes", 0)
+        raise ConfigError(
+            f"--{flag}={getattr(d, flag)}: expected 0 or more ({value}: from dataset_info.json)"
+        )
     if d.data_service:
         _check_data_service(d)
 

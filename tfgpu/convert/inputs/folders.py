@@ -3,6 +3,7 @@
 import os
 import random
 
+from tfgpu.convert.inputs import idx, npz
 from tfgpu.errors import ConvertError
 from tfgpu.convert.manifest import Item, Source, not_regular_reason, split_items
 
@@ -36,12 +37,31 @@ def folder_source(root: str, validation_fraction: float, seed: int) -> Source:
         items = _class_items(root, classes, root, skipped)
         splits = dict(zip(("train", "validation"), split_items(items, validation_fraction, seed)))
     if not classes:
-        raise ConvertError(f"--input={root} holds no class folders (expected ROOT/<class>/<image>)")
+        raise ConvertError(f"--input={root} holds no class folders{_instead(root)}")
     splits = {s: items for s, items in splits.items() if items}
     if "train" not in splits:
         raise ConvertError(f"--input={root} holds no images in its class folders")
     sizes = {s: _estimate_bytes(items) for s, items in splits.items()}
     return Source(f"image folders {root}", classes, splits, sizes, skipped)
+
+
+def _instead(root: str) -> str:
+    """What a folder without class folders holds instead, and what to pass then: an .npz,
+    HDF5 or IDX file of its own is an input (IDX files need MNIST's names to say their split)."""
+    files = sorted(e.name for e in os.scandir(root) if e.is_file() and not e.name.startswith("."))
+    paths = [os.path.join(root, name) for name in files]
+    arrays = [p for p in paths if p.endswith((".npz", ".h5", ".hdf5")) or npz.is_npz(p)]
+    if arrays:
+        named = ", ".join(os.path.basename(p) for p in arrays)
+        return f" but {named}: pass the file itself, --input={arrays[0]}"
+    idx_like = [os.path.basename(p) for p in paths if idx.looks_like_idx(p)]
+    if idx_like:
+        return (
+            f" but IDX files under other names than MNIST's ({', '.join(idx_like[:4])}): name "
+            "them train-images-idx3-ubyte, train-labels-idx1-ubyte (and t10k-... for the test "
+            "split), .gz or not"
+        )
+    return " (expected ROOT/<class>/<image>, or ROOT/train|validation/<class>/<image>)"
 
 
 def _first_dir(root: str, names: tuple) -> str:

@@ -154,6 +154,19 @@ def _shape(dims: list) -> str:
     return "x".join(map(str, dims))
 
 
+def looks_like_idx(path: str) -> bool:
+    """True for a regular file (gzipped or not) that starts as an IDX file does, whatever its
+    name: two zero bytes, a known type code, 1 to 4 dimensions."""
+    try:
+        with _open_regular(path) as raw:
+            gzipped = raw.peek(2)[:2] == _GZIP_MAGIC
+            with gzip.GzipFile(fileobj=raw) if gzipped else raw as f:
+                head = f.read(4)
+    except (ConvertError, OSError, EOFError, zlib.error):
+        return False
+    return len(head) == 4 and head[:2] == b"\0\0" and head[2] in _TYPES and 1 <= head[3] <= 4
+
+
 def _open_regular(path: str):
     """``path`` opened for buffered binary reading if it is a regular file (a FIFO would
     block, a device never end); a ConvertError otherwise."""
