@@ -232,7 +232,9 @@ def test_what_cannot_be_exported_is_one_line(monkeypatch):
 
     # tf2onnx missing, every other module present (a fast-tier machine has no export extra).
     monkeypatch.setattr(importlib.util, "find_spec", lambda n: None if n == "tf2onnx" else n)
-    with pytest.raises(UsageError, match=r"needs tf2onnx: pip install 'tfgpu\[export\]'"):
+    with pytest.raises(
+        UsageError, match=r"needs tf2onnx: pip install '\.\[export\]' in tfgpu's folder"
+    ):
         export("x", fmt="onnx")
     assert [family_of(n) for n in ("tiny_cnn", "resnet50", "densenet169")] == [
         "tiny_cnn", "resnet", "densenet"

@@ -1,7 +1,7 @@
 """tfgpu-ray: tfgpu's own loop as a Ray Train job on a real local Ray cluster (CPU), with a
 worker killed mid-run and restarted by Ray; and its arguments, checked without Ray starting.
 
-The Ray tests skip when Ray Train is not installed (``pip install 'tfgpu[ray]'``; `make test`
+The Ray tests skip when Ray Train is not installed (``pip install '.[ray]'``; `make test`
 installs it). Each starts ``python -m tfgpu.ray`` (= ``tfgpu-ray``), which starts its own local
 Ray cluster: the cluster's processes are that command's descendants, and only they are killed.
 """
@@ -40,7 +40,7 @@ WORKER_PID = re.compile(r"tfgpu-ray: worker (\d+) of 2: pid (\d+)")
 
 
 def _need_ray():
-    pytest.importorskip("ray.train", reason="Ray Train is not installed: pip install 'tfgpu[ray]'")
+    pytest.importorskip("ray.train", reason="Ray Train is not installed: pip install '.[ray]'")
 
 
 def _assert_close(weights, reference, atol):
@@ -224,7 +224,10 @@ def test_without_ray_installed_it_says_how_to_install_it(capsys, monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails
     line = _error_line(capsys, ["--num_workers=2", "--"])
-    assert line == "tfgpu-ray: error: tfgpu-ray needs Ray Train: pip install 'tfgpu[ray]'"
+    assert (
+        line
+        == "tfgpu-ray: error: tfgpu-ray needs Ray Train: pip install '.[ray]' in tfgpu's folder"
+    )
 
 
 @pytest.mark.fast
