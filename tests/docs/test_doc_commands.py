@@ -2,7 +2,8 @@
 known without training (tests/docs/doc_commands.py says how each is checked)."""
 
 import pytest
-from doc_commands import ROOT, Command, StandIns, commands, make_targets, phony_targets, problems
+from doc_checks import StandIns, problems
+from doc_commands import ROOT, Command, commands, make_targets, phony_targets
 
 pytestmark = pytest.mark.fast
 
