@@ -59,7 +59,7 @@ def make_photos(root: str, n: int) -> list[str]:
     converter wants); the validation files, in the order tfgpu.predict walks the folder."""
     from PIL import Image
 
-    from tfgpu.trained.predict import image_files
+    from tfgpu.inference.predict import image_files
 
     rng = np.random.default_rng(0)
     for split, count in (("train", len(CLASSES)), ("validation", n)):
@@ -84,7 +84,7 @@ def convert(photos: str, out: str) -> None:
 def export(workdir: str, model_name: str, image_size: int) -> str:
     """The model exported as a run exports it; the export folder."""
     from tfgpu import models
-    from tfgpu.serving import export_model
+    from tfgpu.inference.export.serving import export_model
 
     directory = os.path.join(workdir, "export")
     model = models.build_model(model_name, len(CLASSES), image_size)
@@ -94,7 +94,7 @@ def export(workdir: str, model_name: str, image_size: int) -> str:
 
 def _data_config(image_size: int):
     """The DataConfig tfgpu.predict uses for a .keras file of that input size."""
-    from tfgpu.trained import head
+    from tfgpu.config import rundir as head
 
     return head.run_config("", image_size=image_size).data
 
@@ -122,10 +122,9 @@ def contenders(files, data_dir: str, export_dir: str, image_size: int, batch: in
 
 def library(files, data_dir: str, keras_file: str, batch: int, csv: str) -> dict:
     """(a), (b) and (w): tfgpu.predict's own functions, the model loaded as it loads it."""
-    from tfgpu.trained import predict
-    from tfgpu.trained import run as trained_run
+    from tfgpu.inference import opened, predict
 
-    config, path = trained_run.config_and_checkpoint("", keras_file, data_dir=data_dir)
+    config, path = opened.config_and_checkpoint("", keras_file, data_dir=data_dir)
     trained = predict._load(config, path, need_data=True)
     k = min(5, len(trained["class_names"]))  # predict's --top_k default
 

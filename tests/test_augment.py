@@ -375,7 +375,7 @@ def test_a_run_from_before_the_policies_still_loads_for_evaluation(tmp_path):
     """Its config.json holds RandAugment's old settings (on by --randaugment_ops, M in [0, 1])
     and no --augment_policy: evaluation and prediction read it, without the policy."""
     from tfgpu import files
-    from tfgpu.trained import head
+    from tfgpu.config import rundir as head
 
     old = {"model": "tiny_cnn", "randaugment_ops": 0, "randaugment_magnitude": 0.5}
     files.write_json(str(tmp_path / "config.json"), old)

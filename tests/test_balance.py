@@ -21,7 +21,7 @@ from tfgpu.data.config import DataConfig
 from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard, backends
 from tfgpu.errors import ConfigError
-from tfgpu.trained.evaluate import evaluate
+from tfgpu.inference.evaluate import evaluate
 from tfgpu.recordformat import INFO_FILE
 from tfgpu.step.train_step import TrainStep
 
@@ -148,7 +148,7 @@ def test_per_example_loss_weighs_each_class_share_of_the_target():
 def test_evaluation_and_prediction_read_a_run_without_its_class_balance(tmp_path):
     """Evaluation is unweighted: a run's weights file need not exist where it is evaluated."""
     from tfgpu import files
-    from tfgpu.trained import head
+    from tfgpu.config import rundir as head
 
     run = {"model": "tiny_cnn", "class_weights": str(tmp_path / "gone.json")}
     run |= {"balanced_sampling": True, "sampling_power": 0.5, "in_memory": "off"}
@@ -256,7 +256,9 @@ def test_class_weights_default_equals_mirrored_equals_accumulation_and_resume(
     run("accum", grad_accum_steps=2)
     assert run("resumed", train_steps=3)["steps"] == 3
     lines = []
-    monkeypatch.setattr("tfgpu.train.results.RunWriter.info", lambda self, line: lines.append(line))
+    monkeypatch.setattr(
+        "tfgpu.results.writer.RunWriter.info", lambda self, line: lines.append(line)
+    )
     assert run("resumed")["steps"] == 6
     assert any(line.startswith("resumed from") and "at step 3" in line for line in lines)
     for name in ("accum", "resumed"):
@@ -279,7 +281,9 @@ def test_a_run_trains_with_the_class_weights_its_workers_agreed_on(
         return built[-1]
 
     monkeypatch.setattr(train, "build", rewritten_then_built)
-    monkeypatch.setattr("tfgpu.train.results.RunWriter.info", lambda self, line: lines.append(line))
+    monkeypatch.setattr(
+        "tfgpu.results.writer.RunWriter.info", lambda self, line: lines.append(line)
+    )
     values = dict(TINY_RUN, train_steps=1, class_weights=str(path), input_probe_s=0.0)
     config = config_from(data_dir=imbalanced, model_dir=str(tmp_path / "run"), **values)
     train.run(validate(config))

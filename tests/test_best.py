@@ -153,7 +153,7 @@ class _Worker:
 def _best(tmp_path, model_dir, is_chief: bool, chief_kept: list):
     import tensorflow as tf
 
-    from tfgpu.train.best import Best
+    from tfgpu.checkpoint.best import Best
 
     train = _config("", model_dir, keep_best=1, best_metric="loss").train
     (tmp_path / "scratch").mkdir(exist_ok=True)
@@ -185,7 +185,7 @@ def test_a_resumed_worker_deletes_only_its_own_copies(tmp_path):
 @pytest.mark.fast
 def test_best_checkpoint_is_found_in_the_model_dir_by_name(tmp_path):
     # best.json holds the path the run wrote: relative to where it started, or moved since.
-    from tfgpu.train.best import best_checkpoint
+    from tfgpu.checkpoint.best import best_checkpoint
 
     (tmp_path / "moved" / "best").mkdir(parents=True)
     doc = {

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tfgpu import errors
 from tfgpu.cli import app
-from tfgpu.train.checkpoints import Checkpoints
+from tfgpu.checkpoint.store import Checkpoints
 from tfgpu.config import ConfigError
 from tfgpu.data.spec import DataError
 from tfgpu.distribute import DistributeError

@@ -16,7 +16,7 @@ from PIL import Image
 from conftest import make_image_arrays
 from tfgpu import models
 from tfgpu.config import config_from
-from tfgpu.serving import decode_images, export_model
+from tfgpu.inference.export.serving import decode_images, export_model
 
 # Runs in a fresh interpreter where `import tfgpu` fails (the package is installed editable,
 # so hiding the repo from sys.path is not enough: the module entry is blocked instead).

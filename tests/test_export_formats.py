@@ -16,8 +16,8 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.errors import ExportRefused, UsageError
 from tfgpu.cli.app import run_command
-from tfgpu.trained.export import FAMILIES, companions, family_of, missing_packages, unsupported
-from tfgpu.trained.export.checked import export
+from tfgpu.inference.export import FAMILIES, companions, family_of, missing_packages, unsupported
+from tfgpu.inference.export.checked import export
 
 needs_litert = pytest.mark.skipif(
     bool(missing_packages("litert")), reason="no ai-edge-litert: pip install '.[export]'"
@@ -59,12 +59,12 @@ def test_the_runs_own_export_holds_the_ema_weights(run_dir):
     """As evaluation, predict and tfgpu-export: the end-of-run export/ is the averaged model."""
     import keras
 
-    from tfgpu.trained.predict import predictor
-    from tfgpu.trained import run as trained_run
+    from tfgpu.inference import opened
+    from tfgpu.inference.predict import predictor
 
     kept = os.path.join(os.path.dirname(run_dir), "end-of-run0", "model.keras")
     model = keras.saving.load_model(kept, compile=False)
-    trained = trained_run.load(*trained_run.config_and_checkpoint(run_dir, "latest"))
+    trained = opened.open_run(*opened.config_and_checkpoint(run_dir, "latest"))
     images = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
     averaged = predictor(trained)(images)
     last = predictor(trained).probabilities(images).numpy()  # the weights as trained
@@ -86,7 +86,7 @@ def _quiet(*_):
 def test_saved_model_signatures_are_predicts(run_dir, tmp_path):
     import tensorflow as tf
 
-    from tfgpu.trained.predict import predict
+    from tfgpu.inference.predict import predict
 
     entry = export(run_dir, fmt="saved_model", log=_quiet)
     assert entry["verdict"] == "ok" and entry["num_images"] == 24
@@ -141,7 +141,7 @@ def test_litert(run_dir, quantize, full_integer):
 def test_onnx_runs_in_onnx_runtime_as_predict(run_dir, small_dataset):
     import onnxruntime
 
-    from tfgpu.trained.predict import predict
+    from tfgpu.inference.predict import predict
 
     entry = export(run_dir, fmt="onnx", log=_quiet)
     assert entry["verdict"] == "ok" and entry["outputs"]["onnx"]["max_prob_diff"] < 1e-5
@@ -159,7 +159,7 @@ def test_an_export_that_departs_is_refused_and_not_put_in_place(
 ):
     import contextlib
 
-    from tfgpu.trained.export.source import Source
+    from tfgpu.inference.export.source import Source
 
     # A real departure: the export written with the last trained weights instead of the EMA
     # weights that evaluation and tfgpu.predict use.
@@ -247,13 +247,14 @@ def test_what_cannot_be_exported_is_one_line(monkeypatch):
 def _random_source(name: str):
     """A registry model with random weights (32x32, 4 classes) as an export's Source."""
     from tfgpu import models
-    from tfgpu.trained.export.source import Source
-    from tfgpu.trained import head
-    from tfgpu.trained import run as trained_run
+    from tfgpu.checkpoint.network import Network
+    from tfgpu.config.rundir import run_config
+    from tfgpu.inference.export.source import Source
+    from tfgpu.inference.opened import Opened
 
-    config = head.run_config("", model=name, image_size=32, small_input=True)
+    config = run_config("", model=name, image_size=32, small_input=True)
     model = models.build_model(name, num_classes=4, image_size=32, small_input=True)
-    trained = trained_run.Trained(config, None, None, model, None, None, 0)
+    trained = Opened(config, None, None, Network(model, None, None), 0)
     return Source(trained, ["a", "b", "c", "d"], config.data, "random weights")
 
 
@@ -288,7 +289,7 @@ CASES = [
 def test_every_family_exports_in_every_format(name, fmt, tmp_path):
     import tensorflow as tf
 
-    from tfgpu.trained.export import litert, onnx
+    from tfgpu.inference.export import litert, onnx
 
     assert set(FAMILY_MODELS) == set(FAMILIES) and family_of(name) in FAMILIES
     source = _random_source(name)
@@ -317,8 +318,8 @@ def _check_saved_model(source, path, images, expected):
     evaluation's decode of the same JPEGs."""
     import tensorflow as tf
 
-    from tfgpu.trained.export import saved_model
-    from tfgpu.serving import decode_images
+    from tfgpu.inference.export import saved_model
+    from tfgpu.inference.export.serving import decode_images
 
     saved_model.write(source, path, "none")
     encoded = np.array([_jpeg(i) for i in images], dtype=object)
@@ -334,8 +335,8 @@ def _check_saved_model(source, path, images, expected):
 def test_a_mixed_precision_model_exports_from_a_float32_copy(tmp_path):
     import keras
 
-    from tfgpu.trained.export import litert
-    from tfgpu.trained.export.source import float32_twin
+    from tfgpu.inference.export import litert
+    from tfgpu.inference.export.source import float32_twin
 
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:

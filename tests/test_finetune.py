@@ -338,7 +338,9 @@ def _run(data_dir, model_dir, monkeypatch, **settings):
     """train.run of RUN with the stand-in model; returns (its lines, its final weights)."""
     monkeypatch.setattr(models, "build_model", _stand_in)
     lines = []
-    monkeypatch.setattr("tfgpu.train.results.RunWriter.info", lambda self, line: lines.append(line))
+    monkeypatch.setattr(
+        "tfgpu.results.writer.RunWriter.info", lambda self, line: lines.append(line)
+    )
     config = config_from(data_dir=data_dir, model_dir=str(model_dir), **dict(RUN, **settings))
     train.run(validate(config))
     model = _stand_in()

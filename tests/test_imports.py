@@ -114,7 +114,11 @@ def test_a_launch_that_cannot_be_one_job_is_reported_without_tensorflow(
         "tfgpu.cli.data_service",
         "tfgpu.models",
         "tfgpu.optim",
-        "tfgpu.train.best",
+        "tfgpu.checkpoint",
+        "tfgpu.checkpoint.best",
+        "tfgpu.results",
+        "tfgpu.results.tracking",
+        "tfgpu.results.runlock",
         "tfgpu.distribute",
         "tfgpu.distribute.env",
         "tfgpu.main",
@@ -124,10 +128,10 @@ def test_a_launch_that_cannot_be_one_job_is_reported_without_tensorflow(
         "tfgpu.ray",
         "tfgpu.cli.ray",
         "tfgpu.distribute.ray_train",
-        "tfgpu.trained",
-        "tfgpu.trained.head",
-        "tfgpu.trained.export",  # says what can be exported before TensorFlow starts
-        "tfgpu.cli.trained",
+        "tfgpu.config.rundir",
+        "tfgpu.inference",
+        "tfgpu.inference.export",  # says what can be exported before TensorFlow starts
+        "tfgpu.cli.head",
         "tfgpu.cli.evaluate",
         "tfgpu.cli.sidecar",
         "tfgpu.cli.predict",
@@ -184,9 +188,9 @@ def test_the_converter_and_the_reader_share_only_the_record_format(package, othe
 LAYERS = (
     ("cli", "main", "evaluate", "average", "predict", "export", "ray", "launch"),  # commands
     ("report",),  # runs as an HTML page: their files, and their checkpoints evaluated
-    ("trained",),  # the uses of a trained run: evaluate, predict, export, side-car, average
-    ("train",),  # a run: loop, build, actions, checkpoints, best, results, signals, ...
-    ("serving",),  # the serving signatures: the end of a run's export and tfgpu-export's
+    ("train",),  # a run: loop, build, actions, signals, progressive, micro_batch, ...
+    ("inference",),  # uses of a trained model: evaluator, predict, export, side-car
+    ("checkpoint", "results"),  # a run's checkpoints and its network; a run's files
     ("step", "config"),  # one update and what runs compiled; the settings
     ("optim",),  # optimizers, schedules, fine-tuning groups
     ("models", "data", "demo"),  # the registry and the nets; the reader; the demo dataset

@@ -15,7 +15,7 @@ from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.distribute import backends
 from tfgpu.errors import NonFiniteLoss
 from tfgpu.step.loops import make_eval_step
-from tfgpu.train.results import Window, format_progress
+from tfgpu.results.writer import Window, format_progress
 from tfgpu.step.train_step import DynamicLossScale
 
 RUN = dict(

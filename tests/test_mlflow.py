@@ -21,7 +21,7 @@ from procs import Output, kill_tree, popen
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
-from tfgpu.train import tracking
+from tfgpu.results import tracking
 from tfgpu.train.actions import Action
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

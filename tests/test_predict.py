@@ -10,8 +10,8 @@ from PIL import Image
 from conftest import make_image_arrays
 from tfgpu import models
 from tfgpu.errors import UsageError
-from tfgpu.trained.predict import header, predict
-from tfgpu.serving import export_model
+from tfgpu.inference.predict import header, predict
+from tfgpu.inference.export.serving import export_model
 
 
 @pytest.fixture(scope="module")

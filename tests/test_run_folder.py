@@ -28,7 +28,7 @@ from tfgpu.config.rundir import (
 )
 from tfgpu.errors import ConfigError, DataError, TfgpuError, UsageError
 from tfgpu.files import check_output, open_append, replacing, write_json
-from tfgpu.trained.predict import csv_cell, csv_text
+from tfgpu.inference.predict import csv_cell, csv_text
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUN = dict(
@@ -253,14 +253,13 @@ def test_hostile_outputs_are_one_line_before_any_work(tmp_path):
 def test_a_bad_output_stops_the_command_before_anything_is_loaded(
     command, tmp_path, monkeypatch, capsys
 ):
-    from tfgpu.trained import evaluate, predict
     from tfgpu.cli.app import run_command
-    from tfgpu.trained import run as trained_run
+    from tfgpu.inference import evaluate, opened, predict
 
     def load(*args, **kwargs):
         raise AssertionError("loaded before --output was checked")
 
-    monkeypatch.setattr(trained_run, "config_and_checkpoint", load)
+    monkeypatch.setattr(opened, "config_and_checkpoint", load)
     output = str(tmp_path / "missing" / "out")
     if command == "predict":
         code = run_command(lambda: predict.predict([str(tmp_path)], "run", output=output))
@@ -335,7 +334,7 @@ def test_a_resumed_run_keeps_the_rows_up_to_its_checkpoint_and_no_torn_line(step
     finds each row of a step up to ``restored`` once, whole, in order, and nothing after."""
     import tempfile
 
-    from tfgpu.train.results import RunWriter
+    from tfgpu.results.writer import RunWriter
 
     with tempfile.TemporaryDirectory() as model_dir:
         writer = RunWriter(model_dir, is_chief=True)
@@ -356,7 +355,7 @@ def test_a_resumed_run_keeps_the_rows_up_to_its_checkpoint_and_no_torn_line(step
 def test_the_final_evaluation_done_again_replaces_its_row(tmp_path):
     """A finished run started again (or one that stopped early at an evaluation) evaluates its
     last step again: one row of it, the newest."""
-    from tfgpu.train.results import RunWriter
+    from tfgpu.results.writer import RunWriter
 
     writer = RunWriter(str(tmp_path), is_chief=True)
     _log(writer, 4, evaluate=True)
@@ -428,7 +427,7 @@ def test_predict_writes_names_and_formulas_safely_through_a_symlink(tiny_run, tm
     from PIL import Image
 
     from conftest import make_image_arrays
-    from tfgpu.trained.predict import predict
+    from tfgpu.inference.predict import predict
 
     folder = tmp_path / "images"
     folder.mkdir()
@@ -451,7 +450,7 @@ def test_predict_writes_names_and_formulas_safely_through_a_symlink(tiny_run, tm
 
 
 def test_evaluate_writes_nowhere_a_foreign_config_names(tiny_run, small_dataset, tmp_path):
-    from tfgpu.trained.evaluate import evaluate
+    from tfgpu.inference.evaluate import evaluate
 
     # A run folder from elsewhere whose config.json names a snapshot folder: evaluate writes
     # only what it is told to (its --output, whole, through a temporary file).
@@ -479,11 +478,11 @@ def test_evaluate_writes_nowhere_a_foreign_config_names(tiny_run, small_dataset,
 @pytest.mark.fast
 def test_class_names_that_are_numbers_stand_as_text(monkeypatch):
     from tfgpu.data import spec
-    from tfgpu.trained import run as trained_run
+    from tfgpu.inference import opened
 
     fake = type("Spec", (), {"data_dir": "/data"})()
     monkeypatch.setattr(spec, "class_names", lambda _: [7, 2.5, "cat"])
-    assert trained_run.class_names(fake) == ["7", "2.5", "cat"]
+    assert opened.class_names(fake) == ["7", "2.5", "cat"]
     monkeypatch.setattr(spec, "class_names", lambda _: ["cat", ["x"]])
     with pytest.raises(DataError, match=r"class_names\[1\]=\['x'\] is not a name"):
-        trained_run.class_names(fake)
+        opened.class_names(fake)

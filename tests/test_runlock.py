@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import TINY_RUN, cli_flags
 
-from tfgpu.train import runlock
+from tfgpu.results import runlock
 
 
 def _hold(model_dir) -> object:

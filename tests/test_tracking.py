@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tfgpu.cli.flags import define_flags
 from tfgpu.cli.train import make_config
 from tfgpu.config import ConfigError, config_from, validate
-from tfgpu.train import tracking
+from tfgpu.results import tracking
 
 values = st.one_of(st.text(max_size=2000), st.integers(), st.floats(), st.booleans())
 

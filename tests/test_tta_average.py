@@ -12,7 +12,7 @@ import tensorflow as tf
 from absl import flags
 
 from tfgpu import compat, models, train
-from tfgpu.trained.average import average
+from tfgpu.checkpoint.average import average
 from tfgpu.config import config_from, validate
 from tfgpu.cli.flags import define_flags
 from tfgpu.config.sections import check_average_plan
@@ -20,13 +20,14 @@ from tfgpu.data.spec import load_spec
 from tfgpu.distribute import backends
 from tfgpu.errors import ConfigError, UsageError
 from tfgpu.cli.app import run_command
-from tfgpu.trained.evaluate import evaluate
+from tfgpu.inference.evaluate import evaluate
 from tfgpu.cli.train import make_config
 from tfgpu.step.loops import make_eval_step, mean_of_softmax
-from tfgpu.trained import head
-from tfgpu.trained import run as trained_run
-from tfgpu.train.average import mean_weights, read_model_and_optimizer
-from tfgpu.train.evaluator import Evaluator
+from tfgpu.checkpoint import network
+from tfgpu.config import rundir as head
+from tfgpu.inference import opened
+from tfgpu.checkpoint.average import mean_weights, read_model_and_optimizer
+from tfgpu.inference.evaluate import Evaluator
 
 # Slow by the tiers' rule (one run of ~5 s shared by the module's end-to-end tests); the tests
 # that neither train nor start a process are marked fast.
@@ -214,7 +215,7 @@ def test_settings_that_cannot_average_are_one_line_errors():
     with pytest.raises(ConfigError, match="train 3 updates or more"):
         check_average_plan(t, 2)
     with pytest.raises(UsageError, match="needs --model_dir"):
-        trained_run.config_and_checkpoint("", "averaged.weights.h5")
+        opened.config_and_checkpoint("", "averaged.weights.h5")
 
 
 # --- end to end: a run of tfgpu.main's flags, then tfgpu-average and tfgpu-evaluate ----------
@@ -333,10 +334,11 @@ def test_with_an_ema_the_run_averages_and_evaluates_the_ema_weights(small_datase
     summary = train.run(make_config(values))
     assert summary["averaged_checkpoints"] == [4, 6] and summary["final_eval"]["tta"] == "none"
     config = head.run_config(str(tmp_path))
-    r = trained_run.build_run(config)
+    spec = load_spec(config.data)
+    r = network.build(config, spec.num_classes, spec.num_train, optimizer=True)
     ema, raw = [], []
     for step in (4, 6):
-        trained_run.restore(r, os.path.join(tmp_path, "checkpoints", f"ckpt-{step}"))
+        network.restore(r, os.path.join(tmp_path, "checkpoints", f"ckpt-{step}"))
         raw.append(r.model.get_weights())
         with compat.ema_weights(r.optimizer):
             ema.append(r.model.get_weights())

@@ -17,7 +17,7 @@ from tfgpu import train
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.errors import CheckpointError
 from tfgpu.cli.app import run_command
-from tfgpu.trained.sidecar import watch
+from tfgpu.inference.sidecar import watch
 
 KEYS = ("top1", "top5", "loss", "num_examples", "non_finite")
 
@@ -264,7 +264,7 @@ def test_the_evaluator_task_keeps_the_best_and_stops_the_trainer_early(small_dat
     state = _read(model_dir, "sidecar.json")
     assert state["step"] == summary["steps"] and state["evals_since_best"] >= 2
     # best/ckpt-4 is the trainer's checkpoint of step 4, as tfgpu.evaluate reads it.
-    from tfgpu.trained.evaluate import evaluate
+    from tfgpu.inference.evaluate import evaluate
 
     result = evaluate(model_dir, checkpoint="best", log=lambda _: None)
     row = _rows(model_dir)[0]
@@ -314,7 +314,7 @@ def test_two_workers_stop_together_on_the_side_cars_verdict(small_dataset, tmp_p
 def test_a_sidecar_file_that_is_not_the_side_cars_is_no_verdict(tmp_path, text):
     """The trainers read sidecar.json at every loop boundary: a file from elsewhere reads as no
     verdict (never a traceback in the trainer)."""
-    from tfgpu.train.best import SIDECAR_FILE, read_sidecar
+    from tfgpu.checkpoint.best import SIDECAR_FILE, read_sidecar
 
     (tmp_path / SIDECAR_FILE).write_text(text)
     assert read_sidecar(str(tmp_path)) == {}
@@ -326,7 +326,7 @@ def test_a_sidecar_file_that_is_not_the_side_cars_is_no_verdict(tmp_path, text):
 @pytest.mark.timeout(20)
 def test_special_files_in_place_of_json_are_one_line_never_a_hang(tmp_path):
     from tfgpu.files import read_json
-    from tfgpu.train.best import SIDECAR_FILE, read_sidecar
+    from tfgpu.checkpoint.best import SIDECAR_FILE, read_sidecar
 
     os.mkfifo(tmp_path / SIDECAR_FILE)  # opening it to read would wait for a writer
     assert read_sidecar(str(tmp_path)) == {}

@@ -62,7 +62,7 @@ def test_tfgpu_report_without_matplotlib_says_what_to_install(without):
 
 
 def test_mlflow_tracking_without_mlflow_says_what_to_install(without):
-    from tfgpu.train import tracking
+    from tfgpu.results import tracking
 
     without("mlflow")
     with pytest.raises(ConfigError, match=r"^--mlflow_tracking_uri needs MLflow's client: pip"):
@@ -70,7 +70,7 @@ def test_mlflow_tracking_without_mlflow_says_what_to_install(without):
 
 
 def test_an_export_format_without_its_runtime_says_what_to_install(without):
-    from tfgpu.trained import export
+    from tfgpu.inference import export
 
     without("tf2onnx", "onnxruntime", "ai_edge_litert")
     assert export.missing_packages("saved_model") == ""

@@ -1,5 +1,5 @@
 """``tfgpu-average`` (``python -m tfgpu.average``): the mean of a finished run's last K
-checkpoints, written as a Keras ``.weights.h5`` file (``trained.average``).
+checkpoints, written as a Keras ``.weights.h5`` file (``checkpoint.average``).
 
     tfgpu-average --model_dir=runs/r50 --last=3 [--output=FILE.weights.h5]
     tfgpu-evaluate --model_dir=runs/r50 --checkpoint=runs/r50/averaged.weights.h5
@@ -10,7 +10,7 @@ from absl import app
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
 from tfgpu.cli.settings import RunHead
-from tfgpu.cli.trained import start
+from tfgpu.cli.head import start
 from tfgpu.train.op_errors import translate
 
 PROG = "tfgpu-average"  # its flags: cli/settings.py AverageSettings
@@ -25,7 +25,7 @@ def main(argv):
 def _command() -> None:
     s, _ = command_settings(PROG)
     start(RunHead(model_dir=s.model_dir))
-    from tfgpu.trained.average import average  # noqa: PLC0415 (TensorFlow: after its quiet start)
+    from tfgpu.checkpoint.average import average  # noqa: PLC0415 (TensorFlow: after its quiet start)
 
     average(s.model_dir, s.last, s.output)
 

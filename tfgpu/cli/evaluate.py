@@ -7,7 +7,7 @@ or with --watch every checkpoint of a run as it appears (the side-car evaluator)
     tfgpu-evaluate --model_dir=runs/r50 --watch [--watch_interval_s=10]
         [--watch_timeout_s=3600]
 
-``trained.evaluate`` says what is computed, ``trained.sidecar`` how a run is followed.
+``inference.evaluate`` says what is computed, ``inference.sidecar`` how a run is followed.
 """
 
 from absl import app
@@ -15,7 +15,7 @@ from absl import app
 from tfgpu.cli import sidecar
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
-from tfgpu.cli.trained import start
+from tfgpu.cli.head import start
 from tfgpu.errors import UsageError
 from tfgpu.train.op_errors import translate
 
@@ -52,7 +52,7 @@ def _command() -> None:
         sidecar.follow(s.model_dir, s.watch_interval_s, s.watch_timeout_s)
         return
     start(s)
-    from tfgpu.trained.evaluate import evaluate  # noqa: PLC0415 (TensorFlow: after its quiet start)
+    from tfgpu.inference.evaluate import evaluate  # noqa: PLC0415 (TensorFlow: after its quiet start)
 
     evaluate(
         s.model_dir,

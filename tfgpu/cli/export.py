@@ -1,6 +1,6 @@
 """``tfgpu-export`` (``python -m tfgpu.export``): a trained run as a SavedModel with serving
 signatures, a LiteRT model or an ONNX model, each checked before it is put in place
-(``trained.export``; docs/deploying.md).
+(``inference.export``; docs/deploying.md).
 
     tfgpu-export --model_dir=runs/r50 [--checkpoint=latest|best|PATH] \\
         --format=saved_model|litert|onnx [--quantize=none|float16|int8] [--output=PATH]
@@ -10,9 +10,9 @@ from absl import app, logging
 
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
-from tfgpu.cli.trained import start
+from tfgpu.cli.head import start
 from tfgpu.train.op_errors import translate
-from tfgpu.trained import export
+from tfgpu.inference import export
 
 PROG = "tfgpu-export"  # its flags: cli/settings.py ExportSettings
 
@@ -28,7 +28,7 @@ def _command() -> None:
     s, _ = command_settings(PROG)
     export.check_request(s.model_dir, s.format, s.quantize, s.full_integer, s.output)
     start(s)
-    from tfgpu.trained.export.checked import export as checked_export  # noqa: PLC0415 (TensorFlow: after its quiet start)
+    from tfgpu.inference.export.checked import export as checked_export  # noqa: PLC0415 (TensorFlow: after its quiet start)
 
     checked_export(
         s.model_dir,

@@ -4,12 +4,12 @@
         photo.jpg more_photos/ --output=predictions.csv [--top_k=5]
     tfgpu-predict --model_dir=runs/r50 --split=validation --output=val.csv
 
-``trained.predict`` says how images are read and what the CSV holds.
+``inference.predict`` says how images are read and what the CSV holds.
 """
 
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
-from tfgpu.cli.trained import start
+from tfgpu.cli.head import start
 from tfgpu.train.op_errors import translate
 
 PROG = "tfgpu-predict"  # its flags: cli/settings.py PredictSettings
@@ -22,7 +22,7 @@ def main(argv):
 def _command(inputs) -> None:
     s, _ = command_settings(PROG)
     start(s)
-    from tfgpu.trained.predict import predict  # noqa: PLC0415 (TensorFlow: after its quiet start)
+    from tfgpu.inference.predict import predict  # noqa: PLC0415 (TensorFlow: after its quiet start)
 
     predict(inputs, s.model_dir, s.checkpoint, s.data_dir, s.split, s.output, s.top_k, s.batch_size)
 

@@ -179,13 +179,13 @@ class DataServiceSettings:
     num_workers: int = setting(2, "local: workers started in this process.")
 
 
-# --- the uses of a trained run (tfgpu/trained/) ----------------------------------------------
+# --- the uses of a trained run (tfgpu/inference/) --------------------------------------------
 
 
 @dataclass(frozen=True)
 class RunHead:
     """Which trained run, at which checkpoint, on which data: the head of every command that
-    opens a run (``cli/trained.py`` checks it before TensorFlow starts)."""
+    opens a run (``cli/head.py`` checks it before TensorFlow starts)."""
 
     model_dir: str = setting("", "A training run's --model_dir (its config.json names the data).")
     checkpoint: str = setting(

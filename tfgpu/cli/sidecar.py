@@ -1,5 +1,5 @@
 """The side-car evaluator's command part (docs/evaluator.md): ``follow`` starts TensorFlow
-quietly and hands the run to ``trained.sidecar.watch``, for ``tfgpu-evaluate --watch`` and for a
+quietly and hands the run to ``inference.sidecar.watch``, for ``tfgpu-evaluate --watch`` and for a
 TF_CONFIG evaluator task of ``tfgpu-train``, whose --watch_interval_s and --watch_timeout_s
 ``define_flags`` defines (``settings.SidecarSettings``; tfgpu-evaluate's include them).
 """
@@ -22,10 +22,10 @@ def define_flags(flag_values=flags.FLAGS) -> None:
 def follow(model_dir: str, interval_s: float, timeout_s: float) -> int:
     """Evaluates every checkpoint of the run in ``model_dir`` as it appears, to the run's end,
     looking every ``interval_s`` seconds and giving up after ``timeout_s`` without anything
-    new (``trained.sidecar.watch``); returns how many it evaluated."""
+    new (``inference.sidecar.watch``); returns how many it evaluated."""
     if not model_dir:
         raise UsageError("--watch needs --model_dir (the trainers')")
     quiet.import_tensorflow()
-    from tfgpu.trained import sidecar  # noqa: PLC0415 (TensorFlow: after its quiet start)
+    from tfgpu.inference import sidecar  # noqa: PLC0415 (TensorFlow: after its quiet start)
 
     return sidecar.watch(model_dir, interval_s, timeout_s)

@@ -33,7 +33,8 @@ from tfgpu.config import config_from, rundir, validate
 from tfgpu.distribute import env
 from tfgpu.errors import ConfigError
 from tfgpu.files import flagfiles_named, typed_flags
-from tfgpu.train import op_errors, signals, tracking
+from tfgpu.results import tracking
+from tfgpu.train import op_errors, signals
 
 define_flags()
 sidecar.define_flags()  # a TF_CONFIG evaluator task runs the side-car evaluator

@@ -1,7 +1,9 @@
 """A run's folder as the settings see it: its config.json read back (``stored_settings``), a
-folder that is not a tfgpu run refused (``read_run``), and the settings of a restart
+folder that is not a tfgpu run refused (``read_run``), the settings of a restart
 (``restart_values``): a run started again with ``--model_dir`` alone resumes with its own
-settings; the flags given again may change only ``MAY_CHANGE`` (and where the work runs).
+settings; the flags given again may change only ``MAY_CHANGE`` (and where the work runs);
+and the Config a use of a finished run reads (``run_config``, ``head_config``: evaluate,
+predict, export, average, the side-car), so that a wrong ``--model_dir`` is one line at once.
 
 Plain data in, plain data out: ``tfgpu.main`` passes the flags' values and the names of those
 the user set (absl's ``present``); nothing here reads flags. No TensorFlow here.
@@ -10,8 +12,8 @@ the user set (absl's ``present``); nothing here reads flags. No TensorFlow here.
 import math
 import os
 
-from tfgpu.config import SETTINGS
-from tfgpu.errors import ConfigError
+from tfgpu.config import SETTINGS, Config, config_from, validate
+from tfgpu.errors import ConfigError, UsageError
 from tfgpu.files import read_json
 
 CONFIG_FILE = "config.json"
@@ -49,9 +51,9 @@ MAY_CHANGE = (
 )
 LAUNCH_SECTION = "dist"  # never read back from config.json: each start says how it spreads
 
-# What tfgpu itself puts into a --model_dir (``train.results``, ``train.tracking``, ``runlock``,
-# ``best``, ``trained.sidecar``, tfgpu-ray), plus its temporary names: a folder holding anything
-# else and no config.json is not a tfgpu run.
+# What tfgpu itself puts into a --model_dir (``results.writer``, ``results.tracking``,
+# ``runlock``, ``checkpoint.best``, ``inference.sidecar``, tfgpu-ray), plus its temporary
+# names: a folder holding anything else and no config.json is not a tfgpu run.
 RUN_ENTRIES = frozenset(
     {
         CONFIG_FILE,
@@ -225,3 +227,48 @@ def _shown(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value) if value != "" else '""'
+
+
+# Training-only settings left out of a use's Config: evaluation is unweighted and reads each
+# example once, and a run's --class_weights file need not exist where its model is used.
+TRAINING_ONLY = ("class_weights", "balanced_sampling", "sampling_power")
+# Paths of config.json that the run writes to: a run folder from elsewhere must not make
+# evaluate or predict write there; only an override (the user naming it again) sets them.
+WRITTEN_PATHS = ("eval_snapshot_dir",)
+WEIGHTS_FILE = ".weights.h5"  # Keras' weights-only files: final.weights.h5, tfgpu-average's
+
+
+def run_config(model_dir: str, **overrides) -> Config:
+    """The Config of the run in ``model_dir`` (its config.json, read back by
+    ``stored_settings``), on one device, without its start weights (the checkpoint replaces
+    them) and without the paths it writes to (``WRITTEN_PATHS``), with ``overrides`` (by flag
+    name) that are set. Without ``model_dir``: the defaults and ``overrides``."""
+    values = {}
+    if model_dir:
+        path = os.path.join(os.path.expanduser(model_dir), CONFIG_FILE)
+        try:
+            stored = read_json(path)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        if not stored:
+            raise UsageError(f"--model_dir={model_dir} holds no config.json (not a tfgpu run)")
+        values = stored_settings(stored, path)
+        for name in TRAINING_ONLY + WRITTEN_PATHS:
+            values.pop(name, None)
+        values["model_dir"] = os.path.expanduser(model_dir)
+    values.update(strategy="default", logical_cpu_devices=0, init_weights="")
+    if overrides.get("data_dir"):  # another dataset of the same classes
+        values.update(tfds_name="", synthetic_data=False)
+    values.update({k: v for k, v in overrides.items() if v})
+    return validate(config_from(**values))
+
+
+def head_config(model_dir: str, which: str, **overrides) -> Config | None:
+    """The run's Config with ``overrides`` for checkpoint ``which`` (what ``run_config``
+    reads), or None without ``model_dir`` (a .keras file: its image size is read with the
+    model). A ``.weights.h5`` file without its run is a UsageError."""
+    if which.endswith(WEIGHTS_FILE) and not model_dir:
+        raise UsageError(
+            f"--checkpoint={which} needs --model_dir: the run whose model the weights are"
+        )
+    return run_config(model_dir, **overrides) if model_dir else None

@@ -199,6 +199,13 @@ class TrainConfig:
         per_node=True,
     )
 
+    def updates(self, num_train: int) -> int:
+        """The run's length in optimizer updates, over a train split of ``num_train``
+        examples: --train_steps, else --epochs (1 when neither) of --global_batch_size."""
+        if self.train_steps:
+            return self.train_steps
+        return max(1, int((self.epochs or 1.0) * num_train // self.global_batch_size))
+
 
 def best_metric(t) -> str:
     """The metric that decides "best" of ``t`` (the run's ``config.train``): --best_metric, top1
@@ -213,7 +220,7 @@ def tracks_best(t) -> bool:
 
 def tracks_best_in_loop(t) -> bool:
     """True when the trainer itself keeps its best evaluation (in its checkpoints): not when
-    a side-car evaluates (--sidecar_eval), which keeps it (``trained.sidecar``)."""
+    a side-car evaluates (--sidecar_eval), which keeps it (``inference.sidecar``)."""
     return tracks_best(t) and not t.sidecar_eval
 
 

@@ -1,9 +1,9 @@
 """A run's checkpoint on its validation split, for the report: the confusion matrix, each
 class's accuracy, and the images the model gets most wrong.
 
-Read through tfgpu's own uses of a trained run: ``trained.run`` opens the run (its Config,
+Read through tfgpu's own uses of a trained run: ``inference.opened`` opens the run (its Config,
 data spec, registry model, the checkpoint), ``pipeline.make_named_eval_dataset`` reads the
-split with evaluation's preprocessing, ``trained.predict.predictor`` gives the probabilities
+split with evaluation's preprocessing, ``inference.predict.predictor`` gives the probabilities
 (with the EMA weights when the run kept them). No test-time augmentation: the page says so
 beside the run's own top-1.
 """
@@ -16,8 +16,8 @@ from PIL import Image
 
 from tfgpu.data import pipeline
 from tfgpu.data.spec import split_spec
-from tfgpu.trained import run
-from tfgpu.trained.predict import predictor
+from tfgpu.inference import opened
+from tfgpu.inference.predict import predictor
 
 THUMB_SIDE = 96  # pixels a gallery image is shown at, at most (a small one is scaled up)
 
@@ -28,10 +28,10 @@ def evaluate_run(model_dir: str, checkpoint: str, split: str, gallery: int, batc
     "gallery": the ``gallery`` misclassified images the model was surest of, surest first:
     [{"name", "true", "pred" (class indices), "prob" (of pred), "true_prob", "png" (bytes)}]}.
     Raises tfgpu's errors (no checkpoint yet, data missing) for the caller to say."""
-    config, path = run.config_and_checkpoint(model_dir, checkpoint)
-    trained = run.load(config, path)
+    config, path = opened.config_and_checkpoint(model_dir, checkpoint)
+    trained = opened.open_run(config, path)
     spec = split_spec(trained.spec, split)
-    names = run.class_names(spec)
+    names = opened.class_names(spec)
     predict = predictor(trained)
     tally = Tally(len(names), gallery)
     for batch in pipeline.make_named_eval_dataset(spec, config.data, batch_size):

@@ -2,20 +2,20 @@
 
   loop.py         ``run(config)``: set up, agree, build, ``fit``, finish (the Python API)
   build.py        the Training: plan, model, train step, counters, checkpoints
-  actions.py      what the loop does at its boundaries: log, evaluate, checkpoint, best, stop
-  evaluator.py    the run's evaluation, shared by the loop, tfgpu.evaluate and the side-car
-  checkpoints.py  saving and restoring (exact resume), the chief's broadcast
-  best.py         the K best checkpoints and early stopping
-  results.py      config.json, metrics.jsonl, summary.json, TensorBoard, the export
-  tracking.py     --mlflow_tracking_uri: the same, to an MLflow run
+  actions.py      what the loop does at its boundaries: log, evaluate, checkpoint, keep the
+                  best, stop early, unfreeze, preemption
   signals.py      SIGTERM/SIGINT, preemption, a run that must stop
   op_errors.py    TensorFlow's errors -> tfgpu's (translate)
-  runlock.py      one run per --model_dir
   progressive.py  --progressive_stages: the stage plan, each stage's train dataset and step
                   preparation
+  micro_batch.py  --micro_batch_size=auto: the search, the back-off
 
-``tfgpu.train.loop.run`` is ``loop.run``, loaded on first use, so that the light modules here
-(best, runlock) import without TensorFlow.
+Below it, what a run shares with the uses of a trained one: ``tfgpu.checkpoint`` (the store,
+the best checkpoints, averaging), ``tfgpu.inference`` (the evaluator, the export's writer) and
+``tfgpu.results`` (the run's files, MLflow, the run lock).
+
+``tfgpu.train.run`` is ``loop.run``, loaded on first use, so that the light modules here
+(op_errors, signals) import without TensorFlow.
 """
 
 
@@ -24,8 +24,4 @@ def __getattr__(name: str):
         from tfgpu.train import loop  # noqa: PLC0415  (TensorFlow: only when a run is asked for)
 
         return getattr(loop, name)
-    if name == "Evaluator":
-        from tfgpu.train.evaluator import Evaluator  # noqa: PLC0415
-
-        return Evaluator
     raise AttributeError(f"module 'tfgpu.train' has no attribute {name!r}")

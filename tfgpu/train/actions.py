@@ -42,12 +42,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from tfgpu.train import signals
-from tfgpu.train.best import SIDECAR_FILE, read_sidecar
+from tfgpu.checkpoint.best import SIDECAR_FILE, read_sidecar
 from tfgpu.config import profile_window
 from tfgpu.distribute import consensus, heartbeats
 from tfgpu.errors import Preempted
-from tfgpu.train.results import INPUT_BOUND, RunWriter, Window, input_bound_warning
+from tfgpu.optim import finetune
+from tfgpu.results import writer as results
+from tfgpu.results.writer import INPUT_BOUND, RunWriter, Window, input_bound_warning, timed
+from tfgpu.train import signals
 
 
 @dataclass
@@ -184,21 +186,11 @@ class Evaluate(Action):
         state.evaluation = (state.step, result) if result else None
 
 
-def timed(result: dict, seconds: float) -> dict:
-    """An evaluation's ``result`` with the ``seconds`` it took (its metrics.jsonl row's);
-    no result (the side-car evaluates) stays none."""
-    return dict(result, seconds=seconds) if result else result
-
-
 def eval_context(training, step: int, images_per_sec: float | None) -> dict:
-    """What summary.csv puts next to an evaluation at ``step``: the epoch, the learning rate
-    and the train images/s (of the last window logged)."""
-    num_train = max(training.spec.num_train, 1)
-    return {
-        "epoch": round(step * training.config.train.global_batch_size / num_train, 4),
-        "learning_rate": float(training.optimizer.learning_rate),
-        "images_per_sec": images_per_sec,
-    }
+    """What summary.csv puts next to an evaluation of ``training`` at ``step``
+    (``results.eval_context``)."""
+    gbs, rate = training.config.train.global_batch_size, float(training.optimizer.learning_rate)
+    return results.eval_context(step, gbs, training.spec.num_train, rate, images_per_sec)
 
 
 def _evaluated_now(state: LoopState) -> bool:
@@ -245,7 +237,7 @@ class EarlyStop(Action):
 
 class SidecarStop(Action):
     """--sidecar_eval with --early_stop_patience: ends the loop once the side-car evaluator
-    (``trained.sidecar``) has counted N evaluations without a better one (``best.SIDECAR_FILE``).
+    (``inference.sidecar``) has counted N evaluations without a better one (``best.SIDECAR_FILE``).
     Only the chief reads the file, at every loop boundary; every worker takes the chief's
     reading (``all_gather_bytes``, as a resumed run's kept list), so all stop at the same
     step. Asked at the start too: a run stopped so and started again stops again at once."""
@@ -305,8 +297,6 @@ class Unfreeze(Action):
         return not self._done and state.step >= self.after and not state.last
 
     def __call__(self, state: LoopState) -> None:
-        from tfgpu.optim import finetune  # noqa: PLC0415 (TensorFlow: only when training)
-
         finetune.unfreeze(state.training)
         self._done = True
         state.writer.info(

@@ -12,9 +12,10 @@ import tensorflow as tf
 from tfgpu import models, optim
 from tfgpu.optim import finetune
 from tfgpu.models import pretrained
-from tfgpu.train.best import Best, tracks_best_in_loop
-from tfgpu.train.checkpoints import Checkpoints
+from tfgpu.checkpoint.best import Best
+from tfgpu.checkpoint.store import Checkpoints
 from tfgpu.config import Config, ConfigError, split_batch
+from tfgpu.config.sections import tracks_best_in_loop
 from tfgpu.data import readers, sampling
 from tfgpu.data.run_input import RunInput
 from tfgpu.data.stream import Stream
@@ -36,10 +37,7 @@ class Plan:
 def make_plan(config: Config, num_train: int, num_replicas: int) -> Plan:
     t = config.train
     steps_per_epoch = max(1, num_train // t.global_batch_size)
-    if t.train_steps:
-        total = t.train_steps
-    else:
-        total = max(1, int((t.epochs or 1.0) * num_train // t.global_batch_size))
+    total = t.updates(num_train)
     replica_batch, accum = split_batch(t, num_replicas)
     eval_global = t.eval_batch_size or t.global_batch_size
     if eval_global % num_replicas:
@@ -79,6 +77,10 @@ class Training:
     @property
     def spec(self):
         return self.inputs.spec
+
+    @property
+    def eval_global_batch(self) -> int:
+        return self.plan.eval_global_batch
 
 
 def _setup_lines(config: Config, spec, step, plan, balance_line: str, init_line: str) -> str:

@@ -19,10 +19,12 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu import compat
-from tfgpu.train import average, micro_batch, runlock
+from tfgpu.checkpoint import average
+from tfgpu.checkpoint.store import refresh_derived_state, variables_of
+from tfgpu.results import runlock
+from tfgpu.train import micro_batch
 from tfgpu.train.actions import Action, LoopState, default_actions, eval_context, phase, timed
 from tfgpu.train.build import Training, build, train_batches, train_maker
-from tfgpu.train.checkpoints import refresh_derived_state, variables_of
 from tfgpu.config import Config, ConfigError, resolve, rundir
 from tfgpu.config.sections import check_average_plan
 from tfgpu.data import broken, readers, run_input
@@ -31,9 +33,10 @@ from tfgpu.distribute import backends, consensus, heartbeats
 from tfgpu.train.signals import PreemptionGuard
 from tfgpu.train.progressive import Staged
 from tfgpu.step.loops import make_train_loop
-from tfgpu.train.evaluator import Evaluator
-from tfgpu.train.results import RunWriter, final_eval_of
-from tfgpu.serving import export_model
+from tfgpu.inference import evaluate as evaluation
+from tfgpu.inference.evaluate import Evaluator
+from tfgpu.inference.export.serving import export_model
+from tfgpu.results.writer import RunWriter, final_eval_of
 from tfgpu.errors import NonFiniteLoss
 
 
@@ -185,7 +188,7 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = (), s
     started = time.time()
     watch = heartbeats.Watch.open(backend)
     training, writer = _set_up(config, backend, watch, in_use, sizing)
-    evaluate = Evaluator.of(training)
+    evaluate = evaluation.of(training)
     start_step = _restore(training, writer)
     staged, batches, input_ips = _train_input(training, start_step, writer)
     with PreemptionGuard() as guard:
@@ -269,7 +272,9 @@ def _finish(training: Training, evaluate: Evaluator, writer: RunWriter, throughp
         # Saved first: the last trained state, the newest of the checkpoints averaged. The
         # average is no checkpoint: the best does not take its evaluation into account.
         training.checkpoints.save(final=True)
-        with average.averaged(training) as steps:
+        parts = (training.model, training.optimizer, training.backend)
+        directory, k = training.checkpoints.directory, config.train.average_checkpoints
+        with average.averaged(*parts, directory, k) as steps:
             writer.info(f"final model: the mean of the checkpoints of steps {steps}")
             throughput["averaged_steps"] = steps
             started = time.time()

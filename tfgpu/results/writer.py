@@ -4,7 +4,7 @@ config.json, metrics.jsonl (one JSON object per logged step or evaluation), summ
 row per evaluation, as timm's), tensorboard/ (train/ and eval/ scalars; at its top the run's
 settings as hparams and its final metrics; evaluate/: what ``tfgpu.evaluate`` writes later,
 the confusion matrix as an image), summary.json and final.weights.h5 (export/ is
-``tfgpu.serving``'s).
+``inference.export.serving``'s).
 """
 
 import csv
@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tfgpu.errors import warn
 from tfgpu.files import append_text, open_append, read_lines, replacing, write_json
-from tfgpu.train import tracking
+from tfgpu.results import tracking
 
 
 class Window:
@@ -249,6 +249,25 @@ def final_eval_of(result: dict) -> dict:
 
 
 METRICS, SUMMARY = "metrics.jsonl", "summary.csv"
+
+
+def timed(result: dict, seconds: float) -> dict:
+    """An evaluation's ``result`` with the ``seconds`` it took (its metrics.jsonl row's);
+    no result (the side-car evaluates) stays none."""
+    return dict(result, seconds=seconds) if result else result
+
+
+def eval_context(
+    step: int, global_batch: int, num_train: int, learning_rate: float, images_per_sec
+) -> dict:
+    """What summary.csv puts next to an evaluation at ``step`` of a run of ``global_batch``
+    updates over ``num_train`` examples: the epoch, the ``learning_rate`` then and the train
+    images/s (of the last window logged)."""
+    return {
+        "epoch": round(step * global_batch / max(num_train, 1), 4),
+        "learning_rate": learning_rate,
+        "images_per_sec": images_per_sec,
+    }
 
 
 def _jsonl_row(line: str):

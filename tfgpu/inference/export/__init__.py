@@ -4,9 +4,11 @@ float16, int8) or an ONNX model, each checked against predict before it is put i
 
 ``checked.export`` makes one: one module per format (``saved_model``, ``litert``, ``onnx``:
 ``write`` and ``runner``), ``source`` for the run's model and images, ``check`` for the
-comparison and the report. This module, without TensorFlow, says what can be exported before
-anything is loaded: the formats, their quantizations and packages, and where an export and
-what goes with it are written (``companions``).
+comparison and the report, ``serving`` for the serving signatures and the writer of the
+SavedModel and .keras file (the end of a training run's export/ uses it too). This module,
+without TensorFlow, says what can be exported before anything is loaded: the formats, their
+quantizations and packages, and where an export and what goes with it are written
+(``companions``).
 """
 
 import importlib.util

@@ -14,7 +14,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from tfgpu.trained.export.source import float32_twin
+from tfgpu.inference.export.source import float32_twin
 
 
 def write(source, path: str, quantize: str, calibration=None, full_integer=False) -> None:

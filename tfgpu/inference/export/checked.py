@@ -12,7 +12,7 @@ import numpy as np
 
 from tfgpu.errors import ExportRefused, UsageError
 from tfgpu.files import locked, replacing
-from tfgpu.trained.export import (
+from tfgpu.inference.export import (
     check,
     check_request,
     companions,
@@ -24,8 +24,8 @@ from tfgpu.trained.export import (
     unchecked_path,
     unsupported,
 )
-from tfgpu.trained.export.source import load_source, split_batches
-from tfgpu.trained.predict import predictor
+from tfgpu.inference.export.source import load_source, split_batches
+from tfgpu.inference.predict import predictor
 
 FORMAT_MODULES = {"saved_model": saved_model, "litert": litert, "onnx": onnx}
 

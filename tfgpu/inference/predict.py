@@ -28,7 +28,8 @@ from tfgpu.data import pipeline
 from tfgpu.data.spec import split_spec
 from tfgpu.errors import UsageError, warn
 from tfgpu.files import check_output, replacing, shown, write_bytes_to_stdout
-from tfgpu.trained import run
+from tfgpu.checkpoint.network import Network
+from tfgpu.inference import opened
 
 
 def image_files(inputs) -> list[str]:
@@ -70,7 +71,7 @@ def predict(
         raise UsageError("--split needs --data_dir (or a --model_dir whose run names its data)")
     target = check_output(output) if output else ""  # before any work: a result is never lost
     files = image_files(inputs)
-    config, path = run.config_and_checkpoint(model_dir, checkpoint, data_dir=data_dir)
+    config, path = opened.config_and_checkpoint(model_dir, checkpoint, data_dir=data_dir)
     trained = _load(config, path, need_data=bool(split or data_dir or model_dir))
     names = trained["class_names"]
     k = min(top_k, len(names))
@@ -98,11 +99,11 @@ def _load(config, path: str, need_data: bool) -> dict:
     """{"trained", "predict(images uint8) -> probabilities", "class_names"}."""
 
     if need_data:
-        trained = run.load(config, path)
-        names = run.class_names(trained.spec)  # checked before any image is read
+        trained = opened.open_run(config, path)
+        names = opened.class_names(trained.spec)  # checked before any image is read
     else:  # a .keras file alone: classes by number
         model = keras.saving.load_model(path, compile=False, safe_mode=True)
-        trained = run.Trained(config, None, None, model, None, None, 0)
+        trained = opened.Opened(config, None, None, Network(model, None, None, path), 0)
         names = [str(i) for i in range(model.output_shape[-1])]
     return {"trained": trained, "predict": predictor(trained), "class_names": names}
 
@@ -110,7 +111,7 @@ def _load(config, path: str, need_data: bool) -> dict:
 def predictor(trained):
     """The function predictions are made with: uint8 images [N, S, S, 3] (numpy or
     tensor) -> float32 probabilities [N, C] (numpy), with the run's EMA weights when it kept
-    them (``trained``: a ``run.Trained``)."""
+    them (``trained``: an ``opened.Opened``)."""
     model = trained.model
     size = trained.config.data.image_size
 

@@ -2,7 +2,7 @@
 names, and images read by evaluation's own preprocessing (for the check and for int8
 calibration).
 
-The run is loaded as ``tfgpu.evaluate`` and ``tfgpu.predict`` load it (``trained.run``: its
+The run is loaded as ``tfgpu.evaluate`` and ``tfgpu.predict`` load it (``inference.opened``: its
 config.json, checkpoint ``latest``, ``best`` or a path, its data spec); the exported weights are
 the EMA ones when the run kept them, as its evaluation uses.
 """
@@ -17,14 +17,14 @@ from tfgpu import compat, models
 from tfgpu.data import dct, pipeline
 from tfgpu.data.spec import class_names, split_spec
 from tfgpu.errors import DataError, UsageError
-from tfgpu.trained import run
+from tfgpu.inference import opened
 
 
 @dataclass
 class Source:
     """A trained model ready to export."""
 
-    trained: object  # run.Trained
+    trained: object  # opened.Opened
     class_names: list
     data: object  # DataConfig as evaluation resolves it for the validation split
     checkpoint: str
@@ -46,9 +46,9 @@ class Source:
 def load_source(model_dir: str, checkpoint: str, data_dir: str = "") -> Source:
     """The run in ``model_dir`` at ``checkpoint`` (latest, best, a path or a .keras file with
     ``data_dir``), on its data (or ``data_dir``'s, of the same classes)."""
-    config, path = run.config_and_checkpoint(model_dir, checkpoint, data_dir=data_dir)
+    config, path = opened.config_and_checkpoint(model_dir, checkpoint, data_dir=data_dir)
     # --checkpoint=latest of a run still training: the newest when it is read.
-    trained = run.load(config, path, newest_in=model_dir if checkpoint == "latest" else "")
+    trained = opened.open_run(config, path, newest_in=model_dir if checkpoint == "latest" else "")
     path = trained.checkpoint
     if not trained.spec.eval_files:
         raise DataError(

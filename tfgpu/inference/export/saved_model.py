@@ -1,4 +1,4 @@
-"""SavedModel: the run's serving signatures (``tfgpu.serving``), with the evaluation weights.
+"""SavedModel: the run's serving signatures (``export.serving``), with the evaluation weights.
 
 The check runs three of its signatures on the same images: ``classify_images`` on evaluation's
 uint8 pixels, ``classify_bytes`` on the encoded files (the preprocessing inside the graph) and
@@ -7,7 +7,7 @@ uint8 pixels, ``classify_bytes`` on the encoded files (the preprocessing inside 
 
 import tensorflow as tf
 
-from tfgpu.serving import ENCODED, export_model
+from tfgpu.inference.export.serving import ENCODED, export_model
 
 
 def write(source, path: str, quantize: str, calibration=None, full_integer=False) -> None:

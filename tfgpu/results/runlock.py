@@ -15,7 +15,7 @@ import os
 import socket
 
 LOCK_FILE = ".tfgpu.lock"
-SIDECAR_LOCK_FILE = ".tfgpu-sidecar.lock"  # the side-car evaluator's (trained/sidecar.py)
+SIDECAR_LOCK_FILE = ".tfgpu-sidecar.lock"  # the side-car evaluator's (inference/sidecar.py)
 # What a second holder is told, per lock file ({d}: the model_dir, {h}: the holder).
 IN_USE = {
     LOCK_FILE: "--model_dir={d} is in use by another run ({h}): two runs would write one "

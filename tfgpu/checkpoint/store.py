@@ -89,14 +89,6 @@ class Checkpoints:
         checkpoint.restore(path).assert_existing_objects_matched()
         return missing
 
-    def read(self, path: str) -> None:
-        """Reads ``path`` into this process's objects alone (no broadcast, no save counter: a
-        best/ checkpoint has none), every entry it must hold matched: how ``tfgpu.use`` (and
-        so the side-car evaluator) reads a checkpoint. Raises one of DAMAGED when ``path``
-        does not read back."""
-        checkpoint = self._without(self._missing(path))
-        checkpoint.read(path).assert_existing_objects_matched().expect_partial()
-
     def _missing(self, path: str) -> list[str]:
         """The optional entries checkpoint ``path`` does not hold."""
         present = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}

@@ -1,4 +1,7 @@
-"""The best evaluations of a run (--keep_best, --early_stop_patience, --export_best).
+"""The best evaluations of a run and their checkpoints (--keep_best, --early_stop_patience,
+--export_best): ``Best`` keeps them, for the loop's actions (``train.actions.KeepBest``,
+``EarlyStop``) and for the side-car evaluator (``inference.sidecar``); ``best_checkpoint``
+reads best/best.json for ``--checkpoint=best``; ``read_sidecar`` the side-car's own file.
 
 The best value so far, its step and the evaluations since it improved are tf.Variables saved
 in every checkpoint (``tracked()``), so a resumed run compares against what it had found
@@ -22,12 +25,12 @@ import json
 import math
 import os
 
-from tfgpu.config.sections import BEST_METRICS, best_metric, tracks_best, tracks_best_in_loop  # noqa: F401
+from tfgpu.config.sections import BEST_METRICS, best_metric
 from tfgpu.files import pause_for_tests, read_json, write_json
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
-# What a side-car evaluator (trained.sidecar) has done, for itself and for the trainers to read:
+# What a side-car evaluator (inference.sidecar) has done, for itself and for the trainers to read:
 # {"step": its last evaluated checkpoint, "result": that evaluation, and when it keeps the best:
 #  "metric", "best_step", "best_value", "evals_since_best"}.
 SIDECAR_FILE = "sidecar.json"

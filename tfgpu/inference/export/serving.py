@@ -1,6 +1,6 @@
 """The serving signatures of an exported model, and the one writer of the SavedModel and .keras
 file that hold them: for the end of a run (``train.loop``: export/) and for ``tfgpu-export
---format=saved_model`` (``trained.export``). Below both, so that neither reaches up.
+--format=saved_model`` (``export.saved_model``).
 
 Signatures (``tf.saved_model.load(dir).signatures[name]``, or TF Serving's
 ``"signature_name"``):

@@ -4,11 +4,13 @@ appears, in step order, until the run's last, so that the trainers (``--sidecar_
 pause for evaluation. docs/evaluator.md is the user's page.
 
 It writes what the loop's evaluation writes, with the loop's own code: the run's Config
-(config.json: same data, model, preprocessing), ``run.build_run`` (the run built as it
-trained, on one device, no strategy: a TF_CONFIG cluster is never joined), ``evaluator.Evaluator``
-and the loop's actions ``Evaluate`` and ``KeepBest`` (metrics.jsonl eval rows, TensorBoard
-``eval/``, summary.csv, best/ and best/best.json). On one device its numbers for a checkpoint
-are those of the loop's evaluation at that step, exactly. ``SIDECAR_FILE`` (sidecar.json) says
+(config.json: same data, model, preprocessing), its network (``opened.open_run``: the model
+and optimizer built as the run built them, on one device, no strategy: a TF_CONFIG cluster is
+never joined), the ``Evaluator`` (``inference.evaluate``), the run's ``RunWriter``
+(metrics.jsonl eval rows, TensorBoard ``eval/``, summary.csv) and ``checkpoint.best.Best``
+(best/ and best/best.json; each best/ckpt-S holds the model, the optimizer and the step of the
+trainer's checkpoint S, and the best so far). On one device its numbers for a checkpoint are
+those of the loop's evaluation at that step, exactly. ``SIDECAR_FILE`` (sidecar.json) says
 what it has done: the last step evaluated and, when the run keeps its best, the best so far
 and the evaluations since (what the trainers' ``actions.SidecarStop`` reads for
 --early_stop_patience; what a watcher started again goes on from).
@@ -39,15 +41,16 @@ import time
 
 import tensorflow as tf
 
+from tfgpu.checkpoint import network
+from tfgpu.checkpoint.best import SIDECAR_FILE, Best, read_sidecar
+from tfgpu.config.rundir import run_config
+from tfgpu.config.sections import tracks_best
 from tfgpu.errors import CheckpointError, UsageError
 from tfgpu.files import read_json, write_json
-from tfgpu.train import runlock
-from tfgpu.train.actions import Evaluate, KeepBest, LoopState
-from tfgpu.train.best import SIDECAR_FILE, Best, read_sidecar, tracks_best
-from tfgpu.train.evaluator import Evaluator
-from tfgpu.train.results import RunWriter, final_eval_of
-from tfgpu.trained import run
-from tfgpu.trained.head import run_config
+from tfgpu.inference import evaluate as evaluation
+from tfgpu.inference import opened
+from tfgpu.results import runlock
+from tfgpu.results.writer import RunWriter, eval_context, final_eval_of, timed
 
 READ_TRIES = 5  # reads of one checkpoint before it is skipped
 RETRY_S = 1.0  # seconds between them
@@ -107,16 +110,18 @@ def _follow(sidecar: "Sidecar", wait: _Wait) -> int:
 
 
 class Sidecar:
-    """What the watcher holds: the run built once (``run.build_run``) with its Evaluator and
-    RunWriter, the best (``best.Best``, when the run keeps it and evaluates by side-car), the
-    last step evaluated and its result (from ``SIDECAR_FILE`` when it was started before)."""
+    """What the watcher holds: the run's network built once (``opened.open_run``) with its
+    Evaluator and RunWriter, the best (``best.Best``, when the run keeps it and evaluates by
+    side-car), the last step evaluated and its result (from ``SIDECAR_FILE`` when it was
+    started before)."""
 
     def __init__(self, config, log):
         self.config, self._log, self.count = config, log, 0
-        self.run = run.build_run(config)
-        self.evaluate = Evaluator.of(self.run)
+        self.run = opened.open_run(config)  # its optimizer: the learning rate of each row
+        self.evaluate = evaluation.of(self.run)
         self.writer = RunWriter(config.model_dir, is_chief=True)
-        self.directory = self.run.checkpoints.directory
+        self.directory = os.path.join(config.model_dir, "checkpoints")
+        self._step = tf.Variable(0, dtype=tf.int64, trainable=False)  # best/'s step
         state = read_sidecar(config.model_dir)
         self.last, self.result = state.get("step", -1), state.get("result")
         self.best = self._best(state)
@@ -136,8 +141,11 @@ class Sidecar:
         if not (t.sidecar_eval and tracks_best(t)):
             return None
         best = Best(t, self.run.backend, self.config.model_dir)
-        # best/ckpt-S holds what the trainer's checkpoint of S holds, and the best so far.
-        best.checkpoint = tf.train.Checkpoint(**self.run.checkpoints.tracked, **best.tracked())
+        # best/ckpt-S holds what a use of the run reads of the trainer's checkpoint of S (the
+        # model, the optimizer with its EMA, the step), and the best so far.
+        net = self.run.network
+        parts = dict(model=net.model, optimizer=net.optimizer, step=self._step)
+        best.checkpoint = tf.train.Checkpoint(**parts, **best.tracked())
         if state.get("best_step") is not None:
             best.value.assign(state["best_value"])
             best.step.assign(state["best_step"])
@@ -171,27 +179,42 @@ class Sidecar:
             )
 
     def _one(self, step: int, path: str) -> None:
-        """Evaluates the checkpoint ``path`` of ``step`` as the loop's actions do (Evaluate,
-        then KeepBest), then writes SIDECAR_FILE. A checkpoint that cannot be read is passed."""
+        """Evaluates the checkpoint ``path`` of ``step`` as the loop's actions do (evaluate,
+        then keep the best), then writes SIDECAR_FILE. A checkpoint that cannot be read is
+        passed."""
         read = self._read(step, path)
         if read is not None:
-            ips = train_images_per_sec(self.config.model_dir, read)
-            state = LoopState(self.run, self.writer, read, images_per_sec=ips)
-            Evaluate(0, self.evaluate)(state)
-            if self.best is not None and state.evaluation:
-                KeepBest(self.best)(state)
+            result = self._evaluated(read)
+            if self.best is not None and result:
+                self._step.assign(read)
+                if self.best.observe(read, result):
+                    self.writer.info(f"best {self.best.metric} so far at step {read}")
                 self._say_verdict(read)
-            self.result, self.count = state.evaluation and state.evaluation[1], self.count + 1
+            self.result, self.count = result or None, self.count + 1
         self.last = max(step, read or 0)
         self._write_state()
 
+    def _evaluated(self, step: int) -> dict:
+        """The evaluation of the checkpoint read, at ``step``, written as the loop's
+        ``Evaluate`` action writes it (its row: the epoch, the learning rate and the
+        trainer's images/s then)."""
+        started = time.time()
+        result = self.evaluate()
+        seconds = time.time() - started
+        ips = train_images_per_sec(self.config.model_dir, step)
+        rate = float(self.run.optimizer.learning_rate)
+        t = self.config.train
+        context = eval_context(step, t.global_batch_size, self.run.spec.num_train, rate, ips)
+        self.writer.log_eval(step, timed(result, seconds), context)
+        return result
+
     def _read(self, step: int, path: str) -> int | None:
-        """Reads checkpoint ``path`` into the run (``run.restore``); returns its step, or None
-        when it was deleted meanwhile or still does not read after READ_TRIES tries."""
+        """Reads checkpoint ``path`` into the network (``network.restore``); returns its step,
+        or None when it was deleted meanwhile or still does not read after READ_TRIES tries."""
         name = os.path.basename(path)
         for attempt in range(1, READ_TRIES + 1):
             try:
-                return run.restore(self.run, path)
+                return network.restore(self.run.network, path)
             except CheckpointError as err:
                 if step not in listed_checkpoints(self.directory):
                     self._log(f"not evaluated: {name} was deleted before it could be read")
