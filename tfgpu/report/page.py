@@ -59,7 +59,7 @@ def esc(value) -> str:
 
 def render(runs: list, evaluations: list, options: dict) -> str:
     """The whole page for ``runs`` (``runs.Run``); ``evaluations``: per run, an
-    ``evaluation.evaluate_run`` result, or {"missing": why} when there is none; ``options``:
+    ``mistakes.confusion_and_mistakes`` result, or {"missing": why} when there is none; ``options``:
     what the command was asked ({"evaluate", "gallery"})."""
     spent = [timing.time_spent(r) for r in runs]
     title = "tfgpu report: " + ", ".join(r.name for r in runs)

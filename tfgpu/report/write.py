@@ -36,15 +36,15 @@ def write_report(
 
 
 def _evaluation(run: Run, evaluate: bool, checkpoint, split, gallery, batch_size, log) -> dict:
-    """``evaluation.evaluate_run``'s result for ``run``, or {"missing": why not}."""
+    """``mistakes.confusion_and_mistakes``'s result for ``run``, or {"missing": why not}."""
     if not evaluate:
         return {"missing": "Not evaluated (--noevaluate): no confusion matrix, no gallery."}
     # TensorFlow and the run's model: only for a report that evaluates.
-    from tfgpu.report.evaluation import evaluate_run  # noqa: PLC0415
+    from tfgpu.report.mistakes import confusion_and_mistakes  # noqa: PLC0415
 
     log(f"evaluating {shown(run.path)} ({checkpoint} checkpoint) on its {split} split")
     try:
-        return evaluate_run(run.path, checkpoint, split, gallery, batch_size)
+        return confusion_and_mistakes(run.path, checkpoint, split, gallery, batch_size)
     except Exception as err:
         known = err if isinstance(err, TfgpuError) else translate(err)
         if known is None:

@@ -1,5 +1,6 @@
-"""A run's checkpoint on its validation split, for the report: the confusion matrix, each
-class's accuracy, and the images the model gets most wrong.
+"""The report's confusion matrix and surest mistakes: a run's checkpoint predicted image by
+image on its validation split, each class's accuracy, and the images the model gets most
+wrong (a gallery needs each image's probabilities, which the evaluator sums away).
 
 Read through tfgpu's own uses of a trained run: ``inference.opened`` opens the run (its Config,
 data spec, registry model, the checkpoint), ``pipeline.make_named_eval_dataset`` reads the
@@ -22,7 +23,9 @@ from tfgpu.inference.predict import predictor
 THUMB_SIDE = 96  # pixels a gallery image is shown at, at most (a small one is scaled up)
 
 
-def evaluate_run(model_dir: str, checkpoint: str, split: str, gallery: int, batch_size: int):
+def confusion_and_mistakes(
+    model_dir: str, checkpoint: str, split: str, gallery: int, batch_size: int
+):
     """{"checkpoint", "step", "split", "class_names", "confusion_matrix" (rows: true class),
     "per_class_accuracy", "num_examples", "top1", "unreadable" (images that did not decode),
     "gallery": the ``gallery`` misclassified images the model was surest of, surest first:
