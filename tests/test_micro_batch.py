@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from tfgpu import train
 from tfgpu.cli import launch
-from tfgpu.config import ConfigError, config_from, rundir, split_batch, validate
-from tfgpu.config.sections import AUTO, memory_budget_bytes, micro_batch
+from tfgpu.config import ConfigError, config_from, rundir, validate
+from tfgpu.train.config import split_batch
+from tfgpu.train.config import AUTO, memory_budget_bytes, micro_batch
 from tfgpu.errors import OutOfMemory
 from tfgpu.step import memory
 from tfgpu.train.actions import Action

@@ -15,7 +15,7 @@ from tfgpu import compat, models, train
 from tfgpu.checkpoint.average import average
 from tfgpu.config import config_from, validate
 from tfgpu.cli.flags import define_flags
-from tfgpu.config.sections import check_average_plan
+from tfgpu.train.config import check_average_plan
 from tfgpu.data.spec import load_spec
 from tfgpu.distribute import backends
 from tfgpu.errors import ConfigError, UsageError

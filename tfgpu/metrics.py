@@ -1,5 +1,7 @@
 """What the step and evaluation return: one update's sums (``StepMetrics``) and evaluation's
-(``EvalSums``), and their names in order. No TensorFlow here."""
+(``EvalSums``), their names in order, and which way each evaluation metric is better
+(``BEST_METRICS``: --best_metric's choices, and ``checkpoint.best``'s order). No TensorFlow
+here."""
 
 from typing import Any, TypedDict
 
@@ -29,3 +31,4 @@ class EvalSums(TypedDict):
 
 STEP_METRICS = tuple(StepMetrics.__annotations__)
 EVAL_SUMS = tuple(EvalSums.__annotations__)
+BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better

@@ -16,7 +16,7 @@ Every worker takes part in writing one (reading sync-on-read variables is collec
 others write to scratch, ``Backend.checkpoint_dir``); only the chief writes best.json. Every
 worker decides alike: the evaluation is all-reduced, and the kept list is the chief's.
 
-The settings are checked before TensorFlow starts (``config.sections.check_best``, called by
+The settings are checked before TensorFlow starts (``train.config.check_best``, called by
 ``config.validate``): TensorFlow is imported only when a run builds its ``Best``.
 """
 
@@ -25,8 +25,8 @@ import json
 import math
 import os
 
-from tfgpu.config.sections import BEST_METRICS, best_metric
 from tfgpu.files import pause_for_tests, read_json, write_json
+from tfgpu.metrics import BEST_METRICS
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
@@ -62,7 +62,7 @@ class Best:
         """``train``: the run's ``config.train``."""
         import tensorflow as tf  # noqa: PLC0415 (the settings' checks above import without it)
 
-        self.metric = best_metric(train)
+        self.metric = train.best_by
         self.mode = BEST_METRICS[self.metric]
         self.keep = train.keep_best or (1 if train.export_best else 0)  # the best, to export
         self.directory = os.path.join(model_dir, BEST_DIR)

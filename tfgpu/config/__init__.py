@@ -4,9 +4,10 @@ Each setting is a field of one section (``data``, ``model``, ``optim``, ``train`
 ``curriculum``) or of the run itself, declared with its default, its help and its choices;
 ``flags.py`` makes one flat absl flag of each (the field's name, or the ``flag`` it declares),
 so ``--global_batch_size`` is ``config.train.global_batch_size``. The packages own their
-sections (``data/config.py``: ``DataConfig`` and ``CurriculumConfig``, ``distribute/config.py``:
-``DistConfig``; ``sections.py`` here: the model's, the optimizer's and training's); the input
-pipeline takes ``config.data`` as it is: no copy, no renaming.
+sections (``data/config.py``: ``DataConfig`` and ``CurriculumConfig``, ``models/config.py``:
+``ModelConfig``, ``optim/config.py``: ``OptimConfig``, ``train/config.py``: ``TrainConfig``,
+``distribute/config.py``: ``DistConfig``); this package only composes them, with the checks
+that span sections. The input pipeline takes ``config.data`` as it is: no copy, no renaming.
 
 No TensorFlow here (nor in the modules whose choices it reads): ``--help`` and a bad flag
 must not wait for TensorFlow's start-up.
@@ -15,21 +16,13 @@ must not wait for TensorFlow's start-up.
 from dataclasses import dataclass, field
 
 from tfgpu import models
-from tfgpu.config.sections import (
-    ModelConfig,
-    OptimConfig,
-    TrainConfig,
-    check_class_weights,
-    check_model,
-    check_optim,
-    check_train,
-    profile_window,  # noqa: F401  (the run's users read it here)
-    split_batch,  # noqa: F401
-)
 from tfgpu.data.config import CurriculumConfig, DataConfig, check_curriculum, check_data
 from tfgpu.distribute.config import DistConfig
 from tfgpu.errors import ConfigError
+from tfgpu.models.config import ModelConfig, check_model
+from tfgpu.optim.config import OptimConfig, check_class_weights, check_optim
 from tfgpu.settings import collect, replace_settings, setting
+from tfgpu.train.config import TrainConfig, check_train
 
 SECTIONS = {
     "data": DataConfig,

@@ -44,7 +44,6 @@ import tensorflow as tf
 from tfgpu.checkpoint import network
 from tfgpu.checkpoint.best import SIDECAR_FILE, Best, read_sidecar
 from tfgpu.config.rundir import run_config
-from tfgpu.config.sections import tracks_best
 from tfgpu.errors import CheckpointError, UsageError
 from tfgpu.files import read_json, write_json
 from tfgpu.inference import evaluate as evaluation
@@ -138,7 +137,7 @@ class Sidecar:
         """The run's best.Best when the side-car keeps it (--sidecar_eval with --keep_best,
         --early_stop_patience or --best_metric), as ``state`` left it; else None."""
         t = self.config.train
-        if not (t.sidecar_eval and tracks_best(t)):
+        if not (t.sidecar_eval and t.tracks_best):
             return None
         best = Best(t, self.run.backend, self.config.model_dir)
         # best/ckpt-S holds what a use of the run reads of the trainer's checkpoint of S (the

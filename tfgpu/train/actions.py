@@ -43,13 +43,13 @@ import time
 from dataclasses import dataclass, field
 
 from tfgpu.checkpoint.best import SIDECAR_FILE, read_sidecar
-from tfgpu.config import profile_window
 from tfgpu.distribute import consensus, heartbeats
 from tfgpu.errors import Preempted
 from tfgpu.optim import finetune
 from tfgpu.results import writer as results
 from tfgpu.results.writer import INPUT_BOUND, RunWriter, Window, input_bound_warning, timed
 from tfgpu.train import signals
+from tfgpu.train.config import profile_window
 
 
 @dataclass

@@ -14,8 +14,8 @@ from tfgpu.optim import finetune
 from tfgpu.models import pretrained
 from tfgpu.checkpoint.best import Best
 from tfgpu.checkpoint.store import Checkpoints
-from tfgpu.config import Config, ConfigError, split_batch
-from tfgpu.config.sections import tracks_best_in_loop
+from tfgpu.config import Config, ConfigError
+from tfgpu.train.config import split_batch
 from tfgpu.data import readers, sampling
 from tfgpu.data.run_input import RunInput
 from tfgpu.data.stream import Stream
@@ -124,7 +124,7 @@ def build(config: Config, backend, inputs: RunInput) -> Training:
         )
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False)
         skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
-        keeps = tracks_best_in_loop(config.train)  # not with a side-car: it keeps the best
+        keeps = config.train.tracks_best_in_loop  # not with a side-car: it keeps the best
         best = Best(config.train, backend, config.model_dir) if keeps else None
     init_line = ""
     if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies

@@ -25,8 +25,8 @@ from tfgpu.results import runlock
 from tfgpu.train import micro_batch
 from tfgpu.train.actions import Action, LoopState, default_actions, eval_context, phase, timed
 from tfgpu.train.build import Training, build, train_batches, train_maker
+from tfgpu.train.config import check_average_plan
 from tfgpu.config import Config, ConfigError, resolve, rundir
-from tfgpu.config.sections import check_average_plan
 from tfgpu.data import broken, readers, run_input
 from tfgpu.data.spec import DataError
 from tfgpu.distribute import backends, consensus, heartbeats

@@ -24,8 +24,8 @@ import time
 import keras
 import tensorflow as tf
 
-from tfgpu.config import Config, ConfigError, split_batch
-from tfgpu.config.sections import AUTO, memory_budget_bytes, micro_batch
+from tfgpu.config import Config, ConfigError
+from tfgpu.train.config import AUTO, memory_budget_bytes, micro_batch, split_batch
 from tfgpu.data import run_input
 from tfgpu.distribute import backends, consensus
 from tfgpu.errors import OutOfMemory, first_line

@@ -1,83 +1,21 @@
-"""The settings of the model and the length of training (``ModelConfig``, ``TrainConfig``:
-sections of ``tfgpu.config.Config``), and the checks of each that can run before TensorFlow
-starts. No TensorFlow here. The optimizer's section is its package's (``optim/config.py``).
+"""The training run's settings (``config.train``): how big an update is, how long training
+runs, when to log, evaluate, save and keep the best, and what is written at the end; with the
+checks that need no TensorFlow and the numbers the loop derives from them (``split_batch``,
+``micro_batch``, ``profile_window``). ``config/`` composes this section with the others'.
+
+Light on purpose: ``config/`` reads it before TensorFlow starts (``--help``, a bad flag), and
+importing it runs ``tfgpu/train/__init__.py``, which loads the loop only when it is asked for.
 """
 
 import math
 import urllib.parse
 from dataclasses import dataclass
 
-from tfgpu import models
 from tfgpu.errors import ConfigError
-from tfgpu.optim.config import OptimConfig, check_class_weights, check_optim  # noqa: F401
+from tfgpu.metrics import BEST_METRICS
 from tfgpu.settings import positive, setting
 
-BEST_METRICS = {"top1": "max", "top5": "max", "loss": "min"}  # metric -> which way is better
 TTA_MODES = ("none", "flip")  # --eval_tta: the views evaluation averages (step/loops.py)
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Which network, in which precision."""
-
-    name: str = setting(
-        "resnet50",
-        "Registry name: resnet18..resnet152, resnet20/32/44/56/110 (CIFAR ResNets), "
-        "wrn16_4/16_8/28_10/40_4 (Wide ResNets), densenet121/169/201, efficientnet_b0..b7, "
-        "efficientnetv2_b0..b3/s/m/l, tiny_cnn.",
-        choices=sorted(models.MODELS),
-        flag="model",
-    )
-    small_input: bool = setting(
-        False,
-        "Small-input stem for 32x32-scale data: ResNets 3x3/1 conv, no max-pool; DenseNets "
-        "and EfficientNets keep their stem layers at stride 1.",
-    )
-    init_weights: str = setting(
-        "",
-        "Start from: imagenet (keras.applications' ImageNet file for DenseNets and "
-        "EfficientNets, from Keras' cache ~/.keras/models: no downloads), a Keras .h5 file "
-        "(*_notop.h5 or with top; the backbone by layer name, the head new), a .weights.h5 "
-        "(same model) or a .keras file (its logits layer may differ). A checkpoint in "
-        "--model_dir wins.",
-    )
-    freeze: str = setting(
-        "none",
-        "none, or backbone: train only the head; the backbone's BatchNorm layers normalize "
-        "with their stored statistics (inference mode).",
-        choices=("none", "backbone"),
-    )
-    unfreeze_after_steps: int = setting(
-        0,
-        "With --freeze=backbone: after N updates the backbone trains too, its BatchNorm back in "
-        "training mode (0: never). Its optimizer state starts then, as a new optimizer's (Adam's "
-        "bias correction counts from there); the learning-rate schedule runs on.",
-    )
-    dtype: str = setting(
-        "float32",
-        "float32, mixed_float16 (dynamic loss scaling), mixed_bfloat16, or float64 (slow: for "
-        "numerical checks, e.g. that two strategies agree beyond float32's rounding).",
-        choices=models.DTYPES,
-    )
-    jit_compile: bool = setting(False, "Compile the train step with XLA.")
-    remat: bool = setting(
-        False,
-        "Gradient checkpointing per block: the train step keeps only each block's input and "
-        "recomputes the block in the backward pass (~1 more forward pass of compute for less "
-        "activation memory: a larger batch or model per GPU; bench/remat.py). Same gradients, "
-        "BatchNorm statistics and checkpoints as without.",
-    )
-    sync_batchnorm: bool = setting(
-        False,
-        "BatchNorm statistics of each micro-step over all replicas (two small collectives per "
-        "layer and micro-step): N replicas of b normalize as one device of N*b. Worth it below ~16 "
-        "images per replica; see docs/training-loop.md, Accumulation and BatchNorm.",
-    )
-    drop_path_rate: float = setting(
-        -1.0,
-        "Stochastic depth of EfficientNets (Keras' drop_connect_rate; -1: the family's 0.2). "
-        "Its masks are drawn per replica: 0 makes replicas equal one device exactly.",
-    )
 
 
 @dataclass(frozen=True)
@@ -199,29 +137,30 @@ class TrainConfig:
         per_node=True,
     )
 
+    @property
+    def best_by(self) -> str:
+        """The metric that decides "best": --best_metric, top1 when not set."""
+        return self.best_metric or "top1"
+
+    @property
+    def tracks_best(self) -> bool:
+        """True when the run keeps its best evaluation (in its checkpoints)."""
+        return bool(
+            self.keep_best or self.early_stop_patience or self.export_best or self.best_metric
+        )
+
+    @property
+    def tracks_best_in_loop(self) -> bool:
+        """True when the trainer itself keeps its best evaluation (in its checkpoints): not
+        when a side-car evaluates (--sidecar_eval), which keeps it (``inference.sidecar``)."""
+        return self.tracks_best and not self.sidecar_eval
+
     def updates(self, num_train: int) -> int:
         """The run's length in optimizer updates, over a train split of ``num_train``
         examples: --train_steps, else --epochs (1 when neither) of --global_batch_size."""
         if self.train_steps:
             return self.train_steps
         return max(1, int((self.epochs or 1.0) * num_train // self.global_batch_size))
-
-
-def best_metric(t) -> str:
-    """The metric that decides "best" of ``t`` (the run's ``config.train``): --best_metric, top1
-    when not set."""
-    return t.best_metric or "top1"
-
-
-def tracks_best(t) -> bool:
-    """True when the run keeps its best evaluation (in its checkpoints)."""
-    return bool(t.keep_best or t.early_stop_patience or t.export_best or t.best_metric)
-
-
-def tracks_best_in_loop(t) -> bool:
-    """True when the trainer itself keeps its best evaluation (in its checkpoints): not when
-    a side-car evaluates (--sidecar_eval), which keeps it (``inference.sidecar``)."""
-    return tracks_best(t) and not t.sidecar_eval
 
 
 def check_best(t) -> None:
@@ -246,7 +185,7 @@ def check_best(t) -> None:
             "--export_best needs evaluations in the loop; with --sidecar_eval the best is in "
             "best/ once the side-car has ended (--checkpoint=best of tfgpu-evaluate, tfgpu-predict)"
         )
-    if tracks_best(t) and not (in_loop or t.sidecar_eval):
+    if t.tracks_best and not (in_loop or t.sidecar_eval):
         given = [
             f"--{name}"
             for name in ("keep_best", "best_metric", "early_stop_patience", "export_best")
@@ -256,28 +195,6 @@ def check_best(t) -> None:
             f"{', '.join(given)} need(s) evaluations during training: set --eval_every_steps "
             "or --eval_every_epochs (or --sidecar_eval, with a side-car evaluator)"
         )
-
-
-def check_model(m: ModelConfig) -> None:
-    if m.sync_batchnorm and m.jit_compile:
-        raise ConfigError(
-            "--sync_batchnorm and --jit_compile do not go together: the moments' all-reduce "
-            "runs inside the compiled forward pass, which XLA cannot hold"
-        )
-    if (m.init_weights == "imagenet" or m.freeze == "backbone") and not models.has_backbone(m.name):
-        what = "--init_weights=imagenet" if m.init_weights == "imagenet" else "--freeze=backbone"
-        resnet = (
-            " (tfgpu's ResNets are v1.5 with their own layer names; keras.applications' ImageNet "
-            "ResNet50 is v1, trained for another network: start from a tfgpu .keras instead)"
-            if m.name.startswith("resnet")
-            else ""
-        )
-        raise ConfigError(
-            f"{what} is for the keras.applications models (densenet*, efficientnet*), not "
-            f"--model={m.name}{resnet}"
-        )
-    if not (m.drop_path_rate == -1.0 or 0.0 <= m.drop_path_rate < 1.0):
-        raise ConfigError(f"--drop_path_rate={m.drop_path_rate} must be in [0, 1), or -1")
 
 
 def check_train(t: TrainConfig) -> None:

@@ -1,0 +1,96 @@
+"""The model's settings (``config.model``): which network, in which precision, from which
+start weights, and the checks that need no TensorFlow. ``config/`` composes them with the
+other packages' sections.
+"""
+
+from dataclasses import dataclass
+
+from tfgpu import models
+from tfgpu.errors import ConfigError
+from tfgpu.settings import setting
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which network, in which precision."""
+
+    name: str = setting(
+        "resnet50",
+        "Registry name: resnet18..resnet152, resnet20/32/44/56/110 (CIFAR ResNets), "
+        "wrn16_4/16_8/28_10/40_4 (Wide ResNets), densenet121/169/201, efficientnet_b0..b7, "
+        "efficientnetv2_b0..b3/s/m/l, tiny_cnn.",
+        choices=sorted(models.MODELS),
+        flag="model",
+    )
+    small_input: bool = setting(
+        False,
+        "Small-input stem for 32x32-scale data: ResNets 3x3/1 conv, no max-pool; DenseNets "
+        "and EfficientNets keep their stem layers at stride 1.",
+    )
+    init_weights: str = setting(
+        "",
+        "Start from: imagenet (keras.applications' ImageNet file for DenseNets and "
+        "EfficientNets, from Keras' cache ~/.keras/models: no downloads), a Keras .h5 file "
+        "(*_notop.h5 or with top; the backbone by layer name, the head new), a .weights.h5 "
+        "(same model) or a .keras file (its logits layer may differ). A checkpoint in "
+        "--model_dir wins.",
+    )
+    freeze: str = setting(
+        "none",
+        "none, or backbone: train only the head; the backbone's BatchNorm layers normalize "
+        "with their stored statistics (inference mode).",
+        choices=("none", "backbone"),
+    )
+    unfreeze_after_steps: int = setting(
+        0,
+        "With --freeze=backbone: after N updates the backbone trains too, its BatchNorm back in "
+        "training mode (0: never). Its optimizer state starts then, as a new optimizer's (Adam's "
+        "bias correction counts from there); the learning-rate schedule runs on.",
+    )
+    dtype: str = setting(
+        "float32",
+        "float32, mixed_float16 (dynamic loss scaling), mixed_bfloat16, or float64 (slow: for "
+        "numerical checks, e.g. that two strategies agree beyond float32's rounding).",
+        choices=models.DTYPES,
+    )
+    jit_compile: bool = setting(False, "Compile the train step with XLA.")
+    remat: bool = setting(
+        False,
+        "Gradient checkpointing per block: the train step keeps only each block's input and "
+        "recomputes the block in the backward pass (~1 more forward pass of compute for less "
+        "activation memory: a larger batch or model per GPU; bench/remat.py). Same gradients, "
+        "BatchNorm statistics and checkpoints as without.",
+    )
+    sync_batchnorm: bool = setting(
+        False,
+        "BatchNorm statistics of each micro-step over all replicas (two small collectives per "
+        "layer and micro-step): N replicas of b normalize as one device of N*b. Worth it below ~16 "
+        "images per replica; see docs/training-loop.md, Accumulation and BatchNorm.",
+    )
+    drop_path_rate: float = setting(
+        -1.0,
+        "Stochastic depth of EfficientNets (Keras' drop_connect_rate; -1: the family's 0.2). "
+        "Its masks are drawn per replica: 0 makes replicas equal one device exactly.",
+    )
+
+
+def check_model(m: ModelConfig) -> None:
+    if m.sync_batchnorm and m.jit_compile:
+        raise ConfigError(
+            "--sync_batchnorm and --jit_compile do not go together: the moments' all-reduce "
+            "runs inside the compiled forward pass, which XLA cannot hold"
+        )
+    if (m.init_weights == "imagenet" or m.freeze == "backbone") and not models.has_backbone(m.name):
+        what = "--init_weights=imagenet" if m.init_weights == "imagenet" else "--freeze=backbone"
+        resnet = (
+            " (tfgpu's ResNets are v1.5 with their own layer names; keras.applications' ImageNet "
+            "ResNet50 is v1, trained for another network: start from a tfgpu .keras instead)"
+            if m.name.startswith("resnet")
+            else ""
+        )
+        raise ConfigError(
+            f"{what} is for the keras.applications models (densenet*, efficientnet*), not "
+            f"--model={m.name}{resnet}"
+        )
+    if not (m.drop_path_rate == -1.0 or 0.0 <= m.drop_path_rate < 1.0):
+        raise ConfigError(f"--drop_path_rate={m.drop_path_rate} must be in [0, 1), or -1")
