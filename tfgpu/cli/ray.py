@@ -23,6 +23,7 @@ from tfgpu.cli.train import check_writable
 from tfgpu.cli.train import make_config as train_config
 from tfgpu.distribute import ray_train
 from tfgpu.distribute.ray_train import RayJob
+from tfgpu.distribute.scratch import remove_scratch_dirs
 from tfgpu.errors import (
     DistributeError,
     TfgpuError,
@@ -32,6 +33,7 @@ from tfgpu.errors import (
     install_extra,
     say,
 )
+from tfgpu import train  # light: the loop is loaded by train.run, in the worker
 from tfgpu.train import op_errors
 
 COMMAND = "tfgpu-ray"
@@ -251,13 +253,8 @@ def train_worker(job: dict) -> None:
     ray_train.enter_worker(job)
     quiet.import_tensorflow()
     print(f"tfgpu-ray: {ray_train.whoami()}", flush=True)
-    # These import TensorFlow at their top: only in the worker (tests/test_imports.py:
-    # test_light_modules_import_no_tensorflow, tfgpu.cli.ray).
-    from tfgpu.distribute import backend_parts  # noqa: PLC0415  (TensorFlow: after the quiet start; test_imports: --help never imports it)
-    from tfgpu.train import loop  # noqa: PLC0415  (TensorFlow: after the quiet start; test_imports: --help never imports it)
-
     try:
-        loop.run(job["config"])
+        train.run(job["config"])  # the loop, with TensorFlow, loaded now (train/__init__.py)
     except Exception as err:
         known = err if isinstance(err, TfgpuError) else op_errors.translate(err)
         if known is None:
@@ -266,7 +263,7 @@ def train_worker(job: dict) -> None:
         raise known from None
     finally:
         # Ray ends the actor with a kill: no exit handler removes its scratch directories.
-        backend_parts.remove_scratch_dirs()
+        remove_scratch_dirs()
 
 
 def run() -> None:

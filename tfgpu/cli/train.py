@@ -25,7 +25,7 @@ import sys
 
 from absl import app, flags, logging
 
-from tfgpu import demo
+from tfgpu import demo, train  # train: light; train.run loads the loop and TensorFlow
 from tfgpu.cli import quiet, sidecar
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import KEY_FLAGS, define_flags, given_flags
@@ -139,10 +139,9 @@ def _train() -> None:
     check_writable(config.model_dir)
     signals.install(config.dist.stop_grace_s)  # before TensorFlow starts its threads
     quiet.import_tensorflow()  # without its start-up notices
-    # The trainer imports TensorFlow at its top: only now (tests/test_imports.py:
-    # test_help_returns_without_tensorflow, test_a_bad_flag_is_reported_without_tensorflow).
-    from tfgpu import train  # noqa: PLC0415  (TensorFlow: after the quiet start; test_imports: --help never imports it)
-
+    # train.run loads the loop, which imports TensorFlow at its top: only now
+    # (tests/test_imports.py: test_help_returns_without_tensorflow,
+    # test_a_bad_flag_is_reported_without_tensorflow).
     train.run(config)
 
 

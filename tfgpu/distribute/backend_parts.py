@@ -1,8 +1,6 @@
 """What both kinds of backend share (``backends.StrategyBackend``, ``horovod.HorovodBackend``):
-their counters, the timing of the update's all-reduce, scratch directories for non-chief saves
-and the gathering of bytes through an int32 collective."""
-
-import tempfile
+their counters, the timing of the update's all-reduce and the gathering of bytes through an
+int32 collective (their scratch directories for non-chief saves: ``scratch.py``)."""
 
 import numpy as np
 import tensorflow as tf
@@ -32,22 +30,6 @@ def timed(backend, reduce, values: list) -> list:
         waited = backend.wait_seconds.assign_add(tf.timestamp() - start)
     with tf.control_dependencies([waited]):
         return [tf.identity(r) for r in reduced]
-
-
-_SCRATCH: list = []  # removed when the process exits normally
-
-
-def remove_scratch_dirs() -> None:
-    """Removes this process's scratch directories now (a process that ends by a kill, such as
-    a Ray worker, never runs the exit handlers that would)."""
-    while _SCRATCH:
-        _SCRATCH.pop().cleanup()
-
-
-def scratch_dir(prefix: str) -> str:
-    """A temporary directory for a non-chief worker's throw-away checkpoint saves."""
-    _SCRATCH.append(tempfile.TemporaryDirectory(prefix=prefix))
-    return _SCRATCH[-1].name
 
 
 def gathered_bytes(blob: bytes, gather) -> list[bytes]:

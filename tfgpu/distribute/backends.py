@@ -16,7 +16,8 @@ from tfgpu import compat
 from tfgpu.distribute import InputShard, env, horovod_backend, mpi, slurm, strategies
 from tfgpu.distribute.collectives import WorkerCollectives
 from tfgpu.distribute.config import DistConfig
-from tfgpu.distribute.backend_parts import counter, scratch_dir, timed
+from tfgpu.distribute.backend_parts import counter, timed
+from tfgpu.distribute.scratch import scratch_dir
 from tfgpu.distribute.devices import configure_devices, pin_to_local_gpus
 from tfgpu.distribute.env import resolve_strategy
 

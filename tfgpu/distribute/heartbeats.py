@@ -25,6 +25,7 @@ import time
 
 from tfgpu.distribute import env
 from tfgpu.distribute import heartbeat_wire as wire
+from tfgpu.distribute.scratch import remove_scratch_dirs
 from tfgpu.errors import WorkerLost
 
 INTERVAL_S = 1.0
@@ -322,9 +323,6 @@ def _leave(why: str) -> None:
     second line: its way out, TensorFlow's shut-down, waits for the peers that are gone
     (measured: 17 s more on loaded cores)."""
     first = claim_last_word()
-    # Imported here: the board itself needs no TensorFlow, which backend_parts imports.
-    from tfgpu.distribute.backend_parts import remove_scratch_dirs  # noqa: PLC0415
-
     try:
         remove_scratch_dirs()
     except OSError:  # the main thread writing into one: what is left is never read

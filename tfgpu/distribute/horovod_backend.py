@@ -7,7 +7,8 @@ import contextlib
 import tensorflow as tf
 
 from tfgpu.distribute import DistributeError, InputShard, env
-from tfgpu.distribute.backend_parts import counter, gathered_bytes, scratch_dir, timed
+from tfgpu.distribute.backend_parts import counter, gathered_bytes, timed
+from tfgpu.distribute.scratch import scratch_dir
 from tfgpu.distribute.devices import pin_to_local_gpu
 from tfgpu.errors import INSTALL_HOROVOD
 

@@ -10,6 +10,7 @@ TensorFlow starts, and the settings that hold only for some families (``has_back
 import os
 
 from tfgpu.errors import ConfigError
+from tfgpu.models import pretrained  # Keras only inside its functions
 
 DTYPES = ("float32", "mixed_float16", "mixed_bfloat16", "float64")  # Keras dtype policies
 
@@ -114,8 +115,6 @@ def load_initial_weights(model, path: str) -> list[str]:
     mismatch, or a missing file, raises ConfigError with a one-line message.
     """
     import keras
-
-    from tfgpu.models import pretrained  # noqa: PLC0415  (TensorFlow: config/ reads the registry before it starts; test_imports)
 
     flag = f"--init_weights={path}"
     if path == "imagenet":

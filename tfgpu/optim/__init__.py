@@ -6,6 +6,8 @@ registries before TensorFlow starts.
 
 import math
 
+from tfgpu import compat
+
 # --optimizer -> (keras.optimizers class, or tfgpu's own in optim/<module>.py, its fixed
 # arguments).
 OPTIMIZERS = {
@@ -21,6 +23,11 @@ LR_SCALINGS = ("none", "linear", "sqrt")  # --lr_scaling: the rate's factor of g
 LOSSES = ("cross_entropy", "bce")  # --loss: step/losses.py
 # BatchNorm scales/offsets and biases are not decayed (Goyal et al. 2017, "no bias decay").
 NO_DECAY = ["bias", "gamma", "beta"]
+
+
+def patterns(text: str) -> list[str]:
+    """The regular expressions of a comma-separated setting, empty ones left out."""
+    return [p.strip() for p in text.split(",") if p.strip()]
 
 
 def scaled_learning_rate(
@@ -58,8 +65,6 @@ def describe_learning_rate(o, global_batch_size: int) -> str:
 
 def optimizer_options(o) -> dict:
     """``build_optimizer``'s keyword arguments for the run's settings ``o``."""
-    from tfgpu.optim.config import patterns  # noqa: PLC0415  (optim.config imports this package's face)
-
     return dict(
         momentum=o.momentum,
         weight_decay=o.weight_decay,
@@ -88,8 +93,6 @@ def build_optimizer(
     those matching ``lars_no_decay``). With ``ema_decay``, it keeps an average of the weights,
     warmed up with ``ema_warmup`` and of ``ema_extra`` (BatchNorm's moving statistics) too."""
     import keras
-
-    from tfgpu import compat  # noqa: PLC0415  (TensorFlow: config/ reads this package before it starts; test_imports)
 
     class_name, fixed = OPTIMIZERS[name]
     ema = dict(use_ema=True, ema_momentum=ema_decay) if ema_decay else {}

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from tfgpu.errors import ConfigError
-from tfgpu.optim import LOSSES, LR_SCALINGS, OPTIMIZERS, SCHEDULES
+from tfgpu.optim import LOSSES, LR_SCALINGS, OPTIMIZERS, SCHEDULES, patterns
 from tfgpu.settings import positive, setting
 
 
@@ -127,11 +127,6 @@ class OptimConfig:
         "Stop (exit code 3) after this many skipped updates in a row: with mixed_float16 "
         "those at the loss scale's floor of 1, with --skip_non_finite any (0: never stop).",
     )
-
-
-def patterns(text: str) -> list[str]:
-    """The regular expressions of a comma-separated setting, empty ones left out."""
-    return [p.strip() for p in text.split(",") if p.strip()]
 
 
 def check_optim(o: OptimConfig) -> None:
