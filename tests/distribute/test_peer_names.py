@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from tfgpu.distribute import consensus, env, failures, heartbeats
 from tfgpu.distribute import heartbeat_wire as wire
-from tfgpu.train import micro_batch, results
+from tfgpu.results import writer as results
+from tfgpu.train import micro_batch
 
 pytestmark = pytest.mark.fast
 

@@ -13,7 +13,10 @@ from tfgpu.cli.flags import COMMAND_SETTINGS, settings_of
 from tfgpu.config import SETTINGS
 from tfgpu.config.rundir import CONFIG_FILE
 from tfgpu.data.identity import IDENTITY_FILE
-from tfgpu.train import best, micro_batch, results, tracking
+from tfgpu.checkpoint import best
+from tfgpu.results import tracking
+from tfgpu.results import writer as results
+from tfgpu.train import micro_batch
 
 pytestmark = pytest.mark.fast
 README = (ROOT / "README.md").read_text(encoding="utf-8")
