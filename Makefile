@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-serial test-heavy test-fast test-fast-bare install horovod system ray export report mlflow mlflow-server
+.PHONY: demo test test-serial test-heavy test-fast test-fast-bare install horovod system ray export report hub mlflow mlflow-server
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
@@ -15,15 +15,15 @@ demo: install
 # 2 cores busy. A module's tests stay on one worker (its shared runs happen once);
 # tests/conftest.py's spread hands out the modules that start processes first.
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder
-test: system install horovod ray export report mlflow mlflow-server
+test: system install horovod ray export report hub mlflow mlflow-server
 	$(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # The same in one process (a failure's output reads in order).
-test-serial: system install horovod ray export report mlflow mlflow-server
+test-serial: system install horovod ray export report hub mlflow mlflow-server
 	$(PY) -m pytest -q --durations=25 tests
 
 # Everything, with the opt-in heavy tests too (tests/conftest.py: HEAVY_ENV).
-test-heavy: system install horovod ray export report mlflow mlflow-server
+test-heavy: system install horovod ray export report hub mlflow mlflow-server
 	TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
@@ -61,11 +61,14 @@ export: $(STAMP)-export
 # matplotlib for tfgpu-report, the [report] extra: tests/test_report.py draws its pages.
 report: $(STAMP)-report
 
+# KerasHub, the [hub] extra: --model=hub:... (tests/models/test_own_models.py builds its ViT).
+hub: $(STAMP)-hub
+
 # MLflow's client, the [mlflow] extra: --mlflow_tracking_uri (docs/reports.md).
 mlflow: $(STAMP)-mlflow
 
 # Each extra above, installed once per set of dependencies (its stamp beside $(STAMP)).
-$(addprefix $(STAMP)-,ray export report mlflow): $(STAMP)-%: $(STAMP)
+$(addprefix $(STAMP)-,ray export report hub mlflow): $(STAMP)-%: $(STAMP)
 	$(PY) -m pip install -q -e '.[$*]'
 	touch $@
 

@@ -31,6 +31,7 @@ PRIVATE_NAMES = (
     ("tensorflow.python.framework.kernels", "get_registered_kernels_for_op"),
     ("tensorflow.python.autograph.core.config", "CONVERSION_RULES"),
     ("tensorflow.python.autograph.core.config", "DoNotConvert"),
+    ("keras.src.layers.layer", "Layer._flatten_layers"),
 )
 
 
@@ -171,6 +172,13 @@ def tf_variable(variable):
     """The tf.Variable (or its replica's component) behind a Keras variable; a tf.Variable as
     it is. The train step and the BatchNorm bookkeeping read and sum these inside replicas."""
     return variable.value if hasattr(variable, "value") else variable
+
+
+def sublayers(layer) -> list:
+    """The layers ``layer`` holds directly, in the order it tracked them: a Model's
+    ``layers``, and those of a plain Layer too (a user's block holding a BatchNorm), which
+    Keras lists only privately."""
+    return list(layer._flatten_layers(include_self=False, recursive=False))
 
 
 def set_batchnorm_moments(layer, moments) -> None:

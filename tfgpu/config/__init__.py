@@ -110,6 +110,9 @@ def validate(config: Config) -> Config:
 def resolve(config: Config, has_gpu: bool) -> Config:
     """The settings that depend on the machine, decided once (config.json shows the outcome).
 
+    ``--model=path/to/model.keras`` and ``hub:DIR``: an absolute path, so that a resume
+    from another working directory, and tfgpu-evaluate, read the same file.
+
     ``--resize_on=auto``: on the device when it is a GPU that does the float work. Else the
     resize would run on CPU cores, where the step's gather-based resize costs ~10x the host's
     ResizeBilinear (measured: 2.7 vs 0.25 ms of CPU per image, bench/README.md). Synthetic
@@ -123,4 +126,5 @@ def resolve(config: Config, has_gpu: bool) -> Config:
         resize_on = "host"
     elif resize_on == "auto":
         resize_on = "device" if has_gpu and preprocess_on == "device" else "host"
-    return config.with_settings(preprocess_on=preprocess_on, resize_on=resize_on)
+    model = models.own.absolute(config.model.name)  # the file or preset for every process
+    return config.with_settings(preprocess_on=preprocess_on, resize_on=resize_on, model=model)

@@ -2,15 +2,19 @@
 module here with a ``build(num_classes, image_size, small_input, **arguments)``:
 ``tiny_cnn.py``, ``resnet.py``, ``cifar_resnet.py``, ``wide_resnet.py``, ``applications.py``
 (``layers.py``: what they share). A new family is one file and one line per model in
-``MODELS``. No Keras at import: ``config.py`` checks ``--model`` against this registry before
-TensorFlow starts, and the settings that hold only for some families (``has_backbone``,
-``check_finetune``: ``finetune.py``'s settings).
+``MODELS``. A model of the user's own (``package.module:function``, a ``.keras`` file, a
+KerasHub backbone, a name given to ``register``) is read by ``own.py``, built by
+``foreign.py`` and ``hub.py`` (docs/own-model.md). No Keras at import: ``config.py`` checks
+``--model`` here before TensorFlow starts, and the settings that hold only for some
+families (``has_backbone``, ``check_finetune``: ``finetune.py``'s settings).
 """
 
+import importlib
 import os
 
 from tfgpu.errors import ConfigError
 from tfgpu.models import pretrained  # Keras only inside its functions
+from tfgpu.models.own import register  # noqa: F401  (the Python API: tfgpu.models.register)
 
 DTYPES = ("float32", "mixed_float16", "mixed_bfloat16", "float64")  # Keras dtype policies
 
@@ -54,21 +58,22 @@ def build_model(
     image_size: int,
     small_input: bool = False,
     drop_path_rate: float = -1.0,
+    input_scaling: str = "auto",
 ):
-    """Builds registry model ``name`` (NHWC float [0, 255] in, float32 logits out) under the
-    current mixed-precision policy; ``drop_path_rate``: stochastic depth where the family has
-    it (EfficientNets; -1: the family's default). Raises KeyError naming the choices for an
-    unknown name (a direct caller's mistake: runs from flags were checked by
-    ``config.validate``)."""
-    import importlib
-
+    """Builds model ``name`` (NHWC float [0, 255] in, float32 logits out) under the current
+    mixed-precision policy: a registry name, or a model of the user's own (``own.py``'s
+    forms; ``input_scaling``: --input_scaling, ``foreign.input_scaling``), which says what it
+    is in its ``tfgpu_line``. ``drop_path_rate``: stochastic depth where the family has it
+    (EfficientNets; -1: the family's default). A ConfigError of one line for a name or model
+    that does not fit (runs from flags had the name's form checked by ``config.validate``)."""
     import keras
 
-    if name not in MODELS:
-        raise KeyError(f"--model={name!r} is unknown; choose from {', '.join(sorted(MODELS))}")
     if keras.config.image_data_format() != "channels_last":
         # Every builder and the input pipeline are NHWC; channels-first would silently mismatch.
         raise ValueError("tfgpu models are channels-last: set image_data_format to channels_last")
+    if name not in MODELS:
+        foreign = importlib.import_module("tfgpu.models.foreign")  # Keras: not at import
+        return foreign.build(name, num_classes, image_size, input_scaling)
     family, kwargs = MODELS[name]
     if family == "applications":
         kwargs = dict(kwargs, drop_path_rate=drop_path_rate)
@@ -189,7 +194,14 @@ def check_finetune(m, o) -> None:
         if not 0.0 < value <= 1.0:
             raise ConfigError(f"--{name}={value} must be in (0, 1] (1: off)")
         scaled += [f"--{name}={value}"] if value != 1.0 else []
-    if scaled and not has_blocks(m.name):
+    own_model = m.name not in MODELS  # its backbone is one group (models/backbone.py)
+    blocks_needed = [f"--layer_lr_decay={o.layer_lr_decay}"] if o.layer_lr_decay != 1.0 else []
+    if own_model and blocks_needed:
+        raise ConfigError(
+            f"{blocks_needed[0]} needs a backbone in blocks (densenet*, efficientnet*, "
+            f"resnet*); --model={m.name} is a model of your own (--backbone_lr_multiplier works)"
+        )
+    if scaled and not (has_blocks(m.name) or own_model):
         raise ConfigError(
             f"{scaled[0]} is for models with a backbone in blocks (densenet*, efficientnet*, "
             f"resnet*), not --model={m.name}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tfgpu import models
 from tfgpu.errors import ConfigError
+from tfgpu.models import own
 from tfgpu.settings import setting
 
 
@@ -18,8 +19,14 @@ class ModelConfig:
         "resnet50",
         "Registry name: resnet18..resnet152, resnet20/32/44/56/110 (CIFAR ResNets), "
         "wrn16_4/16_8/28_10/40_4 (Wide ResNets), densenet121/169/201, efficientnet_b0..b7, "
-        "efficientnetv2_b0..b3/s/m/l, tiny_cnn.",
-        choices=sorted(models.MODELS),
+        "efficientnetv2_b0..b3/s/m/l, tiny_cnn. Or a model of your own (docs/own-model.md): "
+        "package.module:function (called with num_classes and image_size, returns a "
+        "keras.Model from NHWC images to logits; importable on every worker), "
+        "path/to/model.keras (its weights; its classifier replaced for another number of "
+        "classes), hub:ARCHITECTURE[?key=value&...] (a KerasHub backbone from a "
+        "configuration: vit_tiny_16, vit_small_16, vit_base_16, resnet_18, resnet_50, or a "
+        "keras_hub.models *Backbone class), hub:PRESET_DIR (a KerasHub preset saved to a local "
+        "directory, with its weights), or a name given to tfgpu.models.register.",
         flag="model",
     )
     small_input: bool = setting(
@@ -53,6 +60,22 @@ class ModelConfig:
         "numerical checks, e.g. that two strategies agree beyond float32's rounding).",
         choices=models.DTYPES,
     )
+    input_scaling: str = setting(
+        "auto",
+        "A model of your own: how tfgpu's float pixels in [0, 255] are scaled in front of it "
+        "(inside the model: exports need no code around it). imagenet: ImageNet mean/std "
+        "(as tfgpu's models), unit: [0, 1], symmetric: [-1, 1], preset: a KerasHub preset's "
+        "image converter, none: the model scales them itself. auto: preset when the KerasHub "
+        "preset has a converter, none when the model's first layer is a Rescaling or "
+        "Normalization, else imagenet. The start line says which.",
+        choices=own.SCALINGS,
+    )
+    head_layers: str = setting(
+        "",
+        "A model of your own with --freeze=backbone: its layers that keep training, by name, "
+        "comma-separated (empty: its last layer with weights; a KerasHub model's: tfgpu's "
+        "logits). Every other layer with weights is frozen.",
+    )
     jit_compile: bool = setting(False, "Compile the train step with XLA.")
     remat: bool = setting(
         False,
@@ -75,12 +98,16 @@ class ModelConfig:
 
 
 def check_model(m: ModelConfig) -> None:
+    own.check(m, models.MODELS)  # the --model string's form; what a model of one's own cannot do
     if m.sync_batchnorm and m.jit_compile:
         raise ConfigError(
             "--sync_batchnorm and --jit_compile do not go together: the moments' all-reduce "
             "runs inside the compiled forward pass, which XLA cannot hold"
         )
-    if (m.init_weights == "imagenet" or m.freeze == "backbone") and not models.has_backbone(m.name):
+    own_freeze = m.freeze == "backbone" and m.name not in models.MODELS  # models/backbone.py
+    if (m.init_weights == "imagenet" or m.freeze == "backbone" and not own_freeze) and not (
+        models.has_backbone(m.name)
+    ):
         what = "--init_weights=imagenet" if m.init_weights == "imagenet" else "--freeze=backbone"
         resnet = (
             " (tfgpu's ResNets are v1.5 with their own layer names; keras.applications' ImageNet "

@@ -11,6 +11,7 @@ arguments; ``small_input`` is a stem for 32x32 data.
 import keras
 from keras import layers
 
+from tfgpu import compat
 from tfgpu.imagenet import IMAGENET_MEAN, IMAGENET_VAR  # noqa: F401  (tests read them here)
 
 
@@ -40,8 +41,9 @@ def head(x, num_classes: int):
 
 
 def nested_layers(model) -> list:
-    """``model``, its layers and those of its nested models, once each, in order (a layer
-    before its own)."""
+    """``model``, its layers and those of its nested models and layers, once each, in order
+    (a layer before its own): a subclassed model's blocks (plain Layers holding a BatchNorm)
+    are looked into as nested models are."""
     found, seen = [], set()
 
     def walk(layer):
@@ -49,7 +51,7 @@ def nested_layers(model) -> list:
             return
         seen.add(id(layer))
         found.append(layer)
-        for sub in getattr(layer, "layers", ()):
+        for sub in compat.sublayers(layer):
             walk(sub)
 
     walk(model)

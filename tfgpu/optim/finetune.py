@@ -45,7 +45,7 @@ import re
 import tensorflow as tf
 
 from tfgpu import optim
-from tfgpu.models import pretrained
+from tfgpu.models import MODELS, backbone, pretrained
 from tfgpu.models.layers import batchnorm_statistics
 
 # Family -> rules (pattern on a layer's name, its block's place counted from the input, label).
@@ -94,6 +94,9 @@ def lr_groups(config, model) -> list[tuple[str, float, list]] | None:
     decay, scale = o.layer_lr_decay, o.backbone_lr_multiplier
     if not unfreeze and decay == 1.0 and scale == 1.0:
         return None
+    if config.model.name not in MODELS:  # one's own: its head, and one group for the rest
+        head_variables, rest = backbone.head_and_rest(model, config.model)
+        return [(HEAD, 1.0, head_variables), ("backbone", scale, rest)]
     head = [(HEAD, 1.0, list(model.get_layer(HEAD).trainable_weights))]
     blocks = backbone_blocks(model)
     if decay == 1.0:  # one multiplier for the whole backbone: one group
@@ -205,6 +208,6 @@ def unfreeze(training) -> None:
     """Makes the backbone of ``training.model`` trainable, its BatchNorm layers back in
     training mode, and has the step follow (``TrainStep.trainable_changed``). The optimizer
     has known its variables since the start (``GroupedOptimizer.build``)."""
-    pretrained.backbone_of(training.model).trainable = True
+    backbone.unfreeze(training.model, training.config.model)
     training.optimizer.check_known(training.model.trainable_variables)
     training.step.trainable_changed()

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tfgpu import models, optim
 from tfgpu.optim import finetune
-from tfgpu.models import pretrained
+from tfgpu.models import backbone
 from tfgpu.checkpoint.best import Best
 from tfgpu.checkpoint.store import Checkpoints
 from tfgpu.config import Config, ConfigError
@@ -110,14 +110,14 @@ def build(config: Config, backend, inputs: RunInput) -> Training:
             config.data.image_size,
             config.model.small_input,
             drop_path_rate=config.model.drop_path_rate,
+            input_scaling=config.model.input_scaling,
         )
         if config.curriculum.progressive_stages > 1:  # its stages train at smaller sides
-            models.any_input_size(model)
+            models.any_input_size(model)  # a model of one's own is probed: progressive.py
         # Its groups (fine-tuning flags) hold every variable that trains at some point: made
         # before the freeze, which hides the backbone's from the step until it unfreezes.
         optimizer = finetune.run_optimizer(config, model, plan.total_steps)
-        if config.model.freeze == "backbone":
-            pretrained.freeze_backbone(model)
+        frozen = backbone.freeze(model, config.model) if config.model.freeze == "backbone" else ""
         loss_scale = DynamicLossScale() if config.model.dtype == "mixed_float16" else None
         step = build_step(
             config, model, optimizer, backend, inputs.step_fns, loss_scale, inputs.class_weights
@@ -126,10 +126,12 @@ def build(config: Config, backend, inputs: RunInput) -> Training:
         skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
         keeps = config.train.tracks_best_in_loop  # not with a side-car: it keeps the best
         best = Best(config.train, backend, config.model_dir) if keeps else None
-    init_line = ""
+    init_line = getattr(model, "tfgpu_line", "")  # a model of one's own says what it is
     if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
         fresh = models.load_initial_weights(model, config.model.init_weights)
-        init_line = _init_line(config, model, fresh)
+        init_line = "\n".join(filter(None, (init_line, _init_line(config, model, fresh, frozen))))
+    elif frozen:
+        init_line = "\n".join(filter(None, (init_line, f"fine-tune: {frozen}")))
     init_line = _setup_lines(config, spec, step, plan, inputs.balance_line, init_line)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
@@ -145,14 +147,15 @@ def build(config: Config, backend, inputs: RunInput) -> Training:
     return Training(config, backend, inputs, plan, *parts)
 
 
-def _init_line(config: Config, model, fresh: list) -> str:
-    """The start-up line that says where the weights came from, and what is new."""
+def _init_line(config: Config, model, fresh: list, frozen: str) -> str:
+    """The start-up line that says where the weights came from, what is new, and what the
+    freeze (``frozen``: its words, "" for none) leaves training."""
     m = config.model
     line = f"init: weights from --init_weights={m.init_weights}"
     if fresh:
         line += f"; new (not in the file): {', '.join(fresh)} ({model.output_shape[-1]} classes)"
-    if m.freeze == "backbone":
-        line += "; backbone frozen (its BatchNorm in inference mode), training the head only"
+    if frozen:
+        line += f"; {frozen}"
         if m.unfreeze_after_steps:
             line += f" for {m.unfreeze_after_steps} updates"
     return line + " (a checkpoint in --model_dir, if any, replaces them)"

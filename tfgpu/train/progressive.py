@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tfgpu.data.run_input import step_fns
+from tfgpu.models import foreign
 from tfgpu.train.build import Training, train_batches, train_maker
 
 SIZE_MULTIPLE = 8  # stage sides but the last: what strided nets divide without remainder
@@ -112,6 +113,9 @@ class Staged:
         """The run's ``Staged`` (``info``: the log's line writer), or None without stages."""
         config = training.config
         stages = plan(config.curriculum, config.data, training.plan.total_steps)
+        if stages:  # before the first update: a model of one's own may take one side only
+            side = min(stage.image_size for stage in stages)
+            foreign.check_any_size(training.model, config.model.name, side)
         return cls(training, stages, info) if stages else None
 
     def data_at(self, step: int):

@@ -79,6 +79,7 @@ def float32_twin(source: Source):
             model.output_shape[-1],
             config.data.image_size,
             config.model.small_input,
+            input_scaling=config.model.input_scaling,
         )
     finally:
         keras.mixed_precision.set_global_policy(previous)
