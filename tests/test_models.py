@@ -144,7 +144,7 @@ def test_channels_first_is_refused():
 
 
 def test_unknown_model_names_the_choices():
-    with pytest.raises(KeyError, match="resnet50"):
+    with pytest.raises(ConfigError, match="resnet50.*or a model of your own"):
         models.build_model("resnet5", 10, 32)
 
 

@@ -38,6 +38,10 @@ def build(text: str, num_classes: int, image_size: int, scaling: str = "auto"):
     _check_input(spec, network, image_size)
     layer, words = input_scaling(input_scaling_choice(scaling, spec, network), spec)
     model = _assembled(spec, network, layer, num_classes, image_size)
+    try:
+        model.get_config()
+    except NotImplementedError:  # the export says so too (serving.keras_file_refusal)
+        notes.append(f"no model.keras at export: {type(network).__name__} has no get_config")
     params = model.count_params()
     model.tfgpu_line = (
         f"model: {spec.flag}: {what}, {params:,} parameters; input: float pixels in [0, 255], "

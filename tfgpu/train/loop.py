@@ -316,7 +316,9 @@ def _export(training: Training, writer: RunWriter, ema: bool = True) -> None:
     served = training.inputs.serving
     if not (config.train.export_best and training.best is not None and training.best.kept):
         with compat.ema_weights(training.optimizer) if ema else contextlib.nullcontext():
-            export_model(training.model, directory, config.data.image_size, **served)
+            note = export_model(training.model, directory, config.data.image_size, **served)
+        if note:
+            writer.info(note)
         return
     best = training.best.kept[0]
     held = variables_of([training.model, training.optimizer])
@@ -327,7 +329,9 @@ def _export(training: Training, writer: RunWriter, ema: bool = True) -> None:
     refresh_derived_state(training.model)
     writer.info(f"export: the best model by {training.best.metric}, step {best['step']}")
     with compat.ema_weights(training.optimizer):
-        export_model(training.model, directory, config.data.image_size, **served)
+        note = export_model(training.model, directory, config.data.image_size, **served)
+    if note:
+        writer.info(note)
     for variable, value in zip(held, last):
         variable.assign(value)
     refresh_derived_state(training.model)

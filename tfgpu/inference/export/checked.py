@@ -12,6 +12,7 @@ import numpy as np
 
 from tfgpu.errors import ExportRefused, UsageError
 from tfgpu.files import locked, replacing
+from tfgpu.inference.export.serving import keras_file_refusal
 from tfgpu.inference.export import (
     check,
     check_request,
@@ -97,7 +98,7 @@ def _settle(entry: dict, staged: str, output: str, refused: str, source, beside)
     _remove(output)
     os.replace(staged, output)
     if os.path.isdir(output):
-        if beside["keras"]:
+        if beside["keras"] and not keras_file_refusal(source.model):
             _save_keras(source, beside["keras"])
     else:
         _write_labels(beside["labels"], source.class_names)

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from tfgpu.data import pipeline
 from tfgpu.files import pause_for_tests
+from tfgpu.models.layers import nested_layers
 from tfgpu.recordformat import FEATURES
 
 TOP_K = 5
@@ -42,16 +43,20 @@ def export_model(
     class_names=None,
     data=None,
     saved_model_dir: str = "",
-) -> None:
+) -> str:
     """Saves ``model.keras`` in ``directory`` ("": none, then ``saved_model_dir`` is where)
-    and the SavedModel (``saved_model_dir``, by default ``directory``/saved_model). ``serve``
+    and the SavedModel (``saved_model_dir``, by default ``directory``/saved_model); returns
+    why model.keras was not written ("" when it was, or not asked: ``keras_file_refusal``).
+    ``serve``
     takes uint8 images [N, image_size, image_size, 3] and returns float32 logits; with
     ``class_names`` (one per class) also ``classify_images``, and with ``data`` (the run's
     ``DataConfig``, as evaluation resolves it) ``classify_bytes`` and ``classify_examples``
     (the module's docstring says what each returns)."""
+    refusal = keras_file_refusal(model) if directory else ""
     if directory:
         os.makedirs(directory, exist_ok=True)
-        model.save(os.path.join(directory, "model.keras"))
+        if not refusal:
+            model.save(os.path.join(directory, "model.keras"))
         pause_for_tests("export")
     pixels = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")
     archive = keras.export.ExportArchive()
@@ -77,6 +82,28 @@ def export_model(
             input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
         )
     archive.write_out(saved_model_dir or os.path.join(directory, "saved_model"), verbose=False)
+    return refusal
+
+
+def keras_file_refusal(model: keras.Model) -> str:
+    """Why ``model`` cannot be written as a .keras file, in one line ("" when it can): a
+    subclassed model of the user's own without ``get_config`` (the SavedModel, LiteRT and
+    ONNX exports need none)."""
+    if _has_config(model):
+        return ""
+    cls = next((type(x).__name__ for x in nested_layers(model)[1:] if not _has_config(x)), "")
+    return (
+        f"export: no model.keras: {cls or type(model).__name__} does not implement get_config "
+        "(Keras needs it to save one); the SavedModel is written"
+    )
+
+
+def _has_config(layer) -> bool:
+    try:
+        layer.get_config()
+    except NotImplementedError:
+        return False
+    return True
 
 
 def classifier(model: keras.Model, class_names):
