@@ -283,7 +283,9 @@ def check(m) -> None:
         if on:
             raise ConfigError(f"--{name} {NEEDS_REGISTRY[name]}: it does not apply to {own.flag}")
     if m.head_layers and m.freeze != "backbone":
-        raise ConfigError("--head_layers names what --freeze=backbone leaves training: add it")
+        raise ConfigError(
+            f"--head_layers names what --freeze=backbone leaves training of {own.flag}: add it"
+        )
     if m.input_scaling == "preset" and (own.kind != "hub_preset" or not preset_scaling(own.target)):
         raise ConfigError(
             f"--input_scaling=preset takes the scaling of a KerasHub preset's image converter "
