@@ -1,0 +1,224 @@
+"""A model of one's own trained with tfgpu's guarantees (docs/own-model.md, "What holds"): a
+module written into the test's folder (a functional model with BatchNorm, a subclassed one),
+a .keras file and a KerasHub ViT from a preset directory, each trained a few updates on the
+small dataset: strategies and workers equal one device, accumulation the large batch, a resume
+the uninterrupted run to the bit, the frozen backbone frozen, the exports served and checked,
+evaluate, predict and the report read the run, and what needs tfgpu's own structure refused
+in one line before training."""
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from conftest import TINY_RUN, cli_flags, final_weights
+from own_nets import env_with, write_module
+
+from tfgpu import train
+from tfgpu.config import config_from, validate
+from tfgpu.errors import ConfigError
+from tfgpu.report.runs import read_runs
+from tfgpu.report.write import write_report
+from tfgpu.trained.evaluate import evaluate
+from tfgpu.trained.export.checked import export
+from tfgpu.trained.predict import predict
+
+SETTINGS = dict(TINY_RUN, image_size=16, sync_batchnorm=True)
+ATOL = 1e-5  # the contract's bound: float rounding (docs/training-loop.md)
+
+
+def _quiet(*_):
+    pass
+
+
+@pytest.fixture(scope="module")
+def nets(tmp_path_factory):
+    """(the folder on the path, the module's name) of the user's model module."""
+    folder = tmp_path_factory.mktemp("own")
+    return folder, write_module(folder)
+
+
+def _run(data_dir, model_dir, **values) -> dict:
+    """The run's summary; what it printed (its start lines) beside it, in model_dir.out.txt."""
+    config = config_from(data_dir=data_dir, model_dir=str(model_dir), **dict(SETTINGS, **values))
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            return train.run(validate(config))
+    finally:
+        with open(f"{model_dir}.out.txt", "a", encoding="utf-8") as f:
+            f.write(printed.getvalue())
+
+
+def _assert_close(a, b, atol=ATOL):
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, atol=atol, rtol=0)
+
+
+def _lines(model_dir) -> str:
+    """What the run printed (its start lines included)."""
+    with open(f"{model_dir}.out.txt", encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def functional_default(small_dataset, nets, tmp_path_factory):
+    """The functional BatchNorm model's run on one device: (its folder, its final weights)."""
+    model_dir = tmp_path_factory.mktemp("functional-default")
+    summary = _run(small_dataset, model_dir, model=f"{nets[1]}:functional_bn", strategy="default")
+    assert summary["steps"] == 6 and np.isfinite(summary["final_eval"]["loss"])
+    return model_dir, final_weights(model_dir)
+
+
+def test_two_workers_equal_one_device_with_sync_batchnorm(
+    small_dataset, nets, functional_default, tmp_path
+):
+    """tfgpu.launch's 2 processes import the module from PYTHONPATH, as every worker must."""
+    flags = cli_flags(
+        dict(SETTINGS, model=f"{nets[1]}:functional_bn", strategy="multi_worker_mirrored"),
+        data_dir=small_dataset,
+        model_dir=tmp_path,
+    )
+    cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--", *flags]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env_with(nets[0]))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    _assert_close(final_weights(tmp_path), functional_default[1])
+    with open(tmp_path / "summary.json", encoding="utf-8") as f:
+        summary = json.load(f)
+    assert summary["num_replicas"] == 2 and summary["gradient_all_reduces"] == 6
+
+
+def test_a_resume_equals_the_uninterrupted_run_bit_for_bit(
+    small_dataset, nets, functional_default, tmp_path
+):
+    name = f"{nets[1]}:functional_bn"
+    _run(small_dataset, tmp_path, model=name, strategy="default", train_steps=3)
+    summary = _run(small_dataset, tmp_path, model=name, strategy="default")
+    assert summary["steps"] == 6
+    for a, b in zip(final_weights(tmp_path), functional_default[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    with open(tmp_path / "config.json", encoding="utf-8") as f:
+        assert json.load(f)["model"] == name  # what a resume and every worker build
+
+
+def test_subclassed_mirrored_equals_default_with_ema_and_micro_batch_auto(
+    small_dataset, nets, tmp_path
+):
+    """Its BatchNorm layers, inside plain Layers, are found: synchronized over the replicas,
+    their statistics the same everywhere; the EMA too. It has no get_config: the export is
+    the SavedModel alone, and says so."""
+    values = dict(model=f"{nets[1]}:subclassed", ema_decay=0.9, export=True)
+    default = _run(small_dataset, tmp_path / "default", strategy="default", **values)
+    mirrored = _run(
+        small_dataset, tmp_path / "mirrored", strategy="mirrored", micro_batch_size="auto", **values
+    )
+    assert mirrored["num_replicas"] == 2 and mirrored["grad_accum_steps"] == 1
+    assert os.path.exists(tmp_path / "mirrored" / "micro_batch.json")
+    _assert_close(final_weights(tmp_path / "mirrored"), final_weights(tmp_path / "default"))
+    assert default["final_eval"]["top1"] == pytest.approx(mirrored["final_eval"]["top1"])
+    export_dir = tmp_path / "default" / "export"
+    assert (export_dir / "saved_model").is_dir() and not (export_dir / "model.keras").exists()
+    assert "no model.keras: Net does not implement get_config" in _lines(tmp_path / "default")
+
+
+@pytest.fixture(scope="module")
+def keras_run(small_dataset, nets, tmp_path_factory):
+    """A .keras file of 5 classes fine-tuned on the 4 of the data, its backbone frozen, the
+    best evaluation kept: (the file, the run's folder)."""
+    import importlib  # noqa: PLC0415  (the user's module: on the path once written)
+
+    root = tmp_path_factory.mktemp("keras-file")
+    path = str(root / "fbn.keras")
+    keras.utils.set_random_seed(5)
+    importlib.import_module(nets[1]).functional_bn(5, 16).save(path)
+    values = dict(model=path, freeze="backbone", keep_best=1, eval_every_steps=3, export=True)
+    _run(small_dataset, root / "run", strategy="default", **values)
+    return path, root / "run"
+
+
+def test_a_keras_file_fine_tunes_its_head_only(keras_run):
+    path, run = keras_run
+    saved = {w.path: w.numpy() for w in keras.saving.load_model(path, safe_mode=True).weights}
+    trained = keras.saving.load_model(run / "export" / "model.keras", safe_mode=True)
+    network = [x for x in trained.layers if isinstance(x, keras.Model)][0]
+    for w in network.weights:
+        if w.path.startswith("classifier"):
+            assert w.shape[-1] == 4  # replaced: 5 -> 4 classes
+        else:  # the frozen backbone, its BatchNorm statistics included
+            np.testing.assert_array_equal(w.numpy(), saved[w.path])
+    lines = _lines(run)
+    assert "classifier classifier new (5 -> 4 classes)" in lines
+    assert "4 layer(s) frozen (BatchNorm in inference mode), training classifier only" in lines
+
+
+def test_a_keras_file_run_is_exported_served_evaluated_predicted_and_reported(keras_run, tmp_path):
+    run = str(keras_run[1])
+    entry = export(run, checkpoint="best", fmt="saved_model", log=_quiet)
+    assert entry["verdict"] == "ok"  # its signatures checked against predict
+    report = evaluate(run, checkpoint="best", log=_quiet)
+    with open(os.path.join(run, "best", "best.json"), encoding="utf-8") as f:
+        best = json.load(f)
+    assert report["top1"] == pytest.approx(best["kept"][0]["top1"])
+    rows = predict(model_dir=run, split="validation", output=str(tmp_path / "p.csv"), top_k=2)
+    assert len(rows) == 24 and not any(r["error"] for r in rows)
+    page = write_report(read_runs([run]), output=str(tmp_path / "r.html"), gallery=2, log=_quiet)
+    assert page["evaluations"][0]["top1"] == pytest.approx(summary_top1(run))
+
+
+def summary_top1(run: str) -> float:
+    with open(os.path.join(run, "summary.json"), encoding="utf-8") as f:
+        return json.load(f)["final_eval"]["top1"]
+
+
+@pytest.fixture(scope="module")
+def vit_preset(tmp_path_factory):
+    """A tiny KerasHub ViT, built offline and saved to a preset directory with its image
+    converter (x / 127.5 - 1)."""
+    import keras_hub  # noqa: PLC0415  (the [hub] extra)
+
+    directory = str(tmp_path_factory.mktemp("hub") / "vit")
+    keras.utils.set_random_seed(4)
+    vit = keras_hub.models.ViTBackbone(
+        image_shape=(16, 16, 3), patch_size=4, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32
+    )
+    vit.save_to_preset(directory)
+    converter = keras_hub.layers.ViTImageConverter(
+        image_size=(16, 16), scale=1 / 127.5, offset=-1.0
+    )
+    converter.save_to_preset(directory)
+    return directory
+
+
+def test_a_kerashub_preset_trains_and_accumulation_equals_the_large_batch(
+    small_dataset, vit_preset, tmp_path
+):
+    values = dict(model=f"hub:{vit_preset}", strategy="default", sync_batchnorm=False)
+    whole = _run(small_dataset, tmp_path / "whole", **values)
+    accumulated = _run(small_dataset, tmp_path / "accum", grad_accum_steps=2, **values)
+    assert accumulated["grad_accum_steps"] == 2 and np.isfinite(whole["final_eval"]["loss"])
+    _assert_close(final_weights(tmp_path / "accum"), final_weights(tmp_path / "whole"))
+    lines = _lines(tmp_path / "whole")
+    assert "KerasHub preset ViTBackbone, weights from the preset" in lines
+    assert "the preset's image converter in front" in lines
+
+
+def test_progressive_resizing_of_a_vit_is_refused_before_training(
+    small_dataset, vit_preset, tmp_path
+):
+    with pytest.raises(ConfigError) as err:
+        _run(
+            small_dataset,
+            tmp_path,
+            model=f"hub:{vit_preset}",
+            progressive_stages=2,
+            progressive_min_image_size=8,
+        )
+    message = str(err.value)
+    assert "\n" not in message and "--progressive_stages" in message and "one size only" in message
+    assert not os.path.exists(tmp_path / "checkpoints") or not os.listdir(tmp_path / "checkpoints")
