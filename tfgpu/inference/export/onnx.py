@@ -14,6 +14,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
+from tfgpu.errors import ExportRefused, first_line
 from tfgpu.inference.export.source import float32_twin
 
 
@@ -30,10 +31,26 @@ def write(source, path: str, quantize: str, calibration=None, full_integer=False
         with source.evaluation_weights():
             frozen, inputs, outputs = _frozen(float32_twin(source), size, tf2onnx)
         tf2onnx.convert.from_graph_def(
-            frozen, name="tfgpu", input_names=inputs, output_names=outputs, output_path=path
+            frozen,
+            name="tfgpu",
+            input_names=inputs,
+            output_names=outputs,
+            output_path=path,
+            custom_op_handlers={"Erfc": (_erfc, [])},
         )
     finally:
         quiet.setLevel(level)
+
+
+def _erfc(ctx, node, name, args):
+    """TensorFlow's Erfc as 1 - Erf (ONNX has no Erfc; tf2onnx 1.17 passes it through and ONNX
+    Runtime refuses the model): the exact GELU of ViTs (KerasHub's, Keras' gelu) computes with
+    it. Float32 only: what the export converts (``float32_twin``)."""
+    del name, args
+    erf = ctx.make_node("Erf", [node.input[0]])
+    one = ctx.make_const(f"{node.name}_one", np.array(1.0, np.float32))
+    node.type = "Sub"
+    ctx.replace_inputs(node, [one.output[0], erf.output[0]])
 
 
 def _frozen(model, size: int, tf2onnx) -> tuple:
@@ -53,7 +70,12 @@ def runner(path: str, threads: int = 0):
     options = onnxruntime.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    try:
+        session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's own error classes, from its C++ checks
+        raise ExportRefused(
+            f"{path}: ONNX Runtime refuses the converted model: {first_line(err, 300)}"
+        ) from None
     name = session.get_inputs()[0].name
 
     def run(batch: dict) -> dict:
