@@ -225,6 +225,25 @@ def test_a_kerashub_preset_trains_and_accumulation_equals_the_large_batch(
 
 
 # ONNX by default: ViT's exact GELU computes with Erfc, which ONNX lacks (onnx.py rewrites it).
+def test_a_frozen_vit_backbone_unfreezes_at_its_own_learning_rate(
+    small_dataset, vit_preset, tmp_path
+):
+    """--freeze=backbone with --unfreeze_after_steps and --backbone_lr_multiplier: the
+    KerasHub backbone is the group that waits, then trains at a tenth of the head's rate."""
+    import keras_hub  # noqa: PLC0415  (the [hub] extra)
+
+    values = dict(freeze="backbone", unfreeze_after_steps=3, backbone_lr_multiplier=0.1, **VIT)
+    _run(small_dataset, tmp_path, model=f"hub:{vit_preset}", export=True, **values)
+    trained = keras.saving.load_model(tmp_path / "export" / "model.keras", safe_mode=True)
+    vit = [x for x in trained.layers if isinstance(x, keras_hub.models.Backbone)][0]
+    saved = keras_hub.models.Backbone.from_preset(vit_preset)
+    moved = [not np.array_equal(a.numpy(), b.numpy()) for a, b in zip(vit.weights, saved.weights)]
+    assert any(moved)  # trained after update 3
+    lines = _lines(tmp_path)
+    assert "fine-tune: learning rate logits x1, backbone x0.1" in lines
+    assert "the backbone trains from update 4 on" in lines
+
+
 @pytest.mark.parametrize("fmt", ["onnx", pytest.param("litert", marks=pytest.mark.heavy)])
 def test_a_kerashub_vit_exports_to_onnx_and_litert(vit_run, fmt):
     entry = export(str(vit_run), fmt=fmt, log=_quiet)

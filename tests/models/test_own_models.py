@@ -22,6 +22,7 @@ from tfgpu.models import backbone, foreign, own
 from tfgpu.models.layers import batchnorm_layers
 
 TINY_VIT = "hub:vit_tiny_16?patch_size=4&num_layers=1&num_heads=2&hidden_dim=16&mlp_dim=32"
+DEIT = "patch_size=4&num_layers=1&num_heads=2&hidden_dim=16&intermediate_dim=32"
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +220,16 @@ def test_a_keras_file_keeps_its_weights_and_gets_a_new_classifier(nets, keras_fi
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+def test_a_keras_file_holding_python_code_is_refused_in_one_line(tmp_path):
+    x = inputs = keras.Input((16, 16, 3))
+    x = keras.layers.Lambda(lambda t: t * 2)(keras.layers.GlobalAveragePooling2D()(x))
+    path = str(tmp_path / "lambda.keras")
+    keras.Model(inputs, keras.layers.Dense(3)(x)).save(path)
+    with pytest.raises(ConfigError) as err:
+        models.build_model(path, 3, 16)
+    assert _one_line(err).startswith(f"--model={path} does not load (safe_mode): ")
+
+
 def test_a_float32_keras_file_computes_in_the_runs_mixed_precision(keras_file):
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
@@ -281,11 +292,19 @@ def vit_preset(tmp_path_factory):
     return directory, [w.numpy() for w in vit.weights]
 
 
-def test_a_kerashub_vit_is_built_from_its_configuration_with_a_class_token_head():
-    model = models.build_model(TINY_VIT, 3, 16)
+@pytest.mark.parametrize(
+    "name, pooling",
+    [
+        (TINY_VIT, "class_token"),  # ViT: its class token
+        (f"hub:DeiTBackbone?{DEIT}", "pool"),  # the tokens' mean
+        ("hub:resnet_18?stackwise_num_blocks=[1,1,1,1]", "pool"),  # the feature map's mean
+    ],
+)  # fmt: skip
+def test_a_kerashub_backbone_is_built_from_its_configuration_with_tfgpus_head(name, pooling):
+    model = models.build_model(name, 3, 16)
     assert model.output_shape == (None, 3)
-    assert "KerasHub ViTBackbone built from its configuration" in model.tfgpu_line
-    assert model.get_layer("class_token") and model.get_layer("logits")
+    assert "built from its configuration" in model.tfgpu_line
+    assert model.get_layer(pooling) and model.get_layer("logits")
 
 
 def test_a_kerashub_preset_directory_loads_with_its_weights_and_its_scaling(vit_preset):

@@ -6,7 +6,8 @@ Each worker's output is prefixed with ``[worker i]``. When one worker fails, the
 stopped after ``--grace_s`` seconds (their collectives would time out anyway), and the launcher
 exits with the first failing worker's code (128 + N for a worker killed by signal N;
 ``python -m tfgpu.main`` exits with 5 when it lost contact with another worker), after one line
-saying which worker failed first and how. For several
+saying which worker failed first and how. The workers inherit this process' environment: a
+``--model=package.module:function`` is imported by each, from the same PYTHONPATH. For several
 machines, set TF_CONFIG on each node yourself (docs/launchers/tfjob.md) and run
 ``python -m tfgpu.main --strategy=multi_worker_mirrored``.
 """

@@ -6,7 +6,9 @@ The tfgpu flags after ``--`` become the Config ``python -m tfgpu.main`` would bu
 (``cli.train.make_config``: checked here, before Ray starts); ``tfgpu.distribute.ray_train``
 holds the Ray Train job it runs as.
 When a worker dies, Ray restarts the group (up to --max_failures times) and the run resumes from
-the newest checkpoint in --model_dir. docs/launchers/ray.md says more.
+the newest checkpoint in --model_dir. A ``--model=package.module:function`` is imported by every
+worker: a local cluster's inherit this PYTHONPATH, a cluster of several machines needs the module
+installed on each node. docs/launchers/ray.md says more.
 """
 
 import os

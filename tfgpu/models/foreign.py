@@ -200,9 +200,16 @@ def input_scaling(choice: str, spec: own.Own) -> tuple:
         return layer, "x / 127.5 - 1 to [-1, 1] in front"
     if choice == "preset":
         scale, offset = own.preset_scaling(spec.target)
-        words = f"the preset's image converter in front (x * {scale} + {offset})"
+        words = f"the preset's image converter in front (x * {_shown(scale)} + {_shown(offset)})"
         return _affine(spec, scale, offset), words
     return None, "taken as they are (the network scales them: tfgpu adds nothing)"
+
+
+def _shown(value) -> str:
+    """A converter's scale or offset (a number, a list per channel, None) in few digits."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
+    return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
 
 
 def _affine(spec: own.Own, scale, offset):
