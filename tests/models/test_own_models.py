@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from own_nets import write_module
 
 from tfgpu import models
-from tfgpu.config import config_from, validate
+from tfgpu.config import config_from, rundir, validate
 from tfgpu.errors import ConfigError
 from tfgpu.imagenet import IMAGENET_MEAN, IMAGENET_VAR
 from tfgpu.models import backbone, foreign, own
@@ -377,6 +377,18 @@ def test_progressive_resizing_refuses_a_model_of_one_input_size(nets):
     model = models.build_model(f"{nets}:functional_bn", 3, 16)
     models.any_input_size(model)
     foreign.check_any_size(model, f"{nets}:functional_bn", 8)
+
+
+def test_a_restart_that_names_its_keras_file_relatively_resumes(keras_file, monkeypatch):
+    """config.json holds the absolute path; the same command run again in the file's folder
+    (--model=fbn.keras) is the same model, not a contradiction of the checkpoints."""
+    monkeypatch.chdir(os.path.dirname(keras_file))
+    stored = config_from(model=keras_file).flat()
+    given = config_from(model="fbn.keras").flat()
+    values = rundir.restart_values(stored, given, {"model"}, resuming=True, where="runs/x")
+    assert values["model"] == keras_file
+    with pytest.raises(ConfigError, match="--model=tiny_cnn contradicts the run"):
+        rundir.restart_values(stored, dict(given, model="tiny_cnn"), {"model"}, resuming=True)
 
 
 def test_the_model_path_is_stored_absolute(keras_file, vit_preset, monkeypatch):

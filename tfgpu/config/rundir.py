@@ -12,6 +12,7 @@ the user set (absl's ``present``); nothing here reads flags. No TensorFlow here.
 import math
 import os
 
+from tfgpu import models
 from tfgpu.config import SETTINGS, Config, config_from, validate
 from tfgpu.errors import ConfigError, UsageError
 from tfgpu.files import read_json
@@ -192,9 +193,10 @@ def restart_values(stored: dict, given: dict, present, resuming: bool, where: st
         if s.section == LAUNCH_SECTION or name == "model_dir" or name not in stored:
             values[name] = given[name]
         elif name in present:
-            if resuming and not may_change(name) and not _same(given[name], stored[name]):
+            value = models.own.absolute(given[name]) if name == "model" else given[name]
+            if resuming and not may_change(name) and not _same(value, stored[name]):
                 raise ConfigError(contradiction(name, given[name], stored[name], where))
-            values[name] = given[name]
+            values[name] = value
         else:
             values[name] = stored[name]
     return values
