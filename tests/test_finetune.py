@@ -291,7 +291,8 @@ def test_unfrozen_under_mirrored_the_backbone_trains_and_replicas_stay_equal():
     backbone = [key for key in initial if key.startswith("backbone/")]
     loop(batches, tf.constant(2), step.variant)
     _assert_equal(_weights(model), initial, backbone)  # frozen: weights and statistics
-    finetune.unfreeze(SimpleNamespace(model=model, optimizer=optimizer, step=step))
+    settings = config_from(model="efficientnet_b0", freeze="backbone")  # the stand-in's family
+    finetune.unfreeze(SimpleNamespace(model=model, optimizer=optimizer, step=step, config=settings))
     assert len(step.moving_stats.variables) == 8  # the backbone's 4 BatchNorm layers train now
     loop(batches, tf.constant(2), step.variant)
     assert loop.experimental_get_tracing_count() == 2

@@ -130,8 +130,8 @@ def build(config: Config, backend, inputs: RunInput) -> Training:
     if config.model.init_weights:  # outside the scope: a .keras source needs no mirrored copies
         fresh = models.load_initial_weights(model, config.model.init_weights)
         init_line = "\n".join(filter(None, (init_line, _init_line(config, model, fresh, frozen))))
-    elif frozen:
-        init_line = "\n".join(filter(None, (init_line, f"fine-tune: {frozen}")))
+    elif init_line and frozen:  # its own weights (a .keras file, a preset) are fine-tuned
+        init_line += f"\nfine-tune: {frozen}"
     init_line = _setup_lines(config, spec, step, plan, inputs.balance_line, init_line)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
