@@ -146,6 +146,15 @@ def keras_run(small_dataset, nets, tmp_path_factory):
     return path, root / "run"
 
 
+def test_a_keras_file_mirrored_equals_default(small_dataset, keras_run, tmp_path):
+    """Loaded into 2 replicas: the same run (its frozen BatchNorm normalizes with the file's
+    statistics on both)."""
+    values = dict(model=keras_run[0], freeze="backbone", keep_best=1, eval_every_steps=3)
+    summary = _run(small_dataset, tmp_path, strategy="mirrored", **values)
+    assert summary["num_replicas"] == 2
+    _assert_close(final_weights(tmp_path), final_weights(keras_run[1]))
+
+
 def test_a_keras_file_fine_tunes_its_head_only(keras_run):
     path, run = keras_run
     saved = {w.path: w.numpy() for w in keras.saving.load_model(path, safe_mode=True).weights}
@@ -229,10 +238,12 @@ def test_a_frozen_vit_backbone_unfreezes_at_its_own_learning_rate(
     small_dataset, vit_preset, tmp_path
 ):
     """--freeze=backbone with --unfreeze_after_steps and --backbone_lr_multiplier: the
-    KerasHub backbone is the group that waits, then trains at a tenth of the head's rate."""
+    KerasHub backbone is the group that waits, then trains at a tenth of the head's rate; the
+    preset loaded into 2 mirrored replicas."""
     import keras_hub  # noqa: PLC0415  (the [hub] extra)
 
-    values = dict(freeze="backbone", unfreeze_after_steps=3, backbone_lr_multiplier=0.1, **VIT)
+    values = dict(VIT, strategy="mirrored")
+    values.update(freeze="backbone", unfreeze_after_steps=3, backbone_lr_multiplier=0.1)
     _run(small_dataset, tmp_path, model=f"hub:{vit_preset}", export=True, **values)
     trained = keras.saving.load_model(tmp_path / "export" / "model.keras", safe_mode=True)
     vit = [x for x in trained.layers if isinstance(x, keras_hub.models.Backbone)][0]
