@@ -24,9 +24,9 @@ from tfgpu.config import config_from, validate
 from tfgpu.errors import ConfigError, ExportRefused
 from tfgpu.report.runs import read_runs
 from tfgpu.report.write import write_report
-from tfgpu.trained.evaluate import evaluate
-from tfgpu.trained.export.checked import export
-from tfgpu.trained.predict import predict
+from tfgpu.inference.evaluate import evaluate
+from tfgpu.inference.export.checked import export
+from tfgpu.inference.predict import predict
 
 SETTINGS = dict(TINY_RUN, image_size=16, sync_batchnorm=True)
 ATOL = 1e-5  # the contract's bound: float rounding (docs/training-loop.md)
@@ -193,8 +193,7 @@ def summary_top1(run: str) -> float:
 def vit_preset(tmp_path_factory):
     """A tiny KerasHub ViT, built offline and saved to a preset directory with its image
     converter (x / 127.5 - 1)."""
-    import keras_hub  # noqa: PLC0415  (the [hub] extra)
-
+    keras_hub = pytest.importorskip("keras_hub")  # the [hub] extra: make test installs it
     directory = str(tmp_path_factory.mktemp("hub") / "vit")
     keras.utils.set_random_seed(4)
     vit = keras_hub.models.ViTBackbone(
@@ -263,7 +262,7 @@ def test_a_kerashub_vit_exports_to_onnx_and_litert(vit_run, fmt):
 
 @pytest.mark.fast
 def test_an_onnx_file_onnx_runtime_refuses_is_one_line(tmp_path):
-    from tfgpu.trained.export import onnx  # noqa: PLC0415  (needs the [export] extra)
+    from tfgpu.inference.export import onnx  # noqa: PLC0415  (needs the [export] extra)
 
     (tmp_path / "broken.onnx").write_bytes(b"not an ONNX model")
     with pytest.raises(ExportRefused) as err:

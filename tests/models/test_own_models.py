@@ -6,6 +6,7 @@ through a preset directory. No training here (tests/e2e/test_own_model_runs.py t
 import importlib
 import json
 import os
+import sys
 
 import keras
 import numpy as np
@@ -16,7 +17,7 @@ from own_nets import write_module
 
 from tfgpu import models
 from tfgpu.config import config_from, rundir, validate
-from tfgpu.errors import ConfigError
+from tfgpu.errors import ConfigError, install_extra
 from tfgpu.imagenet import IMAGENET_MEAN, IMAGENET_VAR
 from tfgpu.models import backbone, foreign, own
 from tfgpu.models.layers import batchnorm_layers
@@ -277,10 +278,14 @@ def test_the_pixels_are_scaled_once(nets, function, scaling, expected):
 
 
 @pytest.fixture(scope="module")
-def vit_preset(tmp_path_factory):
-    """A tiny ViT saved as a KerasHub preset with its image converter (x / 127.5 - 1)."""
-    import keras_hub  # noqa: PLC0415  (the [hub] extra)
+def keras_hub():
+    """KerasHub, the [hub] extra (make test installs it; the bare virtualenv has none)."""
+    return pytest.importorskip("keras_hub")
 
+
+@pytest.fixture(scope="module")
+def vit_preset(keras_hub, tmp_path_factory):
+    """A tiny ViT saved as a KerasHub preset with its image converter (x / 127.5 - 1)."""
     directory = str(tmp_path_factory.mktemp("hub") / "vit")
     keras.utils.set_random_seed(2)
     model = models.build_model(TINY_VIT, 3, 16)
@@ -300,7 +305,9 @@ def vit_preset(tmp_path_factory):
         ("hub:resnet_18?stackwise_num_blocks=[1,1,1,1]", "pool"),  # the feature map's mean
     ],
 )  # fmt: skip
-def test_a_kerashub_backbone_is_built_from_its_configuration_with_tfgpus_head(name, pooling):
+def test_a_kerashub_backbone_is_built_from_its_configuration_with_tfgpus_head(
+    keras_hub, name, pooling
+):
     model = models.build_model(name, 3, 16)
     assert model.output_shape == (None, 3)
     assert "built from its configuration" in model.tfgpu_line
@@ -328,7 +335,14 @@ def test_a_preset_of_another_image_size_is_one_line(vit_preset):
     assert "set --image_size=16" in str(err.value)
 
 
-def test_a_kerashub_class_with_wrong_arguments_is_one_line():
+def test_a_hub_model_without_kerashub_is_one_line_before_tensorflow(monkeypatch):
+    monkeypatch.setitem(sys.modules, "keras_hub", None)  # as in a virtualenv without [hub]
+    assert _refused(model=TINY_VIT) == f"--model={TINY_VIT} needs KerasHub: {install_extra('hub')}"
+    with pytest.raises(ConfigError, match=r"needs KerasHub: pip install '\.\[hub\]'"):
+        models.build_model(TINY_VIT, 3, 16)
+
+
+def test_a_kerashub_class_with_wrong_arguments_is_one_line(keras_hub):
     with pytest.raises(ConfigError) as err:
         models.build_model("hub:ViTBackbone?patch_size=4", 3, 16)
     assert "ViTBackbone refuses its arguments" in _one_line(err)
@@ -358,14 +372,14 @@ def test_the_backbone_is_all_but_the_last_layer_or_what_head_layers_leaves(nets)
     assert "--head_layers: --model=" in _one_line(err) and "no layer 'fc'" in str(err.value)
 
 
-def test_a_kerashub_models_backbone_is_the_kerashub_backbone():
+def test_a_kerashub_models_backbone_is_the_kerashub_backbone(keras_hub):
     model = models.build_model(TINY_VIT, 3, 16)
     frozen, head = backbone.parts(model, config_from(model=TINY_VIT, freeze="backbone").model)
     assert [x.name for x in head] == ["logits"]
     assert any(type(x).__name__ == "ViTBackbone" for x in frozen)
 
 
-def test_progressive_resizing_refuses_a_model_of_one_input_size(nets):
+def test_progressive_resizing_refuses_a_model_of_one_input_size(nets, keras_hub):
     """A model of one size is refused with the first stage's side; one that pools any size
     is taken (``models.any_input_size`` widens its input check, as for tfgpu's own)."""
     for name in (TINY_VIT, f"{nets}:fixed_size"):
@@ -391,9 +405,9 @@ def test_a_restart_that_names_its_keras_file_relatively_resumes(keras_file, monk
         rundir.restart_values(stored, dict(given, model="tiny_cnn"), {"model"}, resuming=True)
 
 
-def test_the_model_path_is_stored_absolute(keras_file, vit_preset, monkeypatch):
+def test_the_model_path_is_stored_absolute(keras_file, tmp_path, monkeypatch):
     monkeypatch.chdir(os.path.dirname(keras_file))
     assert own.absolute("fbn.keras") == keras_file
-    monkeypatch.chdir(os.path.dirname(vit_preset[0]))
-    assert own.absolute("hub:./vit") == f"hub:{vit_preset[0]}"
+    monkeypatch.chdir(tmp_path)
+    assert own.absolute("hub:./vit") == f"hub:{tmp_path / 'vit'}"
     assert own.absolute(TINY_VIT) == TINY_VIT and own.absolute("tiny_cnn") == "tiny_cnn"

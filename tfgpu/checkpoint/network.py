@@ -3,7 +3,8 @@
 timm's ``create_model`` and ``load_checkpoint``.
 
 ``build`` makes the run's model from its stored settings through the registry (the model
-registry's ``build_model``, the run's dtype, its frozen backbone) and, when the run kept a
+registry's ``build_model``, a model of the user's own included, the run's dtype, its frozen
+backbone) and, when the run kept a
 weight average (--ema_decay) or the caller asks, the run's optimizer, which holds that
 average. ``load`` restores it from a checkpoint (the newest, the best of ``best/best.json``,
 or a path: the model, the optimizer and the step are read, nothing else), from a
@@ -27,7 +28,7 @@ from tfgpu.checkpoint.best import BEST_DIR, BEST_FILE, best_checkpoint
 from tfgpu.checkpoint.store import DAMAGED, refresh_derived_state
 from tfgpu.config.rundir import WEIGHTS_FILE
 from tfgpu.errors import CheckpointError, UsageError, first_line
-from tfgpu.models import pretrained
+from tfgpu.models import backbone
 from tfgpu.optim import finetune
 
 
@@ -49,7 +50,12 @@ def build(config, num_classes: int, num_train: int, optimizer: bool) -> Network:
     keras.mixed_precision.set_global_policy(config.model.dtype)
     m = config.model
     model = models.build_model(
-        m.name, num_classes, config.data.image_size, m.small_input, drop_path_rate=m.drop_path_rate
+        m.name,
+        num_classes,
+        config.data.image_size,
+        m.small_input,
+        drop_path_rate=m.drop_path_rate,
+        input_scaling=m.input_scaling,  # a model of one's own: scaled as it trained
     )
     if config.curriculum.progressive_stages > 1:  # its stages trained at smaller sides
         models.any_input_size(model)
@@ -57,7 +63,7 @@ def build(config, num_classes: int, num_train: int, optimizer: bool) -> Network:
     if optimizer:  # before the freeze: its groups hold every variable that trains at some point
         made = finetune.run_optimizer(config, model, config.train.updates(num_train))
     if m.freeze == "backbone":
-        pretrained.freeze_backbone(model)
+        backbone.freeze(model, m)
     if made is not None:
         made.build(model.trainable_variables)  # as the train step builds it
     return Network(model, made, None)

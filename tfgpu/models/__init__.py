@@ -14,7 +14,7 @@ import os
 
 from tfgpu.errors import ConfigError
 from tfgpu.models import pretrained  # Keras only inside its functions
-from tfgpu.models.own import register  # noqa: F401  (the Python API: tfgpu.models.register)
+from tfgpu.models import own
 
 DTYPES = ("float32", "mixed_float16", "mixed_bfloat16", "float64")  # Keras dtype policies
 
@@ -50,6 +50,13 @@ MODELS = {
     **_applications("efficientnet_", "EfficientNet", [f"B{i}" for i in range(8)]),
     **_applications("efficientnetv2_", "EfficientNetV2", ("B0", "B1", "B2", "B3", "S", "M", "L")),
 }
+
+
+def register(name: str, builder) -> None:
+    """Makes ``name`` a --model value in this process (the Python API; ``own.register``):
+    ``builder(num_classes=K, image_size=S)`` returns the keras.Model. Every process that builds
+    the model registers it; ``--model=package.module:function`` works everywhere without."""
+    own.register(name, builder, reserved=MODELS)
 
 
 def build_model(

@@ -27,7 +27,7 @@ def build(text: str, num_classes: int, image_size: int, scaling: str = "auto"):
     side ``image_size``, under the global dtype policy; its ``tfgpu_line`` attribute says what
     it is and who scales its input (``scaling``: --input_scaling). A mistake is a ConfigError
     of one line naming --model."""
-    spec = own.parse(text)
+    spec = own.parse(text, MODELS)
     notes = []
     if spec.kind in ("hub_arch", "hub_preset"):
         network, what = hub.backbone(spec, image_size)

@@ -10,7 +10,7 @@ import os
 import keras
 from keras import layers
 
-from tfgpu.errors import ConfigError, first_line
+from tfgpu.errors import ConfigError, first_line, install_extra
 from tfgpu.models import own
 
 WEIGHTS_FILES = ("model.weights.h5", "model.weights.json")  # whole, or sharded (KerasHub's)
@@ -21,7 +21,7 @@ def keras_hub(flag: str):
     try:
         import keras_hub as module  # noqa: PLC0415  (optional: the [hub] extra, for hub: only)
     except ImportError:
-        raise ConfigError(f"{flag} needs KerasHub: pip install 'tfgpu[hub]'") from None
+        raise ConfigError(f"{flag} needs KerasHub: {install_extra('hub')}") from None
     return module
 
 

@@ -25,7 +25,7 @@ import re
 import zipfile
 from dataclasses import dataclass
 
-from tfgpu.errors import ConfigError
+from tfgpu.errors import ConfigError, install_extra
 
 HUB = "hub:"
 DOC = "docs/own-model.md"
@@ -89,16 +89,15 @@ class Own:
         return f"--model={self.text}"
 
 
-def register(name: str, builder) -> None:
+def register(name: str, builder, reserved=()) -> None:
     """Makes ``name`` a --model value in this process: ``builder(num_classes=K,
     image_size=S)`` returns the keras.Model (as a ``module:function`` does). Every process that
     builds the model registers it (the workers, a resume, tfgpu-evaluate...): the
-    ``module:function`` form works everywhere without it."""
-    from tfgpu.models import MODELS  # noqa: PLC0415  (models/__init__ imports this module)
-
+    ``module:function`` form works everywhere without it. ``reserved``: the registry's names
+    (``tfgpu.models.register`` passes them)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"register({name!r}): a name is letters, digits, _ and -")
-    if name in MODELS:
+    if name in reserved:
         raise ConfigError(f"register({name!r}): a registry model of tfgpu has that name")
     if not callable(builder):
         raise ConfigError(f"register({name!r}): the builder must be callable")
@@ -110,10 +109,10 @@ def registered(name: str):
     return _REGISTERED.get(name)
 
 
-def parse(text: str) -> Own:
+def parse(text: str, choices=()) -> Own:
     """The form of --model ``text`` (not a registry name); a ConfigError of one line, naming
-    --model and what was expected, for anything else. Reads files (a .keras file's zip
-    header, a preset's JSON) but imports nothing."""
+    --model and what was expected (``choices``: the registry's names), for anything else.
+    Reads files (a .keras file's zip header, a preset's JSON) but imports nothing."""
     if not isinstance(text, str) or not text.strip():
         raise ConfigError(f"--model={text!r} is empty: give a model name or form ({DOC})")
     if text != text.strip() or "\n" in text or "\x00" in text:
@@ -126,10 +125,9 @@ def parse(text: str) -> Own:
         return _parse_keras_file(text)
     if ":" in text:
         return _parse_function(text)
-    from tfgpu.models import MODELS  # noqa: PLC0415  (models/__init__ imports this module)
-
+    names = ", ".join(sorted(choices)) or "tfgpu's registry names"
     raise ConfigError(
-        f"--model={text!r} is unknown; choose from {', '.join(sorted(MODELS))}, or a model of "
+        f"--model={text!r} is unknown; choose from {names}, or a model of "
         f"your own: package.module:function, path/to/model.keras, hub:ARCHITECTURE or "
         f"hub:PRESET_DIR ({DOC})"
     )
@@ -259,13 +257,12 @@ NEEDS_REGISTRY = {
 }
 
 
-def check(m) -> None:
+def check(m, registry) -> None:
     """Raises a ConfigError for a setting of ``m`` (the run's ModelConfig) that cannot work
-    with its --model: the form is read (``parse``), and the settings that need tfgpu's own
-    structure are refused for a model of the user's own, as those for its own only."""
-    from tfgpu.models import MODELS  # noqa: PLC0415  (models/__init__ imports this module)
-
-    if m.name in MODELS:
+    with its --model (``registry``: the registry's names): the form is read (``parse``), the
+    settings that need tfgpu's own structure are refused for a model of the user's own, as
+    those for its own only, and a hub: model without KerasHub installed."""
+    if m.name in registry:
         if m.input_scaling != "auto" or m.head_layers:
             what = "--input_scaling" if m.input_scaling != "auto" else "--head_layers"
             raise ConfigError(
@@ -273,7 +270,7 @@ def check(m) -> None:
                 "their input inside and know their head)"
             )
         return
-    own = parse(m.name)
+    own = parse(m.name, registry)
     given = {
         "remat": m.remat,
         "small_input": m.small_input,
@@ -291,3 +288,5 @@ def check(m) -> None:
             f"--input_scaling=preset takes the scaling of a KerasHub preset's image converter "
             f"(image_converter.json), and {own.flag} has none"
         )
+    if own.kind in ("hub_arch", "hub_preset") and importlib.util.find_spec("keras_hub") is None:
+        raise ConfigError(f"{own.flag} needs KerasHub: {install_extra('hub')}")
