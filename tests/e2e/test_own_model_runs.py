@@ -237,12 +237,10 @@ def test_a_frozen_vit_backbone_unfreezes_at_its_own_learning_rate(
     small_dataset, vit_preset, tmp_path
 ):
     """--freeze=backbone with --unfreeze_after_steps and --backbone_lr_multiplier: the
-    KerasHub backbone is the group that waits, then trains at a tenth of the head's rate; the
-    preset loaded into 2 mirrored replicas."""
+    KerasHub backbone is the group that waits, then trains at a tenth of the head's rate."""
     import keras_hub  # noqa: PLC0415  (the [hub] extra)
 
-    values = dict(VIT, strategy="mirrored")
-    values.update(freeze="backbone", unfreeze_after_steps=3, backbone_lr_multiplier=0.1)
+    values = dict(VIT, freeze="backbone", unfreeze_after_steps=3, backbone_lr_multiplier=0.1)
     _run(small_dataset, tmp_path, model=f"hub:{vit_preset}", export=True, **values)
     trained = keras.saving.load_model(tmp_path / "export" / "model.keras", safe_mode=True)
     vit = [x for x in trained.layers if isinstance(x, keras_hub.models.Backbone)][0]
