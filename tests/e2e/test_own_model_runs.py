@@ -23,7 +23,6 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.errors import ConfigError, ExportRefused
 from tfgpu.report.runs import read_runs
-from tfgpu.report.write import write_report
 from tfgpu.inference.evaluate import evaluate
 from tfgpu.inference.export.checked import export
 from tfgpu.inference.predict import predict
@@ -180,6 +179,9 @@ def test_a_keras_file_run_is_exported_served_evaluated_predicted_and_reported(ke
     assert report["top1"] == pytest.approx(best["kept"][0]["top1"])
     rows = predict(model_dir=run, split="validation", output=str(tmp_path / "p.csv"), top_k=2)
     assert len(rows) == 24 and not any(r["error"] for r in rows)
+    pytest.importorskip("matplotlib", reason="the report needs the [report] extra")
+    from tfgpu.report.write import write_report  # noqa: PLC0415 (after importorskip)
+
     page = write_report(read_runs([run]), output=str(tmp_path / "r.html"), gallery=2, log=_quiet)
     assert page["evaluations"][0]["top1"] == pytest.approx(summary_top1(run))
 
