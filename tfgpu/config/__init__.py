@@ -107,11 +107,15 @@ def validate(config: Config) -> Config:
     return config
 
 
-def resolve(config: Config, has_gpu: bool) -> Config:
+def resolve(config: Config, has_gpu: bool, bfloat16: str = "", stored=None) -> Config:
     """The settings that depend on the machine, decided once (config.json shows the outcome).
 
     ``--model=path/to/model.keras`` and ``hub:DIR``: an absolute path, so that a resume
     from another working directory, and tfgpu-evaluate, read the same file.
+
+    ``--dtype=auto``: the run's own choice when it resumes (``stored``: its config.json's
+    settings, ``rundir.read_run``), else mixed_bfloat16 when ``bfloat16`` names why the
+    devices compute it fast (``distribute.devices.fast_bfloat16``), else float32.
 
     ``--resize_on=auto``: on the device when it is a GPU that does the float work. Else the
     resize would run on CPU cores, where the step's gather-based resize costs ~10x the host's
@@ -126,5 +130,12 @@ def resolve(config: Config, has_gpu: bool) -> Config:
         resize_on = "host"
     elif resize_on == "auto":
         resize_on = "device" if has_gpu and preprocess_on == "device" else "host"
+    dtype = config.model.dtype
+    if dtype == "auto":
+        dtype = "mixed_bfloat16" if bfloat16 else "float32"
+        if stored and stored.get("dtype", "auto") != "auto":
+            dtype = stored["dtype"]  # chosen on the machine the run started on
     model = models.own.absolute(config.model.name)  # the file or preset for every process
-    return config.with_settings(preprocess_on=preprocess_on, resize_on=resize_on, model=model)
+    return config.with_settings(
+        preprocess_on=preprocess_on, resize_on=resize_on, model=model, dtype=dtype
+    )

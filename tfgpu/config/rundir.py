@@ -50,6 +50,9 @@ MAY_CHANGE = (
     "resize_on",
     "cache_eval",
 )
+# Settings whose "auto" is resolved for the machine once, at a run's start (``config.resolve``):
+# given again as auto, they keep the run's choice, on any machine.
+KEPT_WHEN_AUTO = ("dtype",)
 LAUNCH_SECTION = "dist"  # never read back from config.json: each start says how it spreads
 
 # What tfgpu itself puts into a --model_dir (``results.writer``, ``results.tracking``,
@@ -184,7 +187,8 @@ def restart_values(stored: dict, given: dict, present, resuming: bool, where: st
     command line (its default when not set), ``present``: the names the user set.
 
     The run's own settings, but the spreading section and ``model_dir`` (this command's),
-    settings the run predates (``given``), and the flags set (``present``). When ``resuming``
+    settings the run predates (``given``), and the flags set (``present``; ``auto`` for one of
+    ``KEPT_WHEN_AUTO`` keeps the run's choice). When ``resuming``
     (its checkpoints are read back), a set flag outside ``MAY_CHANGE`` and the per-node
     settings that differs from the stored value raises a ConfigError naming the flag and
     both values."""
@@ -192,6 +196,8 @@ def restart_values(stored: dict, given: dict, present, resuming: bool, where: st
     for name, s in SETTINGS.items():
         if s.section == LAUNCH_SECTION or name == "model_dir" or name not in stored:
             values[name] = given[name]
+        elif name in KEPT_WHEN_AUTO and given[name] == "auto":
+            values[name] = stored[name]  # the run's own choice, made where it started
         elif name in present:
             value = models.own.absolute(given[name]) if name == "model" else given[name]
             if resuming and not may_change(name) and not _same(value, stored[name]):

@@ -61,3 +61,37 @@ def pin_to_local_gpus(local_gpus=slurm.local_gpus, config=tf.config) -> None:
     mine = [gpus[i] for i in local_gpus(len(gpus))]
     if len(mine) < len(gpus):
         config.set_visible_devices(mine, "GPU")
+
+
+# CPU flags (/proc/cpuinfo) of the units that compute bfloat16 matrix products natively.
+BFLOAT16_CPU_FLAGS = {"avx512_bf16": "AVX512_BF16", "amx_bf16": "AMX"}
+BFLOAT16_GPU_CAPABILITY = (8, 0)  # Ampere: bfloat16 tensor cores
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> set:
+    """The feature flags of the first CPU in ``path`` (empty where it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def fast_bfloat16(config=tf.config, flags=None) -> str:
+    """Why this process's devices compute bfloat16 fast ("" when they do not): every GPU it
+    sees of compute capability 8.0 or later, or, without a GPU, a CPU with AVX512_BF16 or AMX
+    (``flags``: the CPU's, read from /proc/cpuinfo when None). For --dtype=auto."""
+    gpus = config.list_physical_devices("GPU")
+    if gpus:
+        found = [config.experimental.get_device_details(g).get("compute_capability") for g in gpus]
+        if all(cc and tuple(cc) >= BFLOAT16_GPU_CAPABILITY for cc in found):
+            low = min(tuple(cc) for cc in found)
+            return f"GPU of compute capability {low[0]}.{low[1]}"
+        return ""
+    flags = cpu_flags() if flags is None else flags
+    units = [name for flag, name in BFLOAT16_CPU_FLAGS.items() if flag in flags]
+    return f"CPU with {' and '.join(units)}" if units else ""

@@ -56,9 +56,12 @@ class ModelConfig:
     )
     dtype: str = setting(
         "float32",
-        "float32, mixed_float16 (dynamic loss scaling), mixed_bfloat16, or float64 (slow: for "
-        "numerical checks, e.g. that two strategies agree beyond float32's rounding).",
-        choices=models.DTYPES,
+        "float32, mixed_float16 (dynamic loss scaling), mixed_bfloat16, float64 (slow: for "
+        "numerical checks, e.g. that two strategies agree beyond float32's rounding), or auto: "
+        "mixed_bfloat16 where the devices compute bfloat16 fast (GPUs of compute capability "
+        ">= 8.0; a CPU with AVX512_BF16 or AMX), float32 elsewhere; the start line says which, "
+        "config.json keeps it, and a resume keeps the run's choice.",
+        choices=(*models.DTYPES, "auto"),
     )
     input_scaling: str = setting(
         "auto",

@@ -29,7 +29,7 @@ from tfgpu.train.config import check_average_plan
 from tfgpu.config import Config, ConfigError, resolve, rundir
 from tfgpu.data import broken, readers, run_input
 from tfgpu.data.spec import DataError
-from tfgpu.distribute import backends, consensus, heartbeats
+from tfgpu.distribute import backends, consensus, devices, heartbeats
 from tfgpu.train.signals import PreemptionGuard
 from tfgpu.train.progressive import Staged
 from tfgpu.step.loops import make_train_loop
@@ -184,10 +184,10 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = (), s
     """``run`` once the backend is set up (``in_use``: the chief's lock error, which every
     worker stops with at the start-up agreement; ``sizing``: the run's
     ``micro_batch.Sizing``, which decides --micro_batch_size=auto)."""
-    config = _start(config)
+    config, dtype_line = _start(config)
     started = time.time()
     watch = heartbeats.Watch.open(backend)
-    training, writer = _set_up(config, backend, watch, in_use, sizing)
+    training, writer = _set_up(config, backend, watch, in_use, sizing, dtype_line)
     evaluate = evaluation.of(training)
     start_step = _restore(training, writer)
     staged, batches, input_ips = _train_input(training, start_step, writer)
@@ -199,20 +199,34 @@ def _run(config: Config, backend, in_use: str, actions: Sequence[Action] = (), s
     return _end(training, watch, writer, final_eval, throughput, time.time() - started)
 
 
-def _start(config: Config) -> Config:
-    """``config`` resolved for this machine; the process seeded and made as deterministic
-    as it says, the broken records an earlier run in this process found forgotten."""
-    config = resolve(config, has_gpu=bool(tf.config.list_logical_devices("GPU")))
+def _start(config: Config) -> tuple[Config, str]:
+    """(``config`` resolved for this machine, the start-up line of --dtype=auto's choice or
+    ""); the process seeded and made as deterministic as it says, the broken records an
+    earlier run in this process found forgotten."""
+    auto = config.model.dtype == "auto"
+    stored = rundir.read_run(config.model_dir) if auto else None
+    bfloat16 = devices.fast_bfloat16() if auto else ""
+    has_gpu = bool(tf.config.list_logical_devices("GPU"))
+    config = resolve(config, has_gpu, bfloat16, stored)
     keras.utils.set_random_seed(config.seed)
     broken.forget()
     compat.set_op_determinism(config.deterministic)
-    return config
+    return config, _auto_dtype_line(config.model.dtype, bfloat16, stored) if auto else ""
 
 
-def _set_up(config: Config, backend, watch, in_use: str, sizing) -> tuple:
+def _auto_dtype_line(dtype: str, bfloat16: str, stored) -> str:
+    """What --dtype=auto chose, and why."""
+    if stored and stored.get("dtype", "auto") != "auto":
+        return f"--dtype=auto: {dtype}, the run's own choice (config.json)"
+    why = f"this {bfloat16} computes bfloat16 fast" if bfloat16 else "no fast bfloat16 here"
+    return f"--dtype=auto: {dtype} ({why})"
+
+
+def _set_up(config: Config, backend, watch, in_use: str, sizing, dtype_line: str = "") -> tuple:
     """(the run's Training, its RunWriter): the data agreed on with every worker and what
     the run takes from it (``run_input``), config.json written, the micro-batch sized, the
-    run built, its start lines said and the heartbeats (``watch``) started."""
+    run built, its start lines (``dtype_line``: --dtype=auto's choice) said and the
+    heartbeats (``watch``) started."""
     spec, class_weights, fingerprints = _agreed_spec(config, backend, watch.announced, in_use)
     inputs = run_input.prepare(config.data, config.optim.class_weights, spec, class_weights)
     if backend.is_chief:
@@ -227,7 +241,7 @@ def _set_up(config: Config, backend, watch, in_use: str, sizing) -> tuple:
     writer.info(_start_line(training))
     timeout = config.dist.stall_timeout_s
     listening = watch.start(fingerprints, backend, training.global_step, timeout)
-    for line in (listening, training.init_line):
+    for line in (dtype_line, listening, training.init_line):
         if line:
             writer.info(line)
     return training, writer
