@@ -14,6 +14,8 @@ EXPECTED_NAMES = (
     ["tiny_cnn", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
     + [f"resnet{d}" for d in (20, 32, 44, 56, 110)]
     + ["wrn16_4", "wrn16_8", "wrn28_10", "wrn40_4"]
+    + ["airbench94", "airbench93", "airbench_s"]
+    + ["airbench94_gray", "airbench93_gray", "airbench_s_gray"]
     + ["densenet121", "densenet169", "densenet201"]
     + [f"efficientnet_b{i}" for i in range(8)]
     + [f"efficientnetv2_{v}" for v in ("b0", "b1", "b2", "b3", "s", "m", "l")]

@@ -2,7 +2,8 @@
 or with --watch every checkpoint of a run as it appears (the side-car evaluator).
 
     tfgpu-evaluate --model_dir=runs/r50
-        [--checkpoint=latest|best|PATH|FILE.weights.h5|FILE.keras] [--eval_tta=none|flip]
+        [--checkpoint=latest|best|PATH|FILE.weights.h5|FILE.keras]
+        [--eval_tta=none|flip|flip_translate]
         [--data_dir=OTHER] [--split=validation] [--output=eval.json] [--tensorboard_dir=DIR]
     tfgpu-evaluate --model_dir=runs/r50 --watch [--watch_interval_s=10]
         [--watch_timeout_s=3600]

@@ -226,8 +226,9 @@ class EvaluateSettings(SidecarSettings, RunHead):
     eval_batch_size: int = setting(0, "Images per batch (0: the run's).")
     eval_tta: str = setting(
         "",
-        "Test-time augmentation: none, or flip (the softmax probabilities of each image and "
-        "its mirror averaged). Default: the run's --eval_tta.",
+        "Test-time augmentation: none, flip (the softmax probabilities of each image and "
+        "its mirror averaged) or flip_translate (and of the image shifted by one pixel both "
+        "ways: tfgpu.main's --eval_tta). Default: the run's --eval_tta.",
     )
     tensorboard_dir: str = setting(
         "",

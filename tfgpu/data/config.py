@@ -49,6 +49,12 @@ class _Reading(_Source):
 
     image_size: int = setting(224, "Training and evaluation image side, in pixels.")
     random_flip: bool = setting(True, "Random left-right flips in training.")
+    alternating_flips: bool = setting(
+        False,
+        "With --random_flip: each training image mirrored in every other epoch (a coin per "
+        "image, drawn once, picks the epochs: even or odd), not by a new coin each epoch "
+        "(airbench's alternating flips: every image is seen both ways every two epochs).",
+    )
     crop_min_area: float = setting(0.08, "Smallest area fraction of a random-resized crop.")
     dct_scaled_decode: str = setting(
         "off",
@@ -310,6 +316,8 @@ def _check_progressive(c: CurriculumConfig, d: DataConfig) -> None:
 def check_data(d: DataConfig) -> None:
     """Raises a ConfigError naming the first --flag of ``d`` that cannot work."""
     positive(d, "image_size")
+    if d.alternating_flips and not d.random_flip:
+        raise ConfigError("--alternating_flips is a way of --random_flip: set both")
     if not 0 <= d.crop_padding < d.image_size:
         raise ConfigError(
             f"--crop_padding={d.crop_padding} must be in [0, --image_size={d.image_size})"

@@ -9,8 +9,9 @@ import tensorflow as tf
 from tfgpu.data import rng_streams
 
 # Each random choice of an example gets its own stream of the example's stateless seed.
-_FLIP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X = (
-    rng_streams.EXAMPLE[k] for k in ("flip", "mix_kind", "gamma_a", "gamma_b", "cut_y", "cut_x")
+_FLIP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X, _ALTERNATING = (
+    rng_streams.EXAMPLE[k]
+    for k in ("flip", "mix_kind", "gamma_a", "gamma_b", "cut_y", "cut_x", "alternating_flip")
 )
 
 
@@ -233,3 +234,14 @@ def draw_mixing(seed, image_size: int, mixup_alpha: float, cutmix_alpha: float) 
 
 def draw_flip(seed) -> tf.Tensor:
     return tf.random.stateless_uniform([], seed=_stream(seed, _FLIP)) < 0.5
+
+
+def alternating_flip(seed: int, epoch: tf.Tensor, origin: tf.Tensor) -> tf.Tensor:
+    """--alternating_flips on the per-example path: whether the record ``origin``
+    (``broken.origin``: its file and index, the same in every epoch) is mirrored in ``epoch``.
+    A coin per record, drawn once from (seed, origin), says whether it is mirrored in even
+    epochs; in odd ones it is the other way round."""
+    first = tf.random.stateless_uniform(
+        [], seed=_stream(example_seed(seed, 0, origin), _ALTERNATING)
+    )
+    return tf.not_equal(first < 0.5, tf.math.floormod(tf.cast(epoch, tf.int64), 2) == 1)

@@ -43,7 +43,7 @@ MB = 1 << 20
 
 # Streams of an epoch's stateless key, one per vector drawn for the whole epoch (the
 # policies' draws share the key: rng_streams.AUGMENT).
-_ORDER, _FLIP, _CROP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X, _, _ = (
+_ORDER, _FLIP, _CROP, _MIX_KIND, _GAMMA_A, _GAMMA_B, _CUT_Y, _CUT_X, _, _, _ALTERNATING = (
     rng_streams.EPOCH.values()
 )
 
@@ -211,21 +211,34 @@ def epoch_index(epoch, n: int, data, seed: int, sampler: dict | None = None) -> 
     return index
 
 
-def epoch_draws(epoch, n: int, data, seed: int, sampler=None, index=None) -> dict:
+def epoch_draws(
+    epoch, n: int, data, seed: int, sampler=None, index=None, num_examples: int = 0
+) -> dict:
     """Everything random of epoch ``epoch``, as vectors over its ``n`` positions: {index of
     the example at each position int64 [n] (``index``, else ``epoch_index``), flip bool [n],
     offset int32 [n, 2] (crop y, x in [0, 2 * --crop_padding]), and with MixUp/CutMix ``mix``
     (``mixing_draws``)}. Drawn once per epoch, from keys of (seed, epoch): position p's draws
-    depend on (seed, epoch, p)."""
+    depend on (seed, epoch, p); with --alternating_flips the flips depend on the example
+    (``alternating_flips``; ``num_examples``: the split's, when not ``n``)."""
     key = lambda stream: _epoch_key(seed, epoch, stream)  # noqa: E731
     index = epoch_index(epoch, n, data, seed, sampler) if index is None else index
     flip = tf.random.stateless_uniform([n], key(_FLIP)) < 0.5
+    if data.alternating_flips:
+        flip = tf.gather(alternating_flips(seed, epoch, num_examples or n), index)
     span = 2 * data.crop_padding + 1
     offset = tf.random.stateless_uniform([n, 2], key(_CROP), maxval=span, dtype=tf.int32)
     draws = {"index": index, "flip": tf.logical_and(flip, data.random_flip), "offset": offset}
     if data.mixing:
         draws["mix"] = mixing_draws(key, n, data.image_size, data.mixup_alpha, data.cutmix_alpha)
     return draws | augment.draw(key, [n], data)
+
+
+def alternating_flips(seed: int, epoch, num_examples: int) -> tf.Tensor:
+    """bool [num_examples]: which examples are mirrored in ``epoch`` under --alternating_flips
+    (airbench's): a coin per example, drawn once from (seed), says whether it is in even
+    epochs; in odd ones the others are. Each image is seen both ways every two epochs."""
+    first = tf.random.stateless_uniform([num_examples], _epoch_key(seed, 0, _ALTERNATING)) < 0.5
+    return tf.not_equal(first, tf.math.floormod(tf.cast(epoch, tf.int64), 2) == 1)
 
 
 def mixing_draws(key, n: int, image_size: int, mixup_alpha: float, cutmix_alpha: float) -> dict:
@@ -271,7 +284,7 @@ def _draw_batches(
     def epoch(e):
         begin = tf.where(e == first_epoch, skip, 0)
         index = None if repeats == 1 else sampling.repeated_index(e, n, repeats, chunk, source)
-        draws = epoch_draws(e, m, data, seed, sampler, index)
+        draws = epoch_draws(e, m, data, seed, sampler, index, num_examples=n)
         return tf.nest.map_structure(lambda v: v[begin:], draws)
 
     # rebatch cuts the epochs' vectors into batches with slice copies, not row by row.

@@ -75,7 +75,7 @@ def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
         out = {"image": image}
     out |= {
         "label": example["label"],
-        "flip": tf.logical_and(host_ops.draw_flip(example_seed), data.random_flip),
+        "flip": tf.logical_and(_flip(example, example_seed, data, seed), data.random_flip),
         "weight": broken.weight(valid, example["origin"], report),
     }
     if data.mixing:
@@ -83,6 +83,14 @@ def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
             example_seed, data.image_size, data.mixup_alpha, data.cutmix_alpha
         )
     return out | augment.draw(host_ops.stream_keys(example_seed), [], data)
+
+
+def _flip(example: dict, example_seed, data, seed: int) -> tf.Tensor:
+    """Whether the example is mirrored: a coin of its seed, or with --alternating_flips
+    every other epoch (``host_ops.alternating_flip``)."""
+    if data.alternating_flips:
+        return host_ops.alternating_flip(seed, example["epoch"], example["origin"])
+    return host_ops.draw_flip(example_seed)
 
 
 def _dct(data) -> dict:

@@ -10,7 +10,15 @@ one new id here; the numbers of existing ones never change (runs would not repea
 """
 
 # Draws from an example's seed (host_ops.py).
-EXAMPLE = {"flip": 1, "mix_kind": 2, "gamma_a": 3, "gamma_b": 4, "cut_y": 5, "cut_x": 6}
+EXAMPLE = {
+    "flip": 1,
+    "mix_kind": 2,
+    "gamma_a": 3,
+    "gamma_b": 4,
+    "cut_y": 5,
+    "cut_x": 6,
+    "alternating_flip": 7,  # from the example's origin, not its position: see host_ops
+}
 # Draws from an epoch's key, one vector per epoch (memory.py); class and member: balanced
 # sampling's class of each position, then its example (sampling.py).
 EPOCH = {
@@ -24,6 +32,7 @@ EPOCH = {
     "cut_x": 8,
     "class": 9,
     "member": 10,
+    "alternating_flip": 11,  # one vector over the examples, from (seed, epoch 0)
 }
 # The augmentation policies' draws (augment.py), from either kind of key.
 AUGMENT = {

@@ -126,8 +126,8 @@ def evaluate(
 ) -> dict:
     """Evaluates as the command does; returns the results (what ``--output`` holds). The
     confusion matrix image goes to ``tensorboard_dir``, by default ``model_dir``'s
-    tensorboard/evaluate/ (none without either). ``eval_tta``: "none" or "flip" ("": the
-    run's --eval_tta)."""
+    tensorboard/evaluate/ (none without either). ``eval_tta``: "none", "flip" or
+    "flip_translate" ("": the run's --eval_tta)."""
     if not model_dir and not (checkpoint.endswith(".keras") and data_dir):
         raise UsageError("give --model_dir, or --checkpoint=FILE.keras with --data_dir")
     target = check_output(output) if output else ""  # before any work: a result is never lost

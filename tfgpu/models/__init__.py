@@ -1,12 +1,13 @@
 """The model registry: a small dict, name -> (network family, its arguments). A family is one
 module here with a ``build(num_classes, image_size, small_input, **arguments)``:
-``tiny_cnn.py``, ``resnet.py``, ``cifar_resnet.py``, ``wide_resnet.py``, ``applications.py``
-(``layers.py``: what they share). A new family is one file and one line per model in
-``MODELS``. A model of the user's own (``package.module:function``, a ``.keras`` file, a
-KerasHub backbone, a name given to ``register``) is read by ``own.py``, built by
-``foreign.py`` and ``hub.py`` (docs/own-model.md). No Keras at import: ``config.py`` checks
-``--model`` here before TensorFlow starts, and the settings that hold only for some
-families (``has_backbone``, ``check_finetune``: ``finetune.py``'s settings).
+``tiny_cnn.py``, ``resnet.py``, ``cifar_resnet.py``, ``wide_resnet.py``, ``airbench.py``,
+``applications.py`` (``layers.py``: what they share; ``whitening.py``: airbench's first
+layer). A new family is one file and one line per model in ``MODELS``. A model of the user's
+own (``package.module:function``, a ``.keras`` file, a KerasHub backbone, a name given to
+``register``) is read by ``own.py``, built by ``foreign.py`` and ``hub.py``
+(docs/own-model.md). No Keras at import: ``config.py`` checks ``--model`` here before
+TensorFlow starts, and the settings that hold only for some families (``has_backbone``,
+``check_finetune``: ``finetune.py``'s settings).
 """
 
 import importlib
@@ -31,6 +32,12 @@ def _wide_resnet(depth, widen):
     return ("wide_resnet", {"depth": depth, "widen": widen})
 
 
+def _airbench(widths, gray: bool = False):
+    # Gray: images stored as RGB with three equal channels (Fashion-MNIST, MNIST) have
+    # k x k = 4 patch directions of non-zero variance, not 12: the whitening keeps those.
+    return ("airbench", {"widths": widths, "whiten_components": 4 if gray else 12})
+
+
 def _applications(prefix: str, app_prefix: str, suffixes) -> dict:
     return {
         f"{prefix}{s.lower()}": ("applications", {"app_name": f"{app_prefix}{s}"}) for s in suffixes
@@ -46,6 +53,14 @@ MODELS = {
     "resnet152": _resnet((3, 8, 36, 3), "bottleneck"),
     **{f"resnet{d}": _cifar_resnet(d) for d in (20, 32, 44, 56, 110)},
     **{f"wrn{d}_{k}": _wide_resnet(d, k) for d, k in ((16, 4), (16, 8), (28, 10), (40, 4))},
+    # airbench's network (airbench.py): its CIFAR-10 widths (airbench94, airbench93), and
+    # narrower ones; "_gray": for grayscale images stored as RGB.
+    "airbench94": _airbench((64, 256, 256)),
+    "airbench93": _airbench((64, 128, 128)),
+    "airbench_s": _airbench((32, 64, 128)),
+    "airbench94_gray": _airbench((64, 256, 256), gray=True),
+    "airbench93_gray": _airbench((64, 128, 128), gray=True),
+    "airbench_s_gray": _airbench((32, 64, 128), gray=True),
     **_applications("densenet", "DenseNet", ("121", "169", "201")),
     **_applications("efficientnet_", "EfficientNet", [f"B{i}" for i in range(8)]),
     **_applications("efficientnetv2_", "EfficientNetV2", ("B0", "B1", "B2", "B3", "S", "M", "L")),
@@ -88,6 +103,22 @@ def build_model(
     return builder(
         num_classes=num_classes, image_size=image_size, small_input=small_input, **kwargs
     )
+
+
+def initialize(model, dirac: bool, sample_images) -> list[str]:
+    """Initialisations a builder cannot make alone: ``dirac`` (--dirac_init: identity
+    convolutions, ``layers.dirac_init``), and the whitening layer of a model that has one,
+    from ``sample_images()`` (uint8 [N, S, S, 3], called only then: ``whitening.py``).
+    Returns their start-up lines. Call it outside any replica context."""
+    from tfgpu.models import layers, whitening  # noqa: PLC0415  (Keras: see any_input_size)
+
+    lines = []
+    if dirac:
+        count = layers.dirac_init(model)
+        lines.append(f"--dirac_init: {count} convolutions start as identities where shapes allow")
+    if whitening.whitening_layer(model) is not None:
+        lines.append(whitening.initialize(model, sample_images()))
+    return lines
 
 
 def any_input_size(model) -> None:

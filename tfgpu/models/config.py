@@ -79,6 +79,12 @@ class ModelConfig:
         "comma-separated (empty: its last layer with weights; a KerasHub model's: tfgpu's "
         "logits). Every other layer with weights is frozen.",
     )
+    dirac_init: bool = setting(
+        False,
+        "Identity (Dirac) initialisation, airbench's: in every convolution with an odd kernel, "
+        "the first min(C_in, C_out) filters start as identities (filter i passes input channel "
+        "i through), the others as the model builds them.",
+    )
     jit_compile: bool = setting(False, "Compile the train step with XLA.")
     remat: bool = setting(
         False,

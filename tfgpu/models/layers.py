@@ -67,3 +67,27 @@ def batchnorm_statistics(model) -> list:
     """The moving means and variances of every BatchNormalization layer of ``model`` and its
     nested models, once each (what --ema_batchnorm averages)."""
     return [v for bn in batchnorm_layers(model) for v in (bn.moving_mean, bn.moving_variance)]
+
+
+def dirac_init(model) -> int:
+    """Identity (Dirac) initialisation, airbench's: in every trainable ``Conv2D`` of ``model``
+    (nested models too) with an odd kernel and one group, the first min(C_in, C_out) filters
+    become identities (filter i passes input channel i through at the kernel's centre), as
+    ``torch.nn.init.dirac_`` on the first C_in filters; the others keep their initialization.
+    Returns how many convolutions it set. Call it outside any replica context."""
+    import numpy as np
+
+    count = 0
+    for layer in nested_layers(model):
+        if type(layer) is not layers.Conv2D or not layer.trainable or layer.groups != 1:
+            continue
+        kh, kw, cin, cout = layer.kernel.shape
+        if kh % 2 == 0 or kw % 2 == 0:
+            continue
+        kernel = keras.ops.convert_to_numpy(layer.kernel)
+        n = min(cin, cout)
+        kernel[:, :, :, :n] = 0.0
+        kernel[kh // 2, kw // 2, np.arange(n), np.arange(n)] = 1.0
+        layer.kernel.assign(kernel)
+        count += 1
+    return count

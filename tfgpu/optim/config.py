@@ -117,6 +117,20 @@ class OptimConfig:
         "Average BatchNorm's moving statistics too (with the weights' decay): evaluation with "
         "the EMA weights then normalizes with averaged statistics.",
     )
+    lookahead_steps: int = setting(
+        0,
+        "Lookahead every K updates (0: off), airbench's: slow weights (and BatchNorm's moving "
+        "statistics) move toward the trained ones by 1 - d, d = --lookahead_decay^K x "
+        "progress^3, and training restarts from them; the run ends on them.",
+    )
+    lookahead_decay: float = setting(
+        0.95, "Lookahead's decay per update, in (0, 1) (airbench: 0.95 with K = 5)."
+    )
+    batchnorm_lr_multiplier: float = setting(
+        1.0,
+        "Learning rate of BatchNorm's offsets and scales relative to the other weights' "
+        "(airbench: 64); they are not decayed either way. 1: one rate for all.",
+    )
     skip_non_finite: bool = setting(
         False,
         "Skip an update whose loss or gradients are not finite, and count it, instead of "
@@ -153,6 +167,15 @@ def check_optim(o: OptimConfig) -> None:
         raise ConfigError("--bce_target_threshold is for --loss=bce")
     if not 0.0 <= o.ema_decay < 1.0:
         raise ConfigError(f"--ema_decay={o.ema_decay} must be in [0, 1) (0: off)")
+    if o.lookahead_steps < 0 or not 0.0 < o.lookahead_decay < 1.0:
+        raise ConfigError(
+            f"--lookahead_steps={o.lookahead_steps} must not be negative (0: off) and "
+            f"--lookahead_decay={o.lookahead_decay} must be in (0, 1)"
+        )
+    if o.batchnorm_lr_multiplier <= 0:
+        raise ConfigError(
+            f"--batchnorm_lr_multiplier={o.batchnorm_lr_multiplier} must be positive (1: off)"
+        )
     if (o.ema_warmup or o.ema_batchnorm) and not o.ema_decay:
         flag = "--ema_warmup" if o.ema_warmup else "--ema_batchnorm"
         raise ConfigError(f"{flag} is for the weights' average: set --ema_decay (e.g. 0.9999)")

@@ -46,7 +46,8 @@ import tensorflow as tf
 
 from tfgpu import optim
 from tfgpu.models import MODELS, backbone, pretrained
-from tfgpu.models.layers import batchnorm_statistics
+from tfgpu.models.layers import batchnorm_layers, batchnorm_statistics
+from tfgpu.optim import lookahead
 
 # Family -> rules (pattern on a layer's name, its block's place counted from the input, label).
 # A place of None is the number the pattern matched; places rank blocks, from the stem (0).
@@ -89,7 +90,35 @@ def backbone_blocks(model) -> list[tuple[str, list]]:
 
 def lr_groups(config, model) -> list[tuple[str, float, list]] | None:
     """[(label, learning-rate multiplier, variables)] of the optimizer groups, the head's
-    first (x1); None when one optimizer does (no fine-tuning flag set: the plain path)."""
+    first (x1); None when one optimizer does (no fine-tuning flag set and
+    --batchnorm_lr_multiplier 1: the plain path). With --batchnorm_lr_multiplier=M, each
+    group's BatchNorm offsets and scales form a group of their own at M times its rate."""
+    groups = _block_groups(config, model)
+    multiplier = config.optim.batchnorm_lr_multiplier
+    if multiplier == 1.0:
+        return groups
+    if groups is None:
+        groups = [("weights", 1.0, list(model.trainable_variables))]
+    return _batchnorm_apart(groups, model, multiplier)
+
+
+def _batchnorm_apart(groups: list, model, multiplier: float) -> list:
+    """``groups`` with the BatchNorm offsets and scales of each moved into a group of their
+    own ("<label>/batchnorm", at ``multiplier`` x the group's rate), after all the others
+    (the first group stays the head's); groups left empty are dropped."""
+    ids = {id(v) for bn in batchnorm_layers(model) for v in (bn.gamma, bn.beta) if v is not None}
+    rest, apart = [], []
+    for label, rate, variables in groups:
+        rest.append((label, rate, [v for v in variables if id(v) not in ids]))
+        apart.append(
+            (f"{label}/batchnorm", rate * multiplier, [v for v in variables if id(v) in ids])
+        )
+    return [group for group in rest + apart if group[2]]
+
+
+def _block_groups(config, model) -> list[tuple[str, float, list]] | None:
+    """``lr_groups``' groups of the fine-tuning flags (the head, the backbone or its blocks),
+    or None when none is set."""
     unfreeze, o = config.model.unfreeze_after_steps, config.optim
     decay, scale = o.layer_lr_decay, o.backbone_lr_multiplier
     if not unfreeze and decay == 1.0 and scale == 1.0:
@@ -170,38 +199,52 @@ class GroupedOptimizer(tf.Module):
 
 
 def run_optimizer(config, model, total_steps: int):
-    """The run's optimizer: ``optim.build_for_run``'s, or a GroupedOptimizer when a fine-tuning
-    flag is set (``lr_groups``). Call it before the backbone is frozen."""
+    """The run's optimizer: ``optim.build_for_run``'s, or a GroupedOptimizer when groups of
+    learning rates are asked for (``lr_groups``); each with lookahead (--lookahead_steps).
+    Call it before the backbone is frozen."""
     o = config.optim
-    # BatchNorm's moving statistics (--ema_batchnorm) are averaged by the head's optimizer,
-    # the one applied at every update.
+    # BatchNorm's moving statistics (--ema_batchnorm, lookahead) are averaged by the head's
+    # optimizer, the one applied at every update.
     extra = batchnorm_statistics(model) if o.ema_batchnorm else ()
     head = optim.build_for_run(o, config.train.global_batch_size, total_steps, ema_extra=extra)
     groups = lr_groups(config, model)
-    if groups is None:
-        return head
     optimizers = [head]
-    for _, multiplier, _ in groups[1:]:
+    for _, multiplier, _ in (groups or [None])[1:]:
         rate = lambda m=multiplier: head.learning_rate * m  # noqa: E731 (the head's schedule, now)
         optimizers.append(optim.build_optimizer(o.name, rate, **optim.optimizer_options(o)))
+    if o.lookahead_steps:
+        for i, member in enumerate(optimizers):
+            statistics = batchnorm_statistics(model) if i == 0 else ()
+            lookahead.with_lookahead(
+                member,
+                every=o.lookahead_steps,
+                decay=o.lookahead_decay,
+                total_steps=total_steps,
+                extra=statistics,
+            )
+    if groups is None:
+        return head
     labels, multipliers, variables = zip(*groups)
     return GroupedOptimizer(optimizers, list(variables), list(labels), list(multipliers))
 
 
 def describe(config, optimizer, total_steps: int) -> str:
-    """The start-up line of the fine-tuning flags ("" when none is set)."""
+    """The start-up lines of the learning-rate groups and lookahead ("" when neither)."""
+    o = config.optim
+    ahead = lookahead.describe(o.lookahead_steps, o.lookahead_decay) if o.lookahead_steps else ""
     if not isinstance(optimizer, GroupedOptimizer):
-        return ""
+        return ahead
     rates = ", ".join(
         f"{label} x{m:.3g}" for label, m in zip(optimizer.labels, optimizer.multipliers)
     )
-    line = f"fine-tune: learning rate {rates}"
     n = config.model.unfreeze_after_steps
+    tuning = n or o.layer_lr_decay != 1.0 or o.backbone_lr_multiplier != 1.0
+    line = f"{'fine-tune: ' if tuning else ''}learning rate {rates}"
     if n and n < total_steps:
         line += f"; the backbone trains from update {n + 1} on (--unfreeze_after_steps={n})"
     elif n:
         line += f"; --unfreeze_after_steps={n} is not before the last update: it stays frozen"
-    return line
+    return "\n".join(x for x in (line, ahead) if x)
 
 
 def unfreeze(training) -> None:

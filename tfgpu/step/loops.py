@@ -3,6 +3,7 @@
 ``make_eval_step`` (one distributed evaluation batch -> sums over the replicas).
 """
 
+import math
 import time
 
 import keras
@@ -170,13 +171,33 @@ def tta_logits(model: keras.Model, images, tta: str = "none"):
     """float32 logits [N, K] of ``model`` (inference mode) on float ``images`` [N, H, W, C].
     With ``tta`` "flip": logits whose softmax is the mean of the softmax probabilities of each
     image and of its left-right mirror (``mean_of_softmax``), so that the loss, top-1 and top-5
-    computed from logits are those of the averaged probabilities. Per example: any replica
-    may run it."""
-    logits = tf.cast(model(images, training=False), tf.float32)
+    computed from logits are those of the averaged probabilities. "flip_translate" (airbench's
+    multi-view TTA): six views, ``translated_views``, their probabilities weighted
+    (``weighted_mean_of_softmax``). Per example: any replica may run it."""
+
+    def logits_of(x):
+        return tf.cast(model(x, training=False), tf.float32)
+
+    if tta == "flip_translate":
+        views, weights = translated_views(images)
+        return weighted_mean_of_softmax([logits_of(v) for v in views], weights)
+    logits = logits_of(images)
     if tta == "none":
         return logits
-    mirrored = tf.cast(model(tf.reverse(images, axis=[2]), training=False), tf.float32)
-    return mean_of_softmax(logits, mirrored)
+    return mean_of_softmax(logits, logits_of(tf.reverse(images, axis=[2])))
+
+
+def translated_views(images):
+    """airbench's six views of float ``images`` [N, H, W, C] and their weights: each image
+    and its mirror (1/4 each), and the image shifted by one pixel up-left and down-right
+    (edges reflected) with their mirrors (1/8 each)."""
+    height, width = images.shape[1], images.shape[2]
+    padded = tf.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]], mode="REFLECT")
+    shifted = [padded[:, :height, :width], padded[:, 2 : height + 2, 2 : width + 2]]
+    views = []
+    for view in [images, *shifted]:
+        views += [view, tf.reverse(view, axis=[2])]
+    return views, [0.25, 0.25, 0.125, 0.125, 0.125, 0.125]
 
 
 def mean_of_softmax(a, b):
@@ -187,3 +208,10 @@ def mean_of_softmax(a, b):
     numbers of an evaluation without TTA. A non-finite view makes ``c`` non-finite."""
     d = tf.nn.log_softmax(b) - tf.nn.log_softmax(a)
     return a + (tf.maximum(d, 0.0) + tf.math.log(0.5 + 0.5 * tf.exp(-tf.abs(d))))
+
+
+def weighted_mean_of_softmax(logits: list, weights: list):
+    """Logits ``c`` [N, K] with softmax(c) = sum_i w_i softmax(logits_i) (weights summing to
+    1): log-sum-exp over the views of log w_i + log_softmax(logits_i), which cannot overflow."""
+    stacked = tf.stack([tf.nn.log_softmax(x) + float(math.log(w)) for x, w in zip(logits, weights)])
+    return tf.reduce_logsumexp(stacked, axis=0)

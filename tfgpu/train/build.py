@@ -11,12 +11,12 @@ import tensorflow as tf
 
 from tfgpu import models, optim
 from tfgpu.optim import finetune
-from tfgpu.models import backbone
+from tfgpu.models import backbone, whitening
 from tfgpu.checkpoint.best import Best
 from tfgpu.checkpoint.store import Checkpoints
 from tfgpu.config import Config, ConfigError
 from tfgpu.train.config import split_batch
-from tfgpu.data import readers, sampling
+from tfgpu.data import readers, sample, sampling
 from tfgpu.data.run_input import RunInput
 from tfgpu.data.stream import Stream
 from tfgpu.distribute import Backend
@@ -114,6 +114,7 @@ def build(config: Config, backend, inputs: RunInput) -> Training:
         )
         if config.curriculum.progressive_stages > 1:  # its stages train at smaller sides
             models.any_input_size(model)  # a model of one's own is probed: progressive.py
+        made = models.initialize(model, config.model.dirac_init, _sample(config, spec))
         # Its groups (fine-tuning flags) hold every variable that trains at some point: made
         # before the freeze, which hides the backbone's from the step until it unfreezes.
         optimizer = finetune.run_optimizer(config, model, plan.total_steps)
@@ -132,6 +133,7 @@ def build(config: Config, backend, inputs: RunInput) -> Training:
         init_line = "\n".join(filter(None, (init_line, _init_line(config, model, fresh, frozen))))
     elif init_line and frozen:  # its own weights (a .keras file, a preset) are fine-tuned
         init_line += f"\nfine-tune: {frozen}"
+    init_line = "\n".join(filter(None, (*made, init_line)))
     init_line = _setup_lines(config, spec, step, plan, inputs.balance_line, init_line)
     tracked = dict(model=model, optimizer=step.optimizer, step=global_step)
     tracked["skipped_updates"] = skipped_updates
@@ -145,6 +147,12 @@ def build(config: Config, backend, inputs: RunInput) -> Training:
         best.checkpoint = checkpoints.checkpoint
     parts = (model, step, global_step, skipped_updates, checkpoints, best, init_line)
     return Training(config, backend, inputs, plan, *parts)
+
+
+def _sample(config: Config, spec):
+    """``sample_images()`` for ``models.initialize``: the first training images, read when
+    called (``data.sample``; what a whitening layer is initialised from)."""
+    return lambda: sample.first_train_images(spec, config.data, whitening.SAMPLE)
 
 
 def _init_line(config: Config, model, fresh: list, frozen: str) -> str:

@@ -15,7 +15,7 @@ from tfgpu.errors import ConfigError
 from tfgpu.metrics import BEST_METRICS
 from tfgpu.settings import positive, setting
 
-TTA_MODES = ("none", "flip")  # --eval_tta: the views evaluation averages (step/loops.py)
+TTA_MODES = ("none", "flip", "flip_translate")  # --eval_tta: the views (step/loops.py)
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,12 @@ class TrainConfig:
     eval_tta: str = setting(
         "none",
         "Test-time augmentation of every evaluation (the loop's, tfgpu.evaluate's, the "
-        "side-car's): none, or flip: each image and its left-right mirror, the model's softmax "
+        "side-car's): none; flip: each image and its left-right mirror, the model's softmax "
         "probabilities averaged (probabilities, not logits: timm and FFCV do either); loss, "
-        "top1 and top5 from that average. Twice evaluation's compute; rows say their tta.",
+        "top1 and top5 from that average (twice evaluation's compute); or flip_translate "
+        "(airbench's): those two views at weight 1/4 each, and the image shifted one pixel "
+        "up-left and down-right (edges reflected) with their mirrors at 1/8 each (6x). Rows "
+        "say their tta.",
         choices=TTA_MODES,
     )
     log_every_steps: int = setting(100, "Print and log train metrics every N updates.")
