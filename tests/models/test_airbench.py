@@ -17,10 +17,9 @@ pytestmark = pytest.mark.fast
     "name, trainable",
     [
         # airbench94's own network (cifar10-airbench, legacy/airbench94.py): 1.97M at 10
-        # classes; the others narrower, and the "_gray" ones with a 4-direction whitening.
+        # classes; airbench93 narrower, and the "_gray" ones with a 4-direction whitening.
         ("airbench94", 1_971_338),
         ("airbench93", 568_714),
-        ("airbench_s", 294_346),
         ("airbench94_gray", 1_962_122),
         ("airbench93_gray", 559_498),
         ("airbench_s_gray", 289_738),
@@ -127,3 +126,20 @@ def test_dirac_init_makes_the_first_filters_identities():
     np.testing.assert_array_equal(
         keras.ops.convert_to_numpy(model.get_layer("even").kernel), before
     )
+
+
+def test_initialize_reads_the_sample_only_for_a_whitening_layer_made_from_data():
+    model = models.build_model("airbench_s_gray", num_classes=4, image_size=16)
+    kernel = whitening.whitening_layer(model).kernel.numpy().copy()
+
+    def no_sample():
+        raise AssertionError("the sample was read")
+
+    lines = models.initialize(model, False, no_sample, whitening="trained")
+    assert lines == ["--whitening=trained: whiten trains from a random start"]
+    layer = whitening.whitening_layer(model)
+    assert layer.trainable and any(w is layer.kernel for w in model.trainable_weights)
+    np.testing.assert_array_equal(layer.kernel.numpy(), kernel)
+    assert models.initialize(models.build_model("tiny_cnn", 4, 16), True, no_sample) == [
+        "--dirac_init: 6 convolutions start as identities where shapes allow"
+    ]

@@ -79,6 +79,13 @@ class ModelConfig:
         "comma-separated (empty: its last layer with weights; a KerasHub model's: tfgpu's "
         "logits). Every other layer with weights is frozen.",
     )
+    whitening: str = setting(
+        "data",
+        "A model's patch-whitening first layer (airbench*): data (frozen, from the patches of "
+        "the first 5,000 training images) or trained (an ordinary convolution from a random "
+        "start: airbench's baseline, for comparison).",
+        choices=("data", "trained"),
+    )
     dirac_init: bool = setting(
         False,
         "Identity (Dirac) initialisation, airbench's: in every convolution with an odd kernel, "

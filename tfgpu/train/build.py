@@ -114,7 +114,9 @@ def build(config: Config, backend, inputs: RunInput) -> Training:
         )
         if config.curriculum.progressive_stages > 1:  # its stages train at smaller sides
             models.any_input_size(model)  # a model of one's own is probed: progressive.py
-        made = models.initialize(model, config.model.dirac_init, _sample(config, spec))
+        made = models.initialize(
+            model, config.model.dirac_init, _sample(config, spec), config.model.whitening
+        )
         # Its groups (fine-tuning flags) hold every variable that trains at some point: made
         # before the freeze, which hides the backbone's from the step until it unfreezes.
         optimizer = finetune.run_optimizer(config, model, plan.total_steps)
