@@ -75,8 +75,26 @@ MIRRORED = {
     "learning_rate", "lr_scaling", "scale_lr_with_batch", "base_batch_size", "lr_schedule",
     "warmup_steps", "weight_decay", "label_smoothing", "random_flip", "crop_padding",
     "eval_crop_fraction", "eval_every_epochs", "eval_every_steps", "eval_batch_size", "seed",
-    "num_classes", "label_offset", "log_every_steps", "eval_tta",
+    "num_classes", "label_offset", "log_every_steps", "eval_tta", "dtype", "alternating_flips",
+    "dirac_init", "whitening",
 }  # fmt: skip
+# ... the flags Keras ``fit`` cannot express (one learning rate per optimizer; its EMA
+# overwrite is not lookahead's schedule): the Keras peer runs without them, and says so.
+KERAS_CANNOT = {
+    "batchnorm_lr_multiplier": "Keras optimizers have one learning rate for all variables",
+    "lookahead_steps": "Keras has no lookahead (its EMA overwrite has no ramped pull)",
+    "lookahead_decay": "Keras has no lookahead",
+}
+# Models the peers build: the CIFAR ResNets (PyTorch's own code) and airbench's (Keras through
+# tfgpu's registry; PyTorch: airbench's own method is TORCH_AIRBENCH, a hook for its script).
+AIRBENCH_MODELS = (
+    "airbench94",
+    "airbench93",
+    "airbench94_gray",
+    "airbench93_gray",
+    "airbench_s_gray",
+)
+TORCH_AIRBENCH = "time_to_accuracy_torch_airbench.py"
 # ... and tfgpu's own ways of running the same recipe (speed, logging, files), which do not
 # change what is trained. small_input: the CIFAR ResNets ignore it.
 TFGPU_ONLY = {
@@ -142,10 +160,10 @@ def check_recipe(config, present, allow: bool) -> list[str]:
     setting of a mirrored flag they cannot follow."""
     s = config.flat()
     problems = []
-    if s["model"] not in CIFAR_RESNETS:
-        problems.append(f"--model={s['model']}: the PyTorch peer has {', '.join(CIFAR_RESNETS)}")
-    if s["optimizer"] not in ("sgd", "nesterov") or s["lr_schedule"] != "cosine":
-        problems.append("the peers do --optimizer=sgd|nesterov with --lr_schedule=cosine only")
+    if s["model"] not in CIFAR_RESNETS + AIRBENCH_MODELS:
+        problems.append(f"--model={s['model']}: the peers have {', '.join(CIFAR_RESNETS)}")
+    if s["optimizer"] not in ("sgd", "nesterov") or s["lr_schedule"] not in ("cosine", "linear"):
+        problems.append("the peers do --optimizer=sgd|nesterov, --lr_schedule=cosine|linear")
     if s["eval_crop_fraction"] != 1.0:
         problems.append("the peers evaluate whole images: --eval_crop_fraction must be 1.0")
     if s["train_steps"] or s["epochs"] != int(s["epochs"]) or s["epochs"] < 1:
@@ -154,7 +172,7 @@ def check_recipe(config, present, allow: bool) -> list[str]:
         problems.append("--in_memory=off trains on random-resized crops, not padded crops")
     if problems:
         raise SystemExit("the recipe cannot be mirrored: " + "; ".join(problems))
-    unmirrored = sorted(set(present) - MIRRORED - TFGPU_ONLY)
+    unmirrored = sorted(set(present) - MIRRORED - TFGPU_ONLY - set(KERAS_CANNOT))
     if unmirrored and not allow:
         raise SystemExit(
             f"{', '.join('--' + f for f in unmirrored)}: set in the recipe, not done by the "
@@ -165,14 +183,23 @@ def check_recipe(config, present, allow: bool) -> list[str]:
 
 def peer_recipe(config, info: dict, args) -> dict:
     """The recipe in the peers' words (time_to_accuracy_keras.py, time_to_accuracy_torch.py)."""
+    from tfgpu.config import Config
     from tfgpu.optim import run_learning_rate
     from tfgpu.imagenet import IMAGENET_MEAN, IMAGENET_STD
 
-    s, batch = config.flat(), config.train.global_batch_size
+    s, batch, defaults = config.flat(), config.train.global_batch_size, Config().flat()
+    s["dtype"] = resolved_dtype(s["dtype"])  # what tfgpu's --dtype=auto picks here
     offset = s["label_offset"] if s["label_offset"] >= 0 else info.get("label_offset", 0)
+    resnet = s["model"] in CIFAR_RESNETS
     return dict(
         model=s["model"],
-        depth=int(s["model"][len("resnet") :]),
+        depth=int(s["model"][len("resnet") :]) if resnet else 0,
+        dtype=s["dtype"],
+        lr_schedule=s["lr_schedule"],
+        alternating_flips=s["alternating_flips"],
+        dirac_init=s["dirac_init"],
+        whitening=s["whitening"],
+        keras_without={k: why for k, why in KERAS_CANNOT.items() if s[k] != defaults[k]},
         image_size=s["image_size"],
         num_classes=s["num_classes"] or info["num_classes"],
         label_offset=offset,
@@ -197,6 +224,24 @@ def peer_recipe(config, info: dict, args) -> dict:
         torch_workers=args.torch_workers,
         tfgpu_settings={k: s[k] for k in sorted(MIRRORED)},  # checked against its config.json
     )
+
+
+def resolved_dtype(dtype: str) -> str:
+    """``dtype`` as tfgpu resolves it on this machine (--dtype=auto: ``config.resolve``)."""
+    if dtype != "auto":
+        return dtype
+    from tfgpu.config import config_from, resolve
+    from tfgpu.distribute import devices
+
+    return resolve(config_from(dtype="auto"), False, devices.fast_bfloat16()).model.dtype
+
+
+def torch_script(r: dict) -> str:
+    """The PyTorch peer's script for the recipe's network: the CIFAR ResNets' own, or for
+    airbench's networks airbench's method in its own code (TORCH_AIRBENCH, not written yet:
+    the hook another change fills)."""
+    name = TORCH_AIRBENCH if r["model"] in AIRBENCH_MODELS else "time_to_accuracy_torch.py"
+    return os.path.join(BENCH, name)
 
 
 # --- data and FLOPs (this process, before any clock) ----------------------------------------
@@ -395,18 +440,23 @@ def run_contender(name: str, args, r: dict, data_dir: str, work: str) -> dict:
         cmd = [sys.executable, script, f"--recipe={recipe_path}", f"--data_dir={data_dir}"]
     else:
         arrays = os.path.join(work, "arrays.npz")
-        script = os.path.join(BENCH, "time_to_accuracy_torch.py")
+        script = torch_script(r)
         cmd = [args.torch_python, script, f"--recipe={recipe_path}", f"--arrays={arrays}"]
     run = run_timed(name, cmd, work)
     events = tfgpu_events(run, model_dir, r) if name == "tfgpu" else peer_events(run)
+    if name == "keras":
+        events["notes"] += [f"runs without --{k}: {why}" for k, why in r["keras_without"].items()]
     events.update({k: run[k] for k in ("wall_s", "cpu_s", "load", "returncode")})
     if run["returncode"]:
         events["notes"].append(f"exit code {run['returncode']}; stderr ends: {run['stderr']}")
     return events
 
 
-def torch_missing(python: str) -> str:
+def torch_missing(python: str, r: dict) -> str:
     """Why the PyTorch contender cannot run ("" when it can)."""
+    if not os.path.exists(torch_script(r)):
+        peer = f"bench/{TORCH_AIRBENCH}: airbench's method"
+        return f"no PyTorch peer for --model={r['model']} yet ({peer})"
     if not python:
         return "no --torch_python (a virtualenv with torch and numpy)"
     probe = subprocess.run([python, "-c", "import torch, numpy"], capture_output=True, text=True)
@@ -544,7 +594,7 @@ def main() -> None:
     print("calibration:", line, flush=True)
     r, data_dir, unmirrored, macs = prepare(args, work)
     names, results = args.contenders.split(","), {}
-    why = torch_missing(args.torch_python) if "torch" in names else ""
+    why = torch_missing(args.torch_python, r) if "torch" in names else ""
     decode_s = None
     if "torch" in names and not why:
         decode_s = write_torch_arrays(data_dir, r, os.path.join(work, "arrays.npz"))

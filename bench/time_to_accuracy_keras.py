@@ -16,11 +16,18 @@ from before it starts. What it is made of:
   x learning rate, as tfgpu's) and ``exclude_from_weight_decay`` of BatchNorm and biases as
   tfgpu does; ``CosineDecay`` with ``warmup_target``/``warmup_steps``;
   ``CategoricalCrossentropy(label_smoothing=...)``;
+- airbench's recipes (``flags/fashion_mnist_fast.flags``): the same network with tfgpu's own
+  initialisations (``models.initialize``: the whitening layer from the first 5,000 training
+  images, --dirac_init), Keras' mixed-precision policy as tfgpu resolved --dtype, a linear
+  warmup-and-decay schedule written as a Keras ``LearningRateSchedule`` (tfgpu's arithmetic),
+  alternating flips in tf.data (a coin per image drawn once, the other way in odd epochs),
+  six-view TTA (--eval_tta=flip_translate) from ``model.predict``; what Keras cannot express
+  (a learning rate per variable group, lookahead) is left out and named in the results;
 - where it differs from tfgpu: 468 full batches an epoch (tfgpu counts batches across epochs:
   2,343 updates in 5 epochs, here 2,340); Keras' warmup gives update k the rate lr * k / W,
   tfgpu's lr * (k + 1) / W; ``steps_per_execution`` stays Keras' default 1;
-- ``fit(validation_data=test)`` (with --eval_tta=flip: the callback evaluates instead, the
-  mean of ``model.predict``'s softmax of the test images and of their mirrors) and a callback
+- ``fit(validation_data=test)`` (with --eval_tta: the callback evaluates instead, the mean
+  of ``model.predict``'s softmax over the views) and a callback
   that prints, for the parent to time on arrival,
   ``{"kind": "mark", "updates": n}`` every ``mark_every`` updates (and 0 at the start),
   ``{"kind": "eval", ...}`` after each epoch's evaluation, ``{"kind": "done"}``.
@@ -68,21 +75,32 @@ def one_hot(num_classes: int):
 
 
 def make_train_dataset(r: dict, data_dir: str):
+    """The endless train stream; with alternating flips, epoch e's pass mirrors the images
+    whose coin (drawn once per image) says so in even epochs, the others in odd ones."""
     pad, seed = r["crop_padding"], r["seed"]
     crop = keras.layers.RandomCrop(r["image_size"], r["image_size"], seed=seed)
     flip = keras.layers.RandomFlip("horizontal", seed=seed + 1)
+    coins = tf.random.stateless_uniform([r["num_train"]], [seed, 55]) < 0.5
 
-    def augment(image, label):
+    def augment(image, label, index, epoch):
         image = tf.cast(image, tf.float32)
         if pad:
             image = crop(tf.pad(image, [[pad, pad], [pad, pad], [0, 0]], mode="REFLECT"))
-        if r["flip"]:
+        if r["flip"] and r["alternating_flips"]:
+            mirror = tf.not_equal(coins[index], tf.math.floormod(epoch, 2) == 1)
+            image = tf.where(mirror, image[:, ::-1], image)
+        elif r["flip"]:
             image = flip(image)
         return image, label
 
-    ds = read_split(data_dir, "train", r["image_size"], r["label_offset"]).cache()
-    ds = ds.shuffle(r["num_train"], seed=seed, reshuffle_each_iteration=True)
-    ds = ds.map(augment, num_parallel_calls=AUTOTUNE)
+    split = read_split(data_dir, "train", r["image_size"], r["label_offset"]).cache()
+    split = split.enumerate().map(lambda i, pair: (*pair, i))
+
+    def epoch(e):
+        ds = split.shuffle(r["num_train"], seed=seed + tf.cast(e, tf.int64))
+        return ds.map(lambda x, y, i: augment(x, y, i, e), num_parallel_calls=AUTOTUNE)
+
+    ds = tf.data.Dataset.range(1 << 30).flat_map(epoch)
     ds = ds.batch(r["batch_size"], drop_remainder=True)
     return ds.map(one_hot(r["num_classes"])).prefetch(AUTOTUNE)
 
@@ -93,13 +111,40 @@ def make_test_dataset(r: dict, data_dir: str):
     return ds.map(one_hot(r["num_classes"])).prefetch(AUTOTUNE)
 
 
-def build_compiled_model(r: dict, total_steps: int) -> keras.Model:
+class LinearWarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup to ``lr`` over ``warmup`` updates, then linearly to 0 at ``total``
+    (tfgpu's --lr_schedule=linear: update k of the warmup at lr * (k + 1) / warmup)."""
+
+    def __init__(self, lr: float, warmup: int, total: int):
+        self.lr, self.warmup, self.total = float(lr), int(warmup), int(total)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        span = max(self.total - self.warmup, 1)
+        decay = tf.clip_by_value(1.0 - (step - self.warmup) / span, 0.0, 1.0)
+        if not self.warmup:
+            return self.lr * decay
+        return self.lr * tf.where(step < self.warmup, (step + 1.0) / self.warmup, decay)
+
+
+def first_images(data_dir: str, r: dict, count: int):
+    """uint8 [count, S, S, 3]: the first train records in file order (tfgpu's sample)."""
+    ds = read_split(data_dir, "train", r["image_size"], r["label_offset"]).take(count)
+    return tf.concat([x for x, _ in ds.batch(1000)], 0).numpy()
+
+
+def build_compiled_model(r: dict, total_steps: int, data_dir: str) -> keras.Model:
     from tfgpu import models
+    from tfgpu.models import whitening
 
     model = models.build_model(r["model"], r["num_classes"], r["image_size"])
+    sample = lambda: first_images(data_dir, r, whitening.SAMPLE)  # noqa: E731
+    models.initialize(model, r["dirac_init"], sample, r["whitening"])
     lr, warmup = r["learning_rate"], r["warmup_steps"]
     decay_steps = max(total_steps - warmup, 1)  # tfgpu's span: max(total - warmup, 1)
-    if warmup:
+    if r["lr_schedule"] == "linear":
+        schedule = LinearWarmupDecay(lr, warmup, total_steps)
+    elif warmup:
         schedule = keras.optimizers.schedules.CosineDecay(
             0.0, decay_steps, warmup_target=lr, warmup_steps=warmup
         )
@@ -123,22 +168,45 @@ def build_compiled_model(r: dict, total_steps: int) -> keras.Model:
     return model
 
 
-def flip_tta_top1(model: keras.Model, test) -> float:
-    """Top-1 of the mean softmax of each test image and its mirror (tfgpu's --eval_tta=flip)."""
+def tta_views(tta: str) -> list:
+    """[(weight, view of a batch)]: tfgpu's --eval_tta views (step/loops.py)."""
+    mirror = lambda x: x[:, :, ::-1]  # noqa: E731
+    if tta == "flip":
+        return [(0.5, lambda x: x), (0.5, mirror)]
+
+    def shifted(dy):
+        def view(x):
+            padded = tf.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]], mode="REFLECT")
+            return padded[:, dy : dy + x.shape[1], dy : dy + x.shape[2]]
+
+        return view
+
+    def mirrored(view):
+        return lambda x: mirror(view(x))
+
+    views = [(0.25, lambda x: x), (0.25, mirror)]
+    for dy in (0, 2):  # one pixel up-left, one down-right
+        views += [(0.125, shifted(dy)), (0.125, mirrored(shifted(dy)))]
+    return views
+
+
+def tta_top1(model: keras.Model, test, tta: str) -> float:
+    """Top-1 of the weighted mean softmax over the views (tfgpu's --eval_tta)."""
     images = test.map(lambda x, y: x)
     labels = tf.concat([tf.argmax(y, -1) for _, y in test], 0).numpy()
-    scores = tf.nn.softmax(model.predict(images, verbose=0))
-    mirrored = tf.nn.softmax(model.predict(images.map(lambda x: x[:, :, ::-1]), verbose=0))
-    return float(((scores + mirrored).numpy().argmax(-1) == labels).mean())
+    total = 0.0
+    for weight, view in tta_views(tta):
+        total += weight * tf.nn.softmax(model.predict(images.map(view), verbose=0)).numpy()
+    return float((total.argmax(-1) == labels).mean())
 
 
 class Clock(keras.callbacks.Callback):
     """Prints the marks and evaluations ``time_to_accuracy.py`` times."""
 
-    def __init__(self, every: int, num_test: int, flip_test=None):
+    def __init__(self, every: int, num_test: int, tta_test=None, tta: str = "none"):
         super().__init__()
         self.every, self.num_test, self.updates, self.eval_start = every, num_test, 0, None
-        self.flip_test = flip_test  # the test dataset, when evaluation is flip TTA
+        self.tta_test, self.tta = tta_test, tta  # the test dataset, when evaluation is TTA
 
     def on_train_begin(self, logs=None):
         emit("mark", updates=0)
@@ -152,9 +220,9 @@ class Clock(keras.callbacks.Callback):
         self.eval_start = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.flip_test is not None:
+        if self.tta_test is not None:
             self.eval_start = time.perf_counter()
-            top1 = flip_tta_top1(self.model, self.flip_test)
+            top1 = tta_top1(self.model, self.tta_test, self.tta)
         else:
             top1 = float(logs["val_top1"])
         eval_s = time.perf_counter() - self.eval_start
@@ -176,15 +244,17 @@ def main() -> None:
     with open(args.recipe, encoding="utf-8") as f:
         r = json.load(f)
     keras.utils.set_random_seed(r["seed"])
+    keras.mixed_precision.set_global_policy(r.get("dtype", "float32"))
     steps_per_epoch = r["num_train"] // r["batch_size"]
-    model = build_compiled_model(r, steps_per_epoch * r["epochs"])
+    model = build_compiled_model(r, steps_per_epoch * r["epochs"], args.data_dir)
     test = make_test_dataset(r, args.data_dir)
-    flip = r["eval_tta"] == "flip"
+    tta = r["eval_tta"] != "none"
     model.fit(
         make_train_dataset(r, args.data_dir),
         epochs=r["epochs"],
-        validation_data=None if flip else test,
-        callbacks=[Clock(r["mark_every"], r["num_test"], test if flip else None)],
+        steps_per_epoch=steps_per_epoch,
+        validation_data=None if tta else test,
+        callbacks=[Clock(r["mark_every"], r["num_test"], test if tta else None, r["eval_tta"])],
         verbose=0,
     )
     emit("done", keras=keras.__version__, tensorflow=tf.__version__)
