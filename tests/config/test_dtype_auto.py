@@ -5,6 +5,7 @@ any machine (the CLI's restart settings and train.run alike)."""
 import json
 from types import SimpleNamespace
 
+import keras
 import pytest
 from conftest import TINY_RUN
 
@@ -80,8 +81,11 @@ def _run(data_dir, model_dir, **settings):
     lines = []
     config = config_from(data_dir=data_dir, model_dir=str(model_dir), **dict(TINY_RUN, **settings))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("tfgpu.train.results.RunWriter.info", lambda self, line: lines.append(line))
-        train.run(validate(config))
+        patch.setattr("tfgpu.results.writer.RunWriter.info", lambda self, line: lines.append(line))
+        try:
+            train.run(validate(config))
+        finally:  # the run sets Keras' global policy: later tests build in float32
+            keras.mixed_precision.set_global_policy("float32")
     with open(model_dir / "config.json", encoding="utf-8") as f:
         return lines, json.load(f)["dtype"]
 
