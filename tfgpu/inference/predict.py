@@ -2,7 +2,8 @@
 
 One row per image: ``path,label_1,prob_1,...,label_k,prob_k,error``. Images are preprocessed
 by evaluation's own function (``pipeline.decode_eval_image``: center crop, resize) and
-predicted in batches, with the run's EMA weights when it kept them (as its evaluation). A file
+predicted in batches, with the run's EMA weights when it kept them and its --eval_tta views
+averaged (as its evaluation). A file
 that is not an image, or is broken, is named on stderr and in its row's ``error``; the others
 are still predicted. Records of a converted split are named by their stored file name.
 
@@ -30,6 +31,7 @@ from tfgpu.errors import UsageError, warn
 from tfgpu.files import check_output, replacing, shown, write_bytes_to_stdout
 from tfgpu.checkpoint.network import Network
 from tfgpu.inference import opened
+from tfgpu.step.loops import tta_probabilities
 
 
 def image_files(inputs) -> list[str]:
@@ -111,16 +113,16 @@ def _load(config, path: str, need_data: bool) -> dict:
 def predictor(trained):
     """The function predictions are made with: uint8 images [N, S, S, 3] (numpy or
     tensor) -> float32 probabilities [N, C] (numpy), with the run's EMA weights when it kept
-    them (``trained``: an ``opened.Opened``)."""
+    them and averaged over its --eval_tta views, as its evaluation (``trained``: an
+    ``opened.Opened``)."""
     model = trained.model
-    size = trained.config.data.image_size
+    size, tta = trained.config.data.image_size, trained.config.train.eval_tta
 
     # Traced once for any number of images: the last batch is smaller, and tracing a large
     # model again takes seconds (efficientnet_b0 on 2 cores: ~5 s).
     @tf.function(input_signature=[tf.TensorSpec([None, size, size, 3], tf.uint8)])
     def probabilities(images):
-        logits = tf.cast(model(tf.cast(images, tf.float32), training=False), tf.float32)
-        return tf.nn.softmax(logits)
+        return tta_probabilities(model, tf.cast(images, tf.float32), tta)
 
     def predict_images(images):
         ema = compat.ema_weights(trained.optimizer) if trained.optimizer else None

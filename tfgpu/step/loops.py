@@ -172,14 +172,14 @@ def tta_logits(model: keras.Model, images, tta: str = "none"):
     With ``tta`` "flip": logits whose softmax is the mean of the softmax probabilities of each
     image and of its left-right mirror (``mean_of_softmax``), so that the loss, top-1 and top-5
     computed from logits are those of the averaged probabilities. "flip_translate" (airbench's
-    multi-view TTA): six views, ``translated_views``, their probabilities weighted
+    multi-view TTA): six views (``tta_views``), their probabilities weighted
     (``weighted_mean_of_softmax``). Per example: any replica may run it."""
 
     def logits_of(x):
         return tf.cast(model(x, training=False), tf.float32)
 
     if tta == "flip_translate":
-        views, weights = translated_views(images)
+        views, weights = tta_views(images, tta)
         return weighted_mean_of_softmax([logits_of(v) for v in views], weights)
     logits = logits_of(images)
     if tta == "none":
@@ -187,17 +187,34 @@ def tta_logits(model: keras.Model, images, tta: str = "none"):
     return mean_of_softmax(logits, logits_of(tf.reverse(images, axis=[2])))
 
 
-def translated_views(images):
-    """airbench's six views of float ``images`` [N, H, W, C] and their weights: each image
-    and its mirror (1/4 each), and the image shifted by one pixel up-left and down-right
-    (edges reflected) with their mirrors (1/8 each)."""
+def tta_views(images, tta: str = "none") -> tuple[list, list]:
+    """(views of float ``images`` [N, H, W, C], their weights summing to 1) of --eval_tta:
+    none: the images; flip: them and their left-right mirrors (1/2 each); flip_translate
+    (airbench's): those (1/4 each), and the images shifted by one pixel up-left and
+    down-right (edges reflected) with their mirrors (1/8 each). Keras ops: the same in a
+    Keras functional model (``export.litert``), a tf.function and tf.data."""
+    if tta == "none":
+        return [images], [1.0]
+    if tta == "flip":
+        return [images, keras.ops.flip(images, axis=2)], [0.5, 0.5]
     height, width = images.shape[1], images.shape[2]
-    padded = tf.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]], mode="REFLECT")
+    padded = keras.ops.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]], mode="reflect")
     shifted = [padded[:, :height, :width], padded[:, 2 : height + 2, 2 : width + 2]]
     views = []
     for view in [images, *shifted]:
-        views += [view, tf.reverse(view, axis=[2])]
+        views += [view, keras.ops.flip(view, axis=2)]
     return views, [0.25, 0.25, 0.125, 0.125, 0.125, 0.125]
+
+
+def tta_probabilities(model: keras.Model, images, tta: str = "none"):
+    """float32 probabilities [N, K]: the weighted mean of ``model``'s softmax over the views
+    of ``tta_views`` (what the exports compute: no log-sum-exp for a converter to carry)."""
+    views, weights = tta_views(images, tta)
+    total = 0.0
+    for view, weight in zip(views, weights):
+        logits = keras.ops.cast(model(view, training=False), "float32")
+        total = keras.ops.softmax(logits) * weight + total
+    return total
 
 
 def mean_of_softmax(a, b):

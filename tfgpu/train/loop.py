@@ -327,7 +327,7 @@ def _export(training: Training, writer: RunWriter, ema: bool = True) -> None:
     keeps them (--ema_decay) and ``ema``, as evaluation and tfgpu-export use."""
     config = training.config
     directory = os.path.join(config.model_dir, "export")
-    served = training.inputs.serving
+    served = dict(training.inputs.serving, tta=config.train.eval_tta)  # its evaluation's views
     if not (config.train.export_best and training.best is not None and training.best.kept):
         with compat.ema_weights(training.optimizer) if ema else contextlib.nullcontext():
             note = export_model(training.model, directory, config.data.image_size, **served)

@@ -164,7 +164,7 @@ def _checked(source, run, check_images: int, batch_size: int) -> dict:
     entry.update(check.timing(lambda x: run({"image": x}), images), machine=check.machine())
     trained = source.trained
     entry.update(split="validation", checkpoint=source.checkpoint, step=trained.step)
-    entry.update(model=trained.config.model.name, image_size=source.image_size)
+    entry.update(model=trained.config.model.name, image_size=source.image_size, tta=source.tta)
     entry["class_names"] = source.class_names
     return entry
 
@@ -175,8 +175,10 @@ def summary_line(entry: dict, report: str) -> str:
     worst = min(entry["outputs"].values(), key=lambda o: o["top1_agreement"])
     diff = max(o["max_prob_diff"] for o in entry["outputs"].values())
     ref = entry["reference"]
+    views = f" (TTA {entry['tta']})" if entry.get("tta", "none") != "none" else ""
     return (
-        f"{entry['file']}: top-1 agreement {worst['top1_agreement']:.1%}, max |dp| {diff:.2g} "
+        f"{entry['file']}{views}: top-1 agreement {worst['top1_agreement']:.1%}, max |dp| "
+        f"{diff:.2g} "
         f"on {entry['num_images']} images; {entry['latency_ms']:.2f} ms/image, "
         f"{entry['images_per_sec']:,.0f} img/s (Keras: {ref['latency_ms']:.2f} ms, "
         f"{ref['images_per_sec']:,.0f} img/s); {report}"

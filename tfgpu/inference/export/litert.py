@@ -1,8 +1,9 @@
 """LiteRT (TFLite) flat buffers: float32, float16 weights, or int8 calibrated on training
 images; built-in ops only (no Flex delegate needed on a device).
 
-Converted from the model with a softmax on top through Keras' own LiteRT export
-(``model.export(format="litert")``: ExportArchive, then ``tf.lite.TFLiteConverter``), and run
+Converted from the model with a softmax on top (averaged over the run's --eval_tta views)
+through Keras' own LiteRT export (``model.export(format="litert")``: ExportArchive, then
+``tf.lite.TFLiteConverter``), and run
 with the ``ai-edge-litert`` interpreter. Input: float32 pixels [N, S, S, 3] in [0, 255],
 already center-cropped and resized as evaluation does; output: probabilities [N, C]. With
 full-integer I/O (int8 only), both are uint8 and the tensors' quantization (scale, zero point)
@@ -14,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfgpu.inference.export.source import float32_twin
+from tfgpu.step.loops import tta_probabilities
 
 
 def write(source, path: str, quantize: str, calibration=None, full_integer=False) -> None:
@@ -31,15 +33,19 @@ def write(source, path: str, quantize: str, calibration=None, full_integer=False
             settings.update(inference_input_type=tf.uint8, inference_output_type=tf.uint8)
     with source.evaluation_weights():
         model = float32_twin(source)
-        wrapper = with_softmax(model, source.image_size)
+        wrapper = with_softmax(model, source.image_size, source.tta)
         wrapper.export(path, format="litert", verbose=False, **settings)
 
 
-def with_softmax(model, image_size: int):
-    """A Keras model: float32 pixels [N, S, S, 3] -> probabilities (``model``'s softmax)."""
+def with_softmax(model, image_size: int, tta: str = "none"):
+    """A Keras model: float32 pixels [N, S, S, 3] -> probabilities (``model``'s softmax,
+    averaged over the views of ``tta``: the run's --eval_tta, ``loops.tta_probabilities``)."""
     images = keras.Input((image_size, image_size, 3), dtype="float32", name="images")
-    logits = model(images)
-    return keras.Model(images, keras.layers.Softmax(dtype="float32", name="probabilities")(logits))
+    if tta == "none":
+        logits = model(images)
+        softmax = keras.layers.Softmax(dtype="float32", name="probabilities")
+        return keras.Model(images, softmax(logits))
+    return keras.Model(images, tta_probabilities(model, images, tta), name="probabilities")
 
 
 def runner(path: str, threads: int = 0):

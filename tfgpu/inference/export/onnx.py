@@ -6,7 +6,8 @@ of every tfgpu model but tiny_cnn) left as graph inputs, and ONNX Runtime then r
 without them ("Required inputs ... are missing from input feed", Keras 3.15 + tf2onnx 1.17).
 Here the function is frozen first (tf2onnx's own ``tf_loader.from_function``, given the real
 input only), so they become constants. Input: float32 pixels [N, S, S, 3] in [0, 255], already
-center-cropped and resized as evaluation does; output: probabilities [N, C].
+center-cropped and resized as evaluation does; output: probabilities [N, C] (averaged over the
+run's --eval_tta views, as its evaluation).
 """
 
 import logging
@@ -16,6 +17,7 @@ import tensorflow as tf
 
 from tfgpu.errors import ExportRefused, first_line
 from tfgpu.inference.export.source import float32_twin
+from tfgpu.step.loops import tta_probabilities
 
 
 def write(source, path: str, quantize: str, calibration=None, full_integer=False) -> None:
@@ -29,7 +31,7 @@ def write(source, path: str, quantize: str, calibration=None, full_integer=False
     quiet.setLevel(logging.ERROR)
     try:
         with source.evaluation_weights():
-            frozen, inputs, outputs = _frozen(float32_twin(source), size, tf2onnx)
+            frozen, inputs, outputs = _frozen(float32_twin(source), size, tf2onnx, source.tta)
         tf2onnx.convert.from_graph_def(
             frozen,
             name="tfgpu",
@@ -53,9 +55,10 @@ def _erfc(ctx, node, name, args):
     ctx.replace_inputs(node, [one.output[0], erf.output[0]])
 
 
-def _frozen(model, size: int, tf2onnx) -> tuple:
-    """(the frozen GraphDef of pixels -> softmax(model), its input names, its output names)."""
-    function = tf.function(lambda images: tf.nn.softmax(model(images, training=False)))
+def _frozen(model, size: int, tf2onnx, tta: str = "none") -> tuple:
+    """(the frozen GraphDef of pixels -> softmax(model) averaged over the views of ``tta``
+    (``loops.tta_probabilities``), its input names, its output names)."""
+    function = tf.function(lambda images: tta_probabilities(model, images, tta))
     spec = tf.TensorSpec([None, size, size, 3], tf.float32, name="images")
     concrete = function.get_concrete_function(spec)
     inputs = [concrete.inputs[0].name]  # the rest are captures, frozen into constants

@@ -21,6 +21,7 @@ def write(source, path: str, quantize: str, calibration=None, full_integer=False
             class_names=source.class_names,
             data=source.data,
             saved_model_dir=path,
+            tta=source.tta,
         )
 
 

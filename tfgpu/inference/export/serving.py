@@ -19,6 +19,11 @@ Signatures (``tf.saved_model.load(dir).signatures[name]``, or TF Serving's
 
 An image that does not look whole (``host_ops.looks_whole``: cut short, not an image) is
 classified as zeros, as evaluation does, and its ``valid`` is False.
+
+With the run's --eval_tta (``tta``), every signature averages the same views as its evaluation
+(``step.loops.tta_views``: the softmax probabilities, weighted; ``serve``'s logits are those
+whose softmax is that average), so the served top-1 is the evaluation's. ``model.keras`` is the
+network alone (one view).
 """
 
 import os
@@ -27,6 +32,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu.data import pipeline
+from tfgpu.step.loops import tta_logits, tta_probabilities
 from tfgpu.files import pause_for_tests
 from tfgpu.models.layers import nested_layers
 from tfgpu.recordformat import FEATURES
@@ -43,6 +49,7 @@ def export_model(
     class_names=None,
     data=None,
     saved_model_dir: str = "",
+    tta: str = "none",
 ) -> str:
     """Saves ``model.keras`` in ``directory`` ("": none, then ``saved_model_dir`` is where)
     and the SavedModel (``saved_model_dir``, by default ``directory``/saved_model); returns
@@ -51,7 +58,8 @@ def export_model(
     takes uint8 images [N, image_size, image_size, 3] and returns float32 logits; with
     ``class_names`` (one per class) also ``classify_images``, and with ``data`` (the run's
     ``DataConfig``, as evaluation resolves it) ``classify_bytes`` and ``classify_examples``
-    (the module's docstring says what each returns)."""
+    (the module's docstring says what each returns); each averages the views of ``tta``
+    (--eval_tta)."""
     refusal = keras_file_refusal(model) if directory else ""
     if directory:
         os.makedirs(directory, exist_ok=True)
@@ -63,11 +71,11 @@ def export_model(
     archive.track(model)
     archive.add_endpoint(
         "serve",
-        lambda images: model(tf.cast(images, tf.float32), training=False),
+        lambda images: tta_logits(model, tf.cast(images, tf.float32), tta),
         input_signature=[pixels],
     )
     if class_names is not None:
-        classify = classifier(model, class_names)
+        classify = classifier(model, class_names, tta)
         archive.add_endpoint("classify_images", classify, input_signature=[pixels])
     if class_names is not None and data is not None:
         from_bytes = lambda encoded: _with_decoded(classify, encoded, data)
@@ -106,17 +114,17 @@ def _has_config(layer) -> bool:
     return True
 
 
-def classifier(model: keras.Model, class_names):
-    """uint8 images [N, S, S, 3] -> {probabilities [N, C], top_k_indices int32 [N, k],
-    top_k_names string [N, k], top_k_probabilities [N, k]}, k = min(TOP_K, C)."""
+def classifier(model: keras.Model, class_names, tta: str = "none"):
+    """uint8 images [N, S, S, 3] -> {probabilities [N, C] (averaged over the views of
+    ``tta``), top_k_indices int32 [N, k], top_k_names string [N, k], top_k_probabilities
+    [N, k]}, k = min(TOP_K, C)."""
     if len(class_names) != model.output_shape[-1]:
         raise ValueError(f"{len(class_names)} class names for {model.output_shape[-1]} classes")
     names = tf.constant([str(n) for n in class_names])
     k = min(TOP_K, len(class_names))
 
     def classify(images):
-        logits = model(tf.cast(images, tf.float32), training=False)
-        probabilities = tf.nn.softmax(tf.cast(logits, tf.float32))
+        probabilities = tta_probabilities(model, tf.cast(images, tf.float32), tta)
         top = tf.math.top_k(probabilities, k=k)
         return {
             "probabilities": probabilities,

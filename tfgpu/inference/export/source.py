@@ -37,6 +37,11 @@ class Source:
     def image_size(self) -> int:
         return self.trained.config.data.image_size
 
+    @property
+    def tta(self) -> str:
+        """The run's --eval_tta: the views every export averages, as its evaluation."""
+        return self.trained.config.train.eval_tta
+
     def evaluation_weights(self):
         """A context inside which the model holds the weights evaluation uses (its EMA)."""
         optimizer = self.trained.optimizer
