@@ -93,14 +93,12 @@ def make_train_dataset(r: dict, data_dir: str):
             image = flip(image)
         return image, label
 
+    n = r["num_train"]
     split = read_split(data_dir, "train", r["image_size"], r["label_offset"]).cache()
-    split = split.enumerate().map(lambda i, pair: (*pair, i))
-
-    def epoch(e):
-        ds = split.shuffle(r["num_train"], seed=seed + tf.cast(e, tf.int64))
-        return ds.map(lambda x, y, i: augment(x, y, i, e), num_parallel_calls=AUTOTUNE)
-
-    ds = tf.data.Dataset.range(1 << 30).flat_map(epoch)
+    split = split.enumerate().map(lambda i, pair: (*pair, i))  # (image, label, its index)
+    ds = split.shuffle(n, seed=seed, reshuffle_each_iteration=True).repeat().enumerate()
+    # The p-th example of the stream is in epoch p // n (each epoch holds every image once).
+    ds = ds.map(lambda p, e: augment(*e, p // n), num_parallel_calls=AUTOTUNE)
     ds = ds.batch(r["batch_size"], drop_remainder=True)
     return ds.map(one_hot(r["num_classes"])).prefetch(AUTOTUNE)
 
