@@ -143,3 +143,11 @@ def test_initialize_reads_the_sample_only_for_a_whitening_layer_made_from_data()
     assert models.initialize(models.build_model("tiny_cnn", 4, 16), True, no_sample) == [
         "--dirac_init: 6 convolutions start as identities where shapes allow"
     ]
+
+
+def test_whitening_is_a_setting_of_the_models_that_have_the_layer():
+    from tfgpu.config import ConfigError, config_from, validate
+
+    assert validate(config_from(model="airbench_s_gray", whitening="trained"))
+    with pytest.raises(ConfigError, match="--whitening=trained is for the models with a whitening"):
+        validate(config_from(model="resnet20", whitening="trained"))

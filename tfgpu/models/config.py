@@ -135,5 +135,10 @@ def check_model(m: ModelConfig) -> None:
             f"{what} is for the keras.applications models (densenet*, efficientnet*), not "
             f"--model={m.name}{resnet}"
         )
+    if m.whitening != "data" and models.MODELS[m.name][0] != "airbench":
+        raise ConfigError(
+            f"--whitening={m.whitening} is for the models with a whitening layer (airbench*), "
+            f"not --model={m.name}"
+        )
     if not (m.drop_path_rate == -1.0 or 0.0 <= m.drop_path_rate < 1.0):
         raise ConfigError(f"--drop_path_rate={m.drop_path_rate} must be in [0, 1), or -1")
