@@ -61,3 +61,25 @@ def test_every_format_averages_the_views_and_says_so(run, fmt):
         assert out["top1_agreement"] == 1.0 and out["max_prob_diff"] < 1e-5
     with open(os.path.join(model_dir, "export", "report.json"), encoding="utf-8") as f:
         assert json.load(f)["exports"][os.path.basename(entry["file"])]["tta"] == "flip_translate"
+
+
+@pytest.mark.fast
+def test_a_model_of_ones_own_serves_the_views_average(tmp_path):
+    """A subclassed model of the user's own (no get_config: the SavedModel alone) carries the
+    views in its signatures as a registry model does."""
+    from own_nets import write_module  # noqa: PLC0415 (puts the module on the path)
+
+    from tfgpu import models  # noqa: PLC0415
+    from tfgpu.inference.export.serving import export_model  # noqa: PLC0415
+    from tfgpu.step.loops import tta_probabilities  # noqa: PLC0415
+
+    model = models.build_model(f"{write_module(tmp_path)}:subclassed", 4, 16)
+    note = export_model(model, str(tmp_path / "export"), 16, class_names=list("abcd"), tta="flip")
+    assert "no model.keras" in note
+    pixels = np.random.default_rng(0).integers(0, 256, (6, 16, 16, 3)).astype(np.uint8)
+    loaded = tf.saved_model.load(str(tmp_path / "export" / "saved_model"))
+    served = loaded.signatures["classify_images"](images=tf.constant(pixels))["probabilities"]
+    views = tta_probabilities(model, tf.constant(pixels, tf.float32), "flip")
+    one = tta_probabilities(model, tf.constant(pixels, tf.float32), "none")
+    np.testing.assert_allclose(served.numpy(), np.asarray(views), atol=1e-6)
+    assert np.abs(np.asarray(views) - np.asarray(one)).max() > 1e-3  # the views differ

@@ -129,6 +129,7 @@ def test_any_model_string_is_read_or_refused_in_one_line(text):
         (dict(head_layers="classifier"), "--head_layers names what --freeze=backbone"),
         (dict(input_scaling="preset"), "--input_scaling=preset takes the scaling of a KerasHub"),
         (dict(init_weights="imagenet"), "--init_weights=imagenet is for the keras.applications"),
+        (dict(whitening="trained"), "--whitening=trained is for the models with a whitening"),
     ],
 )
 def test_settings_that_need_tfgpu_structure_are_refused_naming_the_model(nets, values, expected):
@@ -219,6 +220,13 @@ def test_a_keras_file_keeps_its_weights_and_gets_a_new_classifier(nets, keras_fi
     mine = [w for w in network.weights if not w.path.startswith("classifier")]
     for a, b in zip(mine, kept, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_dirac_init_is_refused_for_a_model_that_brings_trained_weights(nets, keras_file):
+    assert "--dirac_init would overwrite the trained weights" in _refused(
+        model=keras_file, dirac_init=True
+    )
+    assert validate(config_from(model=f"{nets}:functional_bn", dirac_init=True))
 
 
 def test_a_keras_file_holding_python_code_is_refused_in_one_line(tmp_path):

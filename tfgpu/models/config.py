@@ -135,7 +135,7 @@ def check_model(m: ModelConfig) -> None:
             f"{what} is for the keras.applications models (densenet*, efficientnet*), not "
             f"--model={m.name}{resnet}"
         )
-    if m.whitening != "data" and models.MODELS[m.name][0] != "airbench":
+    if m.whitening != "data" and models.MODELS.get(m.name, ("",))[0] != "airbench":
         raise ConfigError(
             f"--whitening={m.whitening} is for the models with a whitening layer (airbench*), "
             f"not --model={m.name}"

@@ -279,6 +279,10 @@ def check(m, registry) -> None:
     for name, on in given.items():
         if on:
             raise ConfigError(f"--{name} {NEEDS_REGISTRY[name]}: it does not apply to {own.flag}")
+    if m.dirac_init and own.kind in ("keras_file", "hub_preset"):
+        raise ConfigError(
+            f"--dirac_init would overwrite the trained weights {own.flag} brings: leave it out"
+        )
     if m.head_layers and m.freeze != "backbone":
         raise ConfigError(
             f"--head_layers names what --freeze=backbone leaves training of {own.flag}: add it"
