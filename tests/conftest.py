@@ -48,8 +48,12 @@ import inspect
 import shutil
 import sys
 
+import hypothesis
 import numpy as np
 import pytest
+from requires import require_all, requires
+from weights import assert_same_weights
+from weights import named as named_weights
 
 from tfgpu.cli import quiet
 
@@ -140,6 +144,39 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_heavy)
     if hasattr(config, "workerinput"):  # a pytest-xdist worker (``make test``: -n 2)
         spread(items)
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.requires("name")``: tests/requires.py's check, before the test."""
+    for mark in item.iter_markers("requires"):
+        for dependency in mark.args:
+            requires(dependency)
+
+
+def _skip_is_a_gap(report, item=None) -> bool:
+    """Under ``make test`` (tests/requires.py's REQUIRE_ALL_ENV) a skip is a failure, but the
+    opt-in heavy tier's and an expected failure's."""
+    if not (report.skipped and require_all()) or hasattr(report, "wasxfail"):
+        return False
+    return item is None or item.get_closest_marker("heavy") is None or heavy_enabled()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if _skip_is_a_gap(report, item):
+        report.outcome = "failed"
+        report.longrepr = f"skipped where every dependency is installed: {report.longrepr}"
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    report = yield
+    if _skip_is_a_gap(report):  # a module that skips itself at its top
+        report.outcome = "failed"
+        report.longrepr = f"skipped where every dependency is installed: {report.longrepr}"
+    return report
 
 
 def spread(items) -> None:
@@ -284,11 +321,9 @@ def cli_flags(values: dict, **paths) -> list[str]:
 @pytest.fixture
 def horovodrun_tfgpu() -> list[str]:
     """The command prefix that runs tfgpu.main as 2 Horovod ranks on localhost (Gloo)."""
-    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable))
-    if horovodrun is None:
-        pytest.fail("horovodrun not found: run `make test` (it builds Horovod)")
+    requires("horovod")
     return [
-        horovodrun,
+        shutil.which("horovodrun", path=os.path.dirname(sys.executable)),
         "--gloo",
         "-np",
         "2",

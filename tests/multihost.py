@@ -8,10 +8,11 @@ set-up (an ``ssh`` on PATH) that reaches it without touching ~/.ssh.
 ``drop_incoming`` cuts a link the way a partition does (packets vanish, no error reaches the
 sender), in one direction or for one UDP port only, and ``heal`` mends it.
 
-Needs root (CAP_SYS_ADMIN), ``ip`` (iproute2) and ``unshare`` (util-linux): ``unavailable()``
-says what is missing, for a skip. Whatever is started is bounded by a timeout and killed with
-SIGKILL at tear-down (tfgpu workers catch SIGTERM), with every process left in the
-namespaces; the namespaces and their /etc/netns files are removed, after a failure too.
+Needs root (CAP_SYS_ADMIN), ``ip`` (iproute2) and ``unshare`` (util-linux), and ``Sshd`` an
+sshd: ``requires("netns")`` and ``requires("sshd")`` (tests/requires.py) say what is missing.
+Whatever is started is bounded by a timeout and killed with SIGKILL at tear-down (tfgpu
+workers catch SIGTERM), with every process left in the namespaces; the namespaces and their
+/etc/netns files are removed, after a failure too.
 """
 
 import os
@@ -46,24 +47,11 @@ def _run(argv: list[str], timeout: float = 20) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 
-def unavailable() -> str | None:
-    """Why network namespaces cannot be made here, or None when they can."""
-    if os.geteuid() != 0:
-        return f"network namespaces need root (CAP_SYS_ADMIN); running as uid {os.geteuid()}"
-    for tool, package in (("ip", "iproute2"), ("unshare", "util-linux")):
-        if shutil.which(tool) is None:
-            return f"`{tool}` not found: install {package} (.ci/run does)"
-    return None
-
-
 class TwoHosts:
     """Two hosts, ``a`` and ``b``, named and addressed uniquely for this process."""
 
     def __init__(self, pair: int = 0):
         """``pair``: several pairs made by one process each take another number."""
-        reason = unavailable()
-        if reason:
-            raise Unavailable(reason)
         pid = os.getpid()
         subnet = f"10.{78 + pair}.{pid % 250 + 1}"
         self.a = Host(f"tfgpu{pid}p{pair}a", f"{subnet}.1")
@@ -217,15 +205,6 @@ class Sshd:
     def sessions_from(self, address: str) -> int:
         """Logins accepted from ``address`` so far."""
         return _read(self.log).count(f"Accepted publickey for root from {address} ")
-
-
-def sshd_missing() -> str | None:
-    """Why ``Sshd`` cannot run here, or None."""
-    for tool, where in (("sshd", "/usr/sbin:/usr/local/sbin"), ("ssh", None), ("ssh-keygen", None)):
-        path = f"{where}:{os.environ['PATH']}" if where else None
-        if shutil.which(tool, path=path) is None:
-            return f"`{tool}` not found: install openssh-server and openssh-client (.ci/run does)"
-    return None
 
 
 def _ip(*args: str) -> None:

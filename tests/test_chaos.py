@@ -12,6 +12,7 @@ import sys
 
 import pytest
 from chaos import SEED_ENV, chaos_run, chaos_seed, jobs, run_until_done
+from requires import requires
 
 # Each test runs its job a few times over (about 1-2 minutes on 2 shared cores); the bound is
 # for a hang, on a machine far busier than that.
@@ -50,5 +51,5 @@ def test_two_workers_killed_one_or_all_end_as_the_uninterrupted_job(small_datase
 
 @pytest.mark.heavy  # the two-worker case above shows the claim; this one under Horovod
 def test_horovod_ranks_killed_end_as_the_uninterrupted_job(small_dataset, tmp_path):
-    pytest.importorskip("horovod", reason="Horovod is not installed (make test builds it)")
+    requires("horovod")
     _chaos(jobs(small_dataset)["horovod"], tmp_path, ["update:one"])

@@ -9,9 +9,10 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
+from requires import requires
+from weights import assert_same_weights
 
 from tfgpu import train
 from tfgpu.cli import launch
@@ -288,8 +289,7 @@ def test_fewer_shards_than_workers_and_fewer_eval_examples_than_replicas(tmp_pat
 @pytest.mark.heavy  # ~95 s on a starved core: a diagnostic, not a contract
 def test_the_chief_logs_the_slowest_worker_per_window(small_dataset, tmp_path):
     """A straggler made for real: worker 1 shares its CPU core with three busy loops."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs 2 CPU cores to slow one worker down and not the other")
+    requires("two_cores")  # to slow one worker down and not the other
     busy = ["taskset", "-c", "1", sys.executable, "-c", "while True: pass"]
     hogs = [subprocess.Popen(busy) for _ in range(3)]  # a third of the core is left to it
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from requires import FASHION_MNIST  # Debian's dataset-fashion-mnist
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,7 +29,6 @@ from tfgpu.data import spec as data_spec
 
 pytestmark = pytest.mark.fast
 RNG = np.random.default_rng(0)
-FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
 HYPOTHESIS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -241,10 +241,7 @@ def test_one_idx_file_as_input_and_class_names_elsewhere_are_refused(tmp_path, c
         )
 
 
-@pytest.mark.skipif(
-    not os.path.isdir(FASHION_MNIST),
-    reason=f"{FASHION_MNIST} is missing (Debian's dataset-fashion-mnist is not installed)",
-)
+@pytest.mark.requires("fashion_mnist")
 def test_debian_fashion_mnist_reads_as_its_arrays():
     """The real files: 60,000 + 10,000 images, t10k as validation, each row the file's own
     bytes (read independently here), and stored by the worker as those exact pixels."""

@@ -10,19 +10,19 @@ import io
 import json
 import os
 
+import imagehash
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
+from skimage import data as skimage_data
 
 from tfgpu import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import dedupe, duplicates, fingerprint, near_search
 from tfgpu.data.dataset_info import leak_line
-
-skimage_data = pytest.importorskip("skimage.data")
 
 # Distinct photographs and scans among scikit-image's samples (data.cat is chelsea again).
 PHOTOS = [
@@ -159,7 +159,6 @@ def test_evaluate_says_when_the_data_leaks(planted, tmp_path, capsys):
 
 
 def test_phash_is_imagehashs_and_the_mirror_hash_the_mirrors():
-    imagehash = pytest.importorskip("imagehash")
     for name in PHOTOS:
         thumb = np.rint(fingerprint.thumbnail(_photo(name))).astype(np.uint8)
         direct, mirror = fingerprint.phashes(np.stack([thumb, thumb[:, ::-1]]))

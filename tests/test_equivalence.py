@@ -152,7 +152,7 @@ def test_large_batch_settings_on_two_processes_equal_default(
     small_dataset, large_batch_reference, tmp_path, strategy, request
 ):
     if strategy == "horovod":
-        cmd = list(request.getfixturevalue("horovodrun_tfgpu"))  # skips without Horovod
+        cmd = list(request.getfixturevalue("horovodrun_tfgpu"))  # requires('horovod')
     else:
         cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
     flags = cli_flags(dict(FLAGS, **LARGE_BATCH), data_dir=small_dataset, model_dir=tmp_path)

@@ -16,15 +16,11 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.errors import ExportRefused, UsageError
 from tfgpu.cli.app import run_command
-from tfgpu.inference.export import FAMILIES, companions, family_of, missing_packages, unsupported
+from tfgpu.inference.export import FAMILIES, companions, family_of, unsupported
 from tfgpu.inference.export.checked import export
 
-needs_litert = pytest.mark.skipif(
-    bool(missing_packages("litert")), reason="no ai-edge-litert: pip install '.[export]'"
-)
-needs_onnx = pytest.mark.skipif(
-    bool(missing_packages("onnx")), reason="no tf2onnx/onnxruntime: pip install '.[export]'"
-)
+needs_litert = pytest.mark.requires("litert")
+needs_onnx = pytest.mark.requires("onnx")
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,9 @@ installs) converted from its own IDX files and trained on, as the recipes in ``f
 The full recipes are benchmarks (bench/README.md), not tests: this one trains resnet20 on
 2,000 training images for ~25 s and asserts a floor far above chance (10%)."""
 
-import os
-
 import numpy as np
 import pytest
+from requires import FASHION_MNIST
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
@@ -15,11 +14,7 @@ from tfgpu.convert.inputs.idx import read_idx
 
 pytestmark = pytest.mark.slow  # converts and trains: ~30 s on 2 idle cores
 
-PACKAGE = "/usr/share/datasets/fashion-mnist"
-needs_package = pytest.mark.skipif(
-    not os.path.isdir(PACKAGE),
-    reason=f"{PACKAGE} is missing: apt-get install dataset-fashion-mnist (make test does)",
-)
+PACKAGE = FASHION_MNIST
 
 
 def _slice(tmp_path, train_count: int, test_count: int) -> str:
@@ -34,7 +29,7 @@ def _slice(tmp_path, train_count: int, test_count: int) -> str:
     return path
 
 
-@needs_package
+@pytest.mark.requires("fashion_mnist")
 def test_resnet20_learns_a_slice_of_fashion_mnist(tmp_path):
     data = tmp_path / "fm"
     argv = ["to_tfrecord", f"--input={_slice(tmp_path, 2000, 1000)}", f"--output_dir={data}"]

@@ -17,9 +17,7 @@ THROUGHPUT = [
     for setting in ("float32", "mixed_float16", "mixed_float16 + XLA")
 ]
 
-no_gpu = pytest.mark.skipif(
-    bool(tf.config.list_physical_devices("GPU")), reason="checks the CPU-only behaviour"
-)
+no_gpu = pytest.mark.requires("no_gpu")  # checks the CPU-only behaviour
 
 
 def _gpu_check(*flags: str) -> subprocess.CompletedProcess:

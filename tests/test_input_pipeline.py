@@ -209,7 +209,7 @@ def test_official_imagenet_records_labels_from_one(tmp_path):
 
 @pytest.mark.fast
 def test_tfds_dataset_read_from_its_files(tmp_path):
-    tfds = pytest.importorskip("tensorflow_datasets")
+    import tensorflow_datasets as tfds  # noqa: PLC0415 (a dependency; seconds to import)
 
     class TinyShapes(tfds.core.GeneratorBasedBuilder):
         VERSION = tfds.core.Version("1.0.0")

@@ -8,13 +8,13 @@ processes stops them all in one line."""
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
+from requires import requires
 from conftest import TINY_RUN, cli_flags, final_weights
+from weights import assert_same_weights, largest
 
 from tfgpu import train
 from tfgpu.cli import launch
@@ -43,16 +43,6 @@ def references(small_dataset, tmp_path_factory):
         return made[model]
 
     return reference
-
-
-def mpirun_missing() -> str | None:
-    return None if shutil.which("mpirun") else "no mpirun: apt-get install openmpi-bin (.ci/run)"
-
-
-def horovod_mpi_missing() -> str | None:
-    code = "import horovod.tensorflow as h; raise SystemExit(0 if h.mpi_built() else 1)"
-    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, env=_env())
-    return None if probe.returncode == 0 else "Horovod with MPI not installed (make test builds it)"
 
 
 def _env(**extra) -> dict:
@@ -94,22 +84,16 @@ def check_one_job(out, model_dir, reference, strategy: str, replicas: int = 2) -
     with open(os.path.join(model_dir, "summary.json"), encoding="utf-8") as f:
         summary = json.load(f)
     assert (summary["strategy"], summary["num_replicas"]) == (strategy, replicas)
-    weights = final_weights(model_dir)
-    scale = max(float(np.abs(w).max()) for w in reference)
-    assert len(weights) == len(reference) > 0
-    for a, b in zip(weights, reference):
-        np.testing.assert_allclose(a, b, atol=1e-5 * scale, rtol=0)
+    assert_same_weights(model_dir, reference, atol=1e-5 * largest(reference))
 
 
-needs_mpirun = pytest.mark.skipif(mpirun_missing() is not None, reason=str(mpirun_missing()))
+needs_mpirun = pytest.mark.requires("mpirun")
 
 
 @needs_mpirun
 @pytest.mark.parametrize("model", ["tiny_cnn", pytest.param("resnet18", marks=pytest.mark.heavy)])
 def test_mpirun_auto_is_one_horovod_job(model, references, small_dataset, tmp_path):
-    reason = horovod_mpi_missing()
-    if reason:
-        pytest.skip(reason)
+    requires("horovod_mpi")
     flags = cli_flags(RUNS[model], data_dir=small_dataset, model_dir=tmp_path, strategy="auto")
     out = _run(mpirun(flags))
     check_one_job(out, tmp_path, references(model), "horovod")

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import TINY_RUN, cli_flags
 from procs import Output, kill_tree, popen
+from requires import requires
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
@@ -72,9 +73,8 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    if not os.access(SERVER, os.X_OK):
-        pytest.skip(f"no `mlflow server` at {SERVER}: `make mlflow-server` installs it")
-    pytest.importorskip("mlflow", reason="MLflow's client: pip install -e '.[mlflow]'")
+    requires("mlflow_server")
+    requires("mlflow")
     started = Server(tmp_path_factory.mktemp("mlflow"))
     try:
         yield started.ready()
@@ -83,7 +83,7 @@ def server(tmp_path_factory):
 
 
 def _client(uri):
-    from mlflow import MlflowClient  # noqa: PLC0415 (after importorskip)
+    from mlflow import MlflowClient  # noqa: PLC0415 (after requires)
 
     return MlflowClient(tracking_uri=uri)
 
@@ -210,7 +210,7 @@ def test_a_server_killed_mid_run_is_one_warning(server, small_dataset, tmp_path,
 
 
 def test_a_refused_connection_costs_seconds(tmp_path, capsys):
-    pytest.importorskip("mlflow", reason="MLflow's client: pip install -e '.[mlflow]'")
+    requires("mlflow")
     uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
     tracker = tracking.Tracker(uri, "", str(tmp_path), {"model": "tiny_cnn"}, export=False)
     started = time.time()

@@ -10,10 +10,11 @@ import re
 import shutil
 import sys
 
-import numpy as np
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
-from multihost import SSH_PORT, Sshd, TwoHosts, Unavailable, sshd_missing
+from multihost import SSH_PORT, Sshd, TwoHosts
+from requires import requires
+from weights import assert_same_weights
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
@@ -26,10 +27,8 @@ TF_PORT = 23456  # free: each host's namespace starts with no sockets
 
 @pytest.fixture(scope="module")
 def hosts():
-    try:
-        two = TwoHosts()
-    except Unavailable as err:
-        pytest.skip(f"cannot create two hosts as network namespaces: {err}")
+    requires("netns")
+    two = TwoHosts()
     try:
         yield two
     finally:
@@ -93,9 +92,7 @@ def test_multi_worker_across_two_hosts(hosts, reference, small_dataset, tmp_path
 
 @pytest.fixture(scope="module")
 def sshd(hosts, tmp_path_factory):
-    reason = sshd_missing()
-    if reason:
-        pytest.skip(reason)
+    requires("sshd")
     return Sshd(hosts, hosts.b, str(tmp_path_factory.mktemp("ssh")))
 
 
@@ -157,7 +154,7 @@ def _mpirun_across(hosts, sshd, flags: list, tmp_path) -> str:
     return output
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun: apt-get install openmpi-bin")
+@pytest.mark.requires("mpirun")
 @pytest.mark.parametrize(
     "strategy", ["multi_worker_mirrored", pytest.param("auto", marks=pytest.mark.heavy)]
 )

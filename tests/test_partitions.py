@@ -26,10 +26,11 @@ import shutil
 import sys
 import time
 
-import numpy as np
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights, heavy_enabled
-from multihost import SSH_PORT, Sshd, TwoHosts, Unavailable, sshd_missing
+from multihost import SSH_PORT, Sshd, TwoHosts
+from requires import missing, requires
+from weights import assert_same_weights
 
 from tfgpu.distribute.heartbeats import RESUME
 
@@ -222,10 +223,7 @@ SCENARIOS = {
 def outcomes(small_dataset, tmp_path_factory):
     """Every scenario's outcome, and the uninterrupted run's (``reference``), all started at
     once (they mostly wait), each in its own pair of hosts."""
-    try:
-        TwoHosts(pair=9).close()
-    except Unavailable as err:
-        pytest.skip(f"cannot create two hosts as network namespaces: {err}")
+    requires("netns")
     root = tmp_path_factory.mktemp("partitions")
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(SCENARIOS) + 1)
     futures = {"reference": pool.submit(_uninterrupted, small_dataset, root / "reference", 0)}
@@ -233,7 +231,7 @@ def outcomes(small_dataset, tmp_path_factory):
         if heavy_enabled() or not heavy:
             run = functools.partial(_cut_and_resume, cut=cut, steps=steps, tasks=tasks)
             futures[name] = pool.submit(run, small_dataset, root / name, pair)
-    if heavy_enabled() and not _horovod_missing():
+    if heavy_enabled() and not (missing("horovod") or missing("sshd")):
         pair = len(SCENARIOS) + 1
         futures["horovod"] = pool.submit(_horovod_pair, small_dataset, root / "horovod", pair)
     yield futures
@@ -250,13 +248,6 @@ _RANK = (
 
 def _horovodrun() -> str | None:
     return shutil.which("horovodrun", path=os.path.dirname(sys.executable))
-
-
-def _horovod_missing() -> str | None:
-    """Why the Horovod pair cannot run here, or None."""
-    if _horovodrun() is None:
-        return "horovodrun not found: Horovod is not installed (`make test` builds it)"
-    return sshd_missing()
 
 
 def _horovod_pair(data, where, pair: int) -> dict:
@@ -396,8 +387,8 @@ def test_a_link_cut_one_way_stops_both_workers_and_loses_nothing(outcomes):
 
 @pytest.mark.heavy  # the multi_worker_mirrored pair shows the same contract by default
 def test_a_horovod_pair_cut_both_ways_stops_both_ranks_and_loses_nothing(outcomes):
-    if "horovod" not in outcomes:
-        pytest.skip(_horovod_missing())
+    requires("horovod")
+    requires("sshd")
     outcome = outcomes["horovod"].result()
     _check_stopped(outcome, silent=True)
     # Two ranks sum as two workers do: the multi_worker_mirrored run's weights, bit for bit.

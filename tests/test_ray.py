@@ -18,6 +18,8 @@ import psutil
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
 from procs import Output, kill_tree, popen
+from requires import requires
+from weights import assert_same_weights, largest
 
 from tfgpu.cli import ray as tfgpu_ray
 from tfgpu import train
@@ -40,7 +42,7 @@ WORKER_PID = re.compile(r"tfgpu-ray: worker (\d+) of 2: pid (\d+)")
 
 
 def _need_ray():
-    pytest.importorskip("ray.train", reason="Ray Train is not installed: pip install '.[ray]'")
+    requires("ray")
 
 
 def _assert_close(weights, reference, atol):

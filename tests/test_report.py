@@ -22,8 +22,9 @@ from tfgpu.convert import plan
 from tfgpu.convert.manifest import items_from_arrays
 
 import browser
+from requires import requires
 
-pytest.importorskip("matplotlib")  # the [report] extra (make test installs it)
+requires("matplotlib")  # the [report] extra (make test installs it)
 
 HOSTILE = ['<script>alert("x")</script>', "a & b <i>i</i>", "\"q\" 'r' $x$", "</td></tr><p>"]
 
@@ -107,8 +108,7 @@ JS = {
 
 @pytest.fixture(scope="module")
 def page(report):
-    if browser.CHROMIUM is None:
-        pytest.skip("no chromium (Debian's package; tools/install_system_packages.sh)")
+    requires("chromium")
     return browser.open_page(report["path"], JS)
 
 

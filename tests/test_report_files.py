@@ -8,8 +8,9 @@ import json
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from requires import requires
 
-pytest.importorskip("matplotlib")  # the [report] extra (make test installs it)
+requires("matplotlib")  # the [report] extra (make test installs it)
 
 from tfgpu.report import page  # noqa: E402
 from tfgpu.report.runs import Run, read_metrics, read_run  # noqa: E402

@@ -1,14 +1,17 @@
 """The test tiers stay honest: no fast test starts a process, and both tiers keep a sensible
-size (the rule and its reasons are in conftest.py's docstring)."""
+size (the rule and its reasons are in conftest.py's docstring); a missing dependency skips
+through ``requires`` alone, and fails under ``make test``."""
 
 import dis
 import importlib
 import inspect
 import pathlib
+import re
 import types
 
 import conftest
 import pytest
+import requires
 
 TESTS = pathlib.Path(__file__).parent
 MODULES = sorted(p.stem for p in TESTS.glob("test_*.py"))
@@ -116,3 +119,69 @@ def test_both_tiers_keep_a_sensible_size():
     # and is not everything.
     assert fast >= 60 and slow >= 60, (fast, slow)
     assert fast < len(tiers) and slow < len(tiers)
+
+
+# --- requires: a missing dependency skips, and fails where every one is installed ----------
+
+
+@pytest.fixture
+def absent(monkeypatch):
+    """A dependency that is never there."""
+    monkeypatch.setitem(requires.DEPENDENCIES, "absent", lambda: "no absent: apt-get it")
+    requires.missing.cache_clear()
+    yield "absent"
+    requires.missing.cache_clear()
+
+
+def test_a_missing_dependency_skips_saying_how_to_get_it(absent, monkeypatch):
+    monkeypatch.delenv(requires.REQUIRE_ALL_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="requires absent: no absent: apt-get it"):
+        requires.requires(absent)
+
+
+def test_a_missing_dependency_fails_where_all_are_required(absent, monkeypatch):
+    monkeypatch.setenv(requires.REQUIRE_ALL_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="requires absent: no absent"):
+        requires.requires(absent)
+    with pytest.raises(KeyError, match="not one of"):
+        requires.requires("no_such_dependency")
+
+
+class _Report:
+    def __init__(self, skipped=True, **attributes):
+        self.skipped = skipped
+        vars(self).update(attributes)
+
+
+class _Item:
+    def __init__(self, heavy):
+        self.heavy = heavy
+
+    def get_closest_marker(self, name):
+        return object() if name == "heavy" and self.heavy else None
+
+
+def test_under_make_test_any_skip_but_the_heavy_tiers_is_a_failure(monkeypatch):
+    monkeypatch.delenv(conftest.HEAVY_ENV, raising=False)
+    monkeypatch.setenv(requires.REQUIRE_ALL_ENV, "1")
+    assert conftest._skip_is_a_gap(_Report(), _Item(heavy=False))
+    assert conftest._skip_is_a_gap(_Report())  # a module that skipped itself
+    assert not conftest._skip_is_a_gap(_Report(), _Item(heavy=True))
+    assert not conftest._skip_is_a_gap(_Report(wasxfail=""), _Item(heavy=False))
+    assert not conftest._skip_is_a_gap(_Report(skipped=False), _Item(heavy=False))
+    monkeypatch.setenv(conftest.HEAVY_ENV, "1")  # make test-heavy: nothing may skip
+    assert conftest._skip_is_a_gap(_Report(), _Item(heavy=True))
+    monkeypatch.setenv(requires.REQUIRE_ALL_ENV, "0")  # make test-fast, plain pytest
+    assert not conftest._skip_is_a_gap(_Report(), _Item(heavy=False))
+
+
+SKIPS = re.compile(r"pytest\.skip\(|importorskip\(|mark\.skipif\(|mark\.skip\(")
+
+
+def test_every_skip_goes_through_requires():
+    """One place says what a test needs (tests/requires.py); a skip written elsewhere would
+    be invisible to ``make test``'s rule."""
+    for path in sorted(TESTS.rglob("*.py")):
+        if path.name not in ("requires.py", "conftest.py", "test_tiers.py"):
+            found = SKIPS.findall(path.read_text(encoding="utf-8"))
+            assert not found, f"{path.relative_to(TESTS)}: {found}: use requires(...)"

@@ -8,6 +8,8 @@ import pytest
 from absl import flags
 from hypothesis import given
 from hypothesis import strategies as st
+from outcomes import expects, outcome
+from requires import requires
 
 from tfgpu.cli.flags import define_flags
 from tfgpu.cli.train import make_config
@@ -61,8 +63,7 @@ def test_a_password_in_the_uri_is_refused():
 
 @pytest.mark.parametrize("flag", [None, "http://flag:5000"])
 def test_the_command_reads_mlflows_environment_when_the_flag_is_empty(flag, tmp_path, monkeypatch):
-    if importlib.util.find_spec("mlflow") is None:  # found, not imported: seconds saved
-        pytest.skip("MLflow's client: pip install -e '.[mlflow]'")
+    requires("mlflow")  # found, not imported: seconds saved
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:5000")
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
     parsed = flags.FlagValues()
