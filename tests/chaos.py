@@ -34,6 +34,7 @@ import numpy as np
 import psutil
 from conftest import cli_flags, final_weights
 from procs import Output, kill_tree, popen
+from weights import named as named_weights
 
 from tfgpu.cli import launch
 
@@ -418,27 +419,25 @@ def _duplicates(records: list) -> list:
     return twice
 
 
-def _differing_bytes(mine: list, theirs: list) -> int:
-    if len(mine) != len(theirs):
-        return sum(a.nbytes for a in theirs)
-    return sum(
-        int(np.sum(a != b)) * a.itemsize if a.shape == b.shape else b.nbytes
-        for a, b in zip(mine, theirs)
+def _differing_bytes(mine: dict, theirs: dict) -> int:
+    """Bytes of ``theirs`` (named arrays) that ``mine`` lacks or holds otherwise: a weight
+    missing or of another shape counts whole; one that ``mine`` has in excess, its bytes."""
+    extra = sum(a.nbytes for name, a in mine.items() if name not in theirs)
+    return extra + sum(
+        int(np.sum(mine[name] != b)) * b.itemsize
+        if name in mine and mine[name].shape == b.shape
+        else b.nbytes
+        for name, b in theirs.items()
     )
 
 
-def _keras_arrays(model_dir: str) -> list:
-    """The arrays of export/model.keras (a zip holding model.weights.h5), in file order."""
+def _keras_arrays(model_dir: str) -> dict:
+    """The named arrays of export/model.keras (a zip holding model.weights.h5)."""
     import io
     import zipfile
 
-    import h5py
-
-    arrays = []
     with zipfile.ZipFile(os.path.join(model_dir, "export", "model.keras")) as z:
-        with h5py.File(io.BytesIO(z.read("model.weights.h5")), "r") as f:
-            f.visititems(lambda _, o: arrays.append(o[()]) if isinstance(o, h5py.Dataset) else None)
-    return arrays
+        return named_weights(io.BytesIO(z.read("model.weights.h5")))
 
 
 def _best(model_dir: str) -> dict:

@@ -273,15 +273,10 @@ TINY_RUN = {
 }
 
 
-def final_weights(model_dir) -> list[np.ndarray]:
-    """Every array of ``model_dir/final.weights.h5``, in file order."""
-    import h5py  # noqa: PLC0415
-
-    arrays = []
-    with h5py.File(os.path.join(model_dir, "final.weights.h5"), "r") as f:
-        # visititems stops at the first non-None return: append() returns None.
-        f.visititems(lambda _, o: arrays.append(o[()]) if isinstance(o, h5py.Dataset) else None)
-    return arrays
+def final_weights(model_dir) -> dict[str, np.ndarray]:
+    """Every array of ``model_dir/final.weights.h5`` by its path in the file, in file order
+    (compare two with ``weights.assert_same_weights``)."""
+    return named_weights(model_dir)
 
 
 def assert_mirrored_equals_default(data_dir, tmp_path, **settings) -> None:
@@ -303,9 +298,7 @@ def assert_mirrored_equals_default(data_dir, tmp_path, **settings) -> None:
 
     (default, reference), (mirrored, weights) = run("default"), run("mirrored")
     assert default["num_replicas"] == 1 and mirrored["num_replicas"] == 2
-    assert len(weights) == len(reference) > 0
-    for a, b in zip(weights, reference):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert_same_weights(weights, reference, atol=1e-5)
 
 
 def cli_flags(values: dict, **paths) -> list[str]:

@@ -403,7 +403,7 @@ def test_pipeline_batches_carry_the_draws_and_host_equals_device(small_dataset):
     host_cfg = dataclasses.replace(AUG, preprocess_on="host")
     host_batch = next(iter(train_ds(spec, host_cfg, InputShard(1, 0), 8, 8, **ORDER)))
     host = device_ops.make_batch_fn("float", 4, host_cfg)(host_batch)
-    for a, b in zip(device, host):
+    for a, b in zip(device, host, strict=True):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
 
 
@@ -440,7 +440,7 @@ def test_the_steps_pre_xla_stage_equals_the_batch_fn(photos):
     data = dataclasses.replace(AUG, image_size=32, mixup_alpha=0.0)
     batch |= {"weight": tf.ones([4])} | _draws(data, range(4))
     fn = device_ops.make_batch_fn("uint8", 4, data)
-    for a, b in zip(fn(device_ops.augmented(batch)), fn(batch)):
+    for a, b in zip(fn(device_ops.augmented(batch)), fn(batch), strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
@@ -486,7 +486,7 @@ def test_policy_draws_travel_through_the_data_service(small_dataset):
         ds = ds.apply(svc.distribute(service.PROCESSING_MODE, dispatcher.target, job_name="aug"))
         remote = next(iter(ds))
         fn = device_ops.make_batch_fn("uint8", 4, AUG)
-        for a, b in zip(fn(remote), fn(local)):
+        for a, b in zip(fn(remote), fn(local), strict=True):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
     finally:
         worker.stop()

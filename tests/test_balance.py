@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import TINY_RUN, assert_mirrored_equals_default, final_weights, make_image_arrays
+from weights import assert_same_weights
 
 from tfgpu import models, optim
 from tfgpu.train import loop as train
@@ -216,10 +217,10 @@ def test_same_seed_same_sequence_and_resume_equals_uninterrupted(mem):
     a = [b["image"].numpy() for b in _stream(mem).take(14)]
     b = [b["image"].numpy() for b in _stream(mem).take(14)]
     resumed = [b["image"].numpy() for b in _stream(mem, start_index=9 * 16).take(5)]
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert all(np.array_equal(x, y) for x, y in zip(a[9:], resumed))
+    np.testing.assert_array_equal(np.stack(a), np.stack(b))
+    np.testing.assert_array_equal(np.stack(a[9:]), np.stack(resumed))
     other = [b["image"].numpy() for b in _stream(mem, seed=4).take(14)]
-    assert not all(np.array_equal(x, y) for x, y in zip(a, other))
+    assert np.stack(a).shape == np.stack(other).shape and not np.array_equal(a, other)
     by_8 = np.concatenate([b["label"].numpy() for b in _stream(mem, batch=8).take(28)])
     np.testing.assert_array_equal(by_8, np.concatenate([_labels(_stream(mem), 14)]))
 
@@ -262,8 +263,7 @@ def test_class_weights_default_equals_mirrored_equals_accumulation_and_resume(
     assert run("resumed")["steps"] == 6
     assert any(line.startswith("resumed from") and "at step 3" in line for line in lines)
     for name in ("accum", "resumed"):
-        for a, b in zip(final_weights(tmp_path / name), reference):
-            np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+        assert_same_weights(tmp_path / name, reference, atol=1e-5, what=name)
 
 
 def test_a_run_trains_with_the_class_weights_its_workers_agreed_on(

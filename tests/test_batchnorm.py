@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from weights import largest, same_structure
 
 from tfgpu import compat, models, optim
 from tfgpu.models.layers import batchnorm_statistics
@@ -169,16 +170,25 @@ def _components(variable) -> list[np.ndarray]:
     return [np.asarray(c.numpy()) for c in copies]
 
 
+def _replicas(model: keras.Model) -> dict:
+    """Every replica's copy of every weight of ``model``, named (position, name, replica)."""
+    return {
+        f"{i}:{v.name}@{r}": copy
+        for i, v in enumerate(model.weights)
+        for r, copy in enumerate(_components(v))
+    }
+
+
 def _assert_same_weights(a: keras.Model, b: keras.Model, atol=1e-5):
-    """Equal to ``atol`` of the largest weight, every replica's copy of every weight; a float32
-    weight of a float64 model (the logits layer) to 10 of its own ulps."""
-    scale = max(float(np.abs(w).max()) for w in a.get_weights())
-    assert len(a.weights) == len(b.weights) > 0
-    for x, y in zip(a.weights, b.weights):
-        for cx, cy in zip(_components(x), _components(y)):
-            ulp = np.finfo(cx.dtype).eps if np.issubdtype(cx.dtype, np.floating) else 0.0
-            tol = max(atol, 10 * float(ulp)) * scale
-            np.testing.assert_allclose(cx, cy, atol=tol, rtol=0, err_msg=x.path)
+    """Equal to ``atol`` of the largest weight, every replica's copy of every weight (the
+    same names, replicas and shapes first); a float32 weight of a float64 model (the logits
+    layer) to 10 of its own ulps."""
+    mine, theirs = same_structure(_replicas(a), _replicas(b))
+    scale = largest(a.get_weights())
+    for name, x in mine.items():
+        ulp = np.finfo(x.dtype).eps if np.issubdtype(x.dtype, np.floating) else 0.0
+        tol = max(atol, 10 * float(ulp)) * scale
+        np.testing.assert_allclose(x, theirs[name], atol=tol, rtol=0, err_msg=name)
 
 
 @pytest.mark.timeout(900)  # efficientnet_b0: ~2.5 min on 2 idle cores (two traces)
@@ -232,7 +242,7 @@ def test_without_sync_replicas_hold_the_mean_and_equal_accumulation(name, recipe
             first, second = _components(var)
             np.testing.assert_array_equal(first, second, err_msg=var.path)
         # The averaged statistics are in place, not the trained ones.
-        moved = [np.abs(_components(v)[0] - t).max() for v, t in zip(stats, trained)]
+        moved = [np.abs(_components(v)[0] - t).max() for v, t in zip(stats, trained, strict=True)]
         assert max(moved) > 1e-4
 
 

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
+from weights import assert_same_weights, combined, largest
 from test_equivalence import _fingerprints
 
 from tfgpu import train
@@ -52,11 +53,7 @@ SYNC_CASES = [
 
 def _assert_close(weights, reference, atol=1e-5):
     """Equal within ``atol`` of the largest weight (the contract's bound)."""
-    scale = max(float(np.abs(w).max()) for w in reference)
-    assert len(weights) == len(reference) > 0
-    for a, b in zip(weights, reference):
-        assert a.dtype == b.dtype
-        np.testing.assert_allclose(a, b, atol=atol * scale, rtol=0)
+    assert_same_weights(weights, reference, atol=atol * largest(reference))
 
 
 def _in_process(data_dir, model_dir, model, **settings):
@@ -90,7 +87,10 @@ def test_without_sync_two_replicas_are_not_one_device(references):
     """The contract is about the spread, not magic: without sync 2 replicas of 8 normalize
     differently from one device of 16."""
     one_device, mirrored = references("resnet18", True), references("resnet18", False)
-    assert max(float(np.abs(a - b).max()) for a, b in zip(one_device, mirrored)) > 1e-4
+    assert (
+        max(float(np.abs(d).max()) for d in combined(np.subtract, one_device, mirrored).values())
+        > 1e-4
+    )
 
 
 def _two_processes(cmd, model_dir, reference, atol=1e-5):

@@ -94,9 +94,7 @@ def _horovod(horovodrun_tfgpu, flags: list, model_dir_pattern: str):
 
 
 def _assert_same(weights, reference):
-    assert len(weights) == len(reference) > 0
-    for a, b in zip(weights, reference):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert_same_weights(weights, reference, atol=1e-5)
 
 
 def _copies(dirs, to) -> list:
@@ -120,8 +118,7 @@ def test_node_local_model_dirs_resume_from_the_chief_mwms(
     for out in second:
         assert out.returncode == 0, out.stderr[-3000:]
     assert "resumed from" in second[0].stdout and "at step 3" in second[0].stdout
-    for a, b in zip(final_weights(dirs[0]), two_workers_throughout, strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_same_weights(dirs[0], two_workers_throughout)
     hashes = {
         h for out in second for h in re.findall(r"worker \d+/2 weights_sha256 (\w+)", out.stdout)
     }
@@ -229,8 +226,7 @@ def test_two_workers_then_one_process_ends_bit_identical(
     shutil.copytree(stopped_at_3[0], tmp_path / "resized")  # the chief's directory goes on
     out = _default(small_dataset, tmp_path / "resized", 6)
     assert "at step 3" in out.stdout and "2 micro-batch(es) of 8" in out.stdout
-    for a, b in zip(final_weights(tmp_path / "resized"), two_workers_throughout, strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_same_weights(tmp_path / "resized", two_workers_throughout)
 
 
 @pytest.mark.heavy  # the worker count changes in the tests beside it, both ways round here

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cli_flags, eval_ds, final_weights, make_image_arrays, train_ds
+from weights import assert_same_weights
 from PIL import Image
 
 from tfgpu import train
@@ -208,8 +209,7 @@ def test_a_shard_unreadable_or_deleted_mid_run_is_named_and_the_run_resumes_once
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err[-3000:]
     assert f"resumed from {run}/checkpoints/ckpt-{kept}" in out + err
-    for a, b in zip(final_weights(run), uninterrupted):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    assert_same_weights(run, uninterrupted, atol=1e-6)
 
 
 def _config(data_dir, model_dir, **overrides):

@@ -343,7 +343,7 @@ def test_agreeing_and_broadcasting_run_no_eager_strategy_run(monkeypatch):
     chief = [backend.local_values(v)[0].numpy().tolist() for v in (mirrored, on_read)]
     monkeypatch.setattr(backend.strategy, "run", _no_eager_run)
     backend.broadcast_from_chief([mirrored, on_read])
-    for var, value in zip((mirrored, on_read), chief):
+    for var, value in zip((mirrored, on_read), chief, strict=True):
         assert [v.numpy().tolist() for v in backend.local_values(var)] == [value, value]
     assert backend.any_worker(True) and not backend.any_worker(False)
 

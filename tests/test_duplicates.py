@@ -233,7 +233,7 @@ def test_one_pass_over_a_shard_makes_the_hashes_and_thumbnails_image_by_image_wo
     views = [views[i] for i in rng.permutation(len(views))]  # the kinds interleaved
     coeffs, smalls = fingerprint.summaries(views)
     thumbs = np.stack([fingerprint.thumbnails([v])[0] for v in views])
-    for ours, theirs in zip(fingerprint.hashes(coeffs), fingerprint.phashes(thumbs)):
+    for ours, theirs in zip(fingerprint.hashes(coeffs), fingerprint.phashes(thumbs), strict=True):
         assert (ours == theirs).all()
     apart = np.abs(smalls.astype(int) - fingerprint.small(thumbs))
     assert apart.max() <= 1 and (apart > 0).mean() < 1e-3  # a mean at x.5, rounded apart

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
+from weights import assert_same_weights
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
@@ -38,9 +39,7 @@ FLAGS = dict(
 
 
 def _assert_same(a, b):
-    assert len(a) == len(b) > 0
-    for x, y in zip(a, b):
-        np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+    assert_same_weights(a, b, atol=1e-5)
 
 
 def _in_process(data_dir, model_dir, **kw):

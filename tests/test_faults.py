@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 from conftest import cli_flags, final_weights
+from weights import assert_same_weights
 import tensorflow as tf
 
 from tfgpu import train
@@ -96,8 +96,7 @@ def test_sigterm_checkpoints_exits_75_and_the_resumed_run_is_exact(
     out, err = resumed.communicate(timeout=180)
     assert resumed.returncode == 0, err
     assert "resumed from" in out
-    for a, b in zip(final_weights(tmp_path), uninterrupted):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    assert_same_weights(tmp_path, uninterrupted, atol=1e-6)
 
 
 @pytest.mark.heavy  # 86 s; SIGTERM (above) and a damaged newest checkpoint (below) stay
@@ -112,8 +111,7 @@ def test_kill_9_while_checkpointing_every_step_resumes_from_a_complete_one(
     resumed = _start(_flags(small_dataset, tmp_path, checkpoint_every_steps=1))
     out, err = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, err[-3000:]
-    for a, b in zip(final_weights(tmp_path), uninterrupted):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    assert_same_weights(tmp_path, uninterrupted, atol=1e-6)
 
 
 def test_non_finite_float32_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(
@@ -284,8 +282,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(small_datase
     warning = [line for line in err.splitlines() if "does not read back" in line]
     assert len(warning) == 1 and "ckpt-12" in warning[0] and "trying an older one" in warning[0]
     assert "resumed from" in out and "ckpt-6 at step 6" in out
-    for a, b in zip(final_weights(model_dir), reference):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    assert_same_weights(model_dir, reference, atol=1e-6)
     for step in (6, 12):
         _truncate_data_files(str(model_dir / "checkpoints" / f"ckpt-{step}"))
     proc = _start(_flags(small_dataset, model_dir, **settings))

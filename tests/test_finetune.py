@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import TINY_RUN, make_image_arrays
+from weights import assert_same_weights
+from weights import named as named_weights
 from keras import layers
 
 from tfgpu import compat, models, optim, train
@@ -155,7 +157,7 @@ def test_each_block_updates_as_with_its_own_learning_rate(optimizer, weight_deca
     for i in range(3):
         grads = _grads(variables, seed=i)
         grouped.apply(grads, variables)
-        for var, grad in zip(variables, grads):
+        for var, grad in zip(variables, grads, strict=True):
             copy, reference, _ = references[id(var)]
             reference.apply([grad], [copy])
     for var in variables:
@@ -239,7 +241,7 @@ def _train_steps(config, updates=3, batch=8):
     update = tf.function(step.update)
     for b in data:
         update(b)
-    return [w.numpy() for w in model.weights], optimizer
+    return named_weights(model), optimizer
 
 
 @pytest.mark.slow  # 4 short TrainStep runs: ~10 s
@@ -251,8 +253,7 @@ def test_groups_at_multiplier_1_step_bit_for_bit_as_one_optimizer(optimizer):
     # per-group optimizers change no bit of any update.
     grouped, groups = _train_steps(_config(optimizer=optimizer, unfreeze_after_steps=2))
     assert isinstance(groups, finetune.GroupedOptimizer) and groups.multipliers == (1.0, 1.0)
-    for a, b in zip(plain, grouped):
-        np.testing.assert_array_equal(a, b)
+    assert_same_weights(grouped, plain)
 
 
 # --- unfreezing in a run, and resuming across it ------------------------------------------
@@ -266,9 +267,10 @@ def _weights(model) -> dict:
 
 
 def _assert_equal(a: dict, b: dict, keys=None) -> None:
+    """``a`` and ``b`` hold the same weights; those of ``keys`` (else all) equal to the bit."""
     assert a.keys() == b.keys()
-    for key in keys or a:
-        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    keys = keys or list(a)
+    assert_same_weights({k: a[k] for k in keys}, {k: b[k] for k in keys})
 
 
 @pytest.mark.slow  # traces the loop twice under 2 replicas: ~15 s

@@ -163,7 +163,8 @@ def test_window_norms_under_mirrored_equal_those_of_one_device(small_dataset, tm
         kw = dict(strategy=strategy, train_steps=8, deterministic=True, clip_norm=0.5)
         train.run(_config(small_dataset, model_dir, **kw))
         rows[strategy] = _rows(model_dir, "train")
-    for a, b in zip(rows["default"], rows["mirrored"]):
+    assert [r["step"] for r in rows["default"]] == [r["step"] for r in rows["mirrored"]] != []
+    for a, b in zip(rows["default"], rows["mirrored"], strict=True):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
         assert a["weight_norm"] == pytest.approx(b["weight_norm"], rel=1e-5)
         assert a["clipped_updates"] == b["clipped_updates"]

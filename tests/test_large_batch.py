@@ -73,7 +73,7 @@ def test_lars_steps_equal_model_gardens_arithmetic():
     expected = _lars_reference(
         start, steps, 0.5, 0.9, 1e-2, 0.02, [True, False, False, True], [True, True, False, True]
     )
-    for var, want, first in zip(variables, expected, start):
+    for var, want, first in zip(variables, expected, start, strict=True):
         np.testing.assert_allclose(var.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=var.path)
         assert np.abs(var.numpy() - first).max() > 1e-3  # every variable moved
 

@@ -63,9 +63,10 @@ def test_deterministic_stream_is_repeatable_and_resumes_exactly_across_epochs(me
     a = _take(_stream(mem, CFG), 30)
     b = _take(_stream(mem, CFG), 30)
     resumed = _take(_stream(mem, CFG, start_index=17 * 8), 13)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert all(np.array_equal(x, y) for x, y in zip(a[17:], resumed))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, _take(_stream(mem, CFG, seed=4), 30)))
+    np.testing.assert_array_equal(np.stack(a), np.stack(b))
+    np.testing.assert_array_equal(np.stack(a[17:]), np.stack(resumed))
+    other = np.stack(_take(_stream(mem, CFG, seed=4), 30))
+    assert other.shape == np.stack(a).shape and not np.array_equal(other, a)
 
 
 @pytest.mark.fast
@@ -94,7 +95,7 @@ def test_two_pipelines_split_each_global_batch_also_after_mixing(mem):
         assert [p["image"].numpy().tobytes() for p in parts] == [
             w["image"].numpy().tobytes() for w in whole[2 * step : 2 * step + 2]
         ]
-        for part, w in zip(parts, whole[2 * step : 2 * step + 2]):
+        for part, w in zip(parts, whole[2 * step : 2 * step + 2], strict=True):
             images, targets = prepare(part)
             expected_images, expected_targets = prepare(w)
             np.testing.assert_array_equal(images.numpy(), expected_images.numpy())
@@ -115,7 +116,7 @@ def test_draws_depend_only_on_seed_epoch_and_position(mem):
 
     by_8, by_12 = positions(8, 30), positions(12, 20)  # 240 positions, 2.5 epochs
     resumed = positions(12, 12, start=96)  # epoch 1 on
-    for a, b, c in zip(by_8, by_12, resumed):
+    for a, b, c in zip(by_8, by_12, resumed, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a[96:240], c)
 
@@ -195,7 +196,7 @@ def test_packed_layout_for_a_step_that_resizes_on_the_device(mem):
     np.testing.assert_array_equal(packed["sizes"].numpy(), np.full((8, 2), 32))
     a = device_ops.make_batch_fn("packed", 4, data)(packed)
     b = device_ops.make_batch_fn("uint8", 4, data)(uint8)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_array_equal(x.numpy(), y.numpy())
 
 

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import TINY_RUN, cli_flags, final_weights
+from weights import assert_same_weights
 from hypothesis import given
 from hypothesis import strategies as st
+from outcomes import expects, outcome
 
 from tfgpu import train
 from tfgpu.cli import launch
@@ -31,9 +33,7 @@ RUN = dict(TINY_RUN, train_steps=6, checkpoint_every_steps=3)
 
 
 def _same(a, b, atol=1e-5):
-    assert len(a) == len(b) > 0
-    for x, y in zip(a, b):
-        np.testing.assert_allclose(x, y, atol=atol, rtol=0)
+    assert_same_weights(a, b, atol=atol)
 
 
 def _run(data_dir, model_dir, actions=(), **kw):

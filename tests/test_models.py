@@ -5,6 +5,7 @@ import keras
 import numpy as np
 
 import pytest
+from weights import assert_same_weights
 
 from tfgpu import models
 from tfgpu.models import layers as nets
@@ -159,8 +160,7 @@ def test_init_weights_loads_weights_h5_exactly(tmp_path):
     source.save_weights(tmp_path / "w.weights.h5")
     target = _perturbed_tiny_cnn(5, seed=2)
     assert models.load_initial_weights(target, str(tmp_path / "w.weights.h5")) == []
-    for a, b in zip(source.weights, target.weights):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert_same_weights(target, source)
 
 
 def test_init_weights_from_keras_file_may_change_the_number_of_classes(tmp_path):

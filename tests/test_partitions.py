@@ -353,10 +353,7 @@ def _check_nothing_lost(outcome: dict, reference) -> None:
     newest = max(int(name.split("-")[1]) for name in names)
     assert re.search(rf"resumed from \S+ckpt-{newest} at step {newest}\n", resumed[0]["text"])
     assert newest < STEPS
-    weights, expected = outcome["weights"], reference.result()["weights"]
-    assert len(weights) == len(expected) > 0
-    for x, y in zip(weights, expected):
-        np.testing.assert_array_equal(x, y)
+    assert_same_weights(outcome["weights"], reference.result()["weights"])
 
 
 def test_a_link_cut_both_ways_stops_both_workers_and_loses_nothing(outcomes):

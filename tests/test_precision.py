@@ -5,6 +5,8 @@ train step gives the same loss and update as the plain one."""
 import keras
 import numpy as np
 import pytest
+from weights import assert_same_weights, changed
+from weights import named as named_weights
 import tensorflow as tf
 
 from tfgpu import compat, models
@@ -42,8 +44,9 @@ def _step(model, loss_scale=None, lr=0.05):
     return TrainStep(model, optimizer, backend, global_batch_size=8, loss_scale=loss_scale)
 
 
-def _weights(model):
-    return [w.numpy().copy() for w in model.trainable_weights]
+def _weights(model) -> dict:
+    """A copy of the trainable weights, named (position and name)."""
+    return {name: w.copy() for name, w in named_weights(model.trainable_weights).items()}
 
 
 @pytest.mark.parametrize("dtype", ["mixed_bfloat16", "mixed_float16"])
@@ -64,7 +67,7 @@ def test_bfloat16_train_step_runs_and_updates_weights(policy):
     before = _weights(model)
     metrics, finite = tf.function(step.update)(_batch())
     assert np.isfinite(float(metrics["loss"])) and bool(finite)
-    assert any(not np.array_equal(a, b) for a, b in zip(before, _weights(model)))
+    assert changed(_weights(model), before)
 
 
 @pytest.mark.fast
@@ -80,12 +83,12 @@ def test_float16_overflow_is_skipped_the_scale_halved_and_later_steps_apply(poli
     before = _weights(model)
     _, finite = update(_batch())
     assert not bool(finite)
-    assert all(np.array_equal(a, b) for a, b in zip(before, _weights(model)))  # skipped
+    assert changed(_weights(model), before) == []  # skipped
     assert float(loss_scale.scale) == pytest.approx(5e29) and int(loss_scale.good_steps) == 0
     loss_scale.scale.assign(2.0**10)
     metrics, finite = update(_batch())
     assert bool(finite) and np.isfinite(float(metrics["loss"]))
-    assert any(not np.array_equal(a, b) for a, b in zip(before, _weights(model)))  # applied
+    assert changed(_weights(model), before)  # applied
     assert float(loss_scale.scale) == 2.0**10 and int(loss_scale.good_steps) == 1
 
 
@@ -136,8 +139,7 @@ def test_xla_train_step_matches_the_plain_one(name):
     m_plain, _ = tf.function(plain.update)(batch)
     m_xla, _ = tf.function(xla.update)(batch)
     np.testing.assert_allclose(float(m_xla["loss"]), float(m_plain["loss"]), rtol=1e-4)
-    for a, b in zip(_weights(plain_model), _weights(xla_model)):
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+    assert_same_weights(_weights(xla_model), _weights(plain_model), rtol=1e-3, atol=1e-5)
 
 
 @pytest.mark.slow  # 21 s: XLA compilation (2 shared cores)
@@ -168,8 +170,7 @@ def test_xla_step_takes_un_resized_crops_and_matches_the_plain_one():
         del batch["image"]
         (m_plain, _), (m_xla, _) = tf.function(plain.update)(batch), update(batch)
         np.testing.assert_allclose(float(m_xla["loss"]), float(m_plain["loss"]), rtol=1e-4)
-    for a, b in zip(_weights(plain_model), _weights(xla_model)):
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+    assert_same_weights(_weights(xla_model), _weights(plain_model), rtol=1e-3, atol=1e-5)
 
 
 def _resize_on(resize_on, has_gpu, preprocess_on="device", **settings):

@@ -25,7 +25,7 @@ def _eager_and_graph(fn, *args):
 
 
 def _assert_same(a, b):
-    for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
+    for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
 
 

@@ -5,6 +5,7 @@ import h5py
 import keras
 import numpy as np
 import pytest
+from weights import assert_same_weights
 
 from tfgpu import models
 from tfgpu.step import batchnorm
@@ -42,8 +43,7 @@ def test_keras_h5_loads_into_the_backbone_by_name(tmp_path, include_top):
     assert models.load_initial_weights(model, str(tmp_path / name)) == ["logits"]
     backbone = pretrained.backbone_of(model)
     for layer in ("stem_conv", "block1a_dwconv", "top_conv", "top_bn"):
-        for a, b in zip(backbone.get_layer(layer).weights, source.get_layer(layer).weights):
-            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        assert_same_weights(backbone.get_layer(layer), source.get_layer(layer), what=layer)
     np.testing.assert_array_equal(model.get_layer("logits").kernel.numpy(), head)  # new head
 
 

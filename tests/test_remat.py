@@ -5,6 +5,8 @@ the model's checkpoint object graph as it is. Memory and time: bench/remat.py.""
 import keras
 import numpy as np
 import pytest
+from weights import assert_same_weights, changed, largest
+from weights import named as named_weights
 import tensorflow as tf
 
 from tfgpu import models
@@ -24,9 +26,10 @@ def _gradients(model, trained, images, labels):
         return tape.gradient(loss, trained.trainable_variables)
 
     before = [v.numpy() for v in trained.non_trainable_variables]
-    out = [g.numpy() for g in grads()]
-    after = [v.numpy() for v in trained.non_trainable_variables]
-    for v, value in zip(trained.non_trainable_variables, before):
+    names = named_weights(trained.trainable_variables)
+    out = dict(zip(names, (g.numpy() for g in grads()), strict=True))
+    after = named_weights(trained.non_trainable_variables)
+    for v, value in zip(trained.non_trainable_variables, before, strict=True):
         v.assign(value)  # the next pass starts from the same state
     return out, after
 
@@ -56,14 +59,11 @@ def test_remat_gives_the_same_gradients_statistics_and_checkpoint(name, drop_pat
     labels = tf.constant([0, 1, 2, 3])
     grads, state = _gradients(model, model, images, labels)
     remat_grads, remat_state = _gradients(wrapped, model, images, labels)
-    scale = max(float(np.abs(g).max()) for g in grads)
-    for a, b in zip(grads, remat_grads):
-        np.testing.assert_allclose(b, a, atol=1e-6 * scale, rtol=0)
-    initial = [v.numpy() for v in model.non_trainable_variables]
+    assert_same_weights(remat_grads, grads, atol=1e-6 * largest(grads), what="gradients")
+    initial = named_weights(model.non_trainable_variables)
     if name != "tiny_cnn":  # BatchNorm statistics (and seeds) moved: the comparison means something
-        assert any(np.any(a != b) for a, b in zip(state, initial))
-    for a, b in zip(state, remat_state):
-        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)  # moved once, not twice
+        assert changed(state, initial)
+    assert_same_weights(remat_state, state, atol=1e-6)  # moved once, not twice
     # Wrapping added nothing to what a checkpoint of the model holds.
     after = tf.train.Checkpoint(model=model).write(str(tmp_path / "after"))
     names = lambda path: sorted(n for n, _ in tf.train.list_variables(path))  # noqa: E731

@@ -41,7 +41,7 @@ def test_in_memory_copies_sit_global_over_k_apart_with_their_own_draws(spec):
             assert labels[i] == labels[i + 4] == labels[i + 8]
         assert not np.array_equal(offsets[:4], offsets[4:8])  # own crops and flips
     resumed = list(_memory(mem, MEM, 12, 3, start=2 * 12).take(2))
-    for a, b in zip(batches[2:], resumed):
+    for a, b in zip(batches[2:], resumed, strict=True):
         np.testing.assert_array_equal(a["image"].numpy(), b["image"].numpy())
 
 
@@ -77,7 +77,7 @@ def test_per_example_path_repeats_with_own_draws_and_resumes(spec):
         np.testing.assert_array_equal(labels[:4], labels[4:])
         assert not np.array_equal(images[:4], images[4:])  # each copy its own crop
     resumed = train_ds(spec, data, ONE, 8, 8, seed=5, deterministic=True, repeats=2, start_index=56)
-    for a, b in zip(batches[7:], resumed.take(7)):
+    for a, b in zip(batches[7:], list(resumed.take(7)), strict=True):
         np.testing.assert_array_equal(a["image"].numpy(), b["image"].numpy())
 
 

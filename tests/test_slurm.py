@@ -7,9 +7,9 @@ import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-from conftest import TINY_RUN, cli_flags, final_weights
+from conftest import TINY_RUN, cli_flags
+from weights import assert_same_weights
 
 from tfgpu import train
 from tfgpu.config import config_from, validate
@@ -124,5 +124,4 @@ def test_srun_with_two_tasks_ends_with_the_weights_of_one_process(small_dataset,
     assert outs[0][0].startswith("multi_worker_mirrored: 2 replica(s)"), outs[0][0][:300]
     hashes = {h for out, _ in outs for h in re.findall(r"worker \d/2 weights_sha256 (\w+)", out)}
     assert len(hashes) == 1
-    for a, b in zip(final_weights(tmp_path / "task0"), final_weights(reference)):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert_same_weights(tmp_path / "task0", reference, atol=1e-5)

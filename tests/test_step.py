@@ -5,6 +5,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from weights import assert_same_weights, combined
+from weights import named as named_weights
 
 from tfgpu import models, optim
 from tfgpu.optim import schedules
@@ -44,7 +46,7 @@ def _train(strategy: str, optimizer: str, accum: int, weight_decay: float, lr=0.
     iterator = iter(data)
     for _ in range(UPDATES):
         update(next(iterator))
-    return [w.numpy() for w in model.weights], backend, update
+    return named_weights(model), backend, update
 
 
 # Every optimizer and both strategies once by default; the rest of the matrix is heavy.
@@ -61,8 +63,7 @@ ACCUMULATION_CASES = [
 def test_accumulated_gradients_equal_the_large_batch(strategy, optimizer, weight_decay):
     big, _, _ = _train(strategy, optimizer, 1, weight_decay)
     small, backend, update = _train(strategy, optimizer, 4, weight_decay)
-    for a, b in zip(big, small):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert_same_weights(small, big, atol=1e-5)
     assert int(backend.all_reduce_calls.numpy()) == UPDATES
     assert update.experimental_get_tracing_count() == 1
 
@@ -75,8 +76,7 @@ def test_two_replicas_equal_one():
     # Adam divides by sqrt(v) + 1e-7: a gradient that is pure rounding noise (|g| ~ 1e-9,
     # summed in another order by 2 replicas) moves its weight by up to lr * |g| / (|g| + 1e-7),
     # so rounding shows up magnified. Seen on an AVX-512 CPU: 1.02e-5 on 1 weight of 9,216.
-    for a, b in zip(one, two):
-        np.testing.assert_allclose(a, b, atol=3e-5, rtol=0)
+    assert_same_weights(two, one, atol=3e-5)
 
 
 @pytest.mark.slow  # 2 short trainings of tiny_cnn
@@ -86,15 +86,12 @@ def test_lars_with_bce_on_two_replicas_in_micro_batches_equals_one_device():
     learning rate makes LARS' steps 0.5% of each layer's norm (eeta 0.001 x lr 5)."""
     settings = dict(lr=5.0, loss="bce", label_smoothing=0.1, bce_target_threshold=0.2)
     keras.utils.set_random_seed(7)
-    start = [
-        w.numpy() for w in models.build_model("tiny_cnn", num_classes=5, image_size=16).weights
-    ]
+    start = named_weights(models.build_model("tiny_cnn", num_classes=5, image_size=16))
     one, _, _ = _train("default", "lars", 1, 1e-4, **settings)
     two, backend, _ = _train("mirrored", "lars", 2, 1e-4, **settings)
     assert backend.num_replicas == 2
-    assert max(float(np.abs(a - b).max()) for a, b in zip(one, start)) > 1e-3  # it trained
-    for a, b in zip(one, two):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert max(float(np.abs(d).max()) for d in combined(np.subtract, one, start).values()) > 1e-3
+    assert_same_weights(two, one, atol=1e-5)
 
 
 @pytest.mark.fast

@@ -8,6 +8,8 @@ import h5py
 import keras
 import numpy as np
 import pytest
+from weights import assert_same_weights, changed, combined, same_structure
+from weights import named as named_weights
 import tensorflow as tf
 from absl import flags
 
@@ -146,6 +148,11 @@ def _random_weights(model, seed):
     ]
 
 
+def _mean(x, y):
+    """The mean of two float32 arrays as tfgpu's average computes it."""
+    return (x + y) / np.float32(2)
+
+
 @pytest.mark.fast
 def test_the_average_of_identical_checkpoints_is_each_of_them_to_the_bit(tmp_path):
     model, optimizer = _bn_model(), keras.optimizers.SGD()
@@ -156,8 +163,9 @@ def test_the_average_of_identical_checkpoints_is_each_of_them_to_the_bit(tmp_pat
     read = lambda p: read_model_and_optimizer(model, optimizer, p)  # noqa: E731
     mean = mean_weights(model, optimizer, paths, read)
     assert len(mean) == len(values) == 8  # conv 2, BatchNorm 4 (gamma, beta, mean, var), dense 2
-    for got, want in zip(mean, values):
-        assert got.dtype == np.float32 and got.tobytes() == want.tobytes()
+    mean, values = same_structure(mean, values)
+    for name, got in mean.items():
+        assert got.dtype == np.float32 and got.tobytes() == values[name].tobytes(), name
 
 
 @pytest.mark.fast
@@ -171,8 +179,7 @@ def test_the_average_of_two_checkpoints_is_their_mean_by_hand_batchnorm_included
     ]
     read = lambda p: read_model_and_optimizer(model, optimizer, p)  # noqa: E731
     mean = mean_weights(model, optimizer, paths, read)
-    for got, x, y in zip(mean, a, b):
-        np.testing.assert_array_equal(got, (x + y) / np.float32(2))
+    assert_same_weights(mean, combined(_mean, a, b))
     bn = model.get_layer(index=2)
     assert "moving_mean" in bn.weights[2].path  # the fourth array: a statistic, averaged too
 
@@ -193,9 +200,8 @@ def test_with_an_ema_the_average_is_of_the_ema_weights(tmp_path):
         paths.append(_write(model, optimizer, tmp_path / f"ckpt-{i}"))
     read = lambda p: read_model_and_optimizer(model, optimizer, p)  # noqa: E731
     mean = mean_weights(model, optimizer, paths, read)
-    for got, x, y in zip(mean, *ema):
-        np.testing.assert_array_equal(got, (x + y) / np.float32(2))
-    assert not np.array_equal(mean[0], (raw[0][0] + raw[1][0]) / 2)  # not the trained ones
+    assert_same_weights(mean, combined(_mean, *ema))
+    assert changed(mean, combined(_mean, *raw))  # not the trained ones
 
 
 @pytest.mark.fast
@@ -252,17 +258,17 @@ def averaged_run(small_dataset, tmp_path_factory):
     return model_dir, train.run(config)
 
 
-def _model_weights(path) -> list[np.ndarray]:
+def _model_weights(path) -> dict:
     """The model weights of checkpoint ``path``, read by hand into a fresh registry model."""
     model = _tiny()
     tf.train.Checkpoint(model=model).read(path).expect_partial()
-    return model.get_weights()
+    return named_weights(model)
 
 
-def _file_weights(path) -> list[np.ndarray]:
+def _file_weights(path) -> dict:
     model = _tiny()
     model.load_weights(path)
-    return model.get_weights()
+    return named_weights(model)
 
 
 def test_the_runs_final_weights_are_the_mean_of_its_last_two_checkpoints(averaged_run):
@@ -276,15 +282,12 @@ def test_the_runs_final_weights_are_the_mean_of_its_last_two_checkpoints(average
     ckpt = os.path.join(model_dir, "checkpoints")
     a, b = (_model_weights(os.path.join(ckpt, f"ckpt-{s}")) for s in (4, 6))
     final = _file_weights(os.path.join(model_dir, "final.weights.h5"))
-    assert not np.array_equal(a[0], b[0])
-    for got, x, y in zip(final, a, b):
-        np.testing.assert_array_equal(got, (x + y) / np.float32(2))
+    assert changed(a, b)
+    assert_same_weights(final, combined(_mean, a, b))
     # The export is the averaged model too; the final checkpoint, the last trained state.
     exported = keras.saving.load_model(os.path.join(model_dir, "export", "model.keras"))
-    for got, want in zip(exported.get_weights(), final):
-        np.testing.assert_array_equal(got, want)
-    for got, want in zip(_model_weights(os.path.join(ckpt, "ckpt-6")), b):
-        np.testing.assert_array_equal(got, want)
+    assert_same_weights(exported, final)
+    assert_same_weights(_model_weights(os.path.join(ckpt, "ckpt-6")), b)
 
 
 def test_tfgpu_average_writes_the_same_mean_and_evaluate_reproduces_final_eval(
@@ -297,10 +300,7 @@ def test_tfgpu_average_writes_the_same_mean_and_evaluate_reproduces_final_eval(
     assert done["steps"] == [4, 6] and "steps [4, 6]" in lines[0]
     with h5py.File(out, "r") as f:
         assert len(f.keys()) > 0
-    for got, want in zip(
-        _file_weights(out), _file_weights(os.path.join(model_dir, "final.weights.h5"))
-    ):
-        np.testing.assert_array_equal(got, want)
+    assert_same_weights(_file_weights(out), os.path.join(model_dir, "final.weights.h5"))
     # Evaluated as a file of weights, with the run's --eval_tta: the run's final numbers.
     result = evaluate(model_dir, checkpoint=out, log=lambda _: None)
     assert result["tta"] == "flip" and result["step"] is None
@@ -339,13 +339,12 @@ def test_with_an_ema_the_run_averages_and_evaluates_the_ema_weights(small_datase
     ema, raw = [], []
     for step in (4, 6):
         network.restore(r, os.path.join(tmp_path, "checkpoints", f"ckpt-{step}"))
-        raw.append(r.model.get_weights())
+        raw.append(named_weights(r.model))
         with compat.ema_weights(r.optimizer):
-            ema.append(r.model.get_weights())
+            ema.append(named_weights(r.model))
     final = _file_weights(os.path.join(tmp_path, "final.weights.h5"))
-    for got, x, y in zip(final, *ema):
-        np.testing.assert_array_equal(got, (x + y) / np.float32(2))
-    assert not np.array_equal(final[0], (raw[0][0] + raw[1][0]) / np.float32(2))
+    assert_same_weights(final, combined(_mean, *ema))
+    assert changed(final, combined(_mean, *raw))
     result = evaluate(str(tmp_path), checkpoint=str(tmp_path / "final.weights.h5"), log=print)
     for key in ("top1", "top5", "loss"):
         assert result[key] == summary["final_eval"][key], key

@@ -74,9 +74,10 @@ def test_watcher_rows_equal_the_loops_exactly(in_loop_run, tmp_path):
     assert watch(copy, interval_s=0.05, timeout_s=60, log=lines.append) == 3
     loop, side = _rows(in_loop_run), _rows(copy)
     assert [r["step"] for r in side] == [r["step"] for r in loop] == [2, 4, 6]
-    for a, b in zip(loop, side):
+    for a, b in zip(loop, side, strict=True):
         assert {k: a[k] for k in KEYS} == {k: b[k] for k in KEYS}, a["step"]  # exactly
-    for a, b in zip(_csv(in_loop_run), _csv(copy)):
+    assert len(_csv(in_loop_run)) == len(_csv(copy)) > 0
+    for a, b in zip(_csv(in_loop_run), _csv(copy), strict=True):
         assert [a[k] for k in ("step", "epoch", "top1", "top5", "loss", "learning_rate")] == [
             b[k] for k in ("step", "epoch", "top1", "top5", "loss", "learning_rate")
         ]
