@@ -68,6 +68,11 @@ from tfgpu.distribute import devices  # noqa: E402
 # Before TensorFlow starts: mirrored tests get 2 replicas; default stays on /cpu:0.
 devices.configure_devices(2)
 
+# No per-example deadline for the property tests: on 2 cores shared with the tests that start
+# processes, an example's time says nothing of the code (a 200 ms deadline failed them).
+hypothesis.settings.register_profile("tfgpu", deadline=None)
+hypothesis.settings.load_profile("tfgpu")
+
 
 # --- test tiers (see the module docstring) ---------------------------------------------
 

@@ -19,6 +19,7 @@ from requires import FASHION_MNIST  # Debian's dataset-fashion-mnist
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from outcomes import expects, outcome
 from PIL import Image
 
 from tfgpu import recordformat
@@ -207,6 +208,7 @@ def test_hostile_idx_is_one_line(tmp_path, capsys, case, words):
     assert words in err and str(named) in err
 
 
+@expects("converted", "refused")
 @HYPOTHESIS
 @given(data=st.data())
 def test_any_cut_or_garbage_idx_file_is_one_line(tmp_path, capsys, data):
@@ -220,12 +222,14 @@ def test_any_cut_or_garbage_idx_file_is_one_line(tmp_path, capsys, data):
     if data.draw(st.booleans()):
         path.write_bytes(good[: data.draw(st.integers(0, len(good) - 1))])
         assert str(path) in _refused(capsys, f"--input={folder}", f"--output_dir={folder}.out")
+        outcome("refused")
         return
     raw = gzip.decompress(good) if path.suffix == ".gz" else good
-    head = data.draw(st.binary(min_size=0, max_size=20))
+    head = data.draw(st.binary(min_size=0, max_size=20) | st.just(raw[:4]))  # or its own
     path.write_bytes(head + raw[len(head) :])
     code, _, err = _run(capsys, f"--input={folder}", f"--output_dir={folder}.out", "--overwrite")
     assert code == 0 or code == 2 and err.count("\n") == 1 and str(path) in err, err
+    outcome("converted" if code == 0 else "refused")
 
 
 def test_one_idx_file_as_input_and_class_names_elsewhere_are_refused(tmp_path, capsys):
@@ -352,6 +356,18 @@ _DTYPES = st.sampled_from(["uint8", "int64", "float32", "bool", "int8", "<U1"])
 _SHAPES = st.lists(st.integers(0, 4), min_size=0, max_size=5).map(tuple)
 
 
+_N = st.integers(1, 3)
+# keras.datasets' layout: x uint8 (N, H, W[, 3]), y integer labels (N,).
+_KERAS_LIKE = st.builds(
+    lambda n, side, rgb, labels: {
+        "x_train": ("uint8", (n, side, side, 3) if rgb else (n, side, side)),
+        "y_train": (labels, (n,)),
+    },
+    _N, st.integers(1, 4), st.booleans(), st.sampled_from(["uint8", "int64"]),
+)  # fmt: skip
+
+
+@expects("converted", "refused")
 @HYPOTHESIS
 @given(
     arrays=st.dictionaries(
@@ -359,6 +375,7 @@ _SHAPES = st.lists(st.integers(0, 4), min_size=0, max_size=5).map(tuple)
         st.tuples(_DTYPES, _SHAPES),
         max_size=5,
     )
+    | _KERAS_LIKE
 )
 def test_any_npz_converts_or_is_one_line(tmp_path, capsys, arrays):
     """Whatever keys, shapes and dtypes an .npz holds: converted, or one line (exit 2)."""
@@ -367,6 +384,7 @@ def test_any_npz_converts_or_is_one_line(tmp_path, capsys, arrays):
     args = [f"--input={path}", f"--output_dir={tmp_path / 'out'}", "--overwrite"]
     code, _, err = _run(capsys, *args)
     assert code == 0 or code == 2 and err.count("\n") == 1 and str(path) in err, err
+    outcome("converted" if code == 0 else "refused")
 
 
 def test_keep_grayscale_keeps_only_grayscale():

@@ -73,13 +73,18 @@ def test_fine_tuning_flags_that_do_not_fit_are_one_line(settings, message):
 
 
 @pytest.mark.fast
-def test_fine_tuning_flags_that_fit():
-    validate(config_from(model="resnet18", layer_lr_decay=0.7, backbone_lr_multiplier=0.1))
-    validate(
-        config_from(
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(model="resnet18", layer_lr_decay=0.7, backbone_lr_multiplier=0.1),
+        dict(
             model="efficientnet_b0", freeze="backbone", unfreeze_after_steps=3, layer_lr_decay=0.8
-        )
-    )
+        ),
+    ],
+)
+def test_fine_tuning_flags_that_fit_are_kept_as_given(settings):
+    flat = validate(config_from(**settings)).flat()
+    assert {key: flat[key] for key in settings} == settings
 
 
 # --- blocks ------------------------------------------------------------------------------
@@ -231,7 +236,7 @@ def _batches(n, seed=0):
 
 def _train_steps(config, updates=3, batch=8):
     """``updates`` TrainStep updates of the stand-in with ``config``'s optimizer (default
-    strategy); returns (weights, optimizer)."""
+    strategy); returns (its named weights, optimizer)."""
     backend = backends.build_backend("default")
     keras.utils.set_random_seed(3)
     model = _stand_in()

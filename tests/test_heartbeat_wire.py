@@ -14,6 +14,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from outcomes import expects, outcome
 
 from tfgpu.distribute import heartbeat_wire as wire
 from tfgpu.distribute import heartbeats
@@ -89,15 +90,45 @@ def _check_verdict(box: wire.Inbox, data: bytes, source) -> None:
     message, why = box.accept(data, source)
     if message is None:
         assert isinstance(why, str) and why
+        outcome("dropped")
     else:
         assert why == "" and set(message) == wire.FIELDS
         assert message["worker"] == box.senders[source] and message["phase"] in wire.PHASES
+        outcome("accepted")
 
 
+COUNTS = st.integers(0, 2**62) | st.integers(-5, 5)
+# Datagrams as a peer sends them (worker 1 or 2, any counts), whole or with bytes changed.
+MESSAGES = st.builds(
+    wire.encode, st.just(KEY), st.integers(0, 3), COUNTS, st.sampled_from(["train", "x"]),
+    COUNTS, COUNTS,
+)  # fmt: skip
+
+
+def _changed(data: bytes, at: int, byte: int) -> bytes:
+    at %= len(data)
+    return data[:at] + bytes([byte]) + data[at + 1 :]
+
+
+DATAGRAMS = (
+    st.binary(max_size=1200)
+    | MESSAGES
+    | st.builds(_changed, MESSAGES, st.integers(0, 10**6), st.integers(0, 255))
+)
+# What worker 1 (at PEER) sends in a run: accepted, unless a byte was changed.
+VALID = st.builds(
+    wire.encode, st.just(KEY), st.just(1), st.integers(0, 2**62),
+    st.sampled_from(["startup", "train", "evaluation", "done"]), st.integers(0, 2**62),
+    st.integers(0, 2**62),
+)  # fmt: skip
+SOURCES = st.sampled_from([PEER, ("10.0.0.2", 4001), STRANGER])
+
+
+@expects("accepted", "dropped")
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=1200), st.sampled_from([PEER, STRANGER]))
-def test_any_bytes_are_accepted_or_dropped_with_a_reason(data, source):
-    _check_verdict(inbox(), data, source)
+@given(st.tuples(DATAGRAMS, SOURCES) | st.tuples(VALID, st.just(PEER)))
+def test_any_bytes_are_accepted_or_dropped_with_a_reason(case):
+    _check_verdict(inbox(), *case)
 
 
 JSON = st.recursive(
@@ -108,8 +139,14 @@ JSON = st.recursive(
 FIELD_VALUES = st.fixed_dictionaries({k: JSON for k in sorted(wire.FIELDS)})
 
 
+@expects("accepted", "dropped")
 @settings(max_examples=100, deadline=None)
-@given(JSON | FIELD_VALUES | st.builds(genuine, st.integers(), st.integers(-1, 4)))
+@given(
+    JSON
+    | FIELD_VALUES
+    | st.builds(genuine, st.integers(), st.integers(-1, 4))
+    | st.builds(genuine, st.integers(0, 2**62), st.just(1))  # worker 1's own, as it sends them
+)
 def test_any_signed_json_is_accepted_or_dropped_with_a_reason(value):
     """Past the signature (a run's own process with a bug): still never an exception."""
     _check_verdict(inbox(), signed(json.dumps(value).encode()), PEER)

@@ -14,9 +14,11 @@ import tempfile
 
 import numpy as np
 import pytest
+from PIL import Image
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from outcomes import expects, outcome
 
 from tfgpu import recordformat
 from tfgpu.cli import convert as cli
@@ -99,6 +101,9 @@ def _open_as_the_reader_does(data_dir: str) -> None:
     except DataError as err:
         _one_line(err)
         assert recordformat.INFO_FILE in str(err) or "--data_dir" in str(err), str(err)
+        outcome("refused")
+    else:
+        outcome("read")
 
 
 # --- dataset_info.json -----------------------------------------------------------------------
@@ -123,25 +128,38 @@ FIELDS = [
 ]
 
 
+KEEP = object()  # the field's own value: the file as the converter wrote it
+
+
 def _set(info: dict, field: tuple, value) -> dict:
     node = info
     for key in field[:-1]:
         node = node[key]
-    node[field[-1]] = value
+    if value is not KEEP:
+        node[field[-1]] = value
     return info
 
 
+@expects("read", "refused")
 @SETTINGS
-@given(field=st.sampled_from(FIELDS), value=JSON)
+@given(field=st.sampled_from(FIELDS), value=JSON | st.just(KEEP))
 def test_any_value_of_any_field_is_read_or_refused_in_one_line(dataset, field, value):
     text = json.dumps(_set(_info(dataset), field, value))
     with _with_info(dataset, text):
         _open_as_the_reader_does(dataset)
 
 
+@expects("read", "refused")
 @SETTINGS
-@given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode) | JSON.map(json.dumps))
+@given(
+    st.binary(max_size=300)
+    | st.text(max_size=300).map(str.encode)
+    | JSON.map(json.dumps)
+    | st.integers(0, 8)  # the converter's own file, written with this indent (0: none)
+)
 def test_any_bytes_as_the_info_file_are_read_or_refused_in_one_line(dataset, text):
+    if isinstance(text, int):
+        text = json.dumps(_info(dataset), indent=text or None)
     with _with_info(dataset, text):
         _open_as_the_reader_does(dataset)
 
@@ -211,8 +229,28 @@ DATUMS = st.builds(
 )
 
 
+def _whole_datum(channels, height, width, label, data) -> bytes:
+    """A Datum of raw pixels that fit its shape, as Caffe writes them."""
+    return _datum(channels, height, width, data.ljust(channels * height * width, b"\x07"), label, 0)
+
+
+def _png(height, width, data) -> bytes:
+    pixels = np.frombuffer(data.ljust(height * width * 3, b"\x07"), np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels[: height * width * 3].reshape(height, width, 3)).save(out, "PNG")
+    return out.getvalue()
+
+
+SIDES = st.integers(1, 4)
+# Values a real database holds: a Datum of raw pixels, an encoded image as the value.
+WHOLE = st.builds(
+    _whole_datum, st.sampled_from([1, 3]), SIDES, SIDES, st.integers(0, 9), st.binary(max_size=48)
+) | st.builds(_png, SIDES, SIDES, st.binary(max_size=48))
+
+
+@expects("image", "skip")
 @SETTINGS
-@given(st.binary(max_size=200) | DATUMS)
+@given(st.binary(max_size=200) | DATUMS | WHOLE)
 def test_any_lmdb_value_is_an_image_or_a_named_skip(value):
     caffe_datum.value_kind(value)  # tells it apart, whatever it is
     label, why = caffe_datum.datum_label(value)
@@ -225,11 +263,15 @@ def test_any_lmdb_value_is_an_image_or_a_named_skip(value):
             worker.encode_image(source, max_megapixels=1)
         except BadImage as err:
             _one_line(err)
+            outcome("skip")
+        else:
+            outcome("image")
 
 
 # --- class weight files ----------------------------------------------------------------------
 
 
+@expects("weights", "refused")
 @SETTINGS
 @given(
     JSON.map(json.dumps).map(str.encode)
@@ -237,6 +279,9 @@ def test_any_lmdb_value_is_an_image_or_a_named_skip(value):
         lambda d: json.dumps(d).encode()
     )
     | st.binary(max_size=100)
+    | st.dictionaries(  # a file as a user writes it: names or indices, weights >= 0
+        st.sampled_from(["cat", "dog", "bird", "1"]), st.floats(0, 1e6) | st.integers(0, 99)
+    ).map(lambda d: json.dumps(d).encode())
 )
 def test_any_class_weights_file_gives_weights_or_one_line(content):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
@@ -246,8 +291,10 @@ def test_any_class_weights_file_gives_weights_or_one_line(content):
             weights = balance.weights_from_file(f.name, ["cat", "dog", "bird"])
         except ConfigError as err:
             _one_line(err, f"--class_weights={f.name}")
+            outcome("refused")
         else:
             assert weights.shape == (3,) and np.all(np.isfinite(weights)) and np.all(weights >= 0)
+            outcome("weights")
 
 
 def test_a_class_weights_fifo_or_deep_nesting_is_one_line(tmp_path):
@@ -297,11 +344,12 @@ LINES = st.lists(
 )
 
 
+@expects("read", "refused")
 @SETTINGS
-@given(lines=LINES, raw=st.binary(max_size=40))
+@given(lines=LINES, raw=st.binary(max_size=40) | st.just(b""))
 def test_any_flagfile_is_read_or_refused_in_one_line(flag_dir, lines, raw):
     """The converter parses it (the trainer runs the same check first); flags after it make
-    sure no conversion can start whatever it says."""
+    sure no conversion can start whatever it says: read, the one error is theirs."""
     path = os.path.join(flag_dir, "current")
     text = "\n".join(lines).replace("{d}", flag_dir).replace("{self}", path)
     with open(path, "wb") as f:
@@ -313,6 +361,7 @@ def test_any_flagfile_is_read_or_refused_in_one_line(flag_dir, lines, raw):
     assert code == 2 and len(errors) == 1 and "Traceback" not in stderr.getvalue(), (
         stderr.getvalue()
     )
+    outcome("read" if "give exactly one of --input and --tfds_name" in errors[0] else "refused")
 
 
 def test_flagfiles_that_absl_would_hang_on_are_refused(flag_dir, tmp_path):

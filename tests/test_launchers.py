@@ -131,9 +131,17 @@ def test_check_launch_says_what_the_environment_alone_decides(clean_env):
 
 @pytest.mark.fast
 def test_an_explicit_strategy_on_one_process_is_kept(clean_env):
+    """mpirun -np 1: a world of one, where a one-machine strategy is what it says; the same
+    strategy in a world of two is refused (the check is live)."""
     clean_env.setenv("OMPI_COMM_WORLD_SIZE", "1")
+    found = env.world()
+    assert (found.size, found.launcher) == (1, "mpirun")
     for strategy in ("default", "mirrored", "one_device"):
-        env.check_world(strategy, env.world())
+        assert env.check_world(strategy, found) is None  # no error
+        assert env.resolve_strategy(strategy, num_gpus=0, found=found) == strategy
+    clean_env.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    with pytest.raises(DistributeError, match="2 separate copies"):
+        env.check_world("mirrored", env.world())
 
 
 @pytest.mark.fast

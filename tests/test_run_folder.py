@@ -16,6 +16,7 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from outcomes import expects, outcome
 
 from conftest import cli_flags
 from tfgpu.config import SETTINGS, Config, config_from
@@ -196,15 +197,24 @@ JSON = st.recursive(
 SOME_KEYS = st.sampled_from([*list(SETTINGS)[:40], "num_replicas", "no_such_setting"])
 
 
+# What a run of this version wrote: some settings, each with its own type's value.
+WRITTEN = st.lists(st.sampled_from(list(SETTINGS)[:40]), max_size=6).map(
+    lambda names: {n: SETTINGS[n].default for n in names}
+)
+
+
 @pytest.mark.fast
+@expects("read", "refused")
 @settings(max_examples=100, deadline=None)
-@given(st.dictionaries(SOME_KEYS, JSON, max_size=6))
+@given(st.dictionaries(SOME_KEYS, JSON, max_size=6) | WRITTEN)
 def test_a_config_json_reads_back_as_typed_settings_or_one_line(values):
     try:
         out = stored_settings(values, "run/config.json")
     except ConfigError as err:
         assert "\n" not in err.message and err.message.startswith("run/config.json: ")
+        outcome("refused")
         return
+    outcome("read")
     for key, value in out.items():
         assert type(value) is type(SETTINGS[key].default) or key == "dct_scaled_decode"
     config_from(**out)  # every value a Config takes

@@ -2,8 +2,6 @@
 settings and rows, the URI's checks, and where the command finds the URI
 (tests/test_mlflow.py runs it against a real server)."""
 
-import importlib.util
-
 import pytest
 from absl import flags
 from hypothesis import given
@@ -47,12 +45,26 @@ def test_metrics_are_a_rows_numbers_under_its_split():
     }
 
 
-@given(st.text(max_size=200))
+URIS = st.builds(
+    "{}://{}{}:{}/{}".format,
+    st.sampled_from(["http", "https", "file", "databricks", "sqlite", ""]),
+    st.sampled_from(["", "me@", "me:secret@"]),
+    st.sampled_from(["mlflow.example.com", "127.0.0.1", "[::1]", ""]),
+    st.integers(0, 70000),
+    st.text(max_size=12),
+)
+
+
+@expects("taken", "refused")
+@given(st.text(max_size=200) | URIS)
 def test_any_uri_is_taken_or_refused_in_one_line(uri):
     try:
         validate(config_from(mlflow_tracking_uri=uri))
     except ConfigError as err:
         assert "--mlflow_tracking_uri" in str(err) and "\n" not in str(err)
+        outcome("refused")
+    else:
+        outcome("taken")
 
 
 def test_a_password_in_the_uri_is_refused():
