@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import tensorflow as tf
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
 THROUGHPUT = [

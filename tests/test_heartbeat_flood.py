@@ -8,7 +8,6 @@ import os
 import re
 import sys
 
-import numpy as np
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
 from procs import Output, kill_tree, popen, start_flood

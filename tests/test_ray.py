@@ -13,7 +13,6 @@ import signal
 import sys
 import time
 
-import numpy as np
 import psutil
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights

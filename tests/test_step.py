@@ -29,7 +29,7 @@ def _batches():
 
 def _train(strategy: str, optimizer: str, accum: int, weight_decay: float, lr=0.01, **loss):
     """Trains tiny_cnn for UPDATES updates (``loss``: TrainStep's loss arguments); returns
-    (weights, step, traced update fn)."""
+    (named weights, step, traced update fn)."""
     backend = backends.build_backend(strategy)
     keras.utils.set_random_seed(7)
     with backend.scope():
