@@ -7,7 +7,8 @@ kind of junk with a worker's own address as the source (raw sockets), and, once 
 captured the workers' genuine heartbeats on the loopback interface for --capture_s (beside
 the flood, which starts at once: a short run may end before the capture does), replays them:
 what an attacker on the cluster network can do. It prints ``flood: spoofing on|off`` when it
-starts and ``flood: captured N genuine`` when the replays begin.
+starts, ``flood: captured N genuine`` when the replays begin, and ``flood: under way`` once it
+has sent UNDER_WAY datagrams (and, as root, replayed REPLAYED): a test waits for that line.
 """
 
 import argparse
@@ -22,6 +23,7 @@ import threading
 import time
 
 HOST = "127.0.0.1"
+UNDER_WAY, REPLAYED = 200, 30
 
 
 def junk() -> list[bytes]:
@@ -103,19 +105,24 @@ def main() -> None:
     raw = spoofer() if root else None
     plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     print(f"flood: spoofing {'on' if root else 'off'}", flush=True)
-    deadline = time.monotonic() + args.seconds
+    deadline, sent, replayed, said = time.monotonic() + args.seconds, 0, 0, False
     while time.monotonic() < deadline:
+        if not said and sent >= UNDER_WAY and (not root or replayed >= REPLAYED):
+            print(f"flood: under way ({sent} sent, {replayed} replayed)", flush=True)
+            said = True
         dest = random.choice(args.ports)
         payload = random.choice(kinds)
         try:
             plain.sendto(payload, (HOST, dest))
         except OSError:
             pass
+        sent += 1
         if raw is not None:
             others = [p for p in args.ports if p != dest]
             send_as(raw, random.choice(others), dest, payload[:1400])
             for source, target, data in random.sample(genuine, min(3, len(genuine))):
                 send_as(raw, source, target, data)  # a replay: a genuine, stale message
+                replayed += 1
         time.sleep(1 / args.rate)
 
 

@@ -129,7 +129,9 @@ class TwoHosts:
         started = time.time()
         while any(p.poll() is None for p in procs) and time.time() < started + timeout:
             if any(p.poll() not in (None, 0) for p in procs):
-                time.sleep(2)  # the others' last words
+                last = time.time() + 10  # the others' last words: they end once a peer failed
+                while any(p.poll() is None for p in procs) and time.time() < last:
+                    time.sleep(0.2)
                 break
             time.sleep(0.2)
         codes = [p.poll() for p in procs]  # None: still running, killed now

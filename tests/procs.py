@@ -91,6 +91,23 @@ def start_flood(output: Output, timeout: float = 150) -> subprocess.Popen:
     )
 
 
+def wait_until_idle(proc: subprocess.Popen, timeout: float, window_s: float = 2.0) -> None:
+    """Waits until ``proc`` is blocked: it used under 5% of a core (its threads together)
+    over the last ``window_s`` seconds, as a process waiting in a collective for a peer does
+    (its heartbeats cost far less); fails if it ends or ``timeout`` passes first."""
+    process, deadline = psutil.Process(proc.pid), time.time() + timeout
+    spent = []  # (when, CPU seconds so far)
+    while True:
+        assert proc.poll() is None, f"process {proc.pid} ended, exit code {proc.returncode}"
+        assert time.time() < deadline, f"process {proc.pid} still busy after {timeout} s"
+        times = process.cpu_times()
+        spent.append((time.time(), times.user + times.system))
+        old = [s for s in spent if s[0] <= spent[-1][0] - window_s]
+        if old and spent[-1][1] - old[-1][1] < 0.05 * (spent[-1][0] - old[-1][0]):
+            return
+        time.sleep(0.25)
+
+
 def wait_for(output: Output, pattern: str, timeout: float) -> re.Match:
     """The first match of ``pattern`` in a process's ``output``, waited for (bounded)."""
     deadline = time.time() + timeout

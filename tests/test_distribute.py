@@ -6,7 +6,6 @@ import os
 import re
 import socket
 import sys
-import time
 
 import pytest
 from conftest import cli_flags
@@ -243,9 +242,7 @@ def test_multi_worker_survivor_stops_with_clear_error_then_resumes(small_dataset
     try:
         chief.wait_for_step(6)
         procs[1].kill()
-        killed = time.time()
-        procs[0].wait(timeout=STOP_BOUND_S)
-        assert time.time() - killed < STOP_BOUND_S
+        procs[0].wait(timeout=STOP_BOUND_S)  # the survivor's end; past the bound it fails
     finally:
         for p in procs:
             kill_tree(p)
@@ -274,12 +271,10 @@ def test_horovod_survivor_stops_with_clear_error_then_resumes(
     try:
         output.wait_for_step(6)
         rank_process(proc, 1).kill()
-        killed = time.time()
-        proc.wait(timeout=STOP_BOUND_S)
-        assert time.time() - killed < STOP_BOUND_S
+        proc.wait(timeout=STOP_BOUND_S)  # the survivor's end; past the bound it fails
     finally:
         kill_tree(proc)
-    time.sleep(0.5)
+    output.drained()  # every rank's last words
     assert proc.returncode != 0
     # Which the survivor notices first is a race: Horovod's shutdown or gloo's broken socket.
     reasons = ("Horovod shut down", "connection reset by peer")

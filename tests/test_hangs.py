@@ -18,7 +18,7 @@ import time
 import psutil
 import pytest
 from conftest import cli_flags
-from procs import Output, kill_tree, popen, rank_process, start_flood
+from procs import Output, kill_tree, popen, rank_process, start_flood, wait_until_idle
 
 from tfgpu.cli import launch
 
@@ -183,7 +183,7 @@ def _sigterm_while_blocked(data, tmp):
     procs, outs = _mwms(flags)
     try:
         _wait_for_training(outs[0])
-        time.sleep(15)  # worker 0 now waits in the first all-reduce for worker 1
+        wait_until_idle(procs[0], BOUND_S)  # traced: it waits in the first all-reduce
         os.kill(procs[0].pid, signal.SIGTERM)
         return _ended(procs[0], time.time(), outs[0])
     finally:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
-from procs import Output, kill_tree, popen, start_flood
+from procs import Output, kill_tree, popen, start_flood, wait_for
 from weights import assert_same_weights
 
 from tfgpu import train
@@ -31,9 +31,14 @@ def reference(small_dataset, tmp_path_factory):
 def test_a_flood_of_forged_datagrams_changes_nothing(small_dataset, reference, tmp_path):
     dirs = [tmp_path / "w0", tmp_path / "w1"]
     cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=multi_worker_mirrored"]
-    # The chief pauses 4 s in its first checkpoint write: a short run on a fast host would
-    # end before the flood's capture does, and the replays would never be seen.
-    hold = {"TFGPU_TEST_PAUSE": "checkpoint", "TFGPU_TEST_PAUSE_S": "4"}
+    # The chief pauses in its first checkpoint write until the flood is under way (its
+    # capture done and replays sent, as root): a short run would end before that.
+    release = tmp_path / "flood-under-way"
+    hold = {
+        "TFGPU_TEST_PAUSE": "checkpoint",
+        "TFGPU_TEST_PAUSE_UNTIL": str(release),
+        "TFGPU_TEST_PAUSE_S": str(TIMEOUT),
+    }
     procs = [
         popen(
             [*cmd, *cli_flags(TINY_RUN, data_dir=small_dataset, model_dir=d)],
@@ -44,12 +49,15 @@ def test_a_flood_of_forged_datagrams_changes_nothing(small_dataset, reference, t
     outs, flood = [Output(p) for p in procs], None
     try:
         flood = start_flood(outs[0])
+        flooding = Output(flood)
+        wait_for(flooding, "flood: under way", TIMEOUT)
+        release.touch()
         for p in procs:
             p.wait(timeout=TIMEOUT)
     finally:
         for p in [*procs, *([flood] if flood else [])]:
             kill_tree(p)
-    flooded = flood.stdout.read()
+    flooded = flooding.drained()
     texts = [o.text for o in outs]
     for p, text in zip(procs, texts):
         assert p.returncode == 0 and "Traceback" not in text, text[-3000:]

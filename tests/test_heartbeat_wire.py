@@ -187,14 +187,20 @@ def test_a_board_binds_its_address_only_and_survives_a_flood(board):
     _until(lambda: all(any(r in d for d in b.inbox.dropped) for r in reasons), b.inbox.dropped)
     assert b.heard[1][1]["step"] == 2 and b.inbox.accepted == 2
     assert [t for t in threading.enumerate() if t.name == "tfgpu-_receive" and t.is_alive()]
-    # The peer is gone now; its captured messages, replayed, do not make it look alive.
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
+    # The peer is gone now; its captured messages, replayed, do not make it look alive: the
+    # watchdog names it silent while the replays go on (each dropped, none accepted).
+    before = b.inbox.dropped["replayed or out of order"]
+
+    def replayed_and_silent():
         for data in captured:
             peer.sendto(data, target)
-        time.sleep(0.05)
-    assert "worker 1 went silent at update 2" in b.silent()  # the last it said it completed
-    assert b.inbox.dropped["replayed or out of order"] > 50
+        time.sleep(0.02)
+        replays = b.inbox.dropped["replayed or out of order"] - before
+        return replays >= 50 and "worker 1 went silent" in b.silent()
+
+    _until(replayed_and_silent, b.silent())
+    # the last update it said it completed
+    assert "worker 1 went silent at update 2" in b.silent() and b.inbox.accepted == 2
     assert re.fullmatch(r"2 heard from peers, \d+ dropped \(.*\)", heartbeats.tally())
     assert "not from a peer's address: " in heartbeats.tally()
     stranger.close()
@@ -250,9 +256,14 @@ def counting_board(monkeypatch):
     peer.close()
 
 
-def _count_updates(steps: list, seconds: float) -> None:
+def _count_updates(steps: list, seconds: float, until=None) -> None:
+    """Counts an update every 50 ms for ``seconds``, or, with ``until``, until it returns
+    something true (``seconds`` is then the bound, which fails the test)."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while not (until and until()):
+        if time.monotonic() >= deadline:
+            assert until is None, f"{seconds} s of updates and still not {until.__name__}"
+            return
         steps[0] += 1
         time.sleep(0.05)
 
@@ -264,12 +275,13 @@ def test_a_peer_silent_while_updates_complete_is_named_as_blocked_heartbeats(cou
     b, steps, say = counting_board
     say(1)
     _count_updates(steps, 0.3)  # the peer is lost: updates stop with its heartbeats
-    time.sleep(1.0)
+    _until(lambda: "went silent" in b.silent(), "the watchdog names the silent peer")
     # The updates that completed here after its last heartbeat needed it: it went silent after.
     assert b.blocked() == "" and f"worker 1 went silent at update {steps[0]} " in b.silent()
     assert heartbeats.silent_peers() == b.silent()
     say(2)
-    _count_updates(steps, 1.5)  # silent again, while updates go on
+    _count_updates(steps, 0.3)
+    _count_updates(steps, 10.0, until=b.blocked)  # silent again, while updates go on
     blocked = heartbeats.silent_peers()
     assert re.fullmatch(
         r"no heartbeat from worker 1 for \d s while all-reduces with them still complete "

@@ -131,10 +131,12 @@ def append_text(f, text: str, point: str = "") -> None:
 # TFGPU_TEST_PAUSE=POINT[@N] makes the N-th time (default the first) this process reaches
 # ``pause_for_tests(POINT)`` (or ``append_text`` at POINT) print ``tfgpu-test: paused in
 # POINT`` on stderr and sleep TFGPU_TEST_PAUSE_S seconds (default 60), so that a test's kill
-# lands inside that write. The points: "checkpoint" (its files written, the index not yet),
-# "best" (best/ckpt-S written, best.json not yet), "metrics.jsonl" and "summary.csv" (half a
-# row written), "export" (model.keras written, the SavedModel not yet), "final.weights" (before
-# final.weights.h5 is written).
+# lands inside that write; with TFGPU_TEST_PAUSE_UNTIL=PATH the pause ends as soon as PATH
+# exists (the test's sign that what it waited for happened), TFGPU_TEST_PAUSE_S at most. The
+# points: "checkpoint" (its files written, the index not yet), "best" (best/ckpt-S written,
+# best.json not yet), "metrics.jsonl" and "summary.csv" (half a row written), "export"
+# (model.keras written, the SavedModel not yet), "final.weights" (before final.weights.h5 is
+# written).
 TEST_PAUSE_ENV = "TFGPU_TEST_PAUSE"
 _pauses_seen: dict = {}
 
@@ -155,7 +157,14 @@ def _pause_due(point: str) -> bool:
 
 def _pause(point: str) -> None:
     os.write(2, f"tfgpu-test: paused in {point}\n".encode())
-    time.sleep(float(os.environ.get("TFGPU_TEST_PAUSE_S", "60")))
+    seconds = float(os.environ.get("TFGPU_TEST_PAUSE_S", "60"))
+    until = os.environ.get("TFGPU_TEST_PAUSE_UNTIL", "")
+    if not until:
+        time.sleep(seconds)
+        return
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(until) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def check_output(path: str, flag: str = "--output") -> str:
