@@ -11,7 +11,7 @@ under 2 minutes on 2 cores; ``make test`` and CI run both. A test is:
   ``tests/procs.py``, ``tests/multihost.py`` or ``tests/chaos.py``, imported as a module or by
   name) or a training helper (``tfgpu.train``, ``TrainStep``, ``assert_mirrored_equals_default``:
   every test here that trains took 5-40 s on 2 cores), or it uses a fixture that starts
-  processes (``PROCESS_FIXTURES``);
+  processes or trains (``PROCESS_FIXTURES``, ``TRAINING_FIXTURES``);
 - otherwise ``fast``.
 
 So a new test file is classified sensibly without anyone thinking about tiers: one that starts
@@ -51,6 +51,7 @@ import sys
 import hypothesis
 import numpy as np
 import pytest
+import shared
 from requires import require_all, requires
 from weights import assert_same_weights
 from weights import named as named_weights
@@ -79,6 +80,7 @@ hypothesis.settings.load_profile("tfgpu")
 TIERS = ("fast", "slow")
 PROCESS_MODULES = frozenset({"subprocess", "multiprocessing", "procs", "multihost", "chaos"})
 PROCESS_FIXTURES = frozenset({"horovodrun_tfgpu"})
+TRAINING_FIXTURES = frozenset({"reference_run"})  # trains when a test first asks
 TRAINING_HELPERS = frozenset(
     {
         "tfgpu.train",
@@ -126,7 +128,8 @@ def tier(explicit: set, module, fixturenames) -> str:
     if explicit:
         return next(iter(explicit))
     slow = module_starts_processes(module) or module_trains(module)
-    return "slow" if slow or PROCESS_FIXTURES & set(fixturenames) else "fast"
+    fixtures = (PROCESS_FIXTURES | TRAINING_FIXTURES) & set(fixturenames)
+    return "slow" if slow or fixtures else "fast"
 
 
 def heavy_enabled() -> bool:
@@ -252,9 +255,11 @@ def write_small_dataset(out: str, source: str = "tests") -> str:
 
 
 @pytest.fixture(scope="session")
-def small_dataset(tmp_path_factory) -> str:
-    """A converted dataset of 96 train and 24 validation 40x40 images in 4 classes."""
-    return write_small_dataset(str(tmp_path_factory.mktemp("data")))
+def small_dataset(tmp_path_factory, pytestconfig) -> str:
+    """A converted dataset of 96 train and 24 validation 40x40 images in 4 classes, written
+    once per session (the xdist workers share it): a test that changes it works on a copy."""
+    root = shared.shared_root(tmp_path_factory, pytestconfig)
+    return str(shared.made_once(root / "small-data", lambda p: write_small_dataset(str(p))))
 
 
 # A short deterministic tiny_cnn run: the base of the equivalence tests.
@@ -276,6 +281,28 @@ TINY_RUN = {
     "checkpoint_every_steps": 100,
     "export": False,
 }
+
+
+@pytest.fixture(scope="session")
+def reference_run(small_dataset, tmp_path_factory, pytestconfig):
+    """``reference_run(**settings)``: the model_dir of TINY_RUN with ``settings`` trained on
+    ``small_dataset`` by one default process, once per session for all the modules that
+    compare with it (the xdist workers share it too). Read it; copy it to go on with it."""
+    root = shared.shared_root(tmp_path_factory, pytestconfig)
+
+    def run(**settings) -> str:
+        values = dict(TINY_RUN, strategy="default", **settings)
+
+        def train_it(model_dir):
+            from tfgpu import train  # noqa: PLC0415 (TensorFlow's work: only when asked)
+            from tfgpu.config import config_from, validate  # noqa: PLC0415
+
+            config = config_from(data_dir=small_dataset, model_dir=str(model_dir), **values)
+            train.run(validate(config))
+
+        return str(shared.made_once(root / f"reference-{shared.key(values)}", train_it))
+
+    return run
 
 
 def final_weights(model_dir) -> dict[str, np.ndarray]:

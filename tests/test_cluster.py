@@ -14,9 +14,7 @@ from conftest import TINY_RUN, cli_flags, final_weights
 from requires import requires
 from weights import assert_same_weights
 
-from tfgpu import train
 from tfgpu.cli import launch
-from tfgpu.config import config_from, validate
 
 RUN = dict(TINY_RUN, train_steps=6, checkpoint_every_steps=3)
 # --micro_batch_size=8 keeps the global batch of 16 whatever the count: 2 workers take one
@@ -27,11 +25,9 @@ TIMEOUT = 240
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(small_dataset, tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("reference")
-    config = config_from(data_dir=small_dataset, model_dir=str(model_dir), strategy="default")
-    train.run(validate(config.with_settings(**RUN)))
-    return final_weights(model_dir)
+def uninterrupted(reference_run):
+    """TINY_RUN on one process (the session's run: RUN's checkpoints change no weight)."""
+    return final_weights(reference_run())
 
 
 def _env():

@@ -13,19 +13,14 @@ from conftest import TINY_RUN, cli_flags, final_weights
 from procs import Output, kill_tree, popen, start_flood, wait_for
 from weights import assert_same_weights
 
-from tfgpu import train
 from tfgpu.cli import launch
-from tfgpu.config import config_from, validate
 
 TIMEOUT = 240
 
 
 @pytest.fixture(scope="module")
-def reference(small_dataset, tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("reference")
-    config = config_from(data_dir=small_dataset, model_dir=str(model_dir), strategy="default")
-    train.run(validate(config.with_settings(**TINY_RUN)))
-    return final_weights(model_dir)
+def reference(reference_run):
+    return final_weights(reference_run())
 
 
 def test_a_flood_of_forged_datagrams_changes_nothing(small_dataset, reference, tmp_path):

@@ -30,11 +30,13 @@ RUNS = {"tiny_cnn": TINY_RUN, "resnet18": BN_RUN}
 
 
 @pytest.fixture(scope="module")
-def references(small_dataset, tmp_path_factory):
+def references(small_dataset, tmp_path_factory, reference_run):
     """``reference(model)``: the final weights of one default process (made once each)."""
     made = {}
 
     def reference(model: str):
+        if model == "tiny_cnn":
+            return final_weights(reference_run())  # the session's, shared with other modules
         if model not in made:
             model_dir = str(tmp_path_factory.mktemp(f"reference-{model}"))
             values = dict(RUNS[model], strategy="default")

@@ -16,8 +16,6 @@ from multihost import SSH_PORT, Sshd, TwoHosts
 from requires import requires
 from weights import assert_same_weights
 
-from tfgpu import train
-from tfgpu.config import config_from, validate
 
 STEPS = 6
 FLAGS = dict(TINY_RUN, train_steps=STEPS)
@@ -36,11 +34,8 @@ def hosts():
 
 
 @pytest.fixture(scope="module")
-def reference(small_dataset, tmp_path_factory):
-    model_dir = str(tmp_path_factory.mktemp("reference"))
-    config = config_from(data_dir=small_dataset, model_dir=model_dir, strategy="default", **FLAGS)
-    train.run(validate(config))
-    return final_weights(model_dir)
+def reference(reference_run):
+    return final_weights(reference_run(**FLAGS))
 
 
 def _env(**extra) -> dict:

@@ -11,8 +11,6 @@ import pytest
 from conftest import TINY_RUN, cli_flags
 from weights import assert_same_weights
 
-from tfgpu import train
-from tfgpu.config import config_from, validate
 from tfgpu.distribute import DistributeError, env, slurm
 
 STEPS = 6
@@ -100,11 +98,11 @@ def test_auto_is_multi_worker_under_srun(monkeypatch):
     assert env.task_name("worker", 1).startswith("task 1 (localhost:")
 
 
-def test_srun_with_two_tasks_ends_with_the_weights_of_one_process(small_dataset, tmp_path):
+def test_srun_with_two_tasks_ends_with_the_weights_of_one_process(
+    small_dataset, reference_run, tmp_path
+):
     run = dict(TINY_RUN, train_steps=STEPS)
-    reference = tmp_path / "reference"
-    config = config_from(data_dir=small_dataset, model_dir=str(reference), strategy="default")
-    train.run(validate(config.with_settings(**run)))
+    reference = reference_run(**run)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TF_CONFIG"))}
     job = 10_000 + os.getpid() % 50_000  # ports of this "job" differ from other test runs
     procs = [
