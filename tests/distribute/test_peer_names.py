@@ -253,17 +253,26 @@ def chief_board(monkeypatch, on):
     peer.close()
 
 
+def _until(condition, timeout: float = 10.0):
+    """Waits until ``condition()`` is true (the watchdog looks every 0.1 s); fails after
+    ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not so after {timeout} s"
+        time.sleep(0.05)
+
+
 def test_a_silent_peer_is_named_at_the_last_update_it_took_part_in(chief_board):
     """Its last heartbeat said update 16; the updates that completed here since needed its
     all-reduce: it went silent at the last of them, not at the heartbeat's."""
     b, steps, say = chief_board
     steps[0] = 16
     say(1, 16)
-    time.sleep(0.8)
+    _until(lambda: "went silent" in b.silent())
     assert b.silent().startswith(f"worker 0 ({WORKER}) went silent at update 16 (nothing heard")
     say(2, 17)
     steps[0] = 19  # three more updates, its heartbeats late (they come once a second)
-    time.sleep(0.8)
+    _until(lambda: "went silent at update 19" in b.silent())
     assert b.silent().startswith(f"worker 0 ({WORKER}) went silent at update 19 (nothing heard")
     assert b.culprit() == b.silent()
 
@@ -279,8 +288,9 @@ def test_a_stall_names_the_worker_behind(chief_board):
 def test_blocked_heartbeats_name_the_peer(chief_board):
     b, steps, say = chief_board
     say(1, 1)
-    deadline = time.monotonic() + 1.5
-    while time.monotonic() < deadline:  # updates go on, its heartbeats do not arrive
+    deadline = time.monotonic() + 10
+    while not b.blocked():  # updates go on, its heartbeats do not arrive
+        assert time.monotonic() < deadline, "still not named blocked after 10 s of updates"
         steps[0] += 1
         time.sleep(0.05)
     assert re.match(rf"no heartbeat from worker 0 \({WORKER}\) for \d s while all-r", b.blocked())
