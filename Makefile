@@ -57,13 +57,13 @@ system:
 horovod: install
 	PYTHON=$(PY) bash tools/install_horovod.sh
 
-# Ray Train, the [ray] extra: tests/test_ray.py runs tfgpu-ray on a local Ray cluster.
+# Ray Train, the [ray] extra: tests/e2e/test_ray.py runs tfgpu-ray on a local Ray cluster.
 ray: $(STAMP)-ray
 
-# LiteRT and ONNX for tfgpu-export, the [export] extra: tests/test_export_formats.py runs them.
+# LiteRT and ONNX for tfgpu-export, the [export] extra: tests/inference/test_export_formats.py runs them.
 export: $(STAMP)-export
 
-# matplotlib for tfgpu-report, the [report] extra: tests/test_report.py draws its pages.
+# matplotlib for tfgpu-report, the [report] extra: tests/report/test_report.py draws its pages.
 report: $(STAMP)-report
 
 # KerasHub, the [hub] extra: --model=hub:... (tests/models/test_own_models.py builds its ViT).
@@ -77,7 +77,7 @@ $(addprefix $(STAMP)-,ray export report hub mlflow): $(STAMP)-%: $(STAMP)
 	$(PY) -m pip install -q -e '.[$*]'
 	touch $@
 
-# A real `mlflow server` for tests/test_mlflow.py, in a venv of its own: the full mlflow
+# A real `mlflow server` for tests/e2e/test_mlflow.py, in a venv of its own: the full mlflow
 # package (Flask, SQLAlchemy, scikit-learn, matplotlib, pyarrow, ...) stays out of tfgpu's.
 MLFLOW_VENV ?= .venv-mlflow
 mlflow-server: $(MLFLOW_VENV)/.installed

@@ -1,4 +1,4 @@
-"""The chaos soak: tests/test_chaos.py's loop for longer. Real runs SIGKILLed at random moments
+"""The chaos soak: tests/e2e/test_chaos.py's loop for longer. Real runs SIGKILLed at random moments
 of every kind (start-up, tracing, an update, inside a checkpoint, best/, metrics.jsonl,
 summary.csv or the export being written), started again with the same command until each
 finishes, each held to the same command run uninterrupted.

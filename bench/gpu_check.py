@@ -16,7 +16,7 @@ Rows:
       resize on the device (what --resize_on=auto does with a GPU): the reader alone, and the
       reader plus the step's resize and preparation on the device.
   ops with a GPU kernel: every op of the train step (``compat.ops_without_gpu_kernel``, the
-      check of tests/test_gpu_kernels.py) has a GPU kernel for its dtypes.
+      check of tests/step/test_gpu_kernels.py) has a GPU kernel for its dtypes.
   ops placed on the CPU: what TensorFlow's placer logged for the step's ops on this machine
       (``tf.debugging.set_log_device_placement``), function inputs and outputs aside.
   micro-batch auto: --micro_batch_size=auto's search (``train/micro_batch.search``: real
@@ -25,7 +25,7 @@ Rows:
       size measured as a batch of its own; OK when one fits and trains. The dry run injects an
       out-of-memory error above a quarter of that batch (the test hook TFGPU_TEST_OOM_ABOVE).
   all-reduces per update: the backend's count of gradient all-reduces against the updates
-      run (what tests/test_step.py asserts), and on 2+ GPUs the collective ops in the loop's
+      run (what tests/step/test_step.py asserts), and on 2+ GPUs the collective ops in the loop's
       graph: one NcclAllReduce per replica is one batched NCCL all-reduce per update.
 
 Without a GPU it prints one line and exits 2, unless --dry_run (tiny_cnn at 32x32, batches of

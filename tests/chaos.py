@@ -1,4 +1,4 @@
-"""The chaos loop of tests/test_chaos.py and bench/chaos_soak.py: a real run SIGKILLed at
+"""The chaos loop of tests/e2e/test_chaos.py and bench/chaos_soak.py: a real run SIGKILLed at
 random and at chosen moments, and started again with the same command until it finishes;
 then what it left is held to the same command run uninterrupted.
 

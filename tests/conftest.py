@@ -39,7 +39,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 # 10 ms). It sets when fused all-reduces start, not what they sum.
 os.environ.setdefault("HOROVOD_CYCLE_TIME", "10")
 # The commands log to MLflow where these say (docs/reports.md): a developer's own server must
-# not receive the tests' runs. tests/test_mlflow.py sets them where it means to.
+# not receive the tests' runs. tests/e2e/test_mlflow.py sets them where it means to.
 for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
     os.environ.pop(_name, None)
 

@@ -1,4 +1,4 @@
-"""Two "hosts" on one machine, for tests/test_multihost.py.
+"""Two "hosts" on one machine, for tests/e2e/test_multihost.py.
 
 Each host is a network namespace with its own address, hostname and /etc/hosts; the two are
 joined by a veth pair named ``eth0`` at both ends (horovodrun picks the interfaces that all

@@ -13,7 +13,7 @@ FORBIDDEN = re.compile(
 
 # The one exception, and why: CIFAR's python batches exist only as pickles. That module
 # imports pickle for a restricted Unpickler that resolves numpy's array globals alone
-# (tests/test_convert_cifar.py feeds it pickles naming os.system and other globals).
+# (tests/convert/test_convert_cifar.py feeds it pickles naming os.system and other globals).
 ALLOWED = {("tfgpu/convert/inputs/cifar.py", "import pickle")}
 
 

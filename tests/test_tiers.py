@@ -7,6 +7,7 @@ import importlib
 import inspect
 import pathlib
 import re
+import sys
 import types
 
 import conftest
@@ -14,7 +15,12 @@ import pytest
 import requires
 
 TESTS = pathlib.Path(__file__).parent
-MODULES = sorted(p.stem for p in TESTS.glob("test_*.py"))
+PATHS = sorted(TESTS.rglob("test_*.py"))  # tests/, tests/<package>/, tests/e2e/
+MODULES = sorted(p.stem for p in PATHS)
+# As pytest's default (prepend) import mode does for each test module: its folder on sys.path,
+# the module imported by its basename (basenames are unique: see below).
+for _folder in sorted({str(p.parent) for p in PATHS} - set(sys.path)):
+    sys.path.append(_folder)
 # Names a test's own code may not use in the fast tier, whatever its module imports.
 PROCESS_NAMES = {"Popen", "executable", *conftest.PROCESS_FIXTURES}
 
@@ -86,6 +92,12 @@ def test_no_fast_test_starts_a_process(module_name):
         if tier == "fast":
             used = _names_used(func, module) & process_names
             assert not used, f"{module_name}::{name} is fast but uses {sorted(used)}: mark it slow"
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports tests/<package>/test_x.py as module ``test_x`` (no __init__.py): two
+    of one name would clash."""
+    assert len(MODULES) == len(set(MODULES)), sorted(m for m in MODULES if MODULES.count(m) > 1)
 
 
 def test_the_rule_sees_the_modules_that_start_processes_or_train():

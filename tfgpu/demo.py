@@ -26,7 +26,7 @@ DEMO_VERSION = "digits-v1"
 DEMO_IMAGE_SIZE = 32
 
 # Flags the demo uses when no --data_dir is given (flags the user sets still win). The same
-# values are written out in flags/demo_digits.flags; tests/test_flags.py keeps the two equal.
+# values are written out in flags/demo_digits.flags; tests/cli/test_flags.py keeps the two equal.
 DEMO_RECIPE = {
     "model": "tiny_cnn",
     # Read at 16x16 (the in-memory path resizes the 32x32 records once): the scans are 8x8, so

@@ -127,7 +127,7 @@ def append_text(f, text: str, point: str = "") -> None:
     f.write(text)
 
 
-# Test-only (tests/test_chaos.py, bench/chaos_soak.py), off unless set:
+# Test-only (tests/e2e/test_chaos.py, bench/chaos_soak.py), off unless set:
 # TFGPU_TEST_PAUSE=POINT[@N] makes the N-th time (default the first) this process reaches
 # ``pause_for_tests(POINT)`` (or ``append_text`` at POINT) print ``tfgpu-test: paused in
 # POINT`` on stderr and sleep TFGPU_TEST_PAUSE_S seconds (default 60), so that a test's kill

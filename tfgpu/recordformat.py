@@ -4,7 +4,8 @@
   TensorFlow's own ImageNet converters, ``models/research/slim/datasets/build_imagenet_data.py``,
   so records made by those tools can be read too; their labels start at 1, ``--label_offset=1``);
 - the codec of one example: ``encode_example`` serializes a ``tf.train.Example`` by hand, in
-  exactly its wire format (tests/test_convert.py checks it against TensorFlow byte for byte);
+  exactly its wire format (tests/convert/test_convert.py checks it against TensorFlow byte for
+  byte);
   ``parse_example`` reads records back with TensorFlow's parser, imported only when called;
 - the TFRecord framing: ``write_record`` (length, its masked CRC-32C, data, its masked CRC-32C)
   and ``scan_shard``, which walks the framing of a file to count records and find a break;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes docs/flags.md, the reference of every flag of ``python -m tfgpu.main``, from the
 settings table (``tfgpu.cli.flags.reference_markdown``). Run it after adding or changing a
-setting; tests/test_flags.py fails while docs/flags.md is stale.
+setting; tests/cli/test_flags.py fails while docs/flags.md is stale.
 
     python tools/flag_reference.py [--check]
 """

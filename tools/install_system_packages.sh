@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # tools/install_system_packages.sh - the system packages the whole test suite uses, from
 # Debian's packages: Open MPI (mpirun, and mpicxx so that tools/install_horovod.sh builds
-# Horovod's MPI controller), sshd/ssh and iproute2 (tests/test_multihost.py's two hosts), and
+# Horovod's MPI controller), sshd/ssh and iproute2 (tests/e2e/test_multihost.py's two hosts), and
 # Zalando's Fashion-MNIST (dataset-fashion-mnist: real data with a public results table), and
-# Chromium (tests/test_report.py opens tfgpu-report's page in it, headless).
+# Chromium (tests/report/test_report.py opens tfgpu-report's page in it, headless).
 #
 # Installs only what is missing, with apt-get as root or through password-less sudo. Without
 # either it says so and exits 0: the tests that need a missing tool then fail under `make test`
@@ -18,7 +18,7 @@ have mpicxx || missing+=(libopenmpi-dev)
 have sshd || missing+=(openssh-server)
 have ssh && have ssh-keygen || missing+=(openssh-client)
 have ip || missing+=(iproute2)
-# Fashion-MNIST's four IDX files (tests/test_fashion_mnist.py; the recipes in flags/).
+# Fashion-MNIST's four IDX files (tests/e2e/test_fashion_mnist.py; the recipes in flags/).
 [[ -d /usr/share/datasets/fashion-mnist ]] || missing+=(dataset-fashion-mnist)
 have chromium || missing+=(chromium)
 [[ ${#missing[@]} -eq 0 ]] && exit 0

@@ -4,7 +4,7 @@ TF_CONFIG's ``chief 0`` / ``worker 0`` with its address (Kubeflow's TFJob writes
 chief when there is one; a peer "went silent at" the last update it took part in.
 
 Each message is built here from plain values (fingerprints, TensorFlow's error texts, a board
-fed by a real socket) with a chief in the cluster; tests/test_partitions.py cuts a real
+fed by a real socket) with a chief in the cluster; tests/e2e/test_partitions.py cuts a real
 chief + worker job in two and reads the lines both processes print."""
 
 import json

@@ -154,7 +154,7 @@ def reference_markdown() -> str:
         "# Flags of tfgpu's commands",
         "",
         "Generated from the settings (the trainer's: `tfgpu/config/`; the other commands':",
-        "`tfgpu/cli/settings.py`) by `python tools/flag_reference.py`; `tests/test_flags.py`",
+        "`tfgpu/cli/settings.py`) by `python tools/flag_reference.py`; `tests/cli/test_flags.py`",
         "fails when it is stale. Every flag can also be set in a `--flagfile` (the recipes in",
         "`flags/`). `--help` prints the most used ones, `--helpfull` all of them by section.",
         "",

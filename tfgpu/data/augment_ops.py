@@ -3,7 +3,7 @@
 argument (``augment.py`` draws them and applies them, in three batched stages).
 
 An op is one entry of ``OPS``, an ``Op``: its stage ("table", "blend" or "affine") and its
-batched implementation, the Pillow call it reproduces (``tests/test_augment.py`` checks every
+batched implementation, the Pillow call it reproduces (``tests/data/test_augment.py`` checks every
 entry against it, eagerly and inside tf.data), and how each policy's level in [0, 1] becomes
 its argument (a ``Level``, as timm's level functions). Its id, which the batch carries, is its
 position in ``OPS``: ids live only in batches (never in checkpoints or files), and "Identity"

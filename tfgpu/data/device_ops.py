@@ -63,7 +63,7 @@ def resize_flat(words: tf.Tensor, sizes: tf.Tensor, image_size: int) -> tf.Tenso
     left, right, x_frac = axis(width)
     # GPUs have no uint8 gather kernel (TensorFlow registers bool, int32, int64 and float
     # types), and TensorFlow would quietly run it on the CPU: gather float16, exact for
-    # 0..255 and half of float32's memory (tests/test_gpu_kernels.py).
+    # 0..255 and half of float32's memory (tests/step/test_gpu_kernels.py).
     rgb = tf.cast(unpack_rgb(words), tf.float16)
 
     def corner(rows, cols):  # [N, S] rows x [N, S] cols -> float [N, S, S, 3]
@@ -162,7 +162,7 @@ def make_batch_fn(layout: str, num_classes: int, data):
             images = resize_flat(batch["pixels"], batch["sizes"], data.image_size)
         else:
             # Cast first: float has a GPU kernel for every op here, uint8 not always, and
-            # TensorFlow would quietly run such an op on the CPU (tests/test_gpu_kernels.py).
+            # TensorFlow would quietly run such an op on the CPU (tests/step/test_gpu_kernels.py).
             images = to_float(batch["image"])
         images = augment.apply(apply_flip(images, batch["flip"]), batch)
         targets = soft_targets(batch["label"], batch["weight"], num_classes)

@@ -5,7 +5,7 @@ key, so that draws never share values. There are two kinds of key: an example's 
 function of the seed, the epoch and the example's position: ``host_ops.example_seed``), and an
 epoch's key (the in-memory path draws whole vectors per epoch: ``memory.py``). The
 augmentation policies' draws (``augment.py``) are made from either, so their ids must stay
-clear of both. ``tests/test_augment.py`` keeps the table collision-free. A new kind of draw is
+clear of both. ``tests/data/test_augment.py`` keeps the table collision-free. A new kind of draw is
 one new id here; the numbers of existing ones never change (runs would not repeat).
 """
 

@@ -15,7 +15,7 @@ work on successive epochs at once, so the step sees them interleaved.
 Why not the pipeline's own endless stream: it counts epochs with ``Dataset.counter``, a scan
 over ``from_tensors(0).repeat()``, whose state lives on each worker; the dispatcher then splits
 only the repetitions, and every worker produces epoch 0, 1, ... itself. Measured with 2 workers
-(tests/test_data_service.py): every (epoch, position) twice, as identical batches
+(tests/data/test_data_service.py): every (epoch, position) twice, as identical batches
 (the randomness is a function of (seed, epoch, position)), in either processing mode.
 
 Jobs: one per trainer input pipeline (never round-robin consumers, which need every consumer

@@ -34,7 +34,8 @@ def pin_to_local_gpu(local_rank: int, config=tf.config) -> None:
 
     Must run before TensorFlow's runtime starts (train.run calls configure_devices, then
     build_backend, before any op); a no-op without GPUs. No GPU exists where tfgpu is tested,
-    so only the call order is tested here, with a fake ``config`` (tests/test_distribute.py).
+    so only the call order is tested here, with a fake ``config``
+    (tests/distribute/test_distribute.py).
     """
     gpus = config.list_physical_devices("GPU")
     if not gpus:

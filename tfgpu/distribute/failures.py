@@ -7,7 +7,7 @@ peer's heartbeats; a worker that never registers fails the others after --startu
 (DeadlineExceededError, "Barrier timed out ... Some timed out task names: .../task:1");
 Horovod raises UnknownError("Horovod has been shut down ...") once Gloo's connection drops or
 times out, naming no rank: the heartbeat board (``heartbeats.py``) names it then. A partition
-(tests/test_partitions.py) reaches the leader as missed heartbeats and the other workers as
+(tests/e2e/test_partitions.py) reaches the leader as missed heartbeats and the other workers as
 their unanswered heartbeat calls to it ("RPC: /tensorflow.CoordinationService/Heartbeat"),
 each after --heartbeat_timeout_s (measured: 7-14 s after the cut).
 """

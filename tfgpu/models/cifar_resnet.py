@@ -4,7 +4,7 @@ A 3x3 convolution of 16 filters, then three stages of n basic blocks (16, 32 and
 the last two starting with stride 2), global average pooling and the classifier: 6n + 2
 layers. Shortcuts are the paper's option A, parameter-free: an identity that, where a stage
 starts, takes every second pixel and adds zero channels. So the parameter counts are the
-paper's (0.27M, 0.46M, 0.66M, 0.85M, 1.7M) and ``tests/test_models.py`` holds them to it.
+paper's (0.27M, 0.46M, 0.66M, 0.85M, 1.7M) and ``tests/models/test_models.py`` holds them to it.
 Built from Keras' own layers only, so a saved ``.keras`` file loads without tfgpu.
 """
 

@@ -4,7 +4,7 @@ WRN-d-k: a 3x3 convolution of 16 filters, three stages of (d - 4) / 6 pre-activa
 (BN-ReLU-conv3x3, BN-ReLU-[dropout]-conv3x3) of 16k, 32k and 64k filters (stages 2 and 3 start
 with stride 2), a 1x1 projection where the width changes, then BN-ReLU, global average pooling
 and the classifier: the layout of the authors' code, whose parameter counts the paper gives
-(WRN-16-4 2.7M, WRN-28-10 36.5M; ``tests/test_models.py`` holds them).
+(WRN-16-4 2.7M, WRN-28-10 36.5M; ``tests/models/test_models.py`` holds them).
 """
 
 import keras

@@ -48,7 +48,8 @@ FAMILIES = (
     "efficientnetv2",
 )
 # Combinations of a model family and a format that do not export, with why (one line each).
-# Every family exports in every format today (tests/test_export_formats.py builds each one).
+# Every family exports in every format today (tests/inference/test_export_formats.py builds
+# each one).
 FAMILY_LIMITS: dict = {}
 
 

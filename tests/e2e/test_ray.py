@@ -300,7 +300,7 @@ def test_tfgpu_ray_is_a_console_script_of_the_ray_extra():
     import pathlib
 
     setup = configparser.ConfigParser()
-    setup.read(pathlib.Path(__file__).resolve().parents[1] / "setup.cfg")
+    setup.read(pathlib.Path(__file__).resolve().parents[2] / "setup.cfg")
     assert "tfgpu-ray = tfgpu.cli.ray:run" in setup["options.entry_points"]["console_scripts"]
     assert setup["options.extras_require"]["ray"].strip().startswith("ray[train]")
     assert callable(tfgpu_ray.run)

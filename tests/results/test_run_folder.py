@@ -31,7 +31,7 @@ from tfgpu.errors import ConfigError, DataError, TfgpuError, UsageError
 from tfgpu.files import check_output, open_append, replacing, write_json
 from tfgpu.inference.predict import csv_cell, csv_text
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUN = dict(
     model="tiny_cnn",
     image_size=32,

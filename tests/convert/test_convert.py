@@ -353,7 +353,7 @@ def test_killed_run_is_finished_by_running_it_again(tmp_path):
             )
     out = tmp_path / "out"
     args = [f"--input={tmp_path / 'in'}", f"--output_dir={out}", "--num_shards=30", "--seed=5"]
-    cli = os.path.join(os.path.dirname(__file__), "..", "tools", "to_tfrecord.py")
+    cli = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "to_tfrecord.py")
     run = subprocess.Popen(
         [sys.executable, cli, "--noprogress", "--num_workers=1", *args], start_new_session=True
     )

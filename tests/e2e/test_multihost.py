@@ -2,7 +2,7 @@
 address, hostname and node-local --model_dir. multi_worker_mirrored workers talk over the
 addresses in TF_CONFIG; horovodrun starts rank 1 over ssh, with its environment forwarded and
 the network interface picked from those both hosts share. Both end with the weights of a
-single-process run (to 1e-5), as in tests/test_equivalence.py."""
+single-process run (to 1e-5), as in tests/e2e/test_equivalence.py."""
 
 import json
 import os

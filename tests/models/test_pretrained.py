@@ -5,6 +5,7 @@ import h5py
 import keras
 import numpy as np
 import pytest
+from keras_files import efficientnet_b0_h5
 from weights import assert_same_weights
 
 from tfgpu import models
@@ -13,19 +14,6 @@ from tfgpu.models import pretrained
 from tfgpu.config import ConfigError, config_from, validate
 
 SLOW = pytest.mark.slow  # builds efficientnet_b0 (32x32) once or twice: ~5 s each
-
-
-def _keras_file(path, include_top=False):
-    """A keras.applications EfficientNetB0 weights file as Keras ships it (legacy HDF5)."""
-    from keras.src.legacy.saving import legacy_h5_format
-
-    keras.utils.set_random_seed(7)  # other weights than the model's own initialization
-    source = keras.applications.EfficientNetB0(
-        include_top=include_top, weights=None, input_shape=(32, 32, 3), classes=10
-    )
-    with h5py.File(path, "w") as f:
-        legacy_h5_format.save_weights_to_hdf5_group(f, source)
-    return source
 
 
 def _model():
@@ -37,7 +25,7 @@ def _model():
 @pytest.mark.parametrize("include_top", [False, True])
 def test_keras_h5_loads_into_the_backbone_by_name(tmp_path, include_top):
     name = "efficientnetb0.h5" if include_top else "efficientnetb0_notop.h5"
-    source = _keras_file(tmp_path / name, include_top)
+    source = efficientnet_b0_h5(tmp_path / name, include_top)
     model = _model()
     head = model.get_layer("logits").kernel.numpy()
     assert models.load_initial_weights(model, str(tmp_path / name)) == ["logits"]
@@ -56,7 +44,7 @@ def test_imagenet_from_keras_cache_or_one_line_naming_the_file(tmp_path, monkeyp
     message = str(err.value)
     assert "\n" not in message and "https://storage.googleapis.com/keras-applications/" in message
     (tmp_path / "models").mkdir()
-    source = _keras_file(tmp_path / "models" / "efficientnetb0_notop.h5")
+    source = efficientnet_b0_h5(tmp_path / "models" / "efficientnetb0_notop.h5")
     models.load_initial_weights(model, "imagenet")
     np.testing.assert_array_equal(
         pretrained.backbone_of(model).get_layer("stem_conv").kernel.numpy(),
@@ -67,7 +55,7 @@ def test_imagenet_from_keras_cache_or_one_line_naming_the_file(tmp_path, monkeyp
 @SLOW
 def test_a_file_that_does_not_fit_names_the_first_layer(tmp_path):
     path = tmp_path / "efficientnetb0_notop.h5"
-    _keras_file(path)
+    efficientnet_b0_h5(path)
     with h5py.File(path, "r+") as f:  # another stem: 16 filters instead of 32
         group = f["stem_conv"]
         (weight,) = [w if isinstance(w, str) else w.decode() for w in group.attrs["weight_names"]]

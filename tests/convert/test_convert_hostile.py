@@ -25,7 +25,7 @@ from tfgpu.convert.inputs import caffe_datum, folders, hdf5, lmdb_input
 from tfgpu.errors import ConvertError
 from tfgpu.convert.manifest import BadImage, Item
 
-CLI = os.path.join(os.path.dirname(__file__), "..", "tools", "to_tfrecord.py")
+CLI = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "to_tfrecord.py")
 RNG = np.random.default_rng(0)
 TIMEOUT_S = 120  # a hang fails the test instead of the suite
 

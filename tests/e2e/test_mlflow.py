@@ -25,7 +25,7 @@ from tfgpu.config import config_from, validate
 from tfgpu.results import tracking
 from tfgpu.train.actions import Action
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVER = os.path.join(ROOT, ".venv-mlflow", "bin", "mlflow")
 # The first test's set-up starts the server and trains twice: on 2 shared cores, minutes.
 pytestmark = pytest.mark.timeout(900)

@@ -1,6 +1,6 @@
 """tfgpu-report's reading and writing without TensorFlow: metrics.jsonl cut anywhere, and
 names with HTML in them (class names, run folders) on the page as text. The page itself, in
-a real browser, is tests/test_report.py's."""
+a real browser, is tests/report/test_report.py's."""
 
 import html.parser
 import json

@@ -40,7 +40,7 @@ def _settings(model: str, **settings) -> dict:
 
 # Without sync the code path is the same for every family: resnet18 alone. With it, one model
 # of each family; efficientnet_b0's cases are heavy (its sync collective across replicas runs
-# in the default tier, tests/test_batchnorm.py) and in float64: over 4 updates at lr 0.01,
+# in the default tier, tests/step/test_batchnorm.py) and in float64: over 4 updates at lr 0.01,
 # float32 rounding alone moves it ~1e-4 of its largest weight between two ways of summing the
 # same batch (measured: mirrored x2 synced 2.7e-4 from one device in float32, 2.7e-8 in
 # float64 with a float32 head, 1e-9 and below all in float64).

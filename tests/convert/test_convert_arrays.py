@@ -1,5 +1,5 @@
 """The converter's array inputs: IDX folders (MNIST's family) and keras.datasets' .npz (CIFAR's
-python batches: tests/test_convert_cifar.py). Small generated arrays converted and read back
+python batches: tests/convert/test_convert_cifar.py). Small generated arrays converted and read back
 exactly (pixels, labels, splits, class names); hostile files (cut short, garbage headers,
 wrong keys, shapes and dtypes) each end in one line on stderr and exit code 2."""
 

@@ -2,7 +2,7 @@
 from another process (``tests/flood.py``) ends as it would have without it: exit 0, the same
 weights as an uninterrupted single-process run, with the datagrams counted as dropped. That
 the stall watchdog still names a frozen worker under the same flood (replays of its genuine
-messages included) is shown by tests/test_hangs.py's frozen-worker scenario."""
+messages included) is shown by tests/e2e/test_hangs.py's frozen-worker scenario."""
 
 import os
 import re

@@ -24,9 +24,9 @@ import sys
 import pytest
 from conftest import make_image_arrays
 from PIL import Image
-from test_pretrained import _keras_file
+from keras_files import efficientnet_b0_h5
 
-GUIDE = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "finetune.md")
+GUIDE = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "docs", "finetune.md")
 SECTION = "## Fine-tune on your own images"
 CLASSES = ("cat", "dog", "fox", "owl")
 PER_CLASS = {"train": 8, "validation": 4}  # 32 train images: 2 updates of 16 per epoch
@@ -108,8 +108,8 @@ def test_photos_to_predictions(tmp_path, monkeypatch):
     convert, train, evaluate, predict = map(localized, readme_commands())
     monkeypatch.chdir(tmp_path)  # the run's files hold paths as given: relative to here
     photos = _make_photos(tmp_path / "my_photos")
-    _keras_file(tmp_path / WEIGHTS)
-    root = os.path.join(os.path.dirname(__file__), os.pardir)
+    efficientnet_b0_h5(tmp_path / WEIGHTS)
+    root = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)
     _run([convert[0], os.path.join(root, convert[1]), *convert[2:]], tmp_path)
     _check_converted(tmp_path / "my_photos-tfr")
 

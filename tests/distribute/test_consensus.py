@@ -1,6 +1,6 @@
 """What workers compare at start-up (``distribute/consensus.py``), without worker processes:
 fingerprints as plain data, and one worker's ``train._agreed_spec`` given what another one
-sent. tests/test_cluster.py runs real workers that disagree on a flag."""
+sent. tests/e2e/test_cluster.py runs real workers that disagree on a flag."""
 
 import json
 

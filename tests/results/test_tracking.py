@@ -1,6 +1,6 @@
 """What --mlflow_tracking_uri sends, before any server: the params and metrics made of a run's
 settings and rows, the URI's checks, and where the command finds the URI
-(tests/test_mlflow.py runs it against a real server)."""
+(tests/e2e/test_mlflow.py runs it against a real server)."""
 
 import pytest
 from absl import flags

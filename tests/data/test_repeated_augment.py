@@ -1,7 +1,7 @@
 """--repeated_augment=K (tfgpu/data/sampling.py) on both train paths: each global batch holds
 global_batch_size / K examples K times, copies global / K apart with their own draws; a
 training epoch stays N positions; the stream resumes exactly. Default = mirrored = accumulation
-with it: tests/test_equivalence.py."""
+with it: tests/e2e/test_equivalence.py."""
 
 import collections
 

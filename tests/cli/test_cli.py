@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The module paths the docs, the README and the tests give -> the command they run.
 ALIASES = {
     "tfgpu.main": "tfgpu.cli.train",

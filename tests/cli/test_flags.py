@@ -10,7 +10,7 @@ from tfgpu import demo
 from tfgpu.cli.flags import COMMAND_SETTINGS, command_settings, define_flags, given_flags
 from tfgpu.config import SETTINGS, config_from, validate
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 RECIPES = sorted(ROOT.glob("flags/*.flags"))
 
 

@@ -32,7 +32,7 @@ def photos() -> list[np.ndarray]:
     return [np.asarray(Image.open(DATA / f"{name}.png")) for name in ("china", "flower")]
 
 
-DATA = pathlib.Path(__file__).parent / "data"
+DATA = pathlib.Path(__file__).parent  # tests/data: the photos beside this module
 BY_ID = list(A.OPS.values())
 ID = A.IDS  # op name -> id
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
 THROUGHPUT = [
     f"{model} {setting}"
     for model in ("resnet50", "efficientnet_b0", "densenet121")

@@ -1,5 +1,5 @@
 """The commands that open a trained run (tfgpu-evaluate, -predict, -export, -average) share one
-head, and read their settings back from their flags (tests/test_cli.py: their module paths,
+head, and read their settings back from their flags (tests/cli/test_cli.py: their module paths,
 console scripts and --help)."""
 
 import dataclasses

@@ -417,7 +417,7 @@ def test_an_interrupted_conversion_resumes_to_the_same_shards(tmp_path):
     args = [f"--input={db}", "--num_shards=30", "--seed=5", "--noprogress"]
     _convert(db, clean, *args[1:])
     out = tmp_path / "out"
-    tool = os.path.join(os.path.dirname(__file__), "..", "tools", "to_tfrecord.py")
+    tool = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "to_tfrecord.py")
     run = subprocess.Popen(
         [sys.executable, tool, *args, f"--output_dir={out}", "--num_workers=1"],
         start_new_session=True,
