@@ -53,7 +53,6 @@ import numpy as np
 import pytest
 import shared
 from requires import require_all, requires
-from weights import assert_same_weights
 from weights import named as named_weights
 
 from tfgpu.cli import quiet
@@ -86,7 +85,6 @@ TRAINING_HELPERS = frozenset(
         "tfgpu.train",
         "tfgpu.train.loop",
         "tfgpu.step.train_step.TrainStep",
-        "conftest.assert_mirrored_equals_default",
     }
 )
 FAST_TEST_BUDGET_S = 10.0
@@ -262,6 +260,37 @@ def small_dataset(tmp_path_factory, pytestconfig) -> str:
     return str(shared.made_once(root / "small-data", lambda p: write_small_dataset(str(p))))
 
 
+TRAIN_COUNTS = (60, 24, 8, 4)  # the imbalanced dataset's classes a, b, c, d
+
+
+def write_imbalanced_dataset(out: str) -> str:
+    """Like ``write_small_dataset``, its train split imbalanced (TRAIN_COUNTS), its
+    validation split balanced (8 each); returns ``out``."""
+    images, labels = make_image_arrays(400, seed=5)
+    train_idx, val_idx = [], []
+    for c, n in enumerate(TRAIN_COUNTS):
+        of_c = np.flatnonzero(labels == c)
+        train_idx += list(of_c[:n])
+        val_idx += list(of_c[n : n + 8])
+    items = items_from_arrays(images, labels, prefix="imbalanced")
+    plan.write_dataset(
+        {"train": [items[i] for i in train_idx], "validation": [items[i] for i in val_idx]},
+        class_names=["a", "b", "c", "d"],
+        output_dir=out,
+        source="tests",
+        num_shards={"train": 2, "validation": 1},
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def imbalanced(tmp_path_factory, pytestconfig) -> str:
+    """A converted dataset of 4 classes, its train split imbalanced (60/24/8/4 examples of
+    classes a-d), its validation split balanced (8 each); once per session, shared."""
+    root = shared.shared_root(tmp_path_factory, pytestconfig)
+    return str(shared.made_once(root / "imbalanced", lambda p: write_imbalanced_dataset(str(p))))
+
+
 # A short deterministic tiny_cnn run: the base of the equivalence tests.
 TINY_RUN = {
     "model": "tiny_cnn",
@@ -281,26 +310,46 @@ TINY_RUN = {
     "checkpoint_every_steps": 100,
     "export": False,
 }
+# TINY_RUN with every per-example draw and the step's options that must not depend on how a
+# batch is split: RandAugment, random erasing, repeated augmentation (2 copies, 8 apart in
+# each batch of 16: on different replicas), --remat (the forward recomputed per block, inside
+# the accumulation loop too), two progressive stages (24x24 at magnitude 3, then 32x32 at 9:
+# every backend takes the second stage's dataset and traces its step at the same update).
+SPREAD_RUN = dict(
+    TINY_RUN,
+    augment_policy="randaugment",
+    random_erasing=0.25,
+    repeated_augment=2,
+    remat=True,
+    progressive_stages=2,
+    progressive_min_image_size=24,
+    progressive_min_magnitude=3,
+)
 
 
 @pytest.fixture(scope="session")
 def reference_run(small_dataset, tmp_path_factory, pytestconfig):
-    """``reference_run(**settings)``: the model_dir of TINY_RUN with ``settings`` trained on
-    ``small_dataset`` by one default process, once per session for all the modules that
-    compare with it (the xdist workers share it too). Read it; copy it to go on with it."""
+    """``reference_run(data_dir=None, **settings)``: the model_dir of TINY_RUN with
+    ``settings`` trained on ``data_dir`` (``small_dataset``) by one default process, once per
+    session for all the tests that compare with it (the xdist workers share it too). Read it;
+    copy it to go on with it."""
     root = shared.shared_root(tmp_path_factory, pytestconfig)
 
-    def run(**settings) -> str:
-        values = dict(TINY_RUN, strategy="default", **settings)
+    def run(data_dir=None, **settings) -> str:
+        values = dict(TINY_RUN, **dict(settings, strategy="default"))
+        data_dir = data_dir or small_dataset
 
         def train_it(model_dir):
             from tfgpu import train  # noqa: PLC0415 (TensorFlow's work: only when asked)
             from tfgpu.config import config_from, validate  # noqa: PLC0415
 
-            config = config_from(data_dir=small_dataset, model_dir=str(model_dir), **values)
-            train.run(validate(config))
+            summary = train.run(
+                validate(config_from(data_dir=data_dir, model_dir=str(model_dir), **values))
+            )
+            assert summary["num_replicas"] == 1 and np.isfinite(summary["final_eval"]["loss"])
 
-        return str(shared.made_once(root / f"reference-{shared.key(values)}", train_it))
+        name = f"reference-{shared.key(dict(values, data_dir=data_dir))}"
+        return str(shared.made_once(root / name, train_it))
 
     return run
 
@@ -309,28 +358,6 @@ def final_weights(model_dir) -> dict[str, np.ndarray]:
     """Every array of ``model_dir/final.weights.h5`` by its path in the file, in file order
     (compare two with ``weights.assert_same_weights``)."""
     return named_weights(model_dir)
-
-
-def assert_mirrored_equals_default(data_dir, tmp_path, **settings) -> None:
-    """Trains TINY_RUN with ``settings`` under default and under mirrored (2 logical CPU
-    devices): 6 updates, finite loss, and the two end with the same weights (atol 1e-5)."""
-    from tfgpu import train
-    from tfgpu.config import config_from, validate
-
-    values = dict(TINY_RUN, **settings)
-
-    def run(strategy):
-        model_dir = tmp_path / strategy
-        config = config_from(
-            strategy=strategy, data_dir=data_dir, model_dir=str(model_dir), **values
-        )
-        summary = train.run(validate(config))
-        assert summary["steps"] == 6 and np.isfinite(summary["final_eval"]["loss"])
-        return summary, final_weights(model_dir)
-
-    (default, reference), (mirrored, weights) = run("default"), run("mirrored")
-    assert default["num_replicas"] == 1 and mirrored["num_replicas"] == 2
-    assert_same_weights(weights, reference, atol=1e-5)
 
 
 def cli_flags(values: dict, **paths) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import assert_mirrored_equals_default, train_ds
+from conftest import train_ds
 
 from tfgpu.config import config_from, validate
 from tfgpu.data import augment, device_ops, erasing, host_ops, memory, run_input
@@ -422,13 +422,6 @@ def test_in_memory_draws_carry_the_policy():
     data = dataclasses.replace(AUG, in_memory="on", augment_policy="autoaugment")
     draws = memory.epoch_draws(tf.constant(0, tf.int64), 10, data, seed=1)
     assert draws["augment"]["op"].shape == (10, 2) and draws["erase"]["seed"].shape == (10, 2)
-
-
-@pytest.mark.slow  # trains twice (~20 s on 2 shared cores)
-def test_randaugment_training_mirrored_equals_default(small_dataset, tmp_path):
-    assert_mirrored_equals_default(
-        small_dataset, tmp_path, augment_policy="randaugment", random_erasing=0.25
-    )
 
 
 @pytest.mark.fast

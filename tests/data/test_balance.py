@@ -8,14 +8,12 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY_RUN, assert_mirrored_equals_default, final_weights, make_image_arrays
+from conftest import TINY_RUN, TRAIN_COUNTS, final_weights
 from weights import assert_same_weights
 
 from tfgpu import models, optim
 from tfgpu.train import loop as train
 from tfgpu.config import config_from, validate
-from tfgpu.convert import plan
-from tfgpu.convert.manifest import items_from_arrays
 from tfgpu.data import balance, memory, run_input, sampling
 from tfgpu.data import spec as data_spec
 from tfgpu.data.config import DataConfig
@@ -26,30 +24,7 @@ from tfgpu.inference.evaluate import evaluate
 from tfgpu.recordformat import INFO_FILE
 from tfgpu.step.train_step import TrainStep
 
-TRAIN_COUNTS = (60, 24, 8, 4)  # classes a, b, c, d
 NAMES = ["a", "b", "c", "d"]
-
-
-@pytest.fixture(scope="module")
-def imbalanced(tmp_path_factory) -> str:
-    """A converted dataset like conftest's small_dataset, its train split imbalanced
-    (60/24/8/4 examples of classes a-d), its validation split balanced (8 each)."""
-    out = str(tmp_path_factory.mktemp("imbalanced"))
-    images, labels = make_image_arrays(400, seed=5)
-    train_idx, val_idx = [], []
-    for c, n in enumerate(TRAIN_COUNTS):
-        of_c = np.flatnonzero(labels == c)
-        train_idx += list(of_c[:n])
-        val_idx += list(of_c[n : n + 8])
-    items = items_from_arrays(images, labels, prefix="imbalanced")
-    plan.write_dataset(
-        {"train": [items[i] for i in train_idx], "validation": [items[i] for i in val_idx]},
-        class_names=NAMES,
-        output_dir=out,
-        source="tests",
-        num_shards={"train": 2, "validation": 1},
-    )
-    return out
 
 
 # --- the weights' arithmetic ----------------------------------------------------------
@@ -239,15 +214,14 @@ def test_the_streaming_path_is_a_one_line_error(imbalanced):
 # --- training -------------------------------------------------------------------------
 
 
-def test_class_weights_default_equals_mirrored_equals_accumulation_and_resume(
-    imbalanced, tmp_path, monkeypatch
+def test_class_weights_in_micro_batches_and_resumed_end_as_one_uninterrupted_device(
+    imbalanced, reference_run, tmp_path, monkeypatch
 ):
-    """--class_weights=auto with balanced sampling at power 0.5: 2 mirrored replicas, 2
-    micro-batches, and a run stopped after 3 updates (mid-epoch) then resumed, all end where
-    one uninterrupted device does."""
+    """--class_weights=auto with balanced sampling at power 0.5: 2 micro-batches, and a run
+    stopped after 3 updates (mid-epoch) then resumed, end where one uninterrupted device does
+    (2 mirrored replicas too: tests/distribute/test_mirrored_equals_default.py's row)."""
     flags = dict(class_weights="auto", balanced_sampling=True, sampling_power=0.5)
-    assert_mirrored_equals_default(imbalanced, tmp_path, **flags)
-    reference = final_weights(tmp_path / "default")
+    reference = final_weights(reference_run(data_dir=imbalanced, **flags))
 
     def run(name, **kw):
         values = dict(TINY_RUN, **flags, strategy="default", **kw)

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import (
-    assert_mirrored_equals_default,
     eval_ds,
     make_image_arrays,
     train_ds,
@@ -240,15 +239,6 @@ def test_tfds_dataset_read_from_its_files(tmp_path):
     assert batch["image"].shape == (4, 32, 32, 3) and batch["weight"].numpy().all()
     evaluation = list(eval_ds(spec, CFG, InputShard(1, 0), 4, 4))
     assert sum(float(b["weight"].numpy().sum()) for b in evaluation) == 4
-
-
-@pytest.mark.slow  # 23 s: two training runs (2 shared cores)
-def test_resize_on_device_trains_default_and_mirrored_to_the_same_weights(small_dataset, tmp_path):
-    """Un-resized crops (variable-length per-replica tensors) go through tf.distribute, and
-    under --deterministic 2 mirrored replicas end where one device does."""
-    assert_mirrored_equals_default(
-        small_dataset, tmp_path, crop_min_area=0.3, mixup_alpha=0.4, resize_on="device"
-    )
 
 
 @pytest.mark.slow  # 5 s (2 shared cores)

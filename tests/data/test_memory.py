@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_mirrored_equals_default, make_image_arrays
+from conftest import make_image_arrays
 
 from tfgpu.data.config import DataConfig
 from tfgpu import recordformat
@@ -239,12 +239,3 @@ def test_auto_uses_memory_when_the_split_fits_the_budget(small_dataset):
     assert memory.load(spec, DataConfig(image_size=32, in_memory="off")) is None
     assert memory.decide(spec, DataConfig(image_size=32, in_memory="on", in_memory_mb=0)).use
     assert memory.load(spec, fits).describe() == "train split in memory (96 images, 0.4 MB)"
-
-
-@pytest.mark.slow  # 28 s: two training runs (2 shared cores)
-def test_in_memory_trains_default_and_mirrored_to_the_same_weights(small_dataset, tmp_path):
-    """2 mirrored replicas (each its replica batch of every global batch, with mixing) end
-    where one device does."""
-    assert_mirrored_equals_default(
-        small_dataset, tmp_path, in_memory="on", mixup_alpha=0.4, cutmix_alpha=1.0
-    )

@@ -1,8 +1,9 @@
-"""Same seed, same global batch, same updates: every way to spread training ends with the same
-weights (to float rounding), with RandAugment, random erasing, repeated augmentation,
-per-block gradient checkpointing and progressive resizing on, and there is one gradient
-all-reduce per update; with the large-batch settings (LARS, BCE on MixUp/CutMix targets, poly
-decay, a scaled rate, the EMA's warm-up) too, under multi_worker_mirrored and Horovod."""
+"""Same seed, same global batch, same updates, as two processes: 2 multi_worker_mirrored
+workers (tfgpu.launch) and 2 Horovod ranks (horovodrun) end with the weights one process ends
+with (within 1e-5) and one gradient all-reduce per update, with every per-example draw and
+the step's options on (SPREAD_RUN) and the large-batch settings (LARS, BCE on MixUp/CutMix
+targets, poly decay, a scaled rate, the EMA's warm-up). In one process, the same under 2
+mirrored replicas: tests/distribute/test_mirrored_equals_default.py."""
 
 import json
 import os
@@ -10,41 +11,16 @@ import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-from conftest import TINY_RUN, cli_flags, final_weights
+from conftest import SPREAD_RUN, cli_flags, final_weights
 from weights import assert_same_weights
 
-from tfgpu import train
-from tfgpu.config import config_from, validate
-
-STEPS = 6
-# With a per-example policy and random erasing on: their draws, like the crops' and flips',
-# depend on (seed, epoch, position) only, so every split of the batch sees the same images.
-# Repeated augmentation (2 copies, 8 apart in each batch of 16: on different replicas) and
-# --remat (the step's forward recomputed per block, inside the accumulation loop too).
-# Two progressive stages (24x24 at RandAugment M=3, then 32x32 at M=9): every backend takes
-# the second stage's dataset and traces its step at the same update.
-FLAGS = dict(
-    TINY_RUN,
-    train_steps=STEPS,
-    augment_policy="randaugment",
-    random_erasing=0.25,
-    repeated_augment=2,
-    remat=True,
-    progressive_stages=2,
-    progressive_min_image_size=24,
-    progressive_min_magnitude=3,
-)
+STEPS = SPREAD_RUN["train_steps"]
+FLAGS = SPREAD_RUN
 
 
 def _assert_same(a, b):
     assert_same_weights(a, b, atol=1e-5)
-
-
-def _in_process(data_dir, model_dir, **kw):
-    config = validate(config_from(data_dir=data_dir, model_dir=str(model_dir), **dict(FLAGS, **kw)))
-    return train.run(config), final_weights(model_dir)
 
 
 def _cli_flags(data_dir, model_dir, strategy):
@@ -59,32 +35,9 @@ def _fingerprints(output: str, workers: int = 2) -> set:
 
 
 @pytest.fixture(scope="module")
-def reference(small_dataset, tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("default")
-    summary, weights = _in_process(small_dataset, model_dir, strategy="default")
-    assert summary["gradient_all_reduces"] == STEPS
-    return weights
-
-
-# The accumulation case below runs 2 mirrored replicas too (of 4 micro-batches each), and the
-# large-batch cases 2 processes without accumulation: this plain case widens them (heavy).
-@pytest.mark.heavy
-def test_mirrored_two_replicas_equals_default(small_dataset, reference, tmp_path):
-    summary, weights = _in_process(small_dataset, tmp_path, strategy="mirrored")
-    assert summary["num_replicas"] == 2
-    assert summary["gradient_all_reduces"] == STEPS
-    _assert_same(weights, reference)
-
-
-@pytest.mark.parametrize("accum", [pytest.param(2, marks=pytest.mark.heavy), 4])
-def test_gradient_accumulation_equals_default_one_all_reduce_per_update(
-    small_dataset, reference, tmp_path, accum
-):
-    summary, weights = _in_process(
-        small_dataset, tmp_path, strategy="mirrored", grad_accum_steps=accum
-    )
-    assert summary["gradient_all_reduces"] == STEPS  # not STEPS * accum
-    _assert_same(weights, reference)
+def reference(reference_run):
+    """The final weights of one process with FLAGS (the session's run)."""
+    return final_weights(reference_run(**FLAGS))
 
 
 def _check_two_process_run(cmd, model_dir, reference):
@@ -136,14 +89,12 @@ LARGE_BATCH = dict(
 
 
 @pytest.fixture(scope="module")
-def large_batch_reference(small_dataset, tmp_path_factory):
+def large_batch_reference(reference_run):
     """The final weights of one process with FLAGS and LARGE_BATCH (one run for both tests)."""
-    model_dir = tmp_path_factory.mktemp("large-batch-default")
-    summary, weights = _in_process(small_dataset, model_dir, strategy="default", **LARGE_BATCH)
-    assert np.isfinite(summary["final_eval"]["loss"])
-    with open(model_dir / "config.json", encoding="utf-8") as f:
+    model_dir = reference_run(**dict(FLAGS, **LARGE_BATCH))
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         assert json.load(f)["optimizer"] == "lars"
-    return weights
+    return final_weights(model_dir)
 
 
 @pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "horovod"])

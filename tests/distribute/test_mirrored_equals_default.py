@@ -1,0 +1,56 @@
+"""Same seed, same global batch, same updates: 2 mirrored replicas (MirroredStrategy on 2
+logical CPU devices) end with the weights one device ends with (within 1e-5), with one
+gradient all-reduce per update, whatever the input path. One table, a row per path; each
+row's one-device run is the session's (conftest's ``reference_run``), shared with the tests
+that compare other things with it (tests/e2e/test_equivalence.py's launches,
+tests/data/test_balance.py's accumulation and resume).
+
+The rows: every per-example draw and the step's options at once (SPREAD_RUN: RandAugment,
+random erasing, repeated augmentation, --remat, progressive stages) in 4 micro-batches per
+replica; un-resized crops (variable-length per-replica tensors through tf.distribute) with
+MixUp; the in-memory path with MixUp and CutMix; class weights with balanced sampling on an
+imbalanced dataset.
+"""
+
+import numpy as np
+import pytest
+from conftest import SPREAD_RUN, TINY_RUN
+from weights import assert_same_weights
+
+from tfgpu import train
+from tfgpu.config import config_from, validate
+
+STEPS = TINY_RUN["train_steps"]
+SPREAD = {k: v for k, v in SPREAD_RUN.items() if TINY_RUN.get(k) != v}
+BALANCE = dict(class_weights="auto", balanced_sampling=True, sampling_power=0.5)
+# name -> (the dataset's fixture, the run's settings, what the mirrored run adds)
+CASES = {
+    "spread_run_accumulating": ("small_dataset", SPREAD, dict(grad_accum_steps=4)),
+    "spread_run_accumulating_x2": ("small_dataset", SPREAD, dict(grad_accum_steps=2)),
+    "spread_run": ("small_dataset", SPREAD, {}),
+    "resize_on_device": (
+        "small_dataset",
+        dict(crop_min_area=0.3, mixup_alpha=0.4, resize_on="device"),
+        {},
+    ),
+    "in_memory": ("small_dataset", dict(in_memory="on", mixup_alpha=0.4, cutmix_alpha=1.0), {}),
+    "class_weights": ("imbalanced", BALANCE, {}),
+}
+# The accumulating row covers the plain one and the one of 2 micro-batches (heavy).
+HEAVY = {"spread_run_accumulating_x2", "spread_run"}
+
+
+@pytest.mark.slow  # two short runs a row (~10-25 s on 2 cores)
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.heavy) if c in HEAVY else c for c in CASES]
+)
+def test_two_mirrored_replicas_end_where_one_device_does(case, request, reference_run, tmp_path):
+    fixture, settings, mirrored = CASES[case]
+    data_dir = request.getfixturevalue(fixture)
+    reference = reference_run(data_dir=data_dir, **settings)
+    values = dict(TINY_RUN, **settings, **mirrored, strategy="mirrored")
+    summary = train.run(validate(config_from(data_dir=data_dir, model_dir=str(tmp_path), **values)))
+    assert summary["num_replicas"] == 2 and summary["steps"] == STEPS
+    assert summary["gradient_all_reduces"] == STEPS  # one per update, however many micro-batches
+    assert np.isfinite(summary["final_eval"]["loss"])
+    assert_same_weights(tmp_path, reference, atol=1e-5)
