@@ -106,7 +106,7 @@ def test_the_rule_sees_the_modules_that_start_processes_or_train():
     trains = {m for m, module in modules.items() if conftest.module_trains(module)}
     for name in ["test_cluster", "test_distribute", "test_hangs", "test_multihost", "test_slurm"]:
         assert name in starts
-    for name in ["test_train", "test_input_diagnosis", "test_step", "test_memory"]:
+    for name in ["test_train", "test_input_diagnosis", "test_step", "test_mirrored_equals_default"]:
         assert name in trains
     for name in ["test_records", "test_preprocess", "test_models", "test_tiers"]:
         assert name not in starts | trains
