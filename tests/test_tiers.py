@@ -94,10 +94,17 @@ def test_no_fast_test_starts_a_process(module_name):
             assert not used, f"{module_name}::{name} is fast but uses {sorted(used)}: mark it slow"
 
 
-def test_test_modules_have_unique_basenames():
-    """pytest imports tests/<package>/test_x.py as module ``test_x`` (no __init__.py): two
-    of one name would clash."""
+def test_test_modules_mirror_the_packages_with_unique_basenames():
+    """Every test module is in tests/ (the suite's own rules and tfgpu's top-level modules),
+    tests/<package>/ for a package of tfgpu (tests/docs/ for the documentation), or
+    tests/e2e/ (real processes and clusters). pytest imports tests/<package>/test_x.py as
+    module ``test_x`` (no __init__.py): two of one name would clash."""
     assert len(MODULES) == len(set(MODULES)), sorted(m for m in MODULES if MODULES.count(m) > 1)
+    root = pathlib.Path(conftest.__file__).parents[1] / "tfgpu"
+    packages = {p.name for p in root.iterdir() if (p / "__init__.py").exists()}
+    for path in PATHS:
+        folder = path.parent.relative_to(TESTS).parts
+        assert folder in ((), ("e2e",), ("docs",)) or folder[0] in packages, path
 
 
 def test_the_rule_sees_the_modules_that_start_processes_or_train():
