@@ -31,10 +31,11 @@ test-serial: system install horovod ray export report hub mlflow mlflow-server
 test-heavy: system install horovod ray export report hub mlflow mlflow-server
 	$(ALL) TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q $(XDIST) --durations=25 tests
 
-# The fast tier (tests/conftest.py): no extra process, no multi-second training; < 2 min on 2
-# cores, and no Horovod or Ray needed.
+# The fast tier (tests/conftest.py): the package tests that start no process and train for no
+# seconds (tests/e2e/, the runs of real processes, is left out); no Horovod or Ray needed. On
+# the two workers too (each module's fixtures once, on one of them).
 test-fast: install
-	$(PY) -m pytest -q -m fast tests
+	$(PY) -m pytest -q -m fast --ignore=tests/e2e $(XDIST) tests
 
 # The fast tier in a virtualenv of its own that never had Horovod, Ray, MLflow, matplotlib or
 # the export runtimes: what a user has after `pip install .` (CI runs it before `make test`).

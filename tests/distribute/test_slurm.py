@@ -1,42 +1,11 @@
-"""Slurm without Slurm: srun's variables for 2 tasks on one node, faked in the environment,
-make --strategy=auto a multi_worker_mirrored run that ends with a single process's weights;
-host lists, ports and GPU shares are read as srun means them."""
-
-import os
-import re
-import subprocess
-import sys
+"""Slurm without Slurm: srun's variables, faked in the environment, read as srun means them:
+host lists, each task's node and port, GPU shares, --strategy=auto (a real 2-task job:
+tests/e2e/test_slurm_job.py)."""
 
 import pytest
-from conftest import TINY_RUN, cli_flags
-from weights import assert_same_weights
+from slurm_env import srun_environ as _srun
 
 from tfgpu.distribute import DistributeError, env, slurm
-
-STEPS = 6
-
-
-def _srun(tasks_per_node: str, nodes: str, procid: int, job: int = 4711, **more) -> dict:
-    """What srun sets in a task's environment (the variables tfgpu reads, and a few more)."""
-    counts = slurm.expand_counts(tasks_per_node)
-    nodeid, local = 0, procid
-    while local >= counts[nodeid]:
-        local, nodeid = local - counts[nodeid], nodeid + 1
-    return {
-        "SLURM_JOB_ID": str(job),
-        "SLURM_STEP_ID": "0",
-        "SLURM_PROCID": str(procid),
-        "SLURM_LOCALID": str(local),
-        "SLURM_NODEID": str(nodeid),
-        "SLURM_NTASKS": str(sum(counts)),
-        "SLURM_STEP_NUM_TASKS": str(sum(counts)),
-        "SLURM_STEP_NODELIST": nodes,
-        "SLURM_JOB_NODELIST": nodes,
-        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node,
-        "SLURM_TASKS_PER_NODE": tasks_per_node,
-        "SLURM_DISTRIBUTION": "block",
-        **more,
-    }
 
 
 @pytest.mark.fast
@@ -96,30 +65,3 @@ def test_auto_is_multi_worker_under_srun(monkeypatch):
         monkeypatch.setenv(key, value)
     assert env.resolve_strategy("auto", num_gpus=0) == "multi_worker_mirrored"
     assert env.task_name("worker", 1).startswith("task 1 (localhost:")
-
-
-def test_srun_with_two_tasks_ends_with_the_weights_of_one_process(
-    small_dataset, reference_run, tmp_path
-):
-    run = dict(TINY_RUN, train_steps=STEPS)
-    reference = reference_run(**run)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TF_CONFIG"))}
-    job = 10_000 + os.getpid() % 50_000  # ports of this "job" differ from other test runs
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tfgpu.main", "--strategy=auto"]
-            + cli_flags(run, data_dir=small_dataset, model_dir=tmp_path / f"task{i}"),
-            env=dict(base, TF_CPP_MIN_LOG_LEVEL="3", **_srun("2", "localhost", i, job=job)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outs = [p.communicate(timeout=240) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    assert outs[0][0].startswith("multi_worker_mirrored: 2 replica(s)"), outs[0][0][:300]
-    hashes = {h for out, _ in outs for h in re.findall(r"worker \d/2 weights_sha256 (\w+)", out)}
-    assert len(hashes) == 1
-    assert_same_weights(tmp_path / "task0", reference, atol=1e-5)
