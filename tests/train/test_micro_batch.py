@@ -136,9 +136,10 @@ def test_the_probe_hook_raises_tensorflows_own_error(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def fixed(small_dataset, tmp_path_factory):
-    """The reference: one micro-batch of 16 per update, 6 updates."""
-    return _run(small_dataset, tmp_path_factory.mktemp("fixed"))[1]
+def fixed(reference_run):
+    """The reference: one micro-batch of 16 per update, 6 updates (the session's TINY_RUN;
+    RUN's checkpoints change no weight)."""
+    return final_weights(reference_run())
 
 
 def test_auto_finds_the_size_that_fits_backs_off_mid_run_and_trains_the_same_weights(
