@@ -1,16 +1,17 @@
-"""Shared test set-up: quiet TensorFlow, two logical CPU devices, a small dataset on disk, and
-the two test tiers.
+"""Shared test set-up: quiet TensorFlow, two logical CPU devices, the session's datasets and
+reference runs (made once, shared by the xdist workers: tests/shared.py), what a test
+requires (tests/requires.py: a skip, a failure under ``make test``), and the two test tiers.
 
 Tiers. Every test is either ``fast`` or ``slow`` (markers registered in setup.cfg, which also
-sets ``--strict-markers``). ``make test-fast`` (``pytest -m fast``) runs the fast tier, in
-under 2 minutes on 2 cores; ``make test`` and CI run both. A test is:
+sets ``--strict-markers``). ``make test-fast`` (``pytest -m fast``, tests/e2e/ left out) runs
+the fast tier; ``make test`` and CI run both. A test is:
 
 - what it is marked: ``@pytest.mark.slow`` / ``@pytest.mark.fast`` on the test, its class, or
   the module's ``pytestmark`` (a test marked both is an error: ``-m`` would select it twice);
 - otherwise ``slow`` if its module holds a process helper (``subprocess``, ``multiprocessing``,
   ``tests/procs.py``, ``tests/multihost.py`` or ``tests/chaos.py``, imported as a module or by
-  name) or a training helper (``tfgpu.train``, ``TrainStep``, ``assert_mirrored_equals_default``:
-  every test here that trains took 5-40 s on 2 cores), or it uses a fixture that starts
+  name) or a training helper (``tfgpu.train``, ``TrainStep``: every test here that trains
+  took 5-40 s on 2 cores), or it uses a fixture that starts
   processes or trains (``PROCESS_FIXTURES``, ``TRAINING_FIXTURES``);
 - otherwise ``fast``.
 
