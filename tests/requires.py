@@ -1,12 +1,12 @@
 """What a test needs beyond tfgpu's own dependencies, said in one place: ``requires(name)``.
 
 The suite uses system pieces and optional packages (Horovod, Ray, mpirun, network
-namespaces, sshd, Chromium, MLflow, the export runtimes, Fashion-MNIST ...). Where one is
-missing, a test that needs it skips and says how to get it, so that ``make test-fast`` in a
-bare virtualenv runs what it can. ``make test`` (what CI runs, ``.ci/run``) installs every one
-and sets ``REQUIRE_ALL_ENV``: there a missing dependency fails the test that needs it instead
-of vanishing into a skip count (and tests/conftest.py turns any other skip but the opt-in
-heavy tier's into a failure too).
+namespaces, sshd, Chromium, MLflow, the export runtimes, KerasHub, Fashion-MNIST ...). Where
+one is missing, a test that needs it skips and says how to get it, so that ``make
+test-fast-bare`` (a virtualenv without the extras) runs what it can. ``make test`` (what CI
+runs, ``.ci/run``) installs every one and sets ``REQUIRE_ALL_ENV``: there a missing dependency
+fails the test that needs it instead of vanishing into a skip count (and tests/conftest.py
+turns any other skip but the opt-in heavy tier's into a failure too).
 
 ``requires("ray")`` in a test, a fixture or at a module's top; ``@pytest.mark.requires("onnx")``
 on a test (tests/conftest.py calls ``requires`` before it runs). Each check is cheap (a file
@@ -141,6 +141,7 @@ DEPENDENCIES = {
     "mlflow": _module("mlflow", "pip install -e '.[mlflow]' (`make mlflow`)"),
     "mlflow_server": _mlflow_server,
     "matplotlib": _module("matplotlib", "pip install -e '.[report]' (`make report`)"),
+    "hub": _module("keras_hub", "pip install -e '.[hub]' (`make hub`)"),
     "chromium": _chromium,
     "litert": _export("ai_edge_litert"),
     "onnx": _export("tf2onnx", "onnx", "onnxruntime"),

@@ -212,6 +212,18 @@ def test_what_an_export_writes_beside_it():
 
 
 @pytest.mark.fast
+@needs_onnx
+def test_an_onnx_file_onnx_runtime_refuses_is_one_line(tmp_path):
+    from tfgpu.inference.export import onnx  # noqa: PLC0415 (the [export] extra: after requires)
+
+    (tmp_path / "broken.onnx").write_bytes(b"not an ONNX model")
+    with pytest.raises(ExportRefused) as err:
+        onnx.runner(str(tmp_path / "broken.onnx"))
+    assert "ONNX Runtime refuses the converted model" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.fast
 def test_what_cannot_be_exported_is_one_line(monkeypatch):
     assert "onnxruntime.quantization" in unsupported("onnx", "int8")
     assert "quantize for LiteRT" in unsupported("saved_model", "float16")

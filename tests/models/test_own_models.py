@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from outcomes import expects, outcome
 from own_nets import write_module
+from requires import requires
+from weights import assert_same_weights
 
 from tfgpu import models
 from tfgpu.config import config_from, rundir, validate
@@ -97,6 +100,7 @@ def test_a_file_that_is_not_what_it_claims_is_one_line(tmp_path):
     assert "not a KerasHub backbone" in _refused(model=f"hub:{preset}")
 
 
+@expects("read", "refused")
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
@@ -114,7 +118,9 @@ def test_any_model_string_is_read_or_refused_in_one_line(text):
         spec = own.parse(text)
     except ConfigError as err:
         assert "\n" not in str(err) and str(err).startswith("--model="), repr(str(err))
+        outcome("refused")
         return
+    outcome("read")
     assert spec.kind in ("function", "keras_file", "hub_arch", "hub_preset", "registered")
     assert spec.text == text
 
@@ -210,16 +216,13 @@ def test_a_keras_file_keeps_its_weights_and_gets_a_new_classifier(nets, keras_fi
     saved = keras.saving.load_model(keras_file, safe_mode=True)
     same = models.build_model(keras_file, 5, 16)
     network = [x for x in same.layers if isinstance(x, keras.Model)][0]
-    for a, b in zip(network.weights, saved.weights, strict=True):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert_same_weights(network, saved)
     other = models.build_model(keras_file, 3, 16)
     assert other.output_shape == (None, 3)
     assert "classifier classifier new (5 -> 3 classes)" in other.tfgpu_line
-    kept = [w for w in saved.weights if not w.path.startswith("classifier")]
     network = [x for x in other.layers if isinstance(x, keras.Model)][0]
-    mine = [w for w in network.weights if not w.path.startswith("classifier")]
-    for a, b in zip(mine, kept, strict=True):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    mine, kept = _by_path(network, but="classifier"), _by_path(saved, but="classifier")
+    assert_same_weights(mine, kept, what="all but the classifier")
 
 
 def test_dirac_init_is_refused_for_a_model_that_brings_trained_weights(nets, keras_file):
@@ -248,9 +251,13 @@ def test_a_float32_keras_file_computes_in_the_runs_mixed_precision(keras_file):
     network = [x for x in model.layers if isinstance(x, keras.Model)][0]
     assert network.get_layer("conv0").compute_dtype == "bfloat16"
     assert model.output.dtype == "float32"  # logits cast back: the loss in float32
-    saved = keras.saving.load_model(keras_file, safe_mode=True)
-    for a, b in zip(network.weights, saved.weights, strict=True):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert_same_weights(network, keras.saving.load_model(keras_file, safe_mode=True))
+
+
+def _by_path(model, but: str) -> dict:
+    """``model``'s weights by their path (its layers' names: the file's), but those under
+    ``but``."""
+    return {w.path: w.numpy() for w in model.weights if not w.path.startswith(but)}
 
 
 def _network_input(model, images):
@@ -288,7 +295,8 @@ def test_the_pixels_are_scaled_once(nets, function, scaling, expected):
 @pytest.fixture(scope="module")
 def keras_hub():
     """KerasHub, the [hub] extra (make test installs it; the bare virtualenv has none)."""
-    return pytest.importorskip("keras_hub")
+    requires("hub")
+    return importlib.import_module("keras_hub")
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +310,7 @@ def vit_preset(keras_hub, tmp_path_factory):
     keras_hub.layers.ViTImageConverter(
         image_size=(16, 16), scale=1 / 127.5, offset=-1.0
     ).save_to_preset(directory)
-    return directory, [w.numpy() for w in vit.weights]
+    return directory, {f"{i}:{w.name}": w.numpy() for i, w in enumerate(vit.weights)}
 
 
 @pytest.mark.parametrize(
@@ -326,8 +334,7 @@ def test_a_kerashub_preset_directory_loads_with_its_weights_and_its_scaling(vit_
     directory, weights = vit_preset
     model = models.build_model(f"hub:{directory}", 3, 16)
     vit = [x for x in model.layers if isinstance(x, keras.Model)][0]
-    for a, b in zip(vit.weights, weights, strict=True):
-        np.testing.assert_array_equal(a.numpy(), b)
+    assert_same_weights(vit, weights)
     assert "weights from the preset" in model.tfgpu_line
     assert "the preset's image converter in front" in model.tfgpu_line
     images = np.random.default_rng(0).uniform(0, 255, (2, 16, 16, 3)).astype("float32")
