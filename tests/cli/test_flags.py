@@ -14,6 +14,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 RECIPES = sorted(ROOT.glob("flags/*.flags"))
 
 
+def _recipe(path):
+    """A recipe as a test case: one of a KerasHub model requires the [hub] extra to validate."""
+    hub = "--model=hub:" in path.read_text(encoding="utf-8")
+    return pytest.param(path, id=path.name, marks=[pytest.mark.requires("hub")] if hub else [])
+
+
 def _parse(*argv):
     values = flags.FlagValues()
     define_flags(values)
@@ -40,7 +46,7 @@ def test_demo_defaults_fill_only_the_flags_not_given():
     assert config.data.image_size == 16
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])
+@pytest.mark.parametrize("recipe", [_recipe(r) for r in RECIPES])
 def test_every_recipe_parses_into_a_valid_config_and_says_how_to_run(recipe):
     if "--model=hub:" in recipe.read_text():
         pytest.importorskip("keras_hub", reason="a hub: recipe needs the [hub] extra")
