@@ -111,7 +111,7 @@ def test_the_rule_sees_the_modules_that_start_processes_or_train():
     modules = {m: importlib.import_module(m) for m in MODULES}
     starts = {m for m, module in modules.items() if conftest.module_starts_processes(module)}
     trains = {m for m, module in modules.items() if conftest.module_trains(module)}
-    for name in ["test_cluster", "test_distribute", "test_hangs", "test_multihost", "test_slurm_job"]:
+    for name in "test_cluster test_distribute test_hangs test_multihost test_slurm_job".split():
         assert name in starts
     for name in ["test_train", "test_input_diagnosis", "test_step", "test_mirrored_equals_default"]:
         assert name in trains
