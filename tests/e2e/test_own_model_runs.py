@@ -263,7 +263,8 @@ def test_a_kerashub_vit_exports_to_onnx_and_litert(vit_run, fmt):
 
 
 # Horovod and Ray widen the two-worker case above (multi_worker_mirrored) to the other
-# backends: heavy, as their tiny_cnn cases beside them (tests/test_equivalence.py, test_ray.py).
+# backends: heavy, as their tiny_cnn cases beside them (tests/e2e/: test_equivalence.py,
+# test_ray.py).
 @pytest.mark.heavy
 def test_horovod_two_ranks_equal_one_device_with_sync_batchnorm(
     small_dataset, nets, functional_default, tmp_path, horovodrun_tfgpu
