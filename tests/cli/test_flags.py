@@ -48,8 +48,6 @@ def test_demo_defaults_fill_only_the_flags_not_given():
 
 @pytest.mark.parametrize("recipe", [_recipe(r) for r in RECIPES])
 def test_every_recipe_parses_into_a_valid_config_and_says_how_to_run(recipe):
-    if "--model=hub:" in recipe.read_text():
-        pytest.importorskip("keras_hub", reason="a hub: recipe needs the [hub] extra")
     config = validate(_config(_parse(f"--flagfile={recipe}")))
     header = recipe.read_text().split("\n--", 1)[0]
     assert "python -m tfgpu.main" in header or "horovodrun" in header, recipe.name
