@@ -14,7 +14,6 @@ from conftest import TINY_RUN
 from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.data.spec import load_spec
-from tfgpu.inference.export import missing_packages
 from tfgpu.inference.export.checked import export
 
 
@@ -50,10 +49,15 @@ def test_the_runs_saved_model_serves_its_final_evaluation(run, small_dataset):
     np.testing.assert_allclose(tf.nn.softmax(logits).numpy(), classified.numpy(), atol=1e-6)
 
 
-@pytest.mark.parametrize("fmt", ["saved_model", "litert", "onnx"])
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        "saved_model",
+        pytest.param("litert", marks=pytest.mark.requires("litert")),
+        pytest.param("onnx", marks=pytest.mark.requires("onnx")),
+    ],
+)
 def test_every_format_averages_the_views_and_says_so(run, fmt):
-    if missing_packages(fmt):
-        pytest.skip(missing_packages(fmt))
     model_dir, _ = run
     entry = export(str(model_dir), fmt=fmt, log=lambda *_: None)
     assert entry["verdict"] == "ok" and entry["tta"] == "flip_translate"

@@ -69,7 +69,7 @@ def test_patch_statistics_do_not_depend_on_the_chunks():
     images = _correlated_images(n=10)
     whole = whitening.patch_statistics(images, 2, chunk=10)
     parts = whitening.patch_statistics(images, 2, chunk=3)
-    for a, b in zip(whole, parts):
+    for a, b in zip(whole, parts, strict=True):  # the mean and the covariance
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
 
 

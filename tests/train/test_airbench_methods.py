@@ -9,7 +9,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import TINY_RUN, final_weights
+from conftest import TINY_RUN
+from weights import assert_same_weights
 
 from tfgpu import models, train
 from tfgpu.config import config_from, validate
@@ -103,10 +104,9 @@ def test_two_mirrored_replicas_equal_one_device(small_dataset, tmp_path):
     runs = {}
     for strategy in ("default", "mirrored"):
         summary = _run(small_dataset, tmp_path / strategy, strategy=strategy, **settings)
-        runs[strategy] = summary["num_replicas"], final_weights(tmp_path / strategy)
-    assert runs["default"][0] == 1 and runs["mirrored"][0] == 2
-    for a, b in zip(runs["default"][1], runs["mirrored"][1]):
-        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+        runs[strategy] = summary["num_replicas"]
+    assert runs == {"default": 1, "mirrored": 2}
+    assert_same_weights(tmp_path / "mirrored", tmp_path / "default", atol=1e-4)
 
 
 def test_lookahead_with_accumulation_equals_the_large_batch(small_dataset, tmp_path):
@@ -115,5 +115,4 @@ def test_lookahead_with_accumulation_equals_the_large_batch(small_dataset, tmp_p
     plain = dict(model="tiny_cnn", dirac_init=True, batchnorm_lr_multiplier=1.0)
     _run(small_dataset, tmp_path / "one", **plain)
     _run(small_dataset, tmp_path / "four", grad_accum_steps=4, **plain)
-    for a, b in zip(final_weights(tmp_path / "one"), final_weights(tmp_path / "four")):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert_same_weights(tmp_path / "four", tmp_path / "one", atol=1e-5)
