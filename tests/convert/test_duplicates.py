@@ -204,7 +204,7 @@ def test_the_search_finds_every_near_pair_a_search_over_all_pairs_finds(kind, in
     thumbs32 = np.clip(np.concatenate(copies), 0, 255).astype(np.float32)
     direct, mirror = fingerprint.phashes(thumbs32)
     thumbs = fingerprint.small(thumbs32)
-    pairs, stats = duplicates.near_pairs(direct, mirror, thumbs)
+    pairs, stats, _ = duplicates.near_pairs(direct, mirror, thumbs)
     assert stats["index"].startswith(index)
     expected = _all_pairs(direct, mirror, thumbs)
     assert len(expected) > 50  # the thresholds cut through the copies: some in, some out

@@ -27,7 +27,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from threadpoolctl import threadpool_limits
 
-from tfgpu.convert import fingerprint, near_search
+from tfgpu.convert import crops, fingerprint, near_search
 
 RADIUS = 6  # pHash bits (of 64); JPEG q95->60, a 90% resize, a 2-px crop: 0-4 on photos
 THUMB_RMS = 4.0  # grey levels; distinct garments of Fashion-MNIST: >= 5 (docs/data.md)
@@ -81,9 +81,12 @@ def find_groups(records: Records) -> tuple[list, dict]:
     thumbs = records.thumbs[first]
     flat = _row_std(thumbs) < FLAT_STD
     live = np.nonzero(~flat)[0]  # exact classes that take part in the near search
-    pairs, search = near_pairs(
+    pairs, search, space = near_pairs(
         records.phash[first[live]], records.mirror[first[live]], thumbs[live]
     )
+    cropped, crop_search = _cropped(pairs, thumbs[live], space)
+    search.update(crop_search, crop_pairs=len(cropped))
+    pairs = np.concatenate([pairs, cropped])
     edges = (np.ones(len(pairs)), (live[pairs[:, 0]], live[pairs[:, 1]]))
     graph = coo_matrix(edges, shape=(len(keys), len(keys)))
     component = connected_components(graph, directed=False)[1][inverse]
@@ -97,14 +100,32 @@ def find_groups(records: Records) -> tuple[list, dict]:
 
 
 def near_pairs(direct: np.ndarray, mirror: np.ndarray, thumbs: np.ndarray) -> tuple:
-    """(pairs (K, 2) of indices i < j that are near-duplicates, search stats) of records
-    with pHashes ``direct``, mirror pHashes ``mirror`` and 16x16 uint8 ``thumbs``."""
+    """(pairs (K, 2) of indices i < j that are near-duplicates as whole frames, search
+    stats, the k-d tree's ``near_search.Space`` or None) of records with pHashes
+    ``direct``, mirror pHashes ``mirror`` and 16x16 uint8 ``thumbs``."""
     # + 0.05: more than float32's rounding of the coordinates (< 0.005): no pair is missed
     reach = THUMB_RMS * np.sqrt(thumbs[0].size) + 0.05 if len(thumbs) else 0.0
-    triples, stats = near_search.candidates(direct, mirror, thumbs, RADIUS, reach)
+    triples, stats, space = near_search.candidates(direct, mirror, thumbs, RADIUS, reach)
     near = triples[_thumbs_close(thumbs, triples), :2]
     pairs = np.unique(np.sort(near, axis=1), axis=0) if len(near) else np.zeros((0, 2), np.int64)
-    return pairs, stats
+    return pairs, stats, space
+
+
+def _cropped(pairs: np.ndarray, thumbs: np.ndarray, space) -> tuple:
+    """(pairs (K, 2) near by the cropped-copy relation (``crops.py``), its stats) among
+    one image of each group that ``pairs`` make: copies of one image would otherwise be
+    each other's nearest, and a copy would not be alone that close. Not searched without
+    a k-d tree (``space`` None: noise-like thumbnails)."""
+    if space is None:
+        said = "not searched: the thumbnails are noise-like (no k-d tree)"
+        return np.zeros((0, 2), np.int64), {"crop_candidates": 0, "crops": said}
+    graph = coo_matrix((np.ones(len(pairs)), pairs.T), shape=(len(thumbs), len(thumbs)))
+    group = connected_components(graph, directed=False)[1]
+    _, first = np.unique(group, return_index=True)  # group g's first image: first[g]
+    close = group[space.close]
+    close = close[close[:, 0] != close[:, 1]]
+    found, stats = crops.crop_pairs(thumbs[first], space.coordinates[first], close, space.reach)
+    return first[found], stats
 
 
 def _row_std(thumbs: np.ndarray) -> np.ndarray:
@@ -163,6 +184,11 @@ def build_report(records: Records, groups: list, class_names: list, stats: dict)
             "grouped only when exactly equal",
             "search": f"indexed by {stats['index']}: every pair within both distances is "
             "found, not every pair is compared",
+            "cropped": "each image against its nearest ones (k-d tree), after the crop of one "
+            f"(each side 0-{crops.MAX_CROP:.0%}) that best aligns them: 8x8 thumbnails within "
+            f"{crops.CROP_RMS} grey levels RMS, within the smoother one's detail (or "
+            f"{crops.NOISE_RMS}), and within {crops.NEAREST_RATIO} of either's distance to "
+            "its next nearest" + (f"; {stats['crops']}" if "crops" in stats else ""),
             "radius_bits": RADIUS,
             "thumb_rms": THUMB_RMS,
             "members_listed": MAX_LISTED,
@@ -176,7 +202,12 @@ def build_report(records: Records, groups: list, class_names: list, stats: dict)
         "leaked_images": _leaked(leaks),
         "num_label_conflicts": sum(e["label_conflict"] for e in entries),
         "flat_images": stats["flat_images"],
-        "search": {"candidates": stats["candidates"], "near_pairs": stats["near_pairs"]},
+        "search": {
+            "candidates": stats["candidates"],
+            "near_pairs": stats["near_pairs"],
+            "crop_candidates": stats["crop_candidates"],
+            "crop_pairs": stats["crop_pairs"],
+        },
         "groups": entries,
     }
 

@@ -36,6 +36,7 @@ THUMB = 32  # the pHash's thumbnail side (imagehash: hash_size 8 x highfreq_fact
 SMALL = 16  # the stored thumbnail's side
 KEY = "xxh3-64"  # the exact key's kind, kept in done markers (a resumed run checks it)
 _AT_ONCE = 1 << 21  # pixels multiplied at once: their floats fit in a cache, not new pages
+DRAFT_SIDE = 64  # a JPEG's draft keeps at least this many pixels a side (``draft_size``)
 _PAD = 8  # views whose sides round up to one multiple of this share a stack (``summaries``)
 _JPEG_METADATA = set(range(0xE0, 0xF0)) | {0xFE}  # APP0..APP15, COM
 
@@ -74,6 +75,16 @@ def jpeg_key(data: bytes) -> int:
         at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
     start = at if at + 2 <= len(data) and data[at] == 0xFF else 0
     return xxhash.xxh3_64_intdigest(view[start:], seed=_JPEG_SEED)
+
+
+def draft_size(width: int, height: int) -> tuple:
+    """The size to ask a JPEG's draft for (PIL's ``draft``: libjpeg scales by 1/1, 1/2, 1/4
+    or 1/8): the smallest scale whose shorter side still has DRAFT_SIDE pixels. A 1/8 draft
+    of a 100 px JPEG is 13 px, each pixel one 8x8 block, the blocks laid from the corner: a
+    copy resized or cropped by a few pixels has its blocks over other parts of the picture,
+    and its thumbnail drifts by more than the check allows (none of them was found)."""
+    scale = next((s for s in (8, 4, 2) if min(width, height) // s >= DRAFT_SIDE), 1)
+    return max(1, width // scale), max(1, height // scale)
 
 
 def view(image: Image.Image, step: int = 1) -> tuple:

@@ -23,6 +23,7 @@ when flipped); the caller compares their thumbnails.
 """
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.spatial import cKDTree
@@ -39,21 +40,43 @@ _TABLE_BITS = 20  # bands up to this wide are looked up in a table (8 MB at most
 
 def candidates(direct, mirror, thumbs, radius: int, reach: float) -> tuple:
     """((K, 3) int64 triples (i, j, flipped), i != j, with direct[i] within ``radius`` bits
-    of direct[j] or, flipped, of mirror[j]; stats) among which is every such pair whose 16x16
-    uint8 ``thumbs`` (j's mirrored) are within ``reach`` (L2 over their pixels)."""
+    of direct[j] or, flipped, of mirror[j]; stats; the k-d tree's ``Space``, None when the
+    pHashes were searched) among which is every such pair whose 16x16 uint8 ``thumbs``
+    (j's mirrored) are within ``reach`` (L2 over their pixels)."""
     if len(direct) < 2:
-        return np.zeros((0, 3), np.int64), {"index": "none", "candidates": 0}
-    basis, mean = _components(thumbs, reach)
-    if basis is not None:
-        return _tree_candidates(direct, mirror, thumbs, radius, reach, basis, mean)
-    return _hash_candidates(direct, mirror, radius)
+        return np.zeros((0, 3), np.int64), {"index": "none", "candidates": 0}, None
+    coordinates = embedding(thumbs, reach)
+    if coordinates is not None:
+        return _tree_candidates(direct, mirror, radius, reach, coordinates)
+    return (*_hash_candidates(direct, mirror, radius), None)
 
 
 # --- the thumbnails' k-d tree -------------------------------------------------------------
 
 
-def _tree_candidates(direct, mirror, thumbs, radius, reach, basis, mean) -> tuple:
-    coordinates = _with_norms(*_coordinates(thumbs, basis, mean), basis.shape[1])
+@dataclass
+class Space:
+    """What the k-d tree search leaves for the cropped-copy search (``crops.py``): the
+    thumbnails' ``coordinates``, the ``tree`` over them, and every pair of them within
+    ``reach`` of each other (``close``, (K, 2))."""
+
+    coordinates: np.ndarray
+    tree: cKDTree
+    close: np.ndarray
+    reach: float
+
+
+def embedding(thumbs: np.ndarray, reach: float):
+    """(N, d + 2) coordinates of 16x16 ``thumbs`` whose distances are at most theirs, one
+    of them mirrored or not (``_with_norms``), on as few principal components as keep pairs
+    within ``reach`` rare (``_dims``); None for noise-like thumbnails (``_components``)."""
+    basis, mean = _components(thumbs, reach)
+    if basis is None:
+        return None
+    return _with_norms(*_coordinates(thumbs, basis, mean), basis.shape[1])
+
+
+def _tree_candidates(direct, mirror, radius, reach, coordinates) -> tuple:
     tree = cKDTree(coordinates, leafsize=16)
     a, b = tree.query_pairs(reach, output_type="ndarray").T
     # Each pair close in the mirror-symmetric part is a candidate as it is and mirrored,
@@ -65,8 +88,9 @@ def _tree_candidates(direct, mirror, thumbs, radius, reach, basis, mean) -> tupl
     triples = np.concatenate(
         [np.stack([i[k], j[k], np.full(k.sum(), f)], axis=1) for k, i, j, f in kept]
     ).astype(np.int64)
-    index = f"thumbnails, {basis.shape[1]} components and 2 norms"
-    return triples, {"index": index, "candidates": 3 * len(a)}
+    index = f"thumbnails, {coordinates.shape[1] - 2} components and 2 norms"
+    space = Space(coordinates, tree, np.stack([a, b], axis=1), reach)
+    return triples, {"index": index, "candidates": 3 * len(a)}, space
 
 
 def _components(thumbs: np.ndarray, reach: float) -> tuple:

@@ -160,7 +160,7 @@ def _verify_jpeg(data: bytes, max_pixels: int) -> Image.Image:
     image = _open(data, max_pixels)
     try:
         mode, (width, height) = image.mode, image.size
-        image.draft("L" if mode == "RGB" else mode, (max(1, width // 8), max(1, height // 8)))
+        image.draft("L" if mode == "RGB" else mode, fingerprint.draft_size(width, height))
         image.load()
     except Exception as err:  # noqa: BLE001 - PIL raises many types for bad data
         raise BadImage(f"cannot decode: {err}") from None

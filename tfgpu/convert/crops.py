@@ -1,0 +1,223 @@
+"""The duplicate check's second relation: copies cropped (each side by up to 5%), or small
+enough that their pHash is unsteady, found by comparing each image with its nearest one after
+the crop that best aligns them.
+
+Why a second relation: the first (``duplicates.py``) compares whole frames pixel by pixel. A
+crop of 5% on one side moves the picture by 0.8 of a 16x16 thumbnail's pixel, which changes a
+photo's thumbnail by 7-10 grey levels RMS and its pHash by 6-8 bits at every image size, over
+both thresholds; and the pHash of a 28-48 px image, its 64 bits thresholded at their median,
+flips 4-6 bits on a mere JPEG re-encoding. A search over all crops of all pairs is out of reach
+(in Fashion-MNIST a 5% crop moves a garment farther than the next garment of its kind), so:
+
+- candidates: each image's nearest ones in the k-d tree's coordinates (``near_search``),
+  ranked by the RMS of their 8x8 thumbnails (the better of mirrored or not);
+- alignment: the crop of one image (each side 0, 1.25, ... 5%) that best matches the other,
+  chosen per axis from their column and row means, then the 8x8 thumbnails compared: the 16x16
+  ones upsampled (linearly, 4x) and area-averaged over the crop, so that a crop that splits a
+  pixel weighs it by what it covers;
+- a pair is near when, aligned, its 8x8 thumbnails differ by at most ``CROP_RMS`` grey levels,
+  at most ``DETAIL_RATIO`` of the fainter image's detail (its 8x8 deviation from a plane:
+  gradients, bokeh and sky, whose crops all look alike, have none), and at most
+  ``NEAREST_RATIO`` of either image's distance to its next nearest image (Lowe's ratio test:
+  a copy is alone that close, a look-alike has others as close).
+
+The tree's coordinates are the mirror-symmetric parts' (one search for both orientations);
+where the data is noise-like at thumbnail scale (the pHash index, ``near_search``), there is no
+tree and this relation is not searched.
+"""
+
+import functools
+
+import numpy as np
+from scipy.ndimage import uniform_filter
+from scipy.spatial import cKDTree
+
+from tfgpu.convert.fingerprint import SMALL
+
+MAX_CROP = 0.05  # a side cropped by up to this fraction of it
+CROP_RMS = 6.0  # grey levels between the aligned 8x8 thumbnails, at most
+DETAIL_RATIO = 1.0  # ... and at most the smoother image's detail (``fine``),
+NOISE_RMS = 1.5  # ... or this many grey levels, a JPEG re-encoding's noise on small images
+NEAREST_RATIO = 0.35  # ... and of either image's distance to its next nearest image
+NEIGHBOURS = 3  # the nearest in the tree's coordinates that are ranked by their thumbnails
+ALIGNED = 2  # ... of which the nearest by their thumbnails are aligned
+STANDOUT = 0.6  # ... when the nearest is at most this fraction of the next one's distance
+_SIDE = 8  # the aligned thumbnails' side
+_UP = 4  # the 16x16 thumbnails are upsampled this much before a crop is averaged
+_FRACTIONS = np.linspace(0, MAX_CROP, 5)  # the crops tried, per side
+_CHUNK = 8192  # pairs aligned at once: their float arrays stay small
+
+
+def crop_pairs(thumbs: np.ndarray, coordinates: np.ndarray, close, reach: float) -> tuple:
+    """(pairs (K, 2) of indices i < j that are near by this relation, stats) of records
+    with 16x16 uint8 ``thumbs`` placed at ``coordinates`` (``near_search.embedding``),
+    given pairs of them (``close``, (M, 2)) among which is every pair within ``reach``."""
+    n = len(thumbs)
+    if n < 3:
+        return np.zeros((0, 2), np.int64), {"crop_candidates": 0}
+    eighths = _eighths(thumbs)
+    nearest = _nearest(coordinates, close, reach, min(NEIGHBOURS, n - 1))
+    neighbours, distances, flipped = _ranked(eighths, nearest)
+    # Only an image whose nearest stands out as they are is aligned with its nearest ones:
+    # a copy's does (photos: 99% of the copies found), a look-alike's rarely (Fashion-
+    # MNIST: 15% of its images), and aligning is most of what this search costs.
+    rows = np.nonzero(distances[:, 0] <= STANDOUT * distances[:, 1])[0]
+    neighbours, distances, flipped = neighbours[rows], distances[rows], flipped[rows]
+    i = np.repeat(rows, neighbours.shape[1])
+    j, flip = neighbours.reshape(-1), flipped.reshape(-1)
+    # The identity is among the crops, but the one the means pick may be worse than it.
+    apart = np.minimum(distances.reshape(-1), aligned(thumbs, i, j, flip))
+    apart = apart.reshape(neighbours.shape)
+    order = np.argsort(apart, axis=1, kind="stable")
+    at = np.arange(len(rows))
+    best, runner_up = apart[at, order[:, 0]], apart[at, order[:, 1]]
+    partner = neighbours[at, order[:, 0]]
+    detail = np.minimum(fine(eighths[rows]), fine(eighths[partner]))
+    allowed = np.maximum(DETAIL_RATIO * detail, NOISE_RMS)
+    near = (best <= CROP_RMS) & (best <= allowed) & (best <= NEAREST_RATIO * runner_up)
+    pairs = np.sort(np.stack([rows[near], partner[near]], axis=1), axis=1)
+    pairs = np.unique(pairs, axis=0) if len(pairs) else pairs
+    return pairs.astype(np.int64), {"crop_candidates": int(len(i))}
+
+
+def _nearest(coordinates: np.ndarray, close: np.ndarray, reach: float, k: int) -> np.ndarray:
+    """(N, k): each point's k nearest others in ``coordinates``. Read off ``close`` (every
+    pair within ``reach`` is there) for a point with k of them within reach: Fashion-
+    MNIST's look-alikes, most of its points, cost no query (a query is twice the range
+    search's time); the tree is asked for the others."""
+    n = len(coordinates)
+    ends = np.concatenate([close, close[:, ::-1]])
+    apart = np.sqrt(((coordinates[ends[:, 0]] - coordinates[ends[:, 1]]) ** 2).sum(axis=1))
+    within = apart <= reach
+    ends, apart = ends[within], apart[within]
+    # By point, then by distance: one sort of one key (a lexsort of two costs 3x more).
+    ends = ends[np.argsort(ends[:, 0] * (2.0 * reach + 1) + apart, kind="stable")]
+    counts = np.bincount(ends[:, 0], minlength=n)
+    starts = np.cumsum(counts) - counts
+    out = np.empty((n, k), np.int64)
+    read = np.nonzero(counts >= k)[0]
+    out[read] = ends[starts[read, None] + np.arange(k), 1]
+    asked = np.nonzero(counts < k)[0]
+    if len(asked):
+        # Approximate (within 1.5 times the k-th distance): a third cheaper, and the
+        # neighbours are ranked by their thumbnails next.
+        _, found = cKDTree(coordinates).query(coordinates[asked], k=k + 1, eps=0.5)
+        # Each row without the point itself (an equal point may come first).
+        keep = np.argsort(found == asked[:, None], axis=1, kind="stable")[:, :k]
+        out[asked] = np.take_along_axis(found, keep, axis=1)
+    return out
+
+
+def _ranked(eighths: np.ndarray, others: np.ndarray) -> tuple:
+    """(neighbours, distances, flipped), each (N, k): of each image's ``others`` (N, m),
+    the ALIGNED nearest by the RMS of their 8x8 thumbnails, in that order (the other's
+    mirrored where ``flipped``, whichever is closer)."""
+    n, half = len(eighths), _SIDE // 2
+    # Mirroring negates an image's antisymmetric part and keeps its symmetric one, so both
+    # distances come from two dot products of half the size: |a|^2 + |b|^2 - 2 (s +- t).
+    left, right = eighths[:, :, :half], eighths[:, :, : half - 1 : -1]
+    symmetric = (left + right).reshape(n, -1) / 2
+    anti = (left - right).reshape(n, -1) / 2
+    s = np.einsum("nd,nkd->nk", symmetric, symmetric[others])
+    t = np.einsum("nd,nkd->nk", anti, anti[others])
+    norms = 2 * (np.einsum("nd,nd->n", symmetric, symmetric) + np.einsum("nd,nd->n", anti, anti))
+    base = norms[:, None] + norms[others]
+    direct, mirror = base - 4 * (s + t), base - 4 * (s - t)
+    flipped = mirror < direct
+    distances = np.sqrt(np.maximum(np.minimum(direct, mirror), 0) / _SIDE**2)
+    order = np.argsort(distances, axis=1, kind="stable")[:, :ALIGNED]
+    at = np.arange(n)[:, None]
+    return others[at, order], distances[at, order], flipped[at, order]
+
+
+def _rms(difference: np.ndarray) -> np.ndarray:
+    return np.sqrt((difference * difference).mean(axis=-1))
+
+
+def aligned(thumbs: np.ndarray, i, j, flip) -> np.ndarray:
+    """For each pair: the least RMS between the 8x8 thumbnails of image j (mirrored where
+    ``flip``) and a crop of image i, or of i and a crop of j."""
+    # Each thumbnail's column and row means, from which the crops are chosen.
+    means = thumbs.mean(axis=1, dtype=np.float32), thumbs.mean(axis=2, dtype=np.float32)
+    out = np.empty(len(i))
+    for start in range(0, len(i), _CHUNK):
+        part = slice(start, start + _CHUNK)
+        turn = flip[part]
+        a = (thumbs[i[part]].astype(np.float32), *(m[i[part]] for m in means))
+        b = [thumbs[j[part]].astype(np.float32), *(m[j[part]] for m in means)]
+        b[0] = np.where(turn[:, None, None], b[0][:, :, ::-1], b[0])
+        b[1] = np.where(turn[:, None], b[1][:, ::-1], b[1])
+        out[part] = np.minimum(_cropped_rms(*a, *b), _cropped_rms(*b, *a))
+    return out
+
+
+def _cropped_rms(x, x_columns, x_rows, y, y_columns, y_rows) -> np.ndarray:
+    """RMS between each y's 8x8 thumbnail and that of the crop of x (each side 0-5%) whose
+    column and row means best match y's (one axis at a time: a crop is one per axis)."""
+    crops, profiles = _banks()
+    columns = _best_crop(x_columns, y_columns, profiles)
+    rows = _best_crop(x_rows, y_rows, profiles)
+    cropped = crops[rows] @ x @ np.swapaxes(crops[columns], 1, 2)
+    target = crops[0] @ y @ crops[0].T
+    return _rms((cropped - target).reshape(len(x), -1))
+
+
+def _best_crop(x: np.ndarray, y: np.ndarray, profiles: np.ndarray) -> np.ndarray:
+    """The index of the crop (``_banks``) of each 16-vector of means in ``x`` closest to the
+    uncropped one in ``y``."""
+    tried = (x @ profiles.reshape(-1, SMALL).T).reshape(len(x), len(profiles), SMALL)
+    tried -= (y @ profiles[0].T)[:, None]
+    return np.einsum("ncs,ncs->nc", tried, tried).argmin(axis=1)
+
+
+@functools.cache
+def _banks() -> tuple:
+    """(C, 8, 16) and (C, 16, 16) float32 matrices: a side of 16 upsampled, cropped (each
+    end by one of _FRACTIONS, C = 25 ways) and area-averaged to 8 and to 16; index 0 is
+    the uncropped one."""
+    up = _upsample(SMALL, _UP)
+    cuts = [(a, b) for a in _FRACTIONS for b in _FRACTIONS]
+    return tuple(
+        np.stack([_area(a, b, SMALL * _UP, side) @ up for a, b in cuts]).astype(np.float32)
+        for side in (_SIDE, SMALL)
+    )
+
+
+def _upsample(size: int, factor: int) -> np.ndarray:
+    """(size * factor, size): linear interpolation between pixel centres."""
+    at = np.clip((np.arange(size * factor) + 0.5) / factor - 0.5, 0, size - 1)
+    low = np.floor(at).astype(int)
+    high, weight = np.minimum(low + 1, size - 1), at - low
+    out = np.zeros((size * factor, size))
+    np.add.at(out, (np.arange(size * factor), low), 1 - weight)
+    np.add.at(out, (np.arange(size * factor), high), weight)
+    return out
+
+
+def _area(start: float, end: float, size: int, side: int) -> np.ndarray:
+    """(side, size): each output pixel the mean of the input it covers, the input's first
+    ``start`` and last ``end`` fractions cut off."""
+    edges = (start + (1 - start - end) * np.arange(side + 1) / side) * size
+    pixels = np.arange(size)[None, :]
+    overlap = np.minimum(edges[1:, None], pixels + 1) - np.maximum(edges[:-1, None], pixels)
+    overlap = np.clip(overlap, 0, None)
+    return overlap / overlap.sum(axis=1, keepdims=True)
+
+
+def _eighths(thumbs: np.ndarray) -> np.ndarray:
+    """(N, 8, 8) float32: the uncropped 8x8 thumbnails ``_cropped_rms`` compares."""
+    crops, _ = _banks()
+    out = np.empty((len(thumbs), _SIDE, _SIDE), np.float32)
+    for start in range(0, len(thumbs), _CHUNK):
+        part = thumbs[start : start + _CHUNK].astype(np.float32)
+        out[start : start + len(part)] = crops[0] @ part @ crops[0].T
+    return out
+
+
+def fine(eighths: np.ndarray) -> np.ndarray:
+    """Each 8x8 thumbnail's detail: the RMS of what it has beyond its 3x3 local means
+    (edges repeated), in grey levels. A crop misaligns a picture by a fraction of a pixel,
+    which costs in proportion to this; smooth pictures (gradients, bokeh, sky) have little,
+    and a crop of one looks like any other."""
+    local = uniform_filter(eighths.astype(np.float64), size=(1, 3, 3), mode="nearest")
+    return _rms((eighths - local).reshape(len(eighths), -1))
