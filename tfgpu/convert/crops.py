@@ -56,8 +56,8 @@ def crop_pairs(thumbs: np.ndarray, coordinates: np.ndarray, close, reach: float)
     if n < 3:
         return np.zeros((0, 2), np.int64), {"crop_candidates": 0}
     eighths = _eighths(thumbs)
-    nearest = _nearest(coordinates, close, reach, min(NEIGHBOURS, n - 1))
-    neighbours, distances, flipped = _ranked(eighths, nearest)
+    others = _nearest(coordinates, close, reach, min(NEIGHBOURS, n - 1))
+    neighbours, distances, flipped = _ranked(eighths, others)
     # Only an image whose nearest stands out as they are is aligned with its nearest ones:
     # a copy's does (photos: 99% of the copies found), a look-alike's rarely (Fashion-
     # MNIST: 15% of its images), and aligning is most of what this search costs.
@@ -81,10 +81,10 @@ def crop_pairs(thumbs: np.ndarray, coordinates: np.ndarray, close, reach: float)
 
 
 def _nearest(coordinates: np.ndarray, close: np.ndarray, reach: float, k: int) -> np.ndarray:
-    """(N, k): each point's k nearest others in ``coordinates``. Read off ``close`` (every
-    pair within ``reach`` is there) for a point with k of them within reach: Fashion-
-    MNIST's look-alikes, most of its points, cost no query (a query is twice the range
-    search's time); the tree is asked for the others."""
+    """(N, k): each point's k nearest others in ``coordinates``, read off ``close`` (every
+    pair within ``reach`` is there) for a point with k of them within reach (Fashion-
+    MNIST's look-alikes: 45% of its points; a query costs twice the range search's time a
+    point), asked of a k-d tree for the others."""
     n = len(coordinates)
     ends = np.concatenate([close, close[:, ::-1]])
     apart = np.sqrt(((coordinates[ends[:, 0]] - coordinates[ends[:, 1]]) ** 2).sum(axis=1))

@@ -36,7 +36,7 @@ THUMB = 32  # the pHash's thumbnail side (imagehash: hash_size 8 x highfreq_fact
 SMALL = 16  # the stored thumbnail's side
 KEY = "xxh3-64"  # the exact key's kind, kept in done markers (a resumed run checks it)
 _AT_ONCE = 1 << 21  # pixels multiplied at once: their floats fit in a cache, not new pages
-DRAFT_SIDE = 64  # a JPEG's draft keeps at least this many pixels a side (``draft_size``)
+DRAFT_SIDE = 32  # a JPEG's draft keeps at least this many pixels a side (``draft_size``)
 _PAD = 8  # views whose sides round up to one multiple of this share a stack (``summaries``)
 _JPEG_METADATA = set(range(0xE0, 0xF0)) | {0xFE}  # APP0..APP15, COM
 
