@@ -10,6 +10,7 @@ errors and exit codes: ``tfgpu/cli/convert.py``): apart from the trainer.
   fingerprint.py  what the duplicate check keeps of each image (exact key, pHashes, thumbnail)
   duplicates.py   the duplicate check: near and exact groups, leaks, quality.json's content
   near_search.py  its search for near pairs (a k-d tree, or multi-index hashing)
+  crops.py        its second relation: cropped (and small) copies, aligned with their nearest
   dedupe.py   --dedupe: the shards rewritten without the dropped copies
   verify.py   --verify: re-reads the output as the trainer does (the only part using TF)
 
