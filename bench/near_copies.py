@@ -7,11 +7,11 @@ The photos are tiles cut from real photographs that no test uses: the 12 nature 
 one painting of Debian's ``mate-backgrounds`` (1280-2560 px; ``apt-get install
 mate-backgrounds``), matplotlib's ``grace_hopper.jpg`` and scikit-image's ``motorcycle_left``
 and ``retina`` (the tests use scikit-image's other photos). A tile is a region of a photo
-(aspect 3:4 to 4:3, 0.8-8 times the tile's size, at most 1200 px) resized to its size with
-Lanczos; no two tiles' regions overlap by more than a quarter (intersection over union).
-Smooth tiles are left out: an 8x8 thumbnail with under 1 grey level of detail beyond its 3x3
-local means (``crops.fine``: gradients, bokeh; a few % of these photos' regions, alike
-wherever they are cut, and a crop of one looks like any other).
+(aspect 3:4 to 4:3, 0.8-8 times the tile's size, at most 400 px for the originals and 250 px
+for the distinct tiles) resized to its size with Lanczos; no two originals' regions overlap,
+nor two distinct tiles'. Smooth tiles are left out: an 8x8 thumbnail with under 1 grey level
+of detail beyond its 3x3 local means (``crops.fine``: gradients, bokeh; a few % of these
+photos' regions, alike wherever they are cut, and a crop of one looks like any other).
 
 Each original is stored as the format says (JPEG at quality 90, stored by the converter as it
 is; PNG; a raw uint8 array, as .npz/IDX/CIFAR inputs give them) and so is its copy, made by:
@@ -25,10 +25,10 @@ is; PNG; a raw uint8 array, as .npz/IDX/CIFAR inputs give them) and so is its co
 
 A copy counts as found when the check puts it in its original's group. For each format and
 transformation, the check runs once over every size's originals and copies together with the
-distinct set (below) beside them, through the converter's own worker code
+distinct tiles that overlap no original beside them, through the converter's own worker code
 (``worker.encode_image``, ``fingerprint.Collector``, ``duplicates.check``), as a conversion
 would: the JPEG's draft, the arrays' path. A group holding two tiles from regions that do not
-overlap (by less than a quarter) is false; every tile, copy or not, keeps its region.
+overlap is false; every tile, copy or not, keeps its region.
 
 The distinct set: ``--distinct`` more tiles of mixed sizes and formats; every group among
 them alone is false.
@@ -53,7 +53,6 @@ MATE = "/usr/share/backgrounds/mate"
 SIZES = (28, 48, 64, 100, 160, 300, 500)
 FORMATS = ("jpeg", "png", "raw")
 TRANSFORMS = ("q60", "resize", "crop", "crop5", "flip", "all")
-OVERLAP = 1e-9  # regions of two tiles never overlap (intersection over union)
 MIN_DETAIL = 1.0  # grey levels: smoother tiles are left out (see above)
 
 
@@ -106,7 +105,7 @@ class Tiles:
         rw, rh = int(w * zoom), int(h * zoom)
         x = int(self.rng.integers(0, photo.shape[1] - rw + 1))
         y = int(self.rng.integers(0, photo.shape[0] - rh + 1))
-        if any(_overlap((x, y, rw, rh), box) >= OVERLAP for box in self.taken[k]):
+        if any(_overlap((x, y, rw, rh), box) > 0 for box in self.taken[k]):
             return None
         tile = Image.fromarray(photo[y : y + rh, x : x + rw]).resize((w, h), Image.LANCZOS)
         tile = np.asarray(tile)
@@ -185,7 +184,7 @@ def false_groups(groups: list, regions: list) -> int:
     """Groups holding two tiles whose regions do not overlap."""
     return sum(
         any(
-            regions[a][0] != regions[b][0] or _overlap(regions[a][1:], regions[b][1:]) < OVERLAP
+            regions[a][0] != regions[b][0] or _overlap(regions[a][1:], regions[b][1:]) == 0
             for a in group
             for b in group
         )
