@@ -3,7 +3,8 @@ sample photos (the benchmark, bench/near_copies.py, cuts other photos), their co
 re-encoded, resized by 80-120%, cropped by up to 5% on a side and flipped, stored as JPEG,
 PNG or raw arrays: every copy in its original's group, no group among distinct tiles; the
 reporter's folder of ~100 px JPEG tiles end to end through the converter; a JPEG's draft
-keeps enough pixels; the crop alignment measures what a crop moves."""
+keeps enough pixels; the crop alignment measures what a crop moves; any handful of tiny
+images gives a result."""
 
 import functools
 import io
@@ -12,6 +13,9 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 from PIL import Image
 
 from tfgpu import recordformat
@@ -202,3 +206,26 @@ def _convert(root, out, capsys, *flags) -> tuple:
     assert code == 0, stderr
     with open(os.path.join(out, recordformat.QUALITY_FILE), encoding="utf-8") as f:
         return json.load(f), stdout
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.lists(
+        hnp.arrays(np.uint8, st.sampled_from([(3, 5), (8, 8), (20, 17)])), min_size=3, max_size=12
+    )
+)
+def test_any_handful_of_images_gives_groups_never_an_error(images):
+    """Three to twelve tiny images (any pixels: equal, flat, noise) and a copy of the
+    first, through both relations: a result, never an error, the copy with its image."""
+    collector = fingerprint.Collector()
+    for n, image in enumerate(images + images[:1]):
+        collector.add(
+            fingerprint.exact_key(Image.fromarray(image)),
+            fingerprint.view(Image.fromarray(image)),
+            0,
+            str(n),
+            0,
+        )
+    shard = ("train", "train-00000-of-00001.tfrecord", {"fingerprints": collector.record()})
+    _, groups, _ = duplicates.check([shard], ["c"])
+    assert any({0, len(images)} <= set(g.tolist()) for g in groups)

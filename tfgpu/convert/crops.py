@@ -66,6 +66,8 @@ def crop_pairs(thumbs: np.ndarray, coordinates: np.ndarray, close, reach: float)
     # a copy's does (photos: 99% of the copies found), a look-alike's rarely (Fashion-
     # MNIST: 15% of its images), and aligning is most of what this search costs.
     rows = np.nonzero(distances[:, 0] <= STANDOUT * distances[:, 1])[0]
+    if not len(rows):
+        return np.zeros((0, 2), np.int64), {"crop_candidates": 0}
     neighbours, distances, flipped = neighbours[rows], distances[rows], flipped[rows]
     i = np.repeat(rows, neighbours.shape[1])
     j, flip = neighbours.reshape(-1), flipped.reshape(-1)
@@ -224,4 +226,4 @@ def fine(eighths: np.ndarray) -> np.ndarray:
     which costs in proportion to this; smooth pictures (gradients, bokeh, sky) have little,
     and a crop of one looks like any other."""
     local = uniform_filter(eighths.astype(np.float64), size=(1, 3, 3), mode="nearest")
-    return _rms((eighths - local).reshape(len(eighths), -1))
+    return _rms((eighths - local).reshape(len(eighths), _SIDE * _SIDE))

@@ -79,7 +79,7 @@ def jpeg_key(data: bytes) -> int:
 
 def draft_size(width: int, height: int) -> tuple:
     """The size to ask a JPEG's draft for (PIL's ``draft``: libjpeg scales by 1/1, 1/2, 1/4
-    or 1/8): the smallest scale whose shorter side still has DRAFT_SIDE pixels. A 1/8 draft
+    or 1/8): the strongest reduction that leaves DRAFT_SIDE pixels on the shorter side. A 1/8 draft
     of a 100 px JPEG is 13 px, each pixel one 8x8 block, the blocks laid from the corner: a
     copy resized or cropped by a few pixels has its blocks over other parts of the picture,
     and its thumbnail drifts by more than the check allows (none of them was found)."""

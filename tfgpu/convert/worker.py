@@ -73,7 +73,7 @@ def encode_image(
         draft = _verify_jpeg(data, max_pixels)
         width, height = draft.info["size"]
         if draft.info["mode"] == "RGB" and not _too_big((width, height), max_side):
-            if look is not None:  # the 1/8-scale draft: each pixel an 8x8 block's mean
+            if look is not None:  # the draft: each pixel a block's mean
                 # libjpeg scales by 1/1, 1/2, 1/4 or 1/8, rounding sizes up
                 step = next((s for s in (8, 4, 2, 1) if -(-width // s) == draft.width), 1)
                 look += [fingerprint.jpeg_key(data), fingerprint.view(draft, step)]
@@ -145,10 +145,11 @@ def _too_many_bytes(size: int, max_file_mb: int) -> str:
 
 
 def _verify_jpeg(data: bytes, max_pixels: int) -> Image.Image:
-    """A JPEG that decodes, decoded at 1/8 scale, a colour one in grayscale (its full size
+    """A JPEG that decodes, decoded at reduced scale (1/8 from 256 px a side, less below:
+    ``fingerprint.draft_size``), a colour one in grayscale (its full size
     and mode in ``info["size"]`` and ``info["mode"]``); raises BadImage otherwise.
 
-    It decodes at 1/8 scale (libjpeg's DCT scaling): the entropy decoder still walks every
+    It decodes at reduced scale (libjpeg's DCT scaling): the entropy decoder still walks every
     coefficient of every block of every component, which is where truncated or corrupt
     data fails, but the full-size inverse DCT and colour conversion, which cannot fail on
     well-formed coefficients, are skipped. That makes the check ~40% cheaper than a full
