@@ -42,8 +42,8 @@ MAX_CROP = 0.05  # a side cropped by up to this fraction of it
 CROP_RMS = 6.0  # grey levels between the aligned 8x8 thumbnails, at most
 DETAIL_RATIO = 1.0  # ... and at most this times the smoother image's detail (``fine``)
 NOISE_RMS = 1.5  # ... or this many grey levels, a JPEG re-encoding's noise on small images
-NEAREST_RATIO = 0.35  # ... and of either image's distance to its next nearest image
-NEIGHBOURS = 3  # the nearest in the tree's coordinates that are ranked by their thumbnails
+NEAREST_RATIO = 0.3  # ... and of either image's distance to its next nearest image
+NEIGHBOURS = 5  # the nearest in the tree's coordinates that are ranked by their thumbnails
 ALIGNED = 2  # ... of which the nearest by their thumbnails are aligned
 STANDOUT = 0.6  # ... when the nearest is at most this fraction of the next one's distance
 _SIDE = 8  # the aligned thumbnails' side
@@ -62,6 +62,7 @@ def crop_pairs(thumbs: np.ndarray, coordinates: np.ndarray, close, reach: float)
     eighths = _eighths(thumbs)
     others = _nearest(coordinates, close, reach, min(NEIGHBOURS, n - 1))
     neighbours, distances, flipped = _ranked(eighths, others)
+    ranked, nearest = neighbours, distances  # every image's, for its partner's ratio test
     # Only an image whose nearest stands out as they are is aligned with its nearest ones:
     # a copy's does (photos: 99% of the copies found), a look-alike's rarely (Fashion-
     # MNIST: 15% of its images), and aligning is most of what this search costs.
@@ -78,6 +79,11 @@ def crop_pairs(thumbs: np.ndarray, coordinates: np.ndarray, close, reach: float)
     at = np.arange(len(rows))
     best, runner_up = apart[at, order[:, 0]], apart[at, order[:, 1]]
     partner = neighbours[at, order[:, 0]]
+    # The partner's own next nearest (as they are: at least as far as aligned) counts too:
+    # a look-alike (Fashion-MNIST: one cut of garment in many prints) has others near
+    # either side, a copy has none near both.
+    others_near = np.where(ranked[partner, 0] == rows, nearest[partner, 1], nearest[partner, 0])
+    runner_up = np.minimum(runner_up, others_near)
     detail = np.minimum(fine(eighths[rows]), fine(eighths[partner]))
     allowed = np.maximum(DETAIL_RATIO * detail, NOISE_RMS)
     near = (best <= CROP_RMS) & (best <= allowed) & (best <= NEAREST_RATIO * runner_up)
@@ -143,16 +149,13 @@ def _rms(difference: np.ndarray) -> np.ndarray:
 def aligned(thumbs: np.ndarray, i, j, flip) -> np.ndarray:
     """For each pair: the least RMS between the 8x8 thumbnails of image j (mirrored where
     ``flip``) and a crop of image i, or of i and a crop of j."""
-    # Each thumbnail's column and row means, from which the crops are chosen.
-    means = thumbs.mean(axis=1, dtype=np.float32), thumbs.mean(axis=2, dtype=np.float32)
     out = np.empty(len(i))
     for start in range(0, len(i), _CHUNK):
         part = slice(start, start + _CHUNK)
-        turn = flip[part]
-        a = (thumbs[i[part]].astype(np.float32), *(m[i[part]] for m in means))
-        b = [thumbs[j[part]].astype(np.float32), *(m[j[part]] for m in means)]
-        b[0] = np.where(turn[:, None, None], b[0][:, :, ::-1], b[0])
-        b[1] = np.where(turn[:, None], b[1][:, ::-1], b[1])
+        x, y = thumbs[i[part]].astype(np.float32), thumbs[j[part]].astype(np.float32)
+        y = np.where(flip[part][:, None, None], y[:, :, ::-1], y)
+        # Each thumbnail's column and row means, from which the crops are chosen.
+        a, b = ((t, t.mean(axis=1), t.mean(axis=2)) for t in (x, y))
         out[part] = np.minimum(_cropped_rms(*a, *b), _cropped_rms(*b, *a))
     return out
 
