@@ -130,8 +130,11 @@ def _ranked(eighths: np.ndarray, others: np.ndarray) -> tuple:
     left, right = eighths[:, :, :half], eighths[:, :, : half - 1 : -1]
     symmetric = (left + right).reshape(n, -1) / 2
     anti = (left - right).reshape(n, -1) / 2
-    s = np.einsum("nd,nkd->nk", symmetric, symmetric[others])
-    t = np.einsum("nd,nkd->nk", anti, anti[others])
+    s, t = np.empty(others.shape, np.float32), np.empty(others.shape, np.float32)
+    for start in range(0, n, _CHUNK):  # the gathered neighbours stay small (a few MB)
+        part = slice(start, start + _CHUNK)
+        s[part] = np.einsum("nd,nkd->nk", symmetric[part], symmetric[others[part]])
+        t[part] = np.einsum("nd,nkd->nk", anti[part], anti[others[part]])
     norms = 2 * (np.einsum("nd,nd->n", symmetric, symmetric) + np.einsum("nd,nd->n", anti, anti))
     base = norms[:, None] + norms[others]
     direct, mirror = base - 4 * (s + t), base - 4 * (s - t)
