@@ -9,22 +9,25 @@ both thresholds; and the pHash of a 28-48 px image, its 64 bits thresholded at t
 flips 4-6 bits on a mere JPEG re-encoding. A search over all crops of all pairs is out of reach
 (in Fashion-MNIST a 5% crop moves a garment farther than the next garment of its kind), so:
 
-- candidates: each image's 3 nearest in the k-d tree's coordinates (``near_search``: read off
-  the pairs its range search found within reach where there are 3, asked of the tree
-  otherwise), ranked by the RMS of their 8x8 thumbnails (the better of mirrored or not); the
-  two nearest are aligned where the nearest stands out (``STANDOUT``);
+- candidates: each image's ``NEIGHBOURS`` nearest in the k-d tree's coordinates
+  (``near_search``: read off the pairs its range search found within reach where there are
+  that many, asked of the tree otherwise), ranked by the RMS of their 8x8 thumbnails (the
+  better of mirrored or not); the two nearest are aligned where the nearest stands out
+  (``STANDOUT``);
 - alignment: the crop of one image (each side 0, 1.25, ... 5%) that best matches the other,
   chosen per axis from their column and row means, then the 8x8 thumbnails compared: the 16x16
   ones upsampled (linearly, 4x) and area-averaged over the crop, so that a crop that splits a
   pixel weighs it by what it covers;
 - a pair is near when, aligned, its 8x8 thumbnails differ by at most ``CROP_RMS`` grey levels,
   at most the smoother image's detail (``fine``: gradients, bokeh and sky, whose crops all
-  look alike, have little) or ``NOISE_RMS``, and at most ``NEAREST_RATIO`` of the distance to
-  the next nearest image (Lowe's ratio test: a copy is alone that close, a look-alike has
-  others as close).
+  look alike, have little) or ``NOISE_RMS``, and at most ``NEAREST_RATIO`` of the distance
+  from either image to its next nearest (Lowe's ratio test: a copy is alone that close, a
+  look-alike has others as close; Fashion-MNIST's cuts of garment in many prints make pairs
+  that stand out from one side only, and 8x8 or even 16x16 thumbnails cannot see the prints
+  that tell them apart, docs/data.md#data-quality).
 
 Measured (bench/near_copies.py, docs/data.md#data-quality): 97-100% of copies found at 28-500
-px as JPEG, PNG and arrays; on Fashion-MNIST this costs ~0.6 CPU s (+7% of its conversion).
+px as JPEG, PNG and arrays; on Fashion-MNIST this costs ~0.55 CPU s (~7% of its conversion).
 The tree's coordinates are the mirror-symmetric parts' (one search for both orientations);
 where the data is noise-like at thumbnail scale (the pHash index, ``near_search``), there is no
 tree and this relation is not searched.
