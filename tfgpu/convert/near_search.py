@@ -57,12 +57,13 @@ def candidates(direct, mirror, thumbs, radius: int, reach: float) -> tuple:
 @dataclass
 class Space:
     """What the k-d tree search leaves for the cropped-copy search (``crops.py``): the
-    thumbnails' ``coordinates`` and every pair of them within ``reach`` of each other
-    (``close``, (K, 2))."""
+    thumbnails' ``coordinates``, every pair of them within ``reach`` of each other
+    (``close``, (K, 2)), and the tree's ``order`` of them (neighbours next to each other)."""
 
     coordinates: np.ndarray
     close: np.ndarray
     reach: float
+    order: np.ndarray
 
 
 def embedding(thumbs: np.ndarray, reach: float):
@@ -88,7 +89,7 @@ def _tree_candidates(direct, mirror, radius, reach, coordinates) -> tuple:
         [np.stack([i[k], j[k], np.full(k.sum(), f)], axis=1) for k, i, j, f in kept]
     ).astype(np.int64)
     index = f"thumbnails, {coordinates.shape[1] - 2} components and 2 norms"
-    space = Space(coordinates, np.stack([a, b], axis=1), reach)
+    space = Space(coordinates, np.stack([a, b], axis=1), reach, tree.indices)
     return triples, {"index": index, "candidates": 3 * len(a)}, space
 
 
