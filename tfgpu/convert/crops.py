@@ -27,7 +27,7 @@ flips 4-6 bits on a mere JPEG re-encoding. A search over all crops of all pairs 
   that tell them apart, docs/data.md#data-quality).
 
 Measured (bench/near_copies.py, docs/data.md#data-quality): 97-100% of copies found at 28-500
-px as JPEG, PNG and arrays; on Fashion-MNIST this costs ~0.55 CPU s (~7% of its conversion).
+px as JPEG, PNG and arrays; on Fashion-MNIST this costs ~0.45 CPU s (~5% of its conversion).
 The tree's coordinates are the mirror-symmetric parts' (one search for both orientations);
 where the data is noise-like at thumbnail scale (the pHash index, ``near_search``), there is no
 tree and this relation is not searched.
