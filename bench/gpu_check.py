@@ -6,11 +6,11 @@ where it should be? One command, one table, meant to take at most ~8 minutes on 
 
 Rows:
   <model> <setting>: images/s of tfgpu's train loop (``loops.make_train_loop`` over
-      ``build.build``'s step) on synthetic ImageNet-shaped batches, float32, mixed_float16 and
-      mixed_float16 + XLA, at the largest batch that fits (doubling from --start_batch up to
-      --max_batch; halving instead when the first one runs out of memory; mixed_float16 from
-      twice float32's batch, XLA at mixed_float16's), next to NVIDIA's published single-GPU
-      training throughput for that model and precision, and the ratio.
+      ``train.loop.assemble``'s step) on synthetic ImageNet-shaped batches, float32, mixed_float16
+      and mixed_float16 + XLA, at the largest batch that fits (doubling from --start_batch up to
+      --max_batch; halving instead when the first one runs out of memory; mixed_float16 from twice
+      float32's batch, XLA at mixed_float16's), next to NVIDIA's published single-GPU training
+      throughput for that model and precision, and the ratio.
       resnet50 always; then efficientnet_b0 and densenet121 while --time_budget_s lasts.
   input pipeline: images/s of tfgpu's reader on a small generated TFRecord set with the
       resize on the device (what --resize_on=auto does with a GPU): the reader alone, and the
@@ -229,7 +229,7 @@ def auto_micro_batch_row(args) -> Row:
     """--micro_batch_size=auto on this device (the module docstring's row)."""
     from tfgpu.data.spec import load_spec
     from tfgpu.step import memory
-    from tfgpu.train import micro_batch
+    from tfgpu.train import loop, micro_batch
 
     name, batch, model = "micro-batch auto", 2 * args.max_batch, first_model(args)
     config = run_config(args, model, "float32", False, batch, micro_batch_size="auto")
@@ -238,7 +238,8 @@ def auto_micro_batch_row(args) -> Row:
     os.environ.update(hook)
     try:
         device = memory.this_device(None)
-        tried = micro_batch.search(config, load_spec(config.data), None, batch, device)
+        one_update = loop.scratch_update(config, load_spec(config.data), None)
+        tried = micro_batch.search(one_update, batch, device)
     finally:
         for k, v in saved.items():
             if v is None:

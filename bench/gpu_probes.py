@@ -3,7 +3,7 @@ the train loop's images/s at one batch and the search for the largest batch that
 TensorFlow's placement log, the collectives of a mirrored loop, and the step as it trains on
 a GPU machine (its ops' GPU kernels, their placement, the input rate). The functions take
 gpu_check's parsed arguments (``args``: dry_run, image_size, work_dir, ...) and build what
-they run with tfgpu's own functions (``build.build``, ``loops.make_train_loop``).
+they run with tfgpu's own functions (``train.loop.assemble``, ``loops.make_train_loop``).
 """
 
 import collections
@@ -15,6 +15,7 @@ import re
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 NUM_CLASSES = 1000  # ImageNet's, as in NVIDIA's figures
 
@@ -71,7 +72,7 @@ def run_config(args, model: str, dtype: str, jit: bool, batch: int, **settings):
     resolved for this machine as ``train.run`` resolves it."""
     import tensorflow as tf
 
-    from tfgpu.config import config_from, resolve, validate
+    from tfgpu.config import config_from, validate
 
     # A small rate: random labels must not drive a timed run to NaN (the loop would stop).
     base = dict(synthetic_data=True, num_classes=NUM_CLASSES, learning_rate=0.01)
@@ -87,18 +88,30 @@ def run_config(args, model: str, dtype: str, jit: bool, batch: int, **settings):
         model_dir=tempfile.mkdtemp(dir=args.work_dir),
         **base,
     )
-    return resolve(validate(config), has_gpu=bool(tf.config.list_logical_devices("GPU")))
+    return validate(config).resolved(has_gpu=bool(tf.config.list_logical_devices("GPU")))
 
 
-def build_training(config, strategy: str = "default"):
-    """``build.build`` of ``config`` on a fresh backend (its own all-reduce counter)."""
-    from tfgpu.train import build
+def build_training(config, strategy: str = "default") -> SimpleNamespace:
+    """The run of ``config`` as ``train.loop.assemble`` builds it, on a fresh backend (its own
+    all-reduce counter): its state's parts, ``backend``, ``inputs``, ``plan`` and
+    ``batches(start_step)``, its distributed train batches."""
     from tfgpu.data import run_input
     from tfgpu.data.spec import load_spec
     from tfgpu.distribute.backends import build_backend
+    from tfgpu.train import loop
 
-    inputs = run_input.prepare(config.data, config.optim.class_weights, load_spec(config.data))
-    return build.build(config, build_backend(strategy, config.dist), inputs)
+    backend = build_backend(strategy, config.dist)
+    inputs, plan, state = loop.assemble(config, backend, load_spec(config.data))
+    batches = lambda start_step: run_input.train_batches(inputs, backend, start_step)[0]  # noqa: E731
+    return SimpleNamespace(
+        step=state.step,
+        global_step=state.global_step,
+        skipped_updates=state.skipped_updates,
+        backend=backend,
+        inputs=inputs,
+        plan=plan,
+        batches=batches,
+    )
 
 
 def out_of_memory(error) -> bool:
@@ -118,7 +131,6 @@ def measure(args, model: str, dtype: str, jit: bool, batch: int) -> Measured | N
     import keras
     import tensorflow as tf
 
-    from tfgpu.train import build
     from tfgpu.step import loops
 
     keras.backend.clear_session()  # the previous run's objects go: its device memory is free
@@ -126,7 +138,7 @@ def measure(args, model: str, dtype: str, jit: bool, batch: int) -> Measured | N
     try:
         run = build_training(run_config(args, model, dtype, jit, batch))
         loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
-        batches = build.train_batches(run, start_step=0)
+        batches = run.batches(0)
         loop(batches, tf.constant(args.warmup_steps))[0]["loss"].numpy()
         before, start = int(run.global_step.numpy()), time.perf_counter()
         loop(batches, tf.constant(args.steps))[0]["loss"].numpy()
@@ -174,7 +186,6 @@ def replicated_loop(args, model: str, replicas: int, all_reduce_alg: str, run_up
     import keras
     import tensorflow as tf
 
-    from tfgpu.train import build
     from tfgpu.step import loops
 
     batch = replicas * (2 if args.dry_run else 32)
@@ -184,7 +195,7 @@ def replicated_loop(args, model: str, replicas: int, all_reduce_alg: str, run_up
     )  # fmt: skip
     run = build_training(config, "mirrored")
     loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
-    batches = build.train_batches(run, start_step=0)
+    batches = run.batches(0)
     ops = collective_ops(loop.get_concrete_function(batches, tf.constant(1)))
     if run_updates:
         loop(batches, tf.constant(run_updates))[0]["loss"].numpy()
@@ -209,7 +220,6 @@ def probe_step(args, model: str, log_fd: int) -> StepProbe:
     import tensorflow as tf
 
     from tfgpu import compat
-    from tfgpu.train import build
     from input_pipeline import build_data
 
     cache = args.cache_dir or tempfile.mkdtemp(dir=args.work_dir)
@@ -219,7 +229,7 @@ def probe_step(args, model: str, log_fd: int) -> StepProbe:
         data_dir=data_dir, num_classes=10, resize_on="device", in_memory="off",
     )  # fmt: skip
     training = build_training(config)
-    batches = build.train_batches(training, start_step=0)
+    batches = training.batches(0)
     batch = next(batches)
     update = tf.function(training.step.update)
     missing = compat.ops_without_gpu_kernel(update, batch)  # traces it
@@ -234,15 +244,14 @@ def probe_step(args, model: str, log_fd: int) -> StepProbe:
 def input_rates(args, training, batches) -> tuple[float, float]:
     """(images/s of the reader plus the step's resize and preparation on the device, over
     ``batches``, the training's distributed train batches; images/s of the reader alone,
-    ``readers.probe``), each read for --input_seconds."""
+    ``run_input.probe``), each read for --input_seconds."""
     import tensorflow as tf
 
-    from tfgpu.data import readers
-    from tfgpu.train import build
+    from tfgpu.data import run_input
 
-    make = build.train_maker(training, 0)
-    shard, batch = training.backend.input_shard, training.plan.replica_batch
-    alone = readers.probe(make, shard, training.config.data, batch, args.input_seconds)
+    make = run_input.train_maker(training.inputs, 0)
+    shard = training.backend.input_shard
+    alone = run_input.probe(training.inputs, make, shard, args.input_seconds)
     step = training.step
 
     @tf.function

@@ -122,10 +122,11 @@ def contenders(files, data_dir: str, export_dir: str, image_size: int, batch: in
 
 def library(files, data_dir: str, keras_file: str, batch: int, csv: str) -> dict:
     """(a), (b) and (w): tfgpu.predict's own functions, the model loaded as it loads it."""
-    from tfgpu.inference import opened, predict
+    from tfgpu.cli import head
+    from tfgpu.cli.predict import predict as predict_command
+    from tfgpu.inference import predict
 
-    config, path = opened.config_and_checkpoint("", keras_file, data_dir=data_dir)
-    trained = predict._load(config, path, need_data=True)
+    trained = predict._load(head.open_run("", keras_file, data_dir=data_dir))
     k = min(5, len(trained["class_names"]))  # predict's --top_k default
 
     def write(rows):  # as predict.predict writes --output
@@ -140,7 +141,7 @@ def library(files, data_dir: str, keras_file: str, batch: int, csv: str) -> dict
 
     def whole():
         with contextlib.redirect_stdout(io.StringIO()):  # its "predicted N image(s)" line
-            predict.predict(files, checkpoint=keras_file, data_dir=data_dir, output=csv)
+            predict_command(files, checkpoint=keras_file, data_dir=data_dir, output=csv)
 
     folder()  # warm-up: traces the model's function, as a call's first batch does
     return {A: folder, B: split, W: whole}

@@ -52,8 +52,8 @@ def tfgpu_contender(strategy: str, steps: int):
     """``run()`` of ``steps`` updates of tfgpu's own loop under ``strategy``."""
     import tensorflow as tf
 
-    from tfgpu.train import build
     from tfgpu.step import loops
+    from tfgpu.train import loop as conductor
     from tfgpu.config import config_from
     from tfgpu.data import run_input
     from tfgpu.data.spec import load_spec
@@ -68,9 +68,9 @@ def tfgpu_contender(strategy: str, steps: int):
     )
     backend = backends.build_backend(strategy, config.dist)
     spec = load_spec(config.data)
-    run = build.build(config, backend, run_input.prepare(config.data, "", spec))
+    inputs, _, run = conductor.assemble(config, backend, spec, None)
     loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
-    batches = build.train_batches(run, start_step=0)
+    batches, _ = run_input.train_batches(inputs, backend, 0)
     return lambda: float(loop(batches, tf.constant(steps))[0]["loss"])
 
 

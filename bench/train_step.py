@@ -33,7 +33,7 @@ from absl import app, flags
 from calibration import calibration
 
 from tfgpu import models
-from tfgpu.train import build
+from tfgpu.train import loop as conductor
 from tfgpu.step import loops
 from tfgpu.config import config_from
 from tfgpu.data import pipeline
@@ -73,10 +73,10 @@ def make_trainer(backend, global_batch: int, accum: int, extra_metrics: bool = T
         model_dir=tempfile.mkdtemp(),
     )
     config = config_from(**dict(values, **settings))
-    run = build.build(config, backend, run_input.prepare(config.data, "", load_spec(config.data)))
+    inputs, _, run = conductor.assemble(config, backend, load_spec(config.data), None)
     run.step.extra_metrics = extra_metrics  # read when the loop is traced (its first call)
     loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
-    batches = build.train_batches(run, start_step=0)
+    batches, _ = run_input.train_batches(inputs, backend, 0)
 
     def steps(n):
         loop(batches, tf.constant(n))[0]["loss"].numpy()

@@ -190,34 +190,26 @@ def test_the_converter_and_the_reader_share_only_the_record_format(package, othe
 LAYERS = (
     ("cli", "main", "evaluate", "average", "predict", "export", "ray", "launch"),  # commands
     ("report",),  # runs as an HTML page: their files, and their checkpoints evaluated
-    ("train",),  # a run: loop, build, actions, signals, progressive, micro_batch, ...
+    ("config",),  # every package's section composed; a run's config.json read back
+    ("train",),  # the conductor (loop.run, handed the Config) and the run's parts
     ("inference",),  # uses of a trained model: evaluator, predict, export, side-car
     ("checkpoint", "results"),  # a run's checkpoints and its network; a run's files
-    ("step", "config"),  # one update and what runs compiled; the settings
-    ("optim", "train.config"),  # optimizers, schedules, fine-tuning groups; the run's settings
+    ("step",),  # one update and what runs compiled
+    ("optim",),  # optimizers, schedules, fine-tuning groups
     ("models", "data", "demo"),  # the registry and the nets; the reader; the demo dataset
     ("distribute", "convert"),  # launchers, strategies, backends; the converter
     ("errors", "settings", "imagenet", "batches", "metrics", "recordformat", "compat", "files"),
 )
 
 
-# A package's settings module that sits below its package: config/ composes it, and the rest
-# of the package builds on config/ (the other packages' config.py are in low packages already).
-SETTINGS_MODULES = ("train.config",)
-
-
 def _unit(path: pathlib.Path, root: pathlib.Path) -> str:
-    """The layer's unit of a module: its package under tfgpu/, or the module itself (or a
-    ``SETTINGS_MODULES`` module)."""
+    """The layer's unit of a module: its package under tfgpu/, or the module itself."""
     dotted = ".".join(path.relative_to(root).with_suffix("").parts)
     return _unit_of(dotted)
 
 
 def _unit_of(dotted: str) -> str:
     """The layer's unit of module ``dotted`` (under tfgpu, without the ``tfgpu.``)."""
-    for module in SETTINGS_MODULES:
-        if dotted == module or dotted.startswith(module + "."):
-            return module
     return dotted.split(".")[0]
 
 

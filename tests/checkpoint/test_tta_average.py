@@ -14,7 +14,7 @@ import tensorflow as tf
 from absl import flags
 
 from tfgpu import compat, models, train
-from tfgpu.checkpoint.average import average
+from tfgpu.cli.average import average
 from tfgpu.config import config_from, validate
 from tfgpu.cli.flags import define_flags
 from tfgpu.train.config import check_average_plan
@@ -22,12 +22,12 @@ from tfgpu.data.spec import load_spec
 from tfgpu.distribute import backends
 from tfgpu.errors import ConfigError, UsageError
 from tfgpu.cli.app import run_command
-from tfgpu.inference.evaluate import evaluate
+from tfgpu.cli.evaluate import evaluate
 from tfgpu.cli.train import make_config
 from tfgpu.step.loops import make_eval_step, mean_of_softmax
 from tfgpu.checkpoint import network
 from tfgpu.config import rundir as head
-from tfgpu.inference import opened
+from tfgpu.cli import head as cli_head
 from tfgpu.checkpoint.average import mean_weights, read_model_and_optimizer
 from tfgpu.inference.evaluate import Evaluator
 
@@ -221,7 +221,7 @@ def test_settings_that_cannot_average_are_one_line_errors():
     with pytest.raises(ConfigError, match="train 3 updates or more"):
         check_average_plan(t, 2)
     with pytest.raises(UsageError, match="needs --model_dir"):
-        opened.config_and_checkpoint("", "averaged.weights.h5")
+        head.head_config("", "averaged.weights.h5")
 
 
 # --- end to end: a run of tfgpu.main's flags, then tfgpu-average and tfgpu-evaluate ----------
@@ -333,9 +333,7 @@ def test_with_an_ema_the_run_averages_and_evaluates_the_ema_weights(small_datase
     values(["tfgpu", *argv, f"--model_dir={tmp_path}"])
     summary = train.run(make_config(values))
     assert summary["averaged_checkpoints"] == [4, 6] and summary["final_eval"]["tta"] == "none"
-    config = head.run_config(str(tmp_path))
-    spec = load_spec(config.data)
-    r = network.build(config, spec.num_classes, spec.num_train, optimizer=True)
+    r = cli_head.open_run(str(tmp_path), optimizer=True).network
     ema, raw = [], []
     for step in (4, 6):
         network.restore(r, os.path.join(tmp_path, "checkpoints", f"ckpt-{step}"))

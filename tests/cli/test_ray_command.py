@@ -73,7 +73,8 @@ def test_the_job_ray_is_given(small_dataset, tmp_path):
     argv = [*tfgpu_argv, f"--data_dir={small_dataset}", "--model=tiny_cnn", "--image_size=32"]
     config = tfgpu_ray.make_config(argv, local=True)
     assert config.dist.strategy == "multi_worker_mirrored"
-    trainer = ray_train.build_trainer(config, job, tfgpu_ray.train_worker)
+    job_config = {"config": config}
+    trainer = ray_train.build_trainer(job, tfgpu_ray.train_worker, job_config, config.model_dir)
     scaling, run = trainer.scaling_config, trainer.run_config
     assert scaling.num_workers == 3 and scaling.use_gpu and scaling.num_gpus_per_worker == 1
     assert run.failure_config.max_failures == 2

@@ -451,8 +451,13 @@ def test_a_policy_trains_under_jit_compile(photos):
     )
     model = models.build_model("tiny_cnn", 4, 32)
     backend = backends.build_backend("default")
+    sections = (config.model, config.optim, config.train)
     step = build.build_step(
-        config, model, keras.optimizers.SGD(0.1), backend, run_input.step_fns(config.data, 4)
+        model,
+        keras.optimizers.SGD(0.1),
+        backend,
+        *sections,
+        step_fns=run_input.step_fns(config.data, 4),
     )
     batch = {"image": tf.cast(_images(photos, 4, 32), tf.uint8), "label": tf.range(4)}
     batch |= {"flip": tf.zeros([4], tf.bool), "weight": tf.ones([4])}

@@ -20,7 +20,7 @@ from tfgpu.data.config import DataConfig
 from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard, backends
 from tfgpu.errors import ConfigError
-from tfgpu.inference.evaluate import evaluate
+from tfgpu.cli.evaluate import evaluate
 from tfgpu.recordformat import INFO_FILE
 from tfgpu.step.train_step import TrainStep
 

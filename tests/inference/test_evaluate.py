@@ -11,7 +11,7 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.errors import CheckpointError
 from tfgpu.cli.app import run_command
-from tfgpu.inference.evaluate import evaluate
+from tfgpu.cli.evaluate import evaluate
 from tfgpu.results.writer import confusion_image
 
 # Slow by the tiers' rule (it trains: one run of ~15 s on 2 cores), but for the fast test of
@@ -150,7 +150,7 @@ def test_confusion_image_is_a_heat_map_of_the_row_shares():
 def test_predict_agrees_with_the_evaluation(trained_run):
     # tfgpu.predict from the run (latest checkpoint, EMA weights) predicts what the
     # evaluation counted: its top-1 labels per class are the confusion matrix's columns.
-    from tfgpu.inference.predict import predict
+    from tfgpu.cli.predict import predict
 
     model_dir, _ = trained_run
     result = evaluate(model_dir, log=lambda _: None)

@@ -17,7 +17,7 @@ from tfgpu.config import config_from, validate
 from tfgpu.errors import ExportRefused, UsageError
 from tfgpu.cli.app import run_command
 from tfgpu.inference.export import FAMILIES, companions, family_of, unsupported
-from tfgpu.inference.export.checked import export
+from tfgpu.cli.export import export_run as export
 
 needs_litert = pytest.mark.requires("litert")
 needs_onnx = pytest.mark.requires("onnx")
@@ -55,12 +55,12 @@ def test_the_runs_own_export_holds_the_ema_weights(run_dir):
     """As evaluation, predict and tfgpu-export: the end-of-run export/ is the averaged model."""
     import keras
 
-    from tfgpu.inference import opened
+    from tfgpu.cli import head
     from tfgpu.inference.predict import predictor
 
     kept = os.path.join(os.path.dirname(run_dir), "end-of-run0", "model.keras")
     model = keras.saving.load_model(kept, compile=False)
-    trained = opened.open_run(*opened.config_and_checkpoint(run_dir, "latest"))
+    trained = head.open_run(run_dir, "latest")
     images = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
     averaged = predictor(trained)(images)
     last = predictor(trained).probabilities(images).numpy()  # the weights as trained
@@ -82,7 +82,7 @@ def _quiet(*_):
 def test_saved_model_signatures_are_predicts(run_dir, tmp_path):
     import tensorflow as tf
 
-    from tfgpu.inference.predict import predict
+    from tfgpu.cli.predict import predict
 
     entry = export(run_dir, fmt="saved_model", log=_quiet)
     assert entry["verdict"] == "ok" and entry["num_images"] == 24
@@ -137,7 +137,7 @@ def test_litert(run_dir, quantize, full_integer):
 def test_onnx_runs_in_onnx_runtime_as_predict(run_dir, small_dataset):
     import onnxruntime
 
-    from tfgpu.inference.predict import predict
+    from tfgpu.cli.predict import predict
 
     entry = export(run_dir, fmt="onnx", log=_quiet)
     assert entry["verdict"] == "ok" and entry["outputs"]["onnx"]["max_prob_diff"] < 1e-5
@@ -262,7 +262,8 @@ def _random_source(name: str):
 
     config = run_config("", model=name, image_size=32, small_input=True)
     model = models.build_model(name, num_classes=4, image_size=32, small_input=True)
-    trained = Opened(config, None, None, Network(model, None, None), 0)
+    sections = dict(model_settings=config.model, data=config.data, train=config.train)
+    trained = Opened(None, None, Network(model, None, None), **sections)
     return Source(trained, ["a", "b", "c", "d"], config.data, "random weights")
 
 

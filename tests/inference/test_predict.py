@@ -10,7 +10,8 @@ from PIL import Image
 from conftest import make_image_arrays
 from tfgpu import models
 from tfgpu.errors import UsageError
-from tfgpu.inference.predict import header, predict
+from tfgpu.cli.predict import predict
+from tfgpu.inference.predict import header
 from tfgpu.inference.export.serving import export_model
 
 

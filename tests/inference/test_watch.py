@@ -265,7 +265,7 @@ def test_the_evaluator_task_keeps_the_best_and_stops_the_trainer_early(small_dat
     state = _read(model_dir, "sidecar.json")
     assert state["step"] == summary["steps"] and state["evals_since_best"] >= 2
     # best/ckpt-4 is the trainer's checkpoint of step 4, as tfgpu.evaluate reads it.
-    from tfgpu.inference.evaluate import evaluate
+    from tfgpu.cli.evaluate import evaluate
 
     result = evaluate(model_dir, checkpoint="best", log=lambda _: None)
     row = _rows(model_dir)[0]

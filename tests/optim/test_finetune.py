@@ -7,8 +7,6 @@ BatchNorm), a few thousand weights instead of four million, so that a run takes 
 block rules themselves are checked on the registry's real models.
 """
 
-from types import SimpleNamespace
-
 import keras
 import numpy as np
 import pytest
@@ -109,7 +107,7 @@ def test_every_trainable_variable_of_a_registry_model_is_in_one_block(name, labe
     assert len(set(grouped)) == len(grouped)
     assert set(grouped) | {id(v) for v in head} == {id(v) for v in model.trainable_variables}
     config = config_from(model=name, layer_lr_decay=0.5, backbone_lr_multiplier=0.1)
-    groups = finetune.lr_groups(config, model)
+    groups = finetune.lr_groups(config.optim, config.model, model)
     assert [m for _, m, _ in groups] == pytest.approx(
         [1.0] + [0.1 * 0.5**d for d in range(1, 1 + len(labels))]
     )
@@ -121,6 +119,12 @@ def test_every_trainable_variable_of_a_registry_model_is_in_one_block(name, labe
 def _config(**settings):
     base = dict(optimizer="adamw", learning_rate=0.01, weight_decay=1e-2, momentum=0.9)
     return config_from(**dict(base, lr_schedule="constant", **settings))
+
+
+def _run_optimizer(config, model, total_steps: int):
+    """The run's optimizer of ``model`` under ``config``, as the run makes it."""
+    batch = config.train.global_batch_size
+    return finetune.run_optimizer(config.optim, config.model, model, batch, total_steps)
 
 
 def _grads(variables, seed):
@@ -151,11 +155,11 @@ def test_each_block_updates_as_with_its_own_learning_rate(optimizer, weight_deca
     )
     keras.utils.set_random_seed(0)
     model = _stand_in()
-    grouped = finetune.run_optimizer(config, model, total_steps=10)
+    grouped = _run_optimizer(config, model, 10)
     variables = model.trainable_variables
     grouped.build(variables)
     references = {}  # variable id -> (a copy, its own optimizer at lr * m, m)
-    for _, multiplier, group in finetune.lr_groups(config, model):
+    for _, multiplier, group in finetune.lr_groups(config.optim, config.model, model):
         for var in group:  # the copy keeps the name: weight decay skips gamma, beta and bias
             copy = keras.Variable(var.numpy(), name=var.name)
             references[id(var)] = (copy, _reference(config.optim, multiplier), multiplier)
@@ -174,10 +178,10 @@ def test_each_block_updates_as_with_its_own_learning_rate(optimizer, weight_deca
 
 def _frozen_with_groups(config):
     """(the stand-in model with its backbone frozen, its GroupedOptimizer built on it), as
-    build.build makes them: the groups before the freeze."""
+    the run builds them: the groups before the freeze."""
     keras.utils.set_random_seed(0)
     model = _stand_in()
-    grouped = finetune.run_optimizer(config, model, total_steps=10)
+    grouped = _run_optimizer(config, model, 10)
     pretrained.freeze_backbone(model)
     grouped.build(model.trainable_variables)
     return model, grouped
@@ -207,8 +211,9 @@ def test_an_unfrozen_backbone_starts_adam_as_a_new_optimizer():
 
 @pytest.mark.fast
 def test_ema_weights_leave_a_backbone_never_trained_as_it_is():
-    # The groups are built before --init_weights is loaded (build.build), so a frozen group's
-    # average holds the weights as built until its first update: evaluation must not use it.
+    # The groups are built before --init_weights is loaded (train/build.start_lines), so a
+    # frozen group's average holds the weights as built until its first update: evaluation
+    # must not use it.
     config = _config(freeze="backbone", unfreeze_after_steps=3, ema_decay=0.5)
     model, grouped = _frozen_with_groups(config)
     kernel = model.get_layer("efficientnetb0").get_layer("stem_conv").kernel
@@ -240,7 +245,7 @@ def _train_steps(config, updates=3, batch=8):
     backend = backends.build_backend("default")
     keras.utils.set_random_seed(3)
     model = _stand_in()
-    optimizer = finetune.run_optimizer(config, model, total_steps=10)
+    optimizer = _run_optimizer(config, model, 10)
     step = TrainStep(model, optimizer, backend, global_batch_size=batch)
     data = tf.data.Dataset.from_tensor_slices(_batches(batch * updates)).batch(batch)
     update = tf.function(step.update)
@@ -283,9 +288,9 @@ def test_unfrozen_under_mirrored_the_backbone_trains_and_replicas_stay_equal():
     backend = backends.build_backend("mirrored")
     config = _config(optimizer="adam", freeze="backbone", unfreeze_after_steps=2)
     keras.utils.set_random_seed(3)
-    with backend.scope():  # as build.build: every variable, the groups' slots too, in scope
+    with backend.scope():  # as the run builds them: every variable, the groups' slots too, in scope
         model = _stand_in()
-        optimizer = finetune.run_optimizer(config.with_settings(layer_lr_decay=0.5), model, 10)
+        optimizer = _run_optimizer(config.with_settings(layer_lr_decay=0.5), model, 10)
         pretrained.freeze_backbone(model)
         step = TrainStep(model, optimizer, backend, global_batch_size=8)
         counters = [tf.Variable(0, dtype=tf.int64, trainable=False) for _ in range(2)]
@@ -299,7 +304,7 @@ def test_unfrozen_under_mirrored_the_backbone_trains_and_replicas_stay_equal():
     loop(batches, tf.constant(2), step.variant)
     _assert_equal(_weights(model), initial, backbone)  # frozen: weights and statistics
     settings = config_from(model="efficientnet_b0", freeze="backbone")  # the stand-in's family
-    finetune.unfreeze(SimpleNamespace(model=model, optimizer=optimizer, step=step, config=settings))
+    finetune.unfreeze(model, settings.model, step)
     assert len(step.moving_stats.variables) == 8  # the backbone's 4 BatchNorm layers train now
     loop(batches, tf.constant(2), step.variant)
     assert loop.experimental_get_tracing_count() == 2

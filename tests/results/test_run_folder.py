@@ -263,13 +263,13 @@ def test_hostile_outputs_are_one_line_before_any_work(tmp_path):
 def test_a_bad_output_stops_the_command_before_anything_is_loaded(
     command, tmp_path, monkeypatch, capsys
 ):
+    from tfgpu.cli import evaluate, head, predict
     from tfgpu.cli.app import run_command
-    from tfgpu.inference import evaluate, opened, predict
 
     def load(*args, **kwargs):
         raise AssertionError("loaded before --output was checked")
 
-    monkeypatch.setattr(opened, "config_and_checkpoint", load)
+    monkeypatch.setattr(head, "open_run", load)
     output = str(tmp_path / "missing" / "out")
     if command == "predict":
         code = run_command(lambda: predict.predict([str(tmp_path)], "run", output=output))
@@ -437,7 +437,7 @@ def test_predict_writes_names_and_formulas_safely_through_a_symlink(tiny_run, tm
     from PIL import Image
 
     from conftest import make_image_arrays
-    from tfgpu.inference.predict import predict
+    from tfgpu.cli.predict import predict
 
     folder = tmp_path / "images"
     folder.mkdir()
@@ -460,7 +460,7 @@ def test_predict_writes_names_and_formulas_safely_through_a_symlink(tiny_run, tm
 
 
 def test_evaluate_writes_nowhere_a_foreign_config_names(tiny_run, small_dataset, tmp_path):
-    from tfgpu.inference.evaluate import evaluate
+    from tfgpu.cli.evaluate import evaluate
 
     # A run folder from elsewhere whose config.json names a snapshot folder: evaluate writes
     # only what it is told to (its --output, whole, through a temporary file).

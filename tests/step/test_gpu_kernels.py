@@ -20,7 +20,6 @@ from tfgpu.config import config_from
 from tfgpu.data import augment, augment_ops, host_ops, run_input
 from tfgpu.data.config import DataConfig
 from tfgpu.distribute import backends
-from tfgpu.step.train_step import DynamicLossScale
 
 
 @pytest.fixture(autouse=True)
@@ -80,19 +79,19 @@ def test_every_op_of_the_train_step_has_a_gpu_kernel(model_name, dtype, accumula
         global_batch_size=4,
         grad_accum_steps=accumulation,
         label_smoothing=0.1,
+        dtype=dtype,  # mixed_float16: the step's loss scale too
     )
-    loss_scale = DynamicLossScale() if dtype == "mixed_float16" else None
     optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
     backend = backends.build_backend("default")
     class_weights = np.array([0.5, 1.0, 2.0, 1.0])  # --class_weights' path in the loss
+    sections = (config.model, config.optim, config.train)
     step = build.build_step(
-        config,
         model,
         optimizer,
         backend,
-        run_input.step_fns(config.data, 4),
-        loss_scale,
-        class_weights,
+        *sections,
+        step_fns=run_input.step_fns(config.data, 4),
+        class_weights=class_weights,
     )
     assert ops_without_gpu_kernel(tf.function(step.update), _batch(resize_on)) == set()
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tfgpu import compat, models
 from tfgpu.train import build
-from tfgpu.config import config_from, resolve
+from tfgpu.config import config_from
 from tfgpu.data import host_ops, run_input
 from tfgpu.distribute import backends
 from tfgpu.step.train_step import DynamicLossScale, TrainStep
@@ -153,11 +153,13 @@ def test_xla_step_takes_un_resized_crops_and_matches_the_plain_one():
     def step(model, jit_compile):
         config = config_from(**settings, jit_compile=jit_compile)
         return build.build_step(
-            config,
             model,
             keras.optimizers.SGD(0.05),
             _backend(),
-            run_input.step_fns(config.data, 4),
+            config.model,
+            config.optim,
+            config.train,
+            step_fns=run_input.step_fns(config.data, 4),
         )
 
     plain, xla = step(plain_model, False), step(xla_model, True)
@@ -175,7 +177,7 @@ def test_xla_step_takes_un_resized_crops_and_matches_the_plain_one():
 
 def _resize_on(resize_on, has_gpu, preprocess_on="device", **settings):
     config = config_from(resize_on=resize_on, preprocess_on=preprocess_on, **settings)
-    return resolve(config, has_gpu).data.resize_on
+    return config.resolved(has_gpu).data.resize_on
 
 
 @pytest.mark.fast

@@ -56,7 +56,7 @@ class OutOfMemoryAt(Action):
         return self.step if step < self.step else None
 
     def due(self, state):
-        plan = state.training.plan
+        plan = state.plan
         return state.step == self.step and plan.replica_batch // plan.grad_accum_steps > self.limit
 
     def __call__(self, state):

@@ -14,7 +14,7 @@ from conftest import TINY_RUN
 
 from tfgpu import train
 from tfgpu.config import ConfigError, config_from, validate
-from tfgpu.data import pipeline
+from tfgpu.data import pipeline, run_input
 from tfgpu.data.config import CurriculumConfig, DataConfig
 from tfgpu.train import progressive
 from tfgpu.train.actions import Action
@@ -117,7 +117,7 @@ class _StopAt(Action):
 def _run(data_dir, model_dir, actions=()) -> tuple:
     """(summary, stdout, the train sides the step was traced for, the eval sides read)."""
     traced, evaluated = [], []
-    fns, eval_dataset = progressive.step_fns, pipeline.make_eval_dataset
+    fns, eval_dataset = run_input.step_fns, pipeline.make_eval_dataset
 
     def step_fns(data, num_classes):
         prepare, unpack = fns(data, num_classes)
@@ -136,7 +136,7 @@ def _run(data_dir, model_dir, actions=()) -> tuple:
     config = validate(config_from(data_dir=data_dir, model_dir=str(model_dir), **STAGED))
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
-        patch.setattr(progressive, "step_fns", step_fns)
+        patch.setattr(run_input, "step_fns", step_fns)  # each stage's, through data's door
         patch.setattr(pipeline, "make_eval_dataset", eval_dataset_)
         summary = train.run(config, actions=actions)
     return summary, out.getvalue(), traced, evaluated

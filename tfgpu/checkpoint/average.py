@@ -22,10 +22,9 @@ import tensorflow as tf
 from tfgpu import compat
 from tfgpu.checkpoint import network as networks
 from tfgpu.checkpoint.store import DAMAGED, refresh_derived_state, variables_of
-from tfgpu.config.rundir import WEIGHTS_FILE, run_config
-from tfgpu.data import spec as data_spec
 from tfgpu.errors import CheckpointError, UsageError, first_line, warn
 from tfgpu.files import check_output, shown
+from tfgpu.results.folder import WEIGHTS_FILE
 
 DEFAULT_OUTPUT = "averaged.weights.h5"  # tfgpu-average's, in the run's folder
 
@@ -136,14 +135,11 @@ def _chief_mean(model, optimizer, directory: str, k: int) -> tuple:
     return values, {"steps": [step_of(p) for p in paths]}
 
 
-def average(model_dir: str, last: int, output: str = "", log=print) -> dict:
-    """``tfgpu-average``: averages the newest ``last`` checkpoints of the run in ``model_dir``
-    into ``output`` (default ``model_dir/averaged.weights.h5``). The run's network is built
-    from its config.json (``network.build``); each checkpoint is read into it, and what
-    evaluation would use of it is averaged, as --average_checkpoints=K does at the end of a
-    run. Returns {"output", "checkpoints": their paths, oldest first, "steps"}. A missing run,
-    a ``last`` below 1 or above the checkpoints kept, or an output that cannot be written is
-    a UsageError, said before any checkpoint is read."""
+def check_request(model_dir: str, last: int, output: str = "") -> str:
+    """``tfgpu-average``'s file to write (``output``, default ``model_dir``'s
+    averaged.weights.h5) once the request can be done: a run named, ``last`` at least 1, an
+    output that is a .weights.h5 file and can be written. Else a UsageError, said before any
+    checkpoint is read."""
     if not model_dir:
         raise UsageError("give --model_dir, the run whose checkpoints to average")
     if last < 1:
@@ -151,22 +147,29 @@ def average(model_dir: str, last: int, output: str = "", log=print) -> dict:
     output = output or os.path.join(os.path.expanduser(model_dir), DEFAULT_OUTPUT)
     if not output.endswith(WEIGHTS_FILE):
         raise UsageError(f"--output={shown(output)} must end with {WEIGHTS_FILE}")
-    target = check_output(output)
-    config = run_config(model_dir)
-    paths = kept_checkpoints(os.path.join(config.model_dir, "checkpoints"))
+    return check_output(output)
+
+
+def average(network, model_dir: str, last: int, output: str, log=print) -> dict:
+    """``tfgpu-average``: averages the newest ``last`` checkpoints of the run in ``model_dir``
+    into ``output`` (``check_request``'s). ``network``: the run's network with fresh weights
+    (``network.build``, with its optimizer where the run kept a weight average); each
+    checkpoint is read into it, and what evaluation would use of it is averaged, as
+    --average_checkpoints=K does at the end of a run. Returns {"output", "checkpoints": their
+    paths, oldest first, "steps"}. A ``last`` above the checkpoints kept is a UsageError,
+    said before any is read."""
+    paths = kept_checkpoints(os.path.join(os.path.expanduser(model_dir), "checkpoints"))
     if last > len(paths):
         raise UsageError(
             f"--last={last}: {shown(model_dir)}/checkpoints keeps {len(paths)} checkpoint(s)"
         )
     paths = paths[-last:]
-    spec = data_spec.load_spec(config.data)
-    net = networks.build(config, spec.num_classes, spec.num_train, bool(config.optim.ema_decay))
-    read = lambda p: networks.restore(net, p)  # noqa: E731
-    assign_weights(net.model, mean_weights(net.model, net.optimizer, paths, read))
-    _save(net.model, target)
+    read = lambda p: networks.restore(network, p)  # noqa: E731
+    assign_weights(network.model, mean_weights(network.model, network.optimizer, paths, read))
+    _save(network.model, output)
     steps = [step_of(p) for p in paths]
     log(f"the mean of the checkpoints of steps {steps} written to {shown(output)}")
-    return {"output": target, "checkpoints": paths, "steps": steps}
+    return {"output": output, "checkpoints": paths, "steps": steps}
 
 
 def _save(model, target: str) -> None:

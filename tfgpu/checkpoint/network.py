@@ -26,10 +26,9 @@ import tensorflow as tf
 from tfgpu import models
 from tfgpu.checkpoint.best import BEST_DIR, BEST_FILE, best_checkpoint
 from tfgpu.checkpoint.store import DAMAGED, refresh_derived_state
-from tfgpu.config.rundir import WEIGHTS_FILE
+from tfgpu.results.folder import WEIGHTS_FILE
 from tfgpu.errors import CheckpointError, UsageError, first_line
-from tfgpu.models import backbone
-from tfgpu.optim import finetune
+from tfgpu.models import backbone, whitening
 
 
 @dataclass
@@ -40,54 +39,69 @@ class Network:
     optimizer: object  # holds the EMA weights evaluation uses; None without them
     step: int | None  # the checkpoint's update; None for a .keras or .weights.h5 file
     checkpoint: str = ""  # the checkpoint (or file) read
+    frozen: str = ""  # what --freeze=backbone left training, in words ("": no freeze)
+    initialized: tuple = ()  # the start lines of what models.initialize did (whitening, Dirac)
 
 
-def build(config, num_classes: int, num_train: int, optimizer: bool) -> Network:
-    """The model of the run of ``config`` (its ``model`` settings, ``num_classes`` of its
-    data), as its training built it, with fresh weights; with ``optimizer``, the run's
-    optimizer too (its schedule over the run's updates: ``num_train`` examples), built on the
-    variables the run trained."""
-    keras.mixed_precision.set_global_policy(config.model.dtype)
-    m = config.model
+def build(
+    m, num_classes: int, image_size: int, any_size=False, optimizer=None, first_images=None
+) -> Network:
+    """The network that ``m`` (a run's models.config.ModelConfig) describes for
+    ``num_classes`` classes of ``image_size`` images, as the run built it, with fresh
+    weights: the model at the run's dtype, its input side open (``any_size``: progressive
+    stages train at smaller sides), its backbone frozen as ``m`` says (``frozen``: in
+    words). ``optimizer(model)``: the run's optimizer (``optim.finetune.run_optimizer``),
+    made before the freeze, since its groups hold every variable that trains at some point;
+    made, not built (the train step builds it, or ``load`` before it reads a checkpoint).
+    None: no optimizer. ``first_images(count)``: the run's first training images, for the
+    initialisations a builder cannot make (``models.initialize``: a whitening layer from
+    the data, --dirac_init; ``initialized``: their lines), the trainer's; None for a use,
+    whose weights are then read (a whitening layer that trained, --whitening=trained, is
+    made trainable still: the optimizer's variables follow)."""
+    keras.mixed_precision.set_global_policy(m.dtype)
     model = models.build_model(
         m.name,
         num_classes,
-        config.data.image_size,
+        image_size,
         m.small_input,
         drop_path_rate=m.drop_path_rate,
         input_scaling=m.input_scaling,  # a model of one's own: scaled as it trained
     )
-    if config.curriculum.progressive_stages > 1:  # its stages trained at smaller sides
+    if any_size:
         models.any_input_size(model)
-    made = None
-    if optimizer:  # before the freeze: its groups hold every variable that trains at some point
-        made = finetune.run_optimizer(config, model, config.train.updates(num_train))
-    if m.freeze == "backbone":
-        backbone.freeze(model, m)
-    if made is not None:
-        made.build(model.trainable_variables)  # as the train step builds it
-    return Network(model, made, None)
+    initialized = []
+    if first_images is not None:
+        sample = lambda: first_images(whitening.SAMPLE)  # noqa: E731 (read only if needed)
+        initialized = models.initialize(model, m.dirac_init, sample, m.whitening)
+    elif m.whitening == "trained":  # a use: the layer trained, the optimizer's variables hold it
+        models.initialize(model, False, None, "trained")
+    made = optimizer(model) if optimizer else None
+    frozen = backbone.freeze(model, m) if m.freeze == "backbone" else ""
+    return Network(model, made, None, frozen=frozen, initialized=tuple(initialized))
 
 
-def load(config, path: str, spec, newest_in: str = "", optimizer=False, scope=None) -> Network:
-    """The network of checkpoint (or .keras, .weights.h5 file) ``path`` for ``config`` and its
-    data ``spec``, built inside ``scope()`` (a strategy's; none: as it is). ``optimizer``: the
-    run's optimizer also when it kept no average (its learning rate at the checkpoint).
-    ``newest_in``: the run folder whose newest checkpoint ``path`` was when it was looked up:
-    one that a training run deletes before it is read (--keep_checkpoints) is followed by the
-    newest then (``restore_newest``)."""
+def with_optimizer_built(network: Network) -> Network:
+    """``network`` with its optimizer (if any) built as the train step builds it, on the
+    variables that train now, so that a checkpoint's slots and average read into it."""
+    if network.optimizer is not None:
+        network.optimizer.build(network.model.trainable_variables)
+    return network
+
+
+def load(path: str, spec, fresh, newest_in: str = "", scope=None) -> Network:
+    """The network of checkpoint (or .keras, .weights.h5 file) ``path`` for the data of
+    ``spec`` (a data.spec.DataSpec). ``fresh(optimizer)``: the run's network with fresh weights
+    (``build``), with its optimizer when ``optimizer`` is True and the caller wants it (the
+    weight average, the learning rate at the checkpoint); a .weights.h5 file holds the
+    weights to use, and no optimizer is read with it. Built inside ``scope()`` (a strategy's;
+    none: as it is). ``newest_in``: the run folder whose newest checkpoint ``path`` was when
+    it was looked up: one that a training run deletes before it is read
+    (--keep_checkpoints) is followed by the newest then (``restore_newest``)."""
     if path.endswith(".keras"):
-        model = keras.saving.load_model(path, compile=False, safe_mode=True)
-        classes = model.output_shape[-1]
-        if classes != spec.num_classes:
-            raise UsageError(
-                f"{path} predicts {classes} classes, the data {spec.num_classes} ({spec.data_dir})"
-            )
-        return Network(model, None, None, path)
+        return keras_file(path, spec)
     weights_only = path.endswith(WEIGHTS_FILE)  # the weights evaluation uses: no EMA to swap in
-    with_optimizer = not weights_only and (optimizer or bool(config.optim.ema_decay))
     with (scope or contextlib.nullcontext)():
-        network = build(config, spec.num_classes, spec.num_train, with_optimizer)
+        network = with_optimizer_built(fresh(not weights_only))
     if weights_only:
         load_weights(network.model, path)
     elif newest_in:
@@ -96,6 +110,19 @@ def load(config, path: str, spec, newest_in: str = "", optimizer=False, scope=No
         network.step = restore(network, path)
     network.checkpoint = path
     return network
+
+
+def keras_file(path: str, spec=None) -> Network:
+    """The exported .keras file ``path`` whole, as a Network; one that predicts another
+    number of classes than the data of ``spec`` (None: no data to hold it to) is a
+    UsageError."""
+    model = keras.saving.load_model(path, compile=False, safe_mode=True)
+    classes = model.output_shape[-1]
+    if spec is not None and classes != spec.num_classes:
+        raise UsageError(
+            f"{path} predicts {classes} classes, the data {spec.num_classes} ({spec.data_dir})"
+        )
+    return Network(model, None, None, path)
 
 
 def checkpoint_path(model_dir: str, which: str) -> str:

@@ -16,8 +16,9 @@ from absl import app
 from tfgpu.cli import sidecar
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
-from tfgpu.cli.head import start
+from tfgpu.cli import head
 from tfgpu.errors import UsageError
+from tfgpu.files import check_output
 from tfgpu.train.op_errors import translate
 
 PROG = "tfgpu-evaluate"  # its flags: cli/settings.py EvaluateSettings
@@ -52,9 +53,7 @@ def _command() -> None:
             )
         sidecar.follow(s.model_dir, s.watch_interval_s, s.watch_timeout_s)
         return
-    start(s)
-    from tfgpu.inference.evaluate import evaluate  # noqa: PLC0415 (TensorFlow: after its quiet start)
-
+    head.start(s)
     evaluate(
         s.model_dir,
         s.checkpoint,
@@ -67,6 +66,33 @@ def _command() -> None:
         # both) has a default of its own, which must not replace the run's.
         eval_tta=s.eval_tta if "eval_tta" in present else "",
     )
+
+
+def evaluate(
+    model_dir: str = "",
+    checkpoint: str = "latest",
+    data_dir: str = "",
+    split: str = "validation",
+    output: str = "",
+    eval_batch_size: int = 0,
+    log=print,
+    tensorboard_dir: str = "",
+    eval_tta: str = "",
+) -> dict:
+    """Evaluates as the command does (``inference.evaluate.evaluate`` on the run opened by
+    ``head.open_run``); returns the results (what ``--output`` holds). ``eval_tta``: "none",
+    "flip" or "flip_translate" ("": the run's --eval_tta). Call it once TensorFlow has
+    started."""
+    if not model_dir and not (checkpoint.endswith(".keras") and data_dir):
+        raise UsageError("give --model_dir, or --checkpoint=FILE.keras with --data_dir")
+    if output:
+        check_output(output)  # before any work: a result is never lost
+    from tfgpu.inference import evaluate as evaluation  # noqa: PLC0415 (TensorFlow: after its quiet start)
+
+    overrides = dict(data_dir=data_dir, eval_batch_size=eval_batch_size, eval_tta=eval_tta)
+    # --checkpoint=latest of a run still training: the newest when it is read.
+    trained = head.open_run(model_dir, checkpoint, newest=checkpoint == "latest", **overrides)
+    return evaluation.evaluate(trained, split, output, log, tensorboard_dir)
 
 
 def run():

@@ -10,7 +10,7 @@ from absl import app, logging
 
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
-from tfgpu.cli.head import start
+from tfgpu.cli import head
 from tfgpu.train.op_errors import translate
 from tfgpu.inference import export
 
@@ -27,10 +27,8 @@ def main(argv):
 def _command() -> None:
     s, _ = command_settings(PROG)
     export.check_request(s.model_dir, s.format, s.quantize, s.full_integer, s.output)
-    start(s)
-    from tfgpu.inference.export.checked import export as checked_export  # noqa: PLC0415 (TensorFlow: after its quiet start)
-
-    checked_export(
+    head.start(s)
+    export_run(
         s.model_dir,
         s.checkpoint,
         s.format,
@@ -44,6 +42,36 @@ def _command() -> None:
         s.max_top1_change,
         s.batch_size,
     )
+
+
+def export_run(
+    model_dir: str = "",
+    checkpoint: str = "latest",
+    fmt: str = "saved_model",
+    quantize: str = "none",
+    output: str = "",
+    data_dir: str = "",
+    full_integer: bool = False,
+    check_images: int = 256,
+    calibration_images: int = 256,
+    max_prob_diff: float = 0.0,
+    max_top1_change: float = -1.0,
+    batch_size: int = 32,
+    log=print,
+) -> dict:
+    """Exports as the command does (``inference.export.checked.export`` of the run opened by
+    ``head.open_run``); returns its report entry. Raises UsageError for what cannot be
+    exported (one line, before the run is opened), ExportRefused when the check fails. Call
+    it once TensorFlow has started."""
+    export.check_request(model_dir, fmt, quantize, full_integer, output)
+    from tfgpu.inference.export import checked  # noqa: PLC0415 (TensorFlow: after its quiet start)
+
+    checked.check_counts(check_images, calibration_images, batch_size)
+    # --checkpoint=latest of a run still training: the newest when it is read.
+    newest = checkpoint == "latest"
+    trained = head.open_run(model_dir, checkpoint, newest=newest, data_dir=data_dir)
+    entry = (check_images, calibration_images, max_prob_diff, max_top1_change, batch_size)
+    return checked.export(trained, fmt, quantize, output, full_integer, *entry, log=log)
 
 
 def run():

@@ -9,7 +9,7 @@
 
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
-from tfgpu.cli.head import start
+from tfgpu.cli import head
 from tfgpu.train.op_errors import translate
 
 PROG = "tfgpu-predict"  # its flags: cli/settings.py PredictSettings
@@ -21,10 +21,30 @@ def main(argv):
 
 def _command(inputs) -> None:
     s, _ = command_settings(PROG)
-    start(s)
-    from tfgpu.inference.predict import predict  # noqa: PLC0415 (TensorFlow: after its quiet start)
-
+    head.start(s)
     predict(inputs, s.model_dir, s.checkpoint, s.data_dir, s.split, s.output, s.top_k, s.batch_size)
+
+
+def predict(
+    inputs=(),
+    model_dir: str = "",
+    checkpoint: str = "latest",
+    data_dir: str = "",
+    split: str = "",
+    output: str = "",
+    top_k: int = 5,
+    batch_size: int = 32,
+) -> list[dict]:
+    """Predicts as the command does (``inference.predict.predict`` on the run opened by
+    ``head.open_run``); returns the rows (also written to ``output``, or printed as CSV
+    without it). Call it once TensorFlow has started."""
+    from tfgpu.inference import predict as prediction  # noqa: PLC0415 (TensorFlow: after its quiet start)
+
+    request = (data_dir, split, output, top_k, batch_size)
+    files = prediction.check_request(inputs, model_dir, checkpoint, *request)
+    with_data = bool(split or data_dir or model_dir)  # else a .keras file alone
+    trained = head.open_run(model_dir, checkpoint, with_data=with_data, data_dir=data_dir)
+    return prediction.predict(trained, files, split, output, top_k, batch_size)
 
 
 def run():

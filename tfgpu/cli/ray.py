@@ -155,7 +155,8 @@ def run_job(config, job: RayJob) -> int:
     print(f"tfgpu-ray: {_describe(job)} on {where}; --model_dir={config.model_dir}", flush=True)
     try:
         callbacks = [_failure_log(job.max_failures)]
-        ray_train.build_trainer(config, job, train_worker, callbacks).fit()
+        job_config = {"config": config}  # each worker's train.run(config)
+        ray_train.build_trainer(job, train_worker, job_config, config.model_dir, callbacks).fit()
         # The workers' last lines (each one's weights fingerprint) travel file -> Ray's log
         # monitor -> the driver; ray.shutdown() drops what has not arrived yet
         # (ray-project/ray#31931): measured lost on a loaded 2-core machine.

@@ -9,6 +9,7 @@
 from tfgpu.cli import quiet
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
+from tfgpu.cli import head
 from tfgpu.errors import UsageError, install_extra
 from tfgpu.report.runs import read_runs
 from tfgpu.train.op_errors import translate
@@ -41,7 +42,8 @@ def _command(paths) -> None:
         quiet.import_tensorflow()
     from tfgpu.report.write import write_report  # noqa: PLC0415 (matplotlib: checked above)
 
-    write_report(runs, s.output, s.evaluate, s.checkpoint, s.split, s.gallery, s.batch_size)
+    how = (s.checkpoint, s.split, s.gallery, s.batch_size)
+    write_report(runs, s.output, s.evaluate, *how, open_run=head.open_run)
 
 
 def run():

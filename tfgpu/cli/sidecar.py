@@ -8,6 +8,7 @@ from absl import flags
 
 from tfgpu.cli import quiet
 from tfgpu.cli.flags import define_settings
+from tfgpu.cli import head
 from tfgpu.cli.settings import SidecarSettings
 from tfgpu.errors import UsageError
 
@@ -28,4 +29,6 @@ def follow(model_dir: str, interval_s: float, timeout_s: float) -> int:
     quiet.import_tensorflow()
     from tfgpu.inference import sidecar  # noqa: PLC0415 (TensorFlow: after its quiet start)
 
-    return sidecar.watch(model_dir, interval_s, timeout_s)
+    # Its optimizer too: the learning rate of each row it writes.
+    opening = lambda folder: head.open_run(folder, optimizer=True)  # noqa: E731
+    return sidecar.watch(model_dir, opening, interval_s, timeout_s)

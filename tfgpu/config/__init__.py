@@ -71,6 +71,11 @@ class Config:
             raise ConfigError(f"--{unknown[0]} is not a tfgpu flag")
         return replace_settings(self, [(SETTINGS[k], v) for k, v in values.items()])
 
+    def resolved(self, has_gpu: bool, bfloat16: str = "", stored=None) -> "Config":
+        """This Config with the settings that depend on the machine decided (``resolve``):
+        what the conductor (``train.run``) trains by."""
+        return resolve(self, has_gpu, bfloat16, stored)
+
 
 SETTINGS = collect(Config, SECTIONS)  # flag name -> Setting, in declaration order
 

@@ -16,8 +16,9 @@ from tfgpu import models
 from tfgpu.config import SETTINGS, Config, config_from, validate
 from tfgpu.errors import ConfigError, UsageError
 from tfgpu.files import read_json
+from tfgpu.results import folder
+from tfgpu.results.folder import CONFIG_FILE, WEIGHTS_FILE
 
-CONFIG_FILE = "config.json"
 
 # What a restart may change against the run's checkpoints: how long it trains, how often it
 # logs, evaluates and saves, what it keeps and exports at the end, and where the input work
@@ -55,30 +56,6 @@ MAY_CHANGE = (
 KEPT_WHEN_AUTO = ("dtype",)
 LAUNCH_SECTION = "dist"  # never read back from config.json: each start says how it spreads
 
-# What tfgpu itself puts into a --model_dir (``results.writer``, ``results.tracking``,
-# ``runlock``, ``checkpoint.best``, ``inference.sidecar``, tfgpu-ray), plus its temporary
-# names: a folder holding anything else and no config.json is not a tfgpu run.
-RUN_ENTRIES = frozenset(
-    {
-        CONFIG_FILE,
-        ".tfgpu.lock",
-        ".tfgpu-sidecar.lock",
-        "checkpoints",
-        "tensorboard",
-        "metrics.jsonl",
-        "summary.csv",
-        "summary.json",
-        "micro_batch.json",
-        "sidecar.json",
-        "mlflow.json",
-        "data.json",  # data/identity.py
-        "final.weights.h5",
-        "averaged.weights.h5",  # tfgpu-average's default output
-        "export",
-        "best",
-        "ray",
-    }
-)
 _LEGACY = {"dct_scaled_decode": {True: "on", False: "off"}}  # once a bool
 _ONCE_INT = frozenset({"micro_batch_size"})  # a count, until it could be auto too
 _INT_BOUND = 2**63
@@ -133,43 +110,12 @@ def read_run(model_dir: str) -> dict | None:
     """The settings stored in ``model_dir``'s config.json (``stored_settings``); None when
     there is none: no such folder, an empty one, or one holding only tfgpu's own files. A
     folder that holds something else, a config.json that is not a tfgpu run's, or a
-    ``model_dir`` that is not a folder raises a ConfigError in one line: a run must never
-    write into it."""
-    path = os.path.expanduser(model_dir)
-    if "://" in path or not os.path.lexists(path):
-        return None  # a URI (tfgpu-ray's storage): not looked into here
-    if not os.path.isdir(path):
-        raise ConfigError(f"--model_dir={model_dir} is not a folder")
-    config_path = os.path.join(path, CONFIG_FILE)
-    try:
-        values = read_json(config_path)
-    except ValueError as err:
-        raise ConfigError(f"--model_dir={model_dir}: {err}") from None
-    if not values:
-        foreign = sorted(e for e in _entries(path) if not _ours(e))
-        if foreign:
-            raise ConfigError(
-                f"--model_dir={model_dir} holds files that are not a tfgpu run's (e.g. "
-                f"{foreign[0]!r}) and no config.json: choose an empty or new folder"
-            )
+    ``model_dir`` that is not a folder raises a ConfigError in one line (``folder.check``):
+    a run must never write into it."""
+    values = folder.check(model_dir)
+    if values is None:
         return None
-    if not {"model", "global_batch_size"} <= set(values):
-        raise ConfigError(
-            f"--model_dir={model_dir}: its config.json is not a tfgpu run's (no model and "
-            "global_batch_size): choose an empty or new folder"
-        )
-    return stored_settings(values, config_path)
-
-
-def _entries(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError as err:
-        raise ConfigError(f"--model_dir={path} cannot be listed: {err.strerror}") from None
-
-
-def _ours(name: str) -> bool:
-    return name in RUN_ENTRIES or name.startswith(".write-test-") or name.endswith(".tmp")
+    return stored_settings(values, os.path.join(os.path.expanduser(model_dir), CONFIG_FILE))
 
 
 def has_checkpoint(model_dir: str) -> bool:
@@ -243,7 +189,6 @@ TRAINING_ONLY = ("class_weights", "balanced_sampling", "sampling_power")
 # Paths of config.json that the run writes to: a run folder from elsewhere must not make
 # evaluate or predict write there; only an override (the user naming it again) sets them.
 WRITTEN_PATHS = ("eval_snapshot_dir",)
-WEIGHTS_FILE = ".weights.h5"  # Keras' weights-only files: final.weights.h5, tfgpu-average's
 
 
 def run_config(model_dir: str, **overrides) -> Config:

@@ -1,24 +1,31 @@
-"""What a training run asks of data/, in one place, so that the trainer (train/loop.py)
-calls this module instead of one of data/'s modules for each question:
+"""data/'s one door for a training run: the trainer (``train/``) calls this module and
+nothing else of data/, in the order a run asks:
 
   load          the dataset's spec and the class weights the loss uses (and whether a
-                resumed run's data is what it recorded: ``record``)
+                resumed run's data is what it recorded)
   prepare       the rest, worked out once and handed over as plain values (``RunInput``):
-                the class-balance line (and the check balanced sampling needs), the start
-                line's words on the input, whether the train split is read from memory, what
-                the train step does to the train pipeline's batches (``step_fns``), and what
-                the export's serving signatures need (``serving``)
-
-The readers themselves are chosen in ``readers.train_maker``.
+                its start-up lines (class balance, repeated augmentation), the start line's
+                words on the input, whether the train split is read from memory, what the
+                train step does to the train pipeline's batches (``step_fns``), what the
+                export's serving signatures need (``serving``), how the train stream is cut
+                (``Stream``); the data recorded with the run (on the chief)
+  train_batches the train batches from an update on (the reader: ``readers.train_maker``),
+                distributed by the backend, and the input's own speed (``readers.probe``)
+  first_images  the first training images, for a layer initialised from the data
+                (``sample``: a whitening layer)
+  forget_broken, broken_found   the records that failed to decode (``broken``)
 """
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
 import numpy as np
 
-from tfgpu.data import augment, balance, device_ops, dct, identity, memory, pipeline
+from tfgpu.data import augment, balance, broken, device_ops, dct, identity, memory, pipeline
+from tfgpu.data import readers, sample, sampling
 from tfgpu.data import spec as data_spec
+from tfgpu.data.stream import Stream
 from tfgpu.errors import ConfigError
 
 
@@ -54,37 +61,102 @@ class RunInput:
     """What a training run takes from data/ besides its readers, worked out once
     (``prepare``): plain values the trainer hands on."""
 
+    data: object  # the run's config.DataConfig: what the readers and the step read by
     spec: data_spec.DataSpec
     class_weights: np.ndarray | None  # float64 [K] for the loss, or None
-    balance_line: str  # the start-up line on class balance ("": neither)
+    lines: str  # the start-up lines on class balance and repeated augmentation ("": none)
     words: str  # the start line's words on the input (``describe``)
     in_memory: bool  # the train split read from memory (decided at the final size)
     step_fns: tuple  # (prepare, unpack): what the train step does to the train batches
     serving: dict  # the export's serving signatures' keyword arguments (``serving``)
+    stream: Stream  # how the train stream is cut and ordered, from update 0
+    model_dir: str = ""  # the run's: the tf.data service names its job after it
+    is_chief: bool = True  # the chief says where the tf.data service reads
 
 
-def prepare(data, setting: str, spec: data_spec.DataSpec, weights=READ) -> RunInput:
+def prepare(
+    data,
+    setting: str,
+    spec: data_spec.DataSpec,
+    weights=READ,
+    stream=None,
+    model_dir: str = "",
+    is_chief: bool = True,
+) -> RunInput:
     """The ``RunInput`` of a run on ``spec`` under ``data`` (a config.DataConfig), whose loss
     takes the class ``weights`` (float64 [K] or None; READ: read --class_weights=``setting``
-    now). Raises ConfigError for balanced sampling the split's path cannot do, or a
-    --class_weights file that does not fit."""
+    now), whose train stream is ``stream`` (a ``Stream``; None: one replica's batch of 1,
+    seed 0, for a look at the set-up alone). ``model_dir``: the run's, where the chief
+    (``is_chief``) records the data (``identity.record``: what ``load`` compares a resumed
+    run with). Raises ConfigError for balanced sampling the split's path cannot
+    do, or a --class_weights file that does not fit."""
     weights = class_weights(setting, spec) if weights is READ else weights
+    stream = stream or Stream(batch_size=1, global_batch_size=1, seed=0, deterministic=False)
     reading = memory.decide(spec, data)
-    return RunInput(
+    lines = (
+        class_balance(data, setting, spec, weights),
+        sampling.describe(stream.repeats, spec.num_train, stream.global_batch_size),
+    )
+    inputs = RunInput(
+        data=data,
         spec=spec,
         class_weights=weights,
-        balance_line=class_balance(data, setting, spec, weights),
+        lines="\n".join(line for line in lines if line),
         words=describe(data, spec, reading),
         in_memory=reading.use,
         step_fns=step_fns(data, spec.num_classes),
         serving=serving(data, spec),
+        stream=stream,
+        model_dir=model_dir,
+        is_chief=is_chief,
     )
+    if model_dir and is_chief:  # once the input is checked
+        identity.record(model_dir, spec)
+    return inputs
 
 
-def record(model_dir: str, spec: data_spec.DataSpec) -> None:
-    """Records the data of ``spec`` with the run in ``model_dir`` (the chief, at its start),
-    for ``load`` to compare when it resumes (``identity.record``)."""
-    identity.record(model_dir, spec)
+def train_maker(inputs: RunInput, start_step: int, data=None):
+    """``make(InputShard) -> tf.data.Dataset``: the per-replica train batches of ``inputs``
+    from update ``start_step`` on (``readers.train_maker``; ``data``: the DataConfig to read
+    by, a progressive stage's; None: the run's)."""
+    stream = inputs.stream
+    stream = dataclasses.replace(stream, start_index=start_step * stream.global_batch_size)
+    where = dict(model_dir=inputs.model_dir, is_chief=inputs.is_chief)
+    return readers.train_maker(inputs.spec, data or inputs.data, stream, **where)
+
+
+def train_batches(inputs: RunInput, backend, start_step: int, data=None, probe_s: float = 0.0):
+    """(an iterator of the train batches of ``inputs`` from update ``start_step`` on,
+    distributed over the replicas of ``backend``; ``data``: the DataConfig to read by, a
+    progressive stage's, None: the run's), and the images/s of this worker's input alone
+    (``readers.probe``: a fresh pipeline read for ``probe_s`` seconds first; None when off or
+    not measurable)."""
+    make = train_maker(inputs, start_step, data)
+    shard, batch = backend.input_shard, inputs.stream.batch_size
+    input_ips = readers.probe(make, shard, data or inputs.data, batch, probe_s)
+    return iter(backend.distribute_dataset(make)), input_ips
+
+
+def probe(inputs: RunInput, make, shard, seconds: float) -> float | None:
+    """Images/s of the train batches of ``make`` (``train_maker``) alone, read on input
+    pipeline ``shard`` for ``seconds`` (``readers.probe``; None: off or not measurable)."""
+    return readers.probe(make, shard, inputs.data, inputs.stream.batch_size, seconds)
+
+
+def first_images(inputs: RunInput, count: int):
+    """uint8 [n, S, S, 3]: the first ``count`` training records of the run's data
+    (``sample.first_train_images``), what a layer initialised from the data reads."""
+    return sample.first_train_images(inputs.spec, inputs.data, count)
+
+
+def forget_broken() -> None:
+    """Forgets the broken records an earlier run in this process found (``broken.forget``)."""
+    broken.forget()
+
+
+def broken_found() -> list:
+    """The broken records this process has read so far (``broken.found``)."""
+    return broken.found()
 
 
 def class_balance(data, setting: str, spec: data_spec.DataSpec, weights) -> str:

@@ -81,15 +81,17 @@ def connect(job: RayJob) -> str:
     return "a local Ray cluster (it listens on EVERY interface: docs/security.md)"
 
 
-def build_trainer(config, job: RayJob, worker, callbacks=()):
-    """The TensorflowTrainer that runs ``worker`` on every worker, with ``config``, and Ray
-    Train ``callbacks`` in its controller."""
+def build_trainer(job: RayJob, worker, job_config: dict, model_dir: str, callbacks=()):
+    """The TensorflowTrainer that runs ``worker(job_config)`` on every worker (the job's
+    ``train_loop_config``: what the command hands each worker, the driver's directory added
+    as "cwd"), its storage under ``model_dir`` (the run's), and Ray Train ``callbacks`` in its
+    controller."""
     from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
     run_config = RunConfig(
         name="tfgpu",
-        storage_path=storage_path(config.model_dir),
+        storage_path=storage_path(model_dir),
         failure_config=FailureConfig(max_failures=job.max_failures),
         # Ray Train's console logs would print every worker error's traceback (tfgpu says it in
         # one line); they stay in the session's log files (/tmp/ray/session_latest/logs/train).
@@ -99,7 +101,7 @@ def build_trainer(config, job: RayJob, worker, callbacks=()):
     return TensorflowTrainer(
         worker,
         # The workers start in Ray's session folder: relative paths are the driver's.
-        train_loop_config={"config": config, "cwd": os.getcwd()},
+        train_loop_config=dict(job_config, cwd=os.getcwd()),
         scaling_config=ScalingConfig(num_workers=job.num_workers, use_gpu=job.use_gpu),
         run_config=run_config,
     )

@@ -6,7 +6,7 @@ numbers for the same checkpoint; and ``evaluate``, what ``tfgpu-evaluate`` does 
 ``evaluate``: a trained run's checkpoint on a split. Top-1, top-5, loss, per-class accuracy
 and the confusion matrix, printed and (``output``) written as JSON; the confusion matrix also
 as a TensorBoard image, in the run's ``tensorboard/evaluate/`` (or ``tensorboard_dir``). It is
-the run's own evaluation (the run's Config, data spec, registry model,
+the run's own evaluation (the run's settings, data spec, registry model,
 ``pipeline.make_eval_dataset`` and ``loops.make_eval_step``, EMA weights when the run kept
 them, its --eval_tta unless given), so on the same checkpoint and split it gives the run's
 numbers. A ``.weights.h5`` file (the run's ``final.weights.h5``, ``tfgpu-average``'s mean of
@@ -23,7 +23,7 @@ from tfgpu import compat
 from tfgpu.data import pipeline
 from tfgpu.data.dataset_info import leak_line
 from tfgpu.data.spec import split_spec
-from tfgpu.errors import UsageError, op_error_cause, warn
+from tfgpu.errors import op_error_cause, warn
 from tfgpu.files import check_output, shown, write_json
 from tfgpu.inference import opened
 from tfgpu.metrics import EVAL_SUMS
@@ -97,50 +97,37 @@ class Evaluator:
         return result
 
 
-def of(run, spec=None, per_class=False) -> Evaluator:
-    """The evaluation of ``run`` (a training run, or an ``opened.Opened``: anything with
-    model, backend, spec, config, eval_global_batch and optimizer) on its validation split,
-    or ``spec``'s, with its --eval_tta."""
+def of(trained, spec=None, per_class=False) -> Evaluator:
+    """The evaluation of ``trained`` (an ``opened.Opened``) on its validation split, or
+    ``spec``'s, with its run's evaluation batch and --eval_tta."""
     return Evaluator(
-        run.model,
-        run.backend,
-        spec or run.spec,
-        run.config.data,
-        run.eval_global_batch,
-        run.optimizer,
+        trained.model,
+        trained.backend,
+        spec or trained.spec,
+        trained.data,
+        trained.eval_global_batch,
+        trained.optimizer,
         per_class,
-        run.config.train.eval_tta,
+        trained.train.eval_tta,
     )
 
 
 def evaluate(
-    model_dir: str = "",
-    checkpoint: str = "latest",
-    data_dir: str = "",
+    trained,
     split: str = "validation",
     output: str = "",
-    eval_batch_size: int = 0,
     log=print,
     tensorboard_dir: str = "",
-    eval_tta: str = "",
 ) -> dict:
-    """Evaluates as the command does; returns the results (what ``--output`` holds). The
-    confusion matrix image goes to ``tensorboard_dir``, by default ``model_dir``'s
-    tensorboard/evaluate/ (none without either). ``eval_tta``: "none", "flip" or
-    "flip_translate" ("": the run's --eval_tta)."""
-    if not model_dir and not (checkpoint.endswith(".keras") and data_dir):
-        raise UsageError("give --model_dir, or --checkpoint=FILE.keras with --data_dir")
+    """Evaluates ``trained`` (an ``opened.Opened``: the run at one checkpoint, with the
+    overrides of the command's flags) on ``split`` as the command does; returns the results
+    (what ``output`` holds). The confusion matrix image goes to ``tensorboard_dir``, by
+    default the run's tensorboard/evaluate/ (none without either)."""
     target = check_output(output) if output else ""  # before any work: a result is never lost
-    config, path = opened.config_and_checkpoint(
-        model_dir, checkpoint, data_dir=data_dir, eval_batch_size=eval_batch_size, eval_tta=eval_tta
-    )
-    # --checkpoint=latest of a run still training: the newest when it is read.
-    trained = opened.open_run(config, path, newest_in=model_dir if checkpoint == "latest" else "")
-    path = trained.checkpoint
     spec = split_spec(trained.spec, split)
     names = opened.class_names(spec)  # before evaluating: the report must not fail after it
     report = {
-        "checkpoint": path,
+        "checkpoint": trained.checkpoint,
         "step": trained.step,
         "data_dir": spec.data_dir,
         "split": split,
@@ -152,7 +139,8 @@ def evaluate(
     if target:
         write_json(target, report)
         log(f"written to {shown(output)}")
-    _write_image(report, tensorboard_dir or _default_tensorboard_dir(model_dir), log)
+    logdir = tensorboard_dir or _default_tensorboard_dir(trained.model_dir)
+    _write_image(report, logdir, log)
     return report
 
 

@@ -1,45 +1,37 @@
-"""A trained run opened for use: the one head of evaluate, predict, export, the side-car
-evaluator and the report.
+"""A trained run opened for use: what evaluate, predict, export, the side-car evaluator and the
+report take.
 
-The run's own Config (``config.rundir.run_config``: its ``config.json``), its data spec, a
-backend on one device, and its network at one checkpoint (``checkpoint.network.load``: the
-newest, the best of ``best/best.json``, a path, a ``.weights.h5`` file of the run or an
-exported ``.keras`` file). Nothing here preprocesses: the uses read images with the
-evaluation's own functions (``data.pipeline``).
+Its settings come from the command that read the run's config.json (``cli.head.open_run``:
+the model's, the data's, the optimizer's and the train sections, handed here one by one);
+here they become a backend on one device, the data spec, and the network at one checkpoint
+(``checkpoint.network.load``: the newest, the best of ``best/best.json``, a path, a
+``.weights.h5`` file of the run or an exported ``.keras`` file). Nothing here preprocesses:
+the uses read images with the evaluation's own functions (``data.pipeline``).
 """
 
 import os
 from dataclasses import dataclass
 
 from tfgpu.checkpoint import network as networks
-from tfgpu.checkpoint.network import Network
-from tfgpu.config import Config
-from tfgpu.config.rundir import head_config, run_config
+from tfgpu.checkpoint.network import Network, checkpoint_path, image_size_of  # noqa: F401
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import backends
 from tfgpu.errors import DataError
-
-
-def config_and_checkpoint(model_dir: str, which: str, **overrides) -> tuple:
-    """(the run's Config with ``overrides``, the checkpoint ``which`` names). Without
-    ``model_dir`` (a .keras file), the defaults with the file's image size."""
-    config = head_config(model_dir, which, **overrides)
-    path = networks.checkpoint_path(model_dir, which)
-    if config is None:
-        config = run_config("", image_size=networks.image_size_of(path), **overrides)
-    return config, path
+from tfgpu.optim import finetune
 
 
 @dataclass
 class Opened:
-    """A trained model as its run evaluates it: the run's settings, where it runs, its data
-    and its network."""
+    """A trained model as its run evaluates it: where it runs, its data, its network, and
+    the sections of the run's settings its uses read."""
 
-    config: Config
     backend: object
-    spec: object  # data.spec.DataSpec of the run (or of --data_dir)
+    spec: object  # data.spec.DataSpec of the run (or of --data_dir); None: a .keras file alone
     network: Network
-    eval_global_batch: int
+    model_settings: object  # models.config.ModelConfig: which network it is
+    data: object  # data.config.DataConfig: how the run reads and preprocesses images
+    train: object  # train.config.TrainConfig: its batches, evaluation and best-keeping
+    model_dir: str = ""  # the run's ("": a .keras file without its run)
 
     @property
     def model(self):
@@ -58,21 +50,61 @@ class Opened:
     def checkpoint(self) -> str:
         return self.network.checkpoint
 
+    @property
+    def eval_global_batch(self) -> int:
+        """The run's evaluation batch (--eval_batch_size, else its global batch)."""
+        return self.train.eval_batch_size or self.train.global_batch_size
 
-def open_run(config: Config, path: str = "", newest_in: str = "", optimizer=False) -> Opened:
-    """The run of ``config`` at checkpoint (or .keras, .weights.h5 file) ``path``, for
-    ``config``'s data, on one device (``network.load``: ``newest_in`` and ``optimizer``).
-    Without ``path``: its network (with its optimizer) built, no checkpoint read yet
-    (``network.restore`` reads one)."""
-    backend = backends.setup(config.dist)
-    spec = data_spec.load_spec(config.data)
+
+def open_run(
+    path: str,
+    m,
+    data,
+    train,
+    optim,
+    dist,
+    *,
+    any_size: bool = False,
+    model_dir: str = "",
+    newest_in: str = "",
+    optimizer: bool = False,
+    with_data: bool = True,
+) -> Opened:
+    """The run whose settings are ``m`` (its models.config.ModelConfig), ``data``, ``train``
+    and ``optim`` (its other sections; ``any_size``: its progressive stages trained at
+    smaller sides) at checkpoint (or .keras, .weights.h5 file) ``path``, for ``data``'s
+    dataset, on one device of ``dist`` (``network.load``: ``newest_in`` and ``optimizer``).
+    Without ``path``: its network (and optimizer) built, no checkpoint read yet
+    (``network.restore`` reads one). ``with_data=False``: a .keras file alone, no dataset
+    read (its classes by number)."""
+    sections = dict(model_settings=m, data=data, train=train, model_dir=model_dir)
+    if not with_data:
+        network = networks.keras_file(path, None)
+        return Opened(None, None, network, **sections)
+    backend = backends.setup(dist)
+    spec = data_spec.load_spec(data)
+    recipe = (m, data, train, optim, any_size)
     if path:
-        network = networks.load(config, path, spec, newest_in, optimizer, scope=backend.scope)
+        fresh = fresh_network(*recipe, spec, optimizer)
+        network = networks.load(path, spec, fresh, newest_in, scope=backend.scope)
     else:
         with backend.scope():
-            network = networks.build(config, spec.num_classes, spec.num_train, optimizer=True)
-    batch = config.train.eval_batch_size or config.train.global_batch_size
-    return Opened(config, backend, spec, network, batch)
+            network = networks.with_optimizer_built(fresh_network(*recipe, spec, optimizer)(True))
+    return Opened(backend, spec, network, **sections)
+
+
+def fresh_network(m, data, train, optim, any_size: bool, spec, optimizer: bool):
+    """``network.load``'s ``fresh(may)`` for a run of these sections (``open_run``'s) on
+    ``spec``'s data: its network, with its optimizer when ``may`` and either ``optimizer`` or
+    the run kept a weight average (--ema_decay)."""
+    total = train.updates(spec.num_train)
+    made = lambda model: finetune.run_optimizer(  # noqa: E731
+        optim, m, model, train.global_batch_size, total
+    )
+    wanted = optimizer or bool(optim.ema_decay)
+    return lambda may: networks.build(  # noqa: E731
+        m, spec.num_classes, data.image_size, any_size, made if may and wanted else None
+    )
 
 
 def class_names(spec) -> list[str]:

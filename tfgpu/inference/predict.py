@@ -20,7 +20,6 @@ import io
 import os
 import sys
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -29,7 +28,6 @@ from tfgpu.data import pipeline
 from tfgpu.data.spec import split_spec
 from tfgpu.errors import UsageError, warn
 from tfgpu.files import check_output, replacing, shown, write_bytes_to_stdout
-from tfgpu.checkpoint.network import Network
 from tfgpu.inference import opened
 from tfgpu.step.loops import tta_probabilities
 
@@ -51,18 +49,11 @@ def image_files(inputs) -> list[str]:
     return files
 
 
-def predict(
-    inputs=(),
-    model_dir: str = "",
-    checkpoint: str = "latest",
-    data_dir: str = "",
-    split: str = "",
-    output: str = "",
-    top_k: int = 5,
-    batch_size: int = 32,
-) -> list[dict]:
-    """Predicts as the command does; returns the rows (also written to ``output``, or printed
-    as CSV without it)."""
+def check_request(inputs, model_dir, checkpoint, data_dir, split, output, top_k, batch_size):
+    """The image files to predict (``inputs``: files and folders; ``image_files``), once the
+    request of the command's flags can be done: images or a split, a run or a .keras file,
+    positive counts, a writable ``output``. A UsageError names what cannot, before anything
+    is loaded."""
     if bool(inputs) == bool(split):
         raise UsageError("give image files or folders, or --split (of --data_dir or the run's)")
     if not model_dir and not checkpoint.endswith(".keras"):
@@ -71,16 +62,26 @@ def predict(
         raise UsageError("--top_k and --batch_size must be positive")
     if split and not (model_dir or data_dir):
         raise UsageError("--split needs --data_dir (or a --model_dir whose run names its data)")
+    if output:
+        check_output(output)  # before any work: a result is never lost
+    return image_files(inputs)
+
+
+def predict(
+    trained, files=(), split: str = "", output: str = "", top_k: int = 5, batch_size: int = 32
+) -> list[dict]:
+    """Predicts as the command does with ``trained`` (an ``opened.Opened``; without its data
+    spec, a .keras file alone: classes by number), the image ``files`` or the records of
+    ``split``; returns the rows (also written to ``output``, or printed as CSV without
+    it)."""
     target = check_output(output) if output else ""  # before any work: a result is never lost
-    files = image_files(inputs)
-    config, path = opened.config_and_checkpoint(model_dir, checkpoint, data_dir=data_dir)
-    trained = _load(config, path, need_data=bool(split or data_dir or model_dir))
-    names = trained["class_names"]
+    t = _load(trained)
+    names = t["class_names"]
     k = min(top_k, len(names))
     if split:
-        rows = _predict_split(trained, split, k, batch_size)
+        rows = _predict_split(t, split, k, batch_size)
     else:
-        rows = _predict_files(trained, files, k, batch_size)
+        rows = _predict_files(t, files, k, batch_size)
     data = csv_text(rows, k).encode("utf-8", "surrogateescape")
     if target:
         with replacing(target) as f:
@@ -97,16 +98,12 @@ def predict(
     return rows
 
 
-def _load(config, path: str, need_data: bool) -> dict:
+def _load(trained) -> dict:
     """{"trained", "predict(images uint8) -> probabilities", "class_names"}."""
-
-    if need_data:
-        trained = opened.open_run(config, path)
+    if trained.spec is not None:
         names = opened.class_names(trained.spec)  # checked before any image is read
     else:  # a .keras file alone: classes by number
-        model = keras.saving.load_model(path, compile=False, safe_mode=True)
-        trained = opened.Opened(config, None, None, Network(model, None, None, path), 0)
-        names = [str(i) for i in range(model.output_shape[-1])]
+        names = [str(i) for i in range(trained.model.output_shape[-1])]
     return {"trained": trained, "predict": predictor(trained), "class_names": names}
 
 
@@ -116,7 +113,7 @@ def predictor(trained):
     them and averaged over its --eval_tta views, as its evaluation (``trained``: an
     ``opened.Opened``)."""
     model = trained.model
-    size, tta = trained.config.data.image_size, trained.config.train.eval_tta
+    size, tta = trained.data.image_size, trained.train.eval_tta
 
     # Traced once for any number of images: the last batch is smaller, and tracing a large
     # model again takes seconds (efficientnet_b0 on 2 cores: ~5 s).
@@ -144,7 +141,7 @@ def _rows(names, paths, probs, k: int) -> list[dict]:
 def _predict_files(t: dict, files, k: int, batch_size: int) -> list[dict]:
     """Each file read and preprocessed alone (a broken one is its row's error), the images
     predicted ``batch_size`` at a time; rows in the order of ``files``."""
-    data = t["trained"].config.data
+    data = t["trained"].data
     prepare = tf.function(lambda encoded: pipeline.decode_eval_image(encoded, data))
     rows: dict = {}
     batch, batch_paths = [], []
@@ -185,7 +182,7 @@ def _predict_split(t: dict, split: str, k: int, batch_size: int) -> list[dict]:
     trained = t["trained"]
     spec = split_spec(trained.spec, split)
     rows = []
-    for batch in pipeline.make_named_eval_dataset(spec, trained.config.data, batch_size):
+    for batch in pipeline.make_named_eval_dataset(spec, trained.data, batch_size):
         # A stored name that is not UTF-8 keeps its bytes (as file names from os.walk do).
         paths = [n.decode("utf-8", "surrogateescape") for n in batch["name"].numpy()]
         probs = t["predict"](batch["image"])

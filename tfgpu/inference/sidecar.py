@@ -3,17 +3,18 @@
 appears, in step order, until the run's last, so that the trainers (``--sidecar_eval``) never
 pause for evaluation. docs/evaluator.md is the user's page.
 
-It writes what the loop's evaluation writes, with the loop's own code: the run's Config
-(config.json: same data, model, preprocessing), its network (``opened.open_run``: the model
-and optimizer built as the run built them, on one device, no strategy: a TF_CONFIG cluster is
-never joined), the ``Evaluator`` (``inference.evaluate``), the run's ``RunWriter``
-(metrics.jsonl eval rows, TensorBoard ``eval/``, summary.csv) and ``checkpoint.best.Best``
-(best/ and best/best.json; each best/ckpt-S holds the model, the optimizer and the step of the
-trainer's checkpoint S, and the best so far). On one device its numbers for a checkpoint are
-those of the loop's evaluation at that step, exactly. ``SIDECAR_FILE`` (sidecar.json) says
-what it has done: the last step evaluated and, when the run keeps its best, the best so far
-and the evaluations since (what the trainers' ``actions.SidecarStop`` reads for
---early_stop_patience; what a watcher started again goes on from).
+It writes what the loop's evaluation writes, with the loop's own code: the run's settings
+(config.json, read by the command: same data, model, preprocessing), its network (an
+``opened.Opened``: the model and optimizer built as the run built them, on one device, no
+strategy: a TF_CONFIG cluster is never joined), the ``Evaluator`` (``inference.evaluate``), the
+run's ``RunWriter`` (metrics.jsonl eval rows, TensorBoard ``eval/``, summary.csv) and
+``checkpoint.best.Best`` (best/ and best/best.json; each best/ckpt-S holds the model, the
+optimizer and the step of the trainer's checkpoint S, and the best so far). On one device its
+numbers for a checkpoint are those of the loop's evaluation at that step, exactly.
+``SIDECAR_FILE`` (sidecar.json) says what it has done: the last step evaluated and, when the
+run keeps its best, the best so far and the evaluations since (what the trainers'
+``actions.SidecarStop`` reads for --early_stop_patience; what a watcher started again goes on
+from).
 
 How it follows the run:
 
@@ -43,11 +44,9 @@ import tensorflow as tf
 
 from tfgpu.checkpoint import network
 from tfgpu.checkpoint.best import SIDECAR_FILE, Best, read_sidecar
-from tfgpu.config.rundir import run_config
 from tfgpu.errors import CheckpointError, UsageError
 from tfgpu.files import read_json, write_json
 from tfgpu.inference import evaluate as evaluation
-from tfgpu.inference import opened
 from tfgpu.results import runlock
 from tfgpu.results.writer import RunWriter, eval_context, final_eval_of, timed
 
@@ -77,10 +76,15 @@ class _Wait:
         time.sleep(max(min(self.interval_s, self.timeout_s - waited), 0.01))
 
 
-def watch(model_dir: str, interval_s: float = 10.0, timeout_s: float = 3600.0, log=print) -> int:
+def watch(
+    model_dir: str, open_run, interval_s: float = 10.0, timeout_s: float = 3600.0, log=print
+) -> int:
     """Follows the run in ``model_dir`` to its end, evaluating each of its checkpoints once
     (see the module docstring), looking every ``interval_s`` seconds; ``log(line)`` says what
-    it does. Returns how many checkpoints it evaluated."""
+    it does. ``open_run(model_dir)``: the run opened once its config.json is there (an
+    ``opened.Opened``, its optimizer built: the learning rate of each row; no checkpoint
+    read), by the command that reads config.json. Returns how many checkpoints it
+    evaluated."""
     if not model_dir:
         raise UsageError("--watch needs --model_dir (the trainers')")
     model_dir = os.path.expanduser(model_dir)
@@ -91,7 +95,7 @@ def watch(model_dir: str, interval_s: float = 10.0, timeout_s: float = 3600.0, l
     if held:
         raise UsageError(held)
     try:
-        return _follow(Sidecar(run_config(model_dir), log), wait)
+        return _follow(Sidecar(open_run(model_dir), log), wait)
     finally:
         runlock.release(model_dir, runlock.SIDECAR_LOCK_FILE)
 
@@ -109,37 +113,38 @@ def _follow(sidecar: "Sidecar", wait: _Wait) -> int:
 
 
 class Sidecar:
-    """What the watcher holds: the run's network built once (``opened.open_run``) with its
-    Evaluator and RunWriter, the best (``best.Best``, when the run keeps it and evaluates by
-    side-car), the last step evaluated and its result (from ``SIDECAR_FILE`` when it was
-    started before)."""
+    """What the watcher holds: the run (``trained``, an ``opened.Opened``: its network built
+    once, its settings) with its Evaluator and RunWriter, the best (``best.Best``, when the
+    run keeps it and evaluates by side-car), the last step evaluated and its result (from
+    ``SIDECAR_FILE`` when it was started before)."""
 
-    def __init__(self, config, log):
-        self.config, self._log, self.count = config, log, 0
-        self.run = opened.open_run(config)  # its optimizer: the learning rate of each row
+    def __init__(self, trained, log):
+        self.run, self._log, self.count = trained, log, 0
+        self.t, self.model_dir = trained.train, trained.model_dir  # the run's train section
         self.evaluate = evaluation.of(self.run)
-        self.writer = RunWriter(config.model_dir, is_chief=True)
-        self.directory = os.path.join(config.model_dir, "checkpoints")
+        self.writer = RunWriter(self.model_dir, is_chief=True)
+        self.directory = os.path.join(self.model_dir, "checkpoints")
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False)  # best/'s step
-        state = read_sidecar(config.model_dir)
+        state = read_sidecar(self.model_dir)
         self.last, self.result = state.get("step", -1), state.get("result")
         self.best = self._best(state)
-        t = config.train
+        t = self.t
         in_loop = t.eval_every_steps or t.eval_every_epochs
         also = " (it evaluates in its loop too: rows from both)" if in_loop else ""
         after = f"after step {self.last}" if self.last >= 0 else "from the first"
         log(
-            f"watching {self.directory}{also}: {config.model.name} on {self.run.spec.num_eval} "
+            f"watching {self.directory}{also}: {trained.model_settings.name} on "
+            f"{self.run.spec.num_eval} "
             f"validation examples, checkpoints {after}"
         )
 
     def _best(self, state: dict):
         """The run's best.Best when the side-car keeps it (--sidecar_eval with --keep_best,
         --early_stop_patience or --best_metric), as ``state`` left it; else None."""
-        t = self.config.train
+        t = self.t
         if not (t.sidecar_eval and t.tracks_best):
             return None
-        best = Best(t, self.run.backend, self.config.model_dir)
+        best = Best(t, self.run.backend, self.model_dir)
         # best/ckpt-S holds what a use of the run reads of the trainer's checkpoint of S (the
         # model, the optimizer with its EMA, the step), and the best so far.
         net = self.run.network
@@ -167,7 +172,7 @@ class Sidecar:
         """A line naming the checkpoints (every --checkpoint_every_steps) that were deleted
         before this watcher saw them: it is slower than the trainer, which keeps
         --keep_checkpoints."""
-        t = self.config.train
+        t = self.t
         missed = missed_steps(self.last, new, t.checkpoint_every_steps)
         if missed:
             steps = ", ".join(map(str, missed[:5])) + (", ..." if len(missed) > 5 else "")
@@ -200,10 +205,9 @@ class Sidecar:
         started = time.time()
         result = self.evaluate()
         seconds = time.time() - started
-        ips = train_images_per_sec(self.config.model_dir, step)
+        ips = train_images_per_sec(self.model_dir, step)
         rate = float(self.run.optimizer.learning_rate)
-        t = self.config.train
-        context = eval_context(step, t.global_batch_size, self.run.spec.num_train, rate, ips)
+        context = eval_context(step, self.t.global_batch_size, self.run.spec.num_train, rate, ips)
         self.writer.log_eval(step, timed(result, seconds), context)
         return result
 
@@ -226,7 +230,7 @@ class Sidecar:
 
     def _say_verdict(self, step: int) -> None:
         """A line when the trainers are told to stop (--early_stop_patience), once."""
-        patience, stale = self.config.train.early_stop_patience, int(self.best.stale.numpy())
+        patience, stale = self.t.early_stop_patience, int(self.best.stale.numpy())
         if patience and stale == patience:
             self._log(
                 f"early stop verdict at step {step}: {stale} evaluation(s) without a better "
@@ -240,12 +244,12 @@ class Sidecar:
             best = self.best.summary()
             state.update(metric=best["metric"], best_step=best["step"], best_value=best["value"])
             state["evals_since_best"] = int(self.best.stale.numpy())
-        write_json(os.path.join(self.config.model_dir, SIDECAR_FILE), state)
+        write_json(os.path.join(self.model_dir, SIDECAR_FILE), state)
 
     def run_over(self) -> bool:
         """True once the trainer has ended (summary.json, its last file, newer than its
         config.json) at a step this watcher has reached."""
-        paths = [os.path.join(self.config.model_dir, f) for f in ("summary.json", "config.json")]
+        paths = [os.path.join(self.model_dir, f) for f in ("summary.json", "config.json")]
         try:
             summary_ns, config_ns = (os.stat(p).st_mtime_ns for p in paths)
         except FileNotFoundError:
@@ -257,9 +261,9 @@ class Sidecar:
         """At the run's end, with --sidecar_eval: summary.json's ``final_eval`` (the trainer
         has none) and ``best`` are the side-car's."""
         self._log(f"the run ended at step {self.last}: {self.count} checkpoint(s) evaluated")
-        if not self.config.train.sidecar_eval:
+        if not self.t.sidecar_eval:
             return
-        summary = read_json(os.path.join(self.config.model_dir, "summary.json"))
+        summary = read_json(os.path.join(self.model_dir, "summary.json"))
         if self.result and summary.get("steps") == self.last:
             summary["final_eval"] = final_eval_of(self.result)
         if self.best is not None:

@@ -88,13 +88,14 @@ def backbone_blocks(model) -> list[tuple[str, list]]:
     return [(label, variables) for (_, label), variables in sorted(blocks.items(), reverse=True)]
 
 
-def lr_groups(config, model) -> list[tuple[str, float, list]] | None:
-    """[(label, learning-rate multiplier, variables)] of the optimizer groups, the head's
-    first (x1); None when one optimizer does (no fine-tuning flag set and
+def lr_groups(o, m, model) -> list[tuple[str, float, list]] | None:
+    """[(label, learning-rate multiplier, variables)] of the optimizer groups of ``model``
+    under ``o`` (an optim.config.OptimConfig) and ``m`` (its models.config.ModelConfig), the
+    head's first (x1); None when one optimizer does (no fine-tuning flag set and
     --batchnorm_lr_multiplier 1: the plain path). With --batchnorm_lr_multiplier=M, each
     group's BatchNorm offsets and scales form a group of their own at M times its rate."""
-    groups = _block_groups(config, model)
-    multiplier = config.optim.batchnorm_lr_multiplier
+    groups = _block_groups(o, m, model)
+    multiplier = o.batchnorm_lr_multiplier
     if multiplier == 1.0:
         return groups
     if groups is None:
@@ -116,15 +117,14 @@ def _batchnorm_apart(groups: list, model, multiplier: float) -> list:
     return [group for group in rest + apart if group[2]]
 
 
-def _block_groups(config, model) -> list[tuple[str, float, list]] | None:
+def _block_groups(o, m, model) -> list[tuple[str, float, list]] | None:
     """``lr_groups``' groups of the fine-tuning flags (the head, the backbone or its blocks),
     or None when none is set."""
-    unfreeze, o = config.model.unfreeze_after_steps, config.optim
-    decay, scale = o.layer_lr_decay, o.backbone_lr_multiplier
+    unfreeze, decay, scale = m.unfreeze_after_steps, o.layer_lr_decay, o.backbone_lr_multiplier
     if not unfreeze and decay == 1.0 and scale == 1.0:
         return None
-    if config.model.name not in MODELS:  # one's own: its head, and one group for the rest
-        head_variables, rest = backbone.head_and_rest(model, config.model)
+    if m.name not in MODELS:  # one's own: its head, and one group for the rest
+        head_variables, rest = backbone.head_and_rest(model, m)
         return [(HEAD, 1.0, head_variables), ("backbone", scale, rest)]
     head = [(HEAD, 1.0, list(model.get_layer(HEAD).trainable_weights))]
     blocks = backbone_blocks(model)
@@ -198,16 +198,18 @@ class GroupedOptimizer(tf.Module):
                 opt.apply([g for g, _ in group], [v for _, v in group])
 
 
-def run_optimizer(config, model, total_steps: int):
-    """The run's optimizer: ``optim.build_for_run``'s, or a GroupedOptimizer when groups of
-    learning rates are asked for (``lr_groups``); each with lookahead (--lookahead_steps).
-    Call it before the backbone is frozen."""
-    o = config.optim
+def run_optimizer(o, m, model, global_batch_size: int, total_steps: int):
+    """The optimizer of ``model`` under ``o`` (an optim.config.OptimConfig) and ``m`` (its
+    models.config.ModelConfig: the fine-tuning groups follow its freeze), its schedule over
+    ``total_steps`` updates of ``global_batch_size``: ``optim.build_for_run``'s, or a
+    GroupedOptimizer when groups of learning rates are asked for (``lr_groups``); each with
+    lookahead (--lookahead_steps). Made, not built (the train step, or
+    ``checkpoint.network.load``, builds it). Call it before the backbone is frozen."""
     # BatchNorm's moving statistics (--ema_batchnorm, lookahead) are averaged by the head's
     # optimizer, the one applied at every update.
     extra = batchnorm_statistics(model) if o.ema_batchnorm else ()
-    head = optim.build_for_run(o, config.train.global_batch_size, total_steps, ema_extra=extra)
-    groups = lr_groups(config, model)
+    head = optim.build_for_run(o, global_batch_size, total_steps, ema_extra=extra)
+    groups = lr_groups(o, m, model)
     optimizers = [head]
     for _, multiplier, _ in (groups or [None])[1:]:
         rate = lambda m=multiplier: head.learning_rate * m  # noqa: E731 (the head's schedule, now)
@@ -228,16 +230,18 @@ def run_optimizer(config, model, total_steps: int):
     return GroupedOptimizer(optimizers, list(variables), list(labels), list(multipliers))
 
 
-def describe(config, optimizer, total_steps: int) -> str:
-    """The start-up lines of the learning-rate groups and lookahead ("" when neither)."""
-    o = config.optim
+def describe(optimizer, o, m, total_steps: int) -> str:
+    """The start-up lines of the learning-rate groups of ``optimizer`` (``run_optimizer``'s
+    under ``o``, the optimizer's settings, and ``m``, the model's: when the backbone
+    unfreezes, --unfreeze_after_steps, in a run of ``total_steps`` updates) and of lookahead
+    ("" when neither)."""
     ahead = lookahead.describe(o.lookahead_steps, o.lookahead_decay) if o.lookahead_steps else ""
     if not isinstance(optimizer, GroupedOptimizer):
         return ahead
     rates = ", ".join(
         f"{label} x{m:.3g}" for label, m in zip(optimizer.labels, optimizer.multipliers)
     )
-    n = config.model.unfreeze_after_steps
+    n = m.unfreeze_after_steps
     tuning = n or o.layer_lr_decay != 1.0 or o.backbone_lr_multiplier != 1.0
     line = f"{'fine-tune: ' if tuning else ''}learning rate {rates}"
     if n and n < total_steps:
@@ -247,10 +251,12 @@ def describe(config, optimizer, total_steps: int) -> str:
     return "\n".join(x for x in (line, ahead) if x)
 
 
-def unfreeze(training) -> None:
-    """Makes the backbone of ``training.model`` trainable, its BatchNorm layers back in
-    training mode, and has the step follow (``TrainStep.trainable_changed``). The optimizer
-    has known its variables since the start (``GroupedOptimizer.build``)."""
-    backbone.unfreeze(training.model, training.config.model)
-    training.optimizer.check_known(training.model.trainable_variables)
-    training.step.trainable_changed()
+def unfreeze(model, m, step) -> None:
+    """Makes the backbone of ``model`` (built for ``m``, the run's models.config.ModelConfig:
+    a registry model's backbone, or what --head_layers left frozen in a model of one's own)
+    trainable, its BatchNorm layers back in training mode, and has ``step`` (its
+    ``TrainStep``) follow (``TrainStep.trainable_changed``). The step's optimizer has known
+    its variables since the start (``GroupedOptimizer.build``)."""
+    backbone.unfreeze(model, m)
+    step.optimizer.check_known(model.trainable_variables)
+    step.trainable_changed()

@@ -2,11 +2,11 @@
 image on its validation split, each class's accuracy, and the images the model gets most
 wrong (a gallery needs each image's probabilities, which the evaluator sums away).
 
-Read through tfgpu's own uses of a trained run: ``inference.opened`` opens the run (its Config,
-data spec, registry model, the checkpoint), ``pipeline.make_named_eval_dataset`` reads the
-split with evaluation's preprocessing, ``inference.predict.predictor`` gives the probabilities
-(with the EMA weights when the run kept them). No test-time augmentation: the page says so
-beside the run's own top-1.
+Read through tfgpu's own uses of a trained run: the run opened (``inference.opened.Opened``:
+its settings, data spec, registry model, the checkpoint; the command opens it),
+``pipeline.make_named_eval_dataset`` reads the split with evaluation's preprocessing,
+``inference.predict.predictor`` gives the probabilities (with the EMA weights when the run kept
+them). No test-time augmentation: the page says so beside the run's own top-1.
 """
 
 import heapq
@@ -23,25 +23,22 @@ from tfgpu.inference.predict import predictor
 THUMB_SIDE = 96  # pixels a gallery image is shown at, at most (a small one is scaled up)
 
 
-def confusion_and_mistakes(
-    model_dir: str, checkpoint: str, split: str, gallery: int, batch_size: int
-):
+def confusion_and_mistakes(trained, split: str, gallery: int, batch_size: int):
     """{"checkpoint", "step", "split", "class_names", "confusion_matrix" (rows: true class),
     "per_class_accuracy", "num_examples", "top1", "unreadable" (images that did not decode),
     "gallery": the ``gallery`` misclassified images the model was surest of, surest first:
     [{"name", "true", "pred" (class indices), "prob" (of pred), "true_prob", "png" (bytes)}]}.
-    Raises tfgpu's errors (no checkpoint yet, data missing) for the caller to say."""
-    config, path = opened.config_and_checkpoint(model_dir, checkpoint)
-    trained = opened.open_run(config, path)
+    ``trained``: the run at its checkpoint (an ``opened.Opened``). Raises tfgpu's errors
+    (data missing) for the caller to say."""
     spec = split_spec(trained.spec, split)
     names = opened.class_names(spec)
     predict = predictor(trained)
     tally = Tally(len(names), gallery)
-    for batch in pipeline.make_named_eval_dataset(spec, config.data, batch_size):
+    for batch in pipeline.make_named_eval_dataset(spec, trained.data, batch_size):
         tally.add(batch, predict(batch["image"]))
     confusion, totals = tally.confusion, tally.confusion.sum(axis=1)
     return {
-        "checkpoint": path,
+        "checkpoint": trained.checkpoint,
         "step": trained.step,
         "split": split,
         "class_names": names,

@@ -16,16 +16,19 @@ def write_report(
     gallery: int = 16,
     batch_size: int = 64,
     log=print,
+    open_run=None,
 ) -> dict:
     """Writes the report of ``runs`` (``runs.read_runs``' of their folders) to ``output``
     (checked before any work, written whole). With ``evaluate``, each run's ``checkpoint``
     is evaluated on ``split`` (``batch_size`` images at a time) for its confusion matrix,
     per-class accuracy and the ``gallery`` surest mistakes; a run that cannot be (no
-    checkpoint yet, its data gone) says why on the page. Returns {"runs": ``runs``,
-    "evaluations": [dict], "bytes": int}."""
+    checkpoint yet, its data gone) says why on the page; ``open_run(model_dir, checkpoint)``
+    opens it (the command's ``head.open_run``: it reads the run's config.json). Returns
+    {"runs": ``runs``, "evaluations": [dict], "bytes": int}."""
     target = check_output(output)
     evaluations = [
-        _evaluation(r, evaluate, checkpoint, split, gallery, batch_size, log) for r in runs
+        _evaluation(r, evaluate and open_run, checkpoint, split, gallery, batch_size, log)
+        for r in runs
     ]
     text = page.render(runs, evaluations, {"evaluate": evaluate, "gallery": gallery})
     data = text.encode("utf-8")
@@ -35,16 +38,18 @@ def write_report(
     return {"runs": runs, "evaluations": evaluations, "bytes": len(data)}
 
 
-def _evaluation(run: Run, evaluate: bool, checkpoint, split, gallery, batch_size, log) -> dict:
-    """``mistakes.confusion_and_mistakes``'s result for ``run``, or {"missing": why not}."""
-    if not evaluate:
+def _evaluation(run: Run, open_run, checkpoint, split, gallery, batch_size, log) -> dict:
+    """``mistakes.confusion_and_mistakes``'s result for ``run`` (opened by ``open_run``), or
+    {"missing": why not}."""
+    if not open_run:
         return {"missing": "Not evaluated (--noevaluate): no confusion matrix, no gallery."}
     # TensorFlow and the run's model: only for a report that evaluates.
     from tfgpu.report.mistakes import confusion_and_mistakes  # noqa: PLC0415
 
     log(f"evaluating {shown(run.path)} ({checkpoint} checkpoint) on its {split} split")
     try:
-        return confusion_and_mistakes(run.path, checkpoint, split, gallery, batch_size)
+        trained = open_run(run.path, checkpoint)
+        return confusion_and_mistakes(trained, split, gallery, batch_size)
     except Exception as err:
         known = err if isinstance(err, TfgpuError) else translate(err)
         if known is None:

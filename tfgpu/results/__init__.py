@@ -6,7 +6,9 @@ the loop's evaluation rows for it: a package below both, so that neither imports
                 progress lines (``RunWriter``; ``Window``: a logging window's sums)
   tracking.py   --mlflow_tracking_uri: the same, to an MLflow run
   runlock.py    one trainer and one side-car per --model_dir
+  folder.py     what tfgpu puts there, and the check that a --model_dir is new, empty or a
+                tfgpu run's (before anything is written there)
 
-``tracking`` and ``runlock`` import without TensorFlow (the trainer's command checks them
-before it starts).
+``tracking``, ``runlock`` and ``folder`` import without TensorFlow (the trainer's command
+checks them before it starts).
 """

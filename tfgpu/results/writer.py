@@ -127,16 +127,17 @@ class RunWriter:
         if self.is_chief:
             print(line, flush=True)
 
-    def write_config(self, config, backend) -> None:
-        """config.json: every resolved setting, by flag name, and the strategy as resolved."""
+    def write_config(self, settings: dict, backend, t) -> None:
+        """config.json: every resolved setting (``settings``: {flag name: value}, the run's
+        ``Config.flat()``) and the strategy as resolved on ``backend``; TensorBoard's hparams;
+        with --mlflow_tracking_uri (``t``: the run's train section), the MLflow run."""
         if self.is_chief:
-            resolved = dict(config.flat(), strategy=backend.name, num_replicas=backend.num_replicas)
+            resolved = dict(settings, strategy=backend.name, num_replicas=backend.num_replicas)
             write_json(os.path.join(self.model_dir, "config.json"), resolved)
             self._write_hparams(resolved)
-            self._start_tracking(config, resolved)
+            self._start_tracking(t, resolved)
 
-    def _start_tracking(self, config, resolved: dict) -> None:
-        t = config.train
+    def _start_tracking(self, t, resolved: dict) -> None:
         if t.mlflow_tracking_uri:
             tracking.check_client()
             params = tracking.params_of(resolved)

@@ -56,9 +56,9 @@ from tfgpu.train.config import profile_window
 class LoopState:
     """What the loop has done so far, shared by the actions."""
 
-    training: object  # build.Training: what the run is made of
     writer: RunWriter
     step: int
+    plan: object  # build.Plan: the run's numbers (its last update, its batch split)
     window: Window = field(default_factory=Window)
     skipped_records: int = 0  # broken images (weight 0) in the updates so far
     input_ips: float | None = None  # images/s of the input alone (readers.probe)
@@ -69,7 +69,7 @@ class LoopState:
 
     @property
     def last(self) -> bool:
-        return self.step >= self.training.plan.total_steps
+        return self.step >= self.plan.total_steps
 
 
 class Action:
@@ -133,24 +133,28 @@ class LogWindow(Action):
     --log_every_steps, at the last step, and (one process) after --log_every_s without a line;
     warns once when the step waited for input more than INPUT_BOUND of the time."""
 
-    def __init__(self, every: int, every_s: float):
-        self.every, self.every_s, self._warned = every, every_s, False
+    def __init__(self, t, backend, optimizer, clips: bool, deterministic: bool):
+        """``t``: the train section (--log_every_*, the global batch); ``optimizer``: whose
+        learning rate each line gives; ``clips``: --clip_norm is set (the line counts the
+        clipped updates); ``deterministic``: the run is (no skew across workers measured)."""
+        self.every, self.every_s, self._warned = t.log_every_steps, t.log_every_s, False
+        self._batch, self._backend, self._optimizer = t.global_batch_size, backend, optimizer
+        self._clips, self._skews = clips, backend.num_workers > 1 and not deterministic
 
     def due(self, state: LoopState) -> bool:
-        by_time = state.training.backend.num_workers == 1 and state.window.age() >= self.every_s
+        by_time = self._backend.num_workers == 1 and state.window.age() >= self.every_s
         return state.step % self.every == 0 or state.last or by_time
 
     def __call__(self, state: LoopState) -> None:
-        training, t = state.training, state.training.config.train
-        lr = float(training.optimizer.learning_rate)  # the schedule at the current update
-        record = state.window.close(state.step, lr, t.global_batch_size)
-        if not training.config.optim.clip_norm:
+        lr = float(self._optimizer.learning_rate)  # the schedule at the current update
+        record = state.window.close(state.step, lr, self._batch)
+        if not self._clips:
             record.pop("clipped_updates", None)
         if state.input_ips:
             record["input_images_per_sec"] = state.input_ips
-        if training.backend.num_workers > 1 and not training.config.deterministic:
+        if self._skews:
             record.update(self._skew(state))
-        state.writer.log_train(record, training.plan.total_steps, t.global_batch_size)
+        state.writer.log_train(record, state.plan.total_steps, self._batch)
         state.images_per_sec = record["images_per_sec"]
         wait = record["input_wait_fraction"]
         if not self._warned and wait > INPUT_BOUND and state.window.timed:
@@ -158,11 +162,10 @@ class LogWindow(Action):
             ips = record["images_per_sec"]
             state.writer.info(input_bound_warning(wait, ips, state.input_ips))
 
-    @staticmethod
-    def _skew(state: LoopState) -> dict:
+    def _skew(self, state: LoopState) -> dict:
         """The slowest worker's compute seconds per update in the window just closed, and
         the median's (``consensus.step_time_skew``)."""
-        backend, window = state.training.backend, state.window
+        backend, window = self._backend, state.window
         waited = float(backend.wait_seconds.numpy())
         compute = (window.last_seconds - (waited - state.waited)) / max(window.last_updates, 1)
         state.waited = waited
@@ -172,8 +175,10 @@ class LogWindow(Action):
 class Evaluate(Action):
     """Evaluates on the validation split every ``every`` updates (--eval_every_*)."""
 
-    def __init__(self, every: int, evaluate):
-        self.every, self._evaluate = every, evaluate
+    def __init__(self, every: int, evaluate, context):
+        """``evaluate()``: the run's evaluation; ``context(step, images_per_sec)``: what
+        summary.csv puts next to it (``eval_context``)."""
+        self.every, self._evaluate, self._context = every, evaluate, context
 
     def __call__(self, state: LoopState) -> None:
         phase("evaluation", state.step)
@@ -181,16 +186,21 @@ class Evaluate(Action):
         result = self._evaluate()
         seconds = time.time() - started
         state.window.pause("evaluation", seconds)
-        context = eval_context(state.training, state.step, state.images_per_sec)
+        context = self._context(state.step, state.images_per_sec)
         state.writer.log_eval(state.step, timed(result, seconds), context)
         state.evaluation = (state.step, result) if result else None
 
 
-def eval_context(training, step: int, images_per_sec: float | None) -> dict:
-    """What summary.csv puts next to an evaluation of ``training`` at ``step``
-    (``results.eval_context``)."""
-    gbs, rate = training.config.train.global_batch_size, float(training.optimizer.learning_rate)
-    return results.eval_context(step, gbs, training.spec.num_train, rate, images_per_sec)
+def eval_context(global_batch: int, num_train: int, optimizer):
+    """``context(step, images_per_sec)``: what summary.csv puts next to an evaluation at
+    ``step`` of a run of ``global_batch`` on ``num_train`` examples, with ``optimizer``'s
+    learning rate then (``results.eval_context``)."""
+
+    def context(step: int, images_per_sec: float | None) -> dict:
+        rate = float(optimizer.learning_rate)
+        return results.eval_context(step, global_batch, num_train, rate, images_per_sec)
+
+    return context
 
 
 def _evaluated_now(state: LoopState) -> bool:
@@ -244,14 +254,14 @@ class SidecarStop(Action):
 
     at_start = True
 
-    def __init__(self, patience: int, model_dir: str):
-        self._patience, self._model_dir = patience, model_dir
+    def __init__(self, patience: int, model_dir: str, backend):
+        self._patience, self._model_dir, self._backend = patience, model_dir, backend
         self._verdict: dict = {}
 
     def due(self, state: LoopState) -> bool:
         if state.last:
             return False
-        backend = state.training.backend
+        backend = self._backend
         blob = json.dumps(read_sidecar(self._model_dir) if backend.is_chief else {})
         self._verdict = v = json.loads(backend.all_gather_bytes(blob.encode())[0])
         # Not a verdict on checkpoints beyond this step (the run went back to an older one).
@@ -287,8 +297,11 @@ class Unfreeze(Action):
 
     at_start = True
 
-    def __init__(self, after: int):
-        self.after, self._done = after, False
+    def __init__(self, after: int, model, m, step):
+        """``model``: the run's, built for ``m`` (its models.config.ModelConfig); ``step``:
+        its TrainStep, which follows."""
+        self.after, self._model, self._m, self._step = after, model, m, step
+        self._done = False
 
     def next_stop(self, step: int) -> int | None:
         return self.after if step < self.after else None
@@ -297,7 +310,7 @@ class Unfreeze(Action):
         return not self._done and state.step >= self.after and not state.last
 
     def __call__(self, state: LoopState) -> None:
-        finetune.unfreeze(state.training)
+        finetune.unfreeze(self._model, self._m, self._step)
         self._done = True
         state.writer.info(
             f"step {state.step}: backbone unfrozen (its BatchNorm back in training mode); "
@@ -309,11 +322,11 @@ class StopOnPreemption(Action):
     """After every loop call: when SIGTERM/SIGINT came (on any worker), saves a checkpoint
     and raises Preempted."""
 
-    def __init__(self, guard, checkpoints):
-        self._guard, self._checkpoints = guard, checkpoints
+    def __init__(self, guard, checkpoints, backend):
+        self._guard, self._checkpoints, self._backend = guard, checkpoints, backend
 
     def due(self, state: LoopState) -> bool:
-        return self._guard.should_stop(state.training.backend)  # a collective: every worker asks
+        return self._guard.should_stop(self._backend)  # a collective: every worker asks
 
     def __call__(self, state: LoopState) -> None:
         signals.acknowledge()
@@ -322,34 +335,54 @@ class StopOnPreemption(Action):
         raise Preempted(f"stopped by {name} at step {state.step}; checkpoint written")
 
 
-def default_actions(training, evaluate, guard=None, extra=()) -> list[Action]:
-    """The loop's actions, in the order they run at one step (see the module docstring);
-    ``extra``, the run's own (``train.run(config, actions=...)``), after unfreeze and before
-    preemption, whose checkpoint then holds what they did."""
-    t, backend = training.config.train, training.backend
+def default_actions(
+    t,
+    state,
+    backend,
+    evaluate,
+    context,
+    *,
+    eval_every: int,
+    model_dir: str,
+    model_settings=None,
+    clips: bool = False,
+    deterministic: bool = False,
+    guard=None,
+    extra=(),
+) -> list[Action]:
+    """The loop's actions, in the order they run at one step (see the module docstring), for
+    a run under ``t`` (its train section) acting on ``state`` (its ``build.TrainState``) on
+    ``backend``: ``evaluate()`` every ``eval_every`` updates, beside ``context(step,
+    images_per_sec)`` (``eval_context``); the backbone unfrozen after
+    ``model_settings.unfreeze_after_steps`` updates (the run's models.config.ModelConfig; None
+    or 0: never); the log's lines count clipped updates when it ``clips``, and the
+    workers' skew unless ``deterministic``. ``extra``, the run's own (``train.run(config,
+    actions=...)``), after unfreeze and before preemption, whose checkpoint then holds what
+    they did."""
     actions = []
     window = profile_window(t)
     if window and (backend.is_chief or t.profile_all_workers):
-        logdir = os.path.join(training.config.model_dir, "tensorboard")
+        logdir = os.path.join(model_dir, "tensorboard")
         if not backend.is_chief:
             logdir = os.path.join(logdir, f"worker{backend.worker_index}")
         actions.append(Profile(*window, logdir))
     actions += [
-        LogWindow(t.log_every_steps, t.log_every_s),
-        Evaluate(training.plan.eval_every, evaluate),
+        LogWindow(t, backend, state.optimizer, clips, deterministic),
+        Evaluate(eval_every, evaluate, context),
     ]
-    if training.best is not None:
-        actions.append(KeepBest(training.best))
+    if state.best is not None:
+        actions.append(KeepBest(state.best))
         if t.early_stop_patience:
-            actions.append(EarlyStop(t.early_stop_patience, training.best))
+            actions.append(EarlyStop(t.early_stop_patience, state.best))
     elif t.sidecar_eval and t.early_stop_patience:
-        actions.append(SidecarStop(t.early_stop_patience, training.config.model_dir))
+        actions.append(SidecarStop(t.early_stop_patience, model_dir, backend))
     actions += [
-        SaveCheckpoint(t.checkpoint_every_steps, training.checkpoints),
+        SaveCheckpoint(t.checkpoint_every_steps, state.checkpoints),
     ]
-    if training.config.model.unfreeze_after_steps:
-        actions.append(Unfreeze(training.config.model.unfreeze_after_steps))
+    m = model_settings
+    if m is not None and m.unfreeze_after_steps:
+        actions.append(Unfreeze(m.unfreeze_after_steps, state.model, m, state.step))
     actions += list(extra)
     if guard is not None:
-        actions.append(StopOnPreemption(guard, training.checkpoints))
+        actions.append(StopOnPreemption(guard, state.checkpoints, backend))
     return actions

@@ -24,15 +24,12 @@ import time
 import keras
 import tensorflow as tf
 
-from tfgpu.config import Config, ConfigError
-from tfgpu.train.config import AUTO, memory_budget_bytes, micro_batch, split_batch
-from tfgpu.data import run_input
-from tfgpu.distribute import backends, consensus
-from tfgpu.errors import OutOfMemory, first_line
+from tfgpu.distribute import consensus
+from tfgpu.errors import ConfigError, OutOfMemory, first_line
 from tfgpu.files import read_json, write_json
 from tfgpu.step import memory
 from tfgpu.step.loops import make_train_loop
-from tfgpu.train import build
+from tfgpu.train.config import AUTO, memory_budget_bytes, micro_batch, split_batch
 
 RECORD = "micro_batch.json"
 
@@ -47,23 +44,27 @@ class Sizing:
     """The micro-batch of one run across its starts in this process: ``choose`` before each
     build, ``backing_off`` around them (``train.run``)."""
 
-    def __init__(self, config: Config):
-        self.auto = micro_batch(config.train) == AUTO
+    def __init__(self, t):
+        """``t``: the run's train section (its --micro_batch_size)."""
+        self.auto = micro_batch(t) == AUTO
         self.below = None  # after an out-of-memory error: only smaller sizes
         self.used = None  # the micro-batch of the start that is running
         self.reason = "start"
 
-    def choose(self, config: Config, backend, spec, class_weights, writer) -> Config:
-        """``config`` with its micro-batch decided: as it is without auto; with auto, the size
-        every worker agreed on, said in one line and recorded in micro_batch.json. Raises a
-        ConfigError, on every worker, when some worker fits not even a micro-batch of 1."""
-        replica_batch, accum = split_batch(config.train, backend.num_replicas)
+    def choose(self, t, backend, writer, one_update, seed: int) -> int | None:
+        """The micro-batch of a run under ``t`` (its train section) on ``backend``: None
+        without auto (the settings' own); with auto, the size every worker agreed on, said in
+        one line and recorded in micro_batch.json (``writer``: the run's). ``one_update``: one
+        update of a scratch copy of the run (``search``); the process is seeded with ``seed`` again
+        after them. Raises a ConfigError, on every worker, when some worker fits not even a
+        micro-batch of 1."""
+        replica_batch, accum = split_batch(t, backend.num_replicas)
         if not self.auto:
             self.used = replica_batch // accum
-            return config
-        device = memory.this_device(memory_budget_bytes(config.train))
-        tried = search(config, spec, class_weights, replica_batch, device, self.below)
-        keras.utils.set_random_seed(config.seed)  # the scratch runs drew from it
+            return None
+        device = memory.this_device(memory_budget_bytes(t))
+        tried = search(one_update, replica_batch, device, self.below)
+        keras.utils.set_random_seed(seed)  # the scratch runs drew from it
         found = tried[-1].size if tried and tried[-1].fits else 0
         mine = dict(where=consensus.this_worker(), device=device.describe(), size=found)
         mine.update(budget_bytes=device.budget_bytes, tried=[vars(m) for m in tried])
@@ -73,8 +74,8 @@ class Sizing:
         self.used = size
         writer.info(_line(size, replica_batch, workers, self.reason))
         if writer.is_chief:
-            _record(config.model_dir, size, replica_batch, workers, self.reason)
-        return config.with_settings(micro_batch_size=str(size))
+            _record(writer.model_dir, size, replica_batch, workers, self.reason)
+        return size
 
     def backing_off(self, start, num_workers: int):
         """``start()`` (one start of the run: choose, build, train), again from the last
@@ -124,14 +125,15 @@ class Sizing:
         )
 
 
-def search(config, spec, class_weights, replica_batch, device, below=None) -> list:
+def search(one_update, replica_batch: int, device, below=None) -> list:
     """The ``memory.Measurement`` of each size tried, largest first, up to the first that
-    fits ``device`` (the last, when one does)."""
+    fits ``device`` (the last, when one does). ``one_update(replica_batch, size, scratch)``:
+    one update of a scratch copy of the run (one replica's batch of ``replica_batch``) at
+    micro-batch ``size``, its files in folder ``scratch``, removed after."""
     tried = []
     for size in candidates(replica_batch, below):
         with tempfile.TemporaryDirectory(prefix="tfgpu-micro-batch-") as scratch:
-            probe = _probe_config(config, replica_batch, size, scratch)
-            run_once = functools.partial(_one_update, probe, spec, class_weights)
+            run_once = functools.partial(one_update, replica_batch, size, scratch)
             tried.append(memory.measure(run_once, size, device))
         gc.collect()  # the scratch model and step go before the next size is measured
         if tried[-1].fits:
@@ -139,10 +141,12 @@ def search(config, spec, class_weights, replica_batch, device, below=None) -> li
     return tried
 
 
-def _probe_config(config: Config, replica_batch: int, size: int, scratch: str) -> Config:
-    """The scratch run of one replica of ``config`` at micro-batch ``size``: its global batch
-    is one replica's, on synthetic batches of the run's shape, with nothing read or kept."""
-    return config.with_settings(
+def scratch_settings(m, replica_batch: int, size: int, scratch: str) -> dict:
+    """The settings (by flag name) that make a scratch copy of a run of one replica at
+    micro-batch ``size`` (``m``: the run's model settings): its global batch is one
+    replica's, on synthetic batches of the run's shape, with nothing read or kept (its
+    files in folder ``scratch``)."""
+    return dict(
         global_batch_size=replica_batch,
         grad_accum_steps=1,
         micro_batch_size=str(size),
@@ -152,19 +156,16 @@ def _probe_config(config: Config, replica_batch: int, size: int, scratch: str) -
         balanced_sampling=False,
         init_weights="",
         # A backbone that unfreezes later trains whole then: measure that.
-        freeze="none" if config.model.unfreeze_after_steps else config.model.freeze,
+        freeze="none" if m.unfreeze_after_steps else m.freeze,
         model_dir=scratch,
     )
 
 
-def _one_update(probe: Config, spec, class_weights) -> None:
-    """One update of the scratch run ``probe`` (compiled as the run's), on this process'
-    first device."""
-    inputs = run_input.prepare(probe.data, probe.optim.class_weights, spec, class_weights)
-    training = build.build(probe, backends.build_backend("default"), inputs)
-    step = training.step
-    loop = make_train_loop(step, training.global_step, training.skipped_updates)
-    totals, _, _ = loop(build.train_batches(training, 0), tf.constant(1), step.variant)
+def update_once(state, batches) -> None:
+    """One update of ``state`` (a scratch run's ``build.TrainState``) on ``batches``,
+    compiled as the run's, waited for."""
+    loop = make_train_loop(state.step, state.global_step, state.skipped_updates)
+    totals, _, _ = loop(batches, tf.constant(1), state.step.variant)
     float(totals["loss"])  # waits for the update
 
 

@@ -13,9 +13,8 @@ stage its step is in, reading from that step on as an uninterrupted run does.
 import dataclasses
 from dataclasses import dataclass
 
-from tfgpu.data.run_input import step_fns
+from tfgpu.data import run_input
 from tfgpu.models import foreign
-from tfgpu.train.build import Training, train_batches, train_maker
 
 SIZE_MULTIPLE = 8  # stage sides but the last: what strided nets divide without remainder
 
@@ -102,30 +101,34 @@ class Staged:
     """The train batches of a run in stages: ``begins(step)`` says when the loop must take
     ``enter(step)``'s, ``end(step)`` where the current stage stops."""
 
-    def __init__(self, training: Training, stages: list, info):
-        self.training, self.stages, self.info = training, stages, info
+    def __init__(self, stages: list, num_stages: int, inputs, step, backend, info):
+        """``stages``: ``plan``'s; ``num_stages``: --progressive_stages as set (a run shorter
+        than N updates skips some); ``inputs``: the run's ``run_input.RunInput``; ``step``:
+        its TrainStep, given each stage's preparation; ``backend``: what distributes the
+        batches; ``info``: the log's line writer."""
+        self.stages, self.num_stages, self.info = stages, num_stages, info
+        self.inputs, self.step, self.backend = inputs, step, backend
         # Decided once, at the final size: a stage must not move the run to the other reader.
-        self.in_memory = training.inputs.in_memory
+        self.in_memory = inputs.in_memory
         self.current = None
 
     @classmethod
-    def of(cls, training: Training, info):
-        """The run's ``Staged`` (``info``: the log's line writer), or None without stages."""
-        config = training.config
-        stages = plan(config.curriculum, config.data, training.plan.total_steps)
-        if stages:  # before the first update: a model of one's own may take one side only
-            side = min(stage.image_size for stage in stages)
-            foreign.check_any_size(training.model, config.model.name, side)
-        return cls(training, stages, info) if stages else None
+    def of(cls, curriculum, total_steps: int, inputs, step, backend, info, model_name: str):
+        """The ``Staged`` of a run of ``total_steps`` updates under ``curriculum`` (its
+        data.config.CurriculumConfig; the rest as ``__init__``), or None without stages.
+        Before the first update, the step's model (--model=``model_name``) is checked to take
+        the first stage's side: a model of one's own may take one side only."""
+        stages = plan(curriculum, inputs.data, total_steps)
+        if not stages:
+            return None
+        side = min(stage.image_size for stage in stages)
+        foreign.check_any_size(step.model, model_name, side)
+        return cls(stages, curriculum.progressive_stages, inputs, step, backend, info)
 
     def data_at(self, step: int):
         """The DataConfig the reader and the step use at update ``step``."""
         stage = stage_at(self.stages, step)
-        return stage_data(self.training.config.data, stage, self.in_memory)
-
-    def maker(self, step: int):
-        """``build.train_maker`` for the stage of update ``step``, reading from it on."""
-        return train_maker(self.training, step, self.data_at(step))
+        return stage_data(self.inputs.data, stage, self.in_memory)
 
     def begins(self, step: int) -> bool:
         """Whether update ``step`` is in another stage than the batches the loop holds."""
@@ -135,15 +138,16 @@ class Staged:
         """The first update after the stage of update ``step``."""
         return stage_at(self.stages, step).end
 
-    def enter(self, step: int, make=None):
+    def enter(self, step: int, batches=None):
         """Logs the stage of update ``step`` and gives the step its preparation; returns its
-        distributed train batches from ``step`` on (``make``: ``maker(step)``, if built)."""
+        distributed train batches from ``step`` on (``batches``, when made already)."""
         stage = stage_at(self.stages, step)
         data = self.data_at(step)
-        self.training.step.use_input(*step_fns(data, self.training.spec.num_classes))
-        config = self.training.config  # N as set: a run shorter than N updates skips some
-        line = describe(stage, config.curriculum.progressive_stages, config.data)
+        self.step.use_input(*run_input.step_fns(data, self.inputs.spec.num_classes))
+        line = describe(stage, self.num_stages, self.inputs.data)
         resumed = f", resumed at update {step}" if step > stage.start else ""
         self.info(f"step {step}: {line}{resumed}")
         self.current = stage
-        return train_batches(self.training, step, make or self.maker(step))
+        if batches is None:
+            batches, _ = run_input.train_batches(self.inputs, self.backend, step, data)
+        return batches

@@ -15,7 +15,6 @@ from tfgpu.files import locked, replacing
 from tfgpu.inference.export.serving import keras_file_refusal
 from tfgpu.inference.export import (
     check,
-    check_request,
     companions,
     default_name,
     family_of,
@@ -32,12 +31,10 @@ FORMAT_MODULES = {"saved_model": saved_model, "litert": litert, "onnx": onnx}
 
 
 def export(
-    model_dir: str = "",
-    checkpoint: str = "latest",
+    trained,
     fmt: str = "saved_model",
     quantize: str = "none",
     output: str = "",
-    data_dir: str = "",
     full_integer: bool = False,
     check_images: int = 256,
     calibration_images: int = 256,
@@ -46,20 +43,19 @@ def export(
     batch_size: int = 32,
     log=print,
 ) -> dict:
-    """Exports as the command does; returns its report entry. Raises UsageError for what
-    cannot be exported (one line), ExportRefused when the check fails (the export is then
-    left at ``unchecked_path(output)``)."""
-    check_request(model_dir, fmt, quantize, full_integer, output)
-    if min(check_images, calibration_images, batch_size) < 1:
-        raise UsageError("--check_images, --calibration_images and --batch_size must be positive")
-    source = load_source(model_dir, checkpoint, data_dir)
-    family = family_of(source.trained.config.model.name)
+    """Exports ``trained`` (an ``opened.Opened``: the run at one checkpoint, on the data it is
+    checked with) as the command does, once ``check_request`` and ``check_counts`` passed;
+    returns its report entry. Raises UsageError for what cannot be exported (one line),
+    ExportRefused when the check fails (the export is then left at
+    ``unchecked_path(output)``)."""
+    source = load_source(trained)
+    family = family_of(trained.model_settings.name)
     why = unsupported(fmt, quantize, full_integer, family)
     if why:
         raise UsageError(why)
     name = default_name(fmt, quantize, full_integer)
     in_run = not output
-    output = os.path.expanduser(output) or os.path.join(model_dir, "export", name)
+    output = os.path.expanduser(output) or os.path.join(trained.model_dir, "export", name)
     beside = companions(output, in_run)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     staged = _staging(output)
@@ -79,6 +75,13 @@ def export(
         _remove(staged)  # left only when putting it in place failed
     log(line)
     return entry
+
+
+def check_counts(check_images: int, calibration_images: int, batch_size: int) -> None:
+    """A UsageError in one line unless the images to check and calibrate on, and the batch,
+    are positive counts."""
+    if min(check_images, calibration_images, batch_size) < 1:
+        raise UsageError("--check_images, --calibration_images and --batch_size must be positive")
 
 
 def _settle(entry: dict, staged: str, output: str, refused: str, source, beside) -> tuple:
@@ -164,7 +167,7 @@ def _checked(source, run, check_images: int, batch_size: int) -> dict:
     entry.update(check.timing(lambda x: run({"image": x}), images), machine=check.machine())
     trained = source.trained
     entry.update(split="validation", checkpoint=source.checkpoint, step=trained.step)
-    entry.update(model=trained.config.model.name, image_size=source.image_size, tta=source.tta)
+    entry.update(model=trained.model_settings.name, image_size=source.image_size, tta=source.tta)
     entry["class_names"] = source.class_names
     return entry
 

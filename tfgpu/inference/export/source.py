@@ -2,9 +2,10 @@
 names, and images read by evaluation's own preprocessing (for the check and for int8
 calibration).
 
-The run is loaded as ``tfgpu.evaluate`` and ``tfgpu.predict`` load it (``inference.opened``: its
-config.json, checkpoint ``latest``, ``best`` or a path, its data spec); the exported weights are
-the EMA ones when the run kept them, as its evaluation uses.
+The run is opened as ``tfgpu.evaluate`` and ``tfgpu.predict`` open it (``cli.head.open_run``:
+its config.json, checkpoint ``latest``, ``best`` or a path, its data spec:
+``inference.opened.Opened``); the exported weights are the EMA ones when the run kept them,
+as its evaluation uses.
 """
 
 import contextlib
@@ -17,7 +18,6 @@ from tfgpu import compat, models
 from tfgpu.data import dct, pipeline
 from tfgpu.data.spec import class_names, split_spec
 from tfgpu.errors import DataError, UsageError
-from tfgpu.inference import opened
 
 
 @dataclass
@@ -35,12 +35,12 @@ class Source:
 
     @property
     def image_size(self) -> int:
-        return self.trained.config.data.image_size
+        return self.trained.data.image_size
 
     @property
     def tta(self) -> str:
         """The run's --eval_tta: the views every export averages, as its evaluation."""
-        return self.trained.config.train.eval_tta
+        return self.trained.train.eval_tta
 
     def evaluation_weights(self):
         """A context inside which the model holds the weights evaluation uses (its EMA)."""
@@ -48,20 +48,17 @@ class Source:
         return compat.ema_weights(optimizer) if optimizer else contextlib.nullcontext()
 
 
-def load_source(model_dir: str, checkpoint: str, data_dir: str = "") -> Source:
-    """The run in ``model_dir`` at ``checkpoint`` (latest, best, a path or a .keras file with
-    ``data_dir``), on its data (or ``data_dir``'s, of the same classes)."""
-    config, path = opened.config_and_checkpoint(model_dir, checkpoint, data_dir=data_dir)
-    # --checkpoint=latest of a run still training: the newest when it is read.
-    trained = opened.open_run(config, path, newest_in=model_dir if checkpoint == "latest" else "")
-    path = trained.checkpoint
+def load_source(trained) -> Source:
+    """``trained`` (an ``opened.Opened``: the run at one checkpoint, on its data or another
+    dataset of the same classes) ready to export; a run without images to check the export
+    on is a DataError."""
     if not trained.spec.eval_files:
         raise DataError(
             "the export is checked on images of the run's data, and this run has none "
             "(--synthetic_data): give --data_dir"
         )
-    data = dct.resolved(config.data, trained.spec.eval_sides, train=False)
-    return Source(trained, class_names(trained.spec), data, path)
+    data = dct.resolved(trained.data, trained.spec.eval_sides, train=False)
+    return Source(trained, class_names(trained.spec), data, trained.checkpoint)
 
 
 def float32_twin(source: Source):
@@ -70,7 +67,7 @@ def float32_twin(source: Source):
     model = source.model
     if all(w.dtype == "float32" for w in model.weights) and model.compute_dtype == "float32":
         return model
-    config = source.trained.config
+    trained = source.trained
     if source.checkpoint.endswith(".keras"):  # no run: its registry name is not known
         raise UsageError(
             f"{source.checkpoint} computes in {model.compute_dtype}: export it from its run "
@@ -80,11 +77,11 @@ def float32_twin(source: Source):
     keras.mixed_precision.set_global_policy("float32")
     try:
         twin = models.build_model(
-            config.model.name,
+            trained.model_settings.name,
             model.output_shape[-1],
-            config.data.image_size,
-            config.model.small_input,
-            input_scaling=config.model.input_scaling,
+            trained.data.image_size,
+            trained.model_settings.small_input,
+            input_scaling=trained.model_settings.input_scaling,
         )
     finally:
         keras.mixed_precision.set_global_policy(previous)
@@ -98,7 +95,7 @@ def split_batches(source: Source, split: str, limit: int, batch_size: int):
     evaluation's function (``pipeline.decode_eval_image``), batched: a tf.data.Dataset of
     {encoded, image uint8 [S,S,3], label, valid}."""
     spec = split_spec(source.trained.spec, split)
-    data = dct.resolved(source.trained.config.data, spec.eval_sides, train=False)
+    data = dct.resolved(source.trained.data, spec.eval_sides, train=False)
 
     def decode(record):
         example = spec.parse(record)
