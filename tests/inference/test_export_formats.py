@@ -2,6 +2,7 @@
 (float32, float16, int8, full-integer int8) and as ONNX, each checked against tfgpu.predict;
 every model family built (random weights, 32x32) and exported in every format."""
 
+import dataclasses
 import io
 import json
 import os
@@ -352,7 +353,8 @@ def test_a_mixed_precision_model_exports_from_a_float32_copy(tmp_path):
         source = _random_source("tiny_cnn")
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    source.trained.config = source.trained.config.with_settings(dtype="mixed_float16")
+    trained = source.trained
+    trained.model_settings = dataclasses.replace(trained.model_settings, dtype="mixed_float16")
     twin = float32_twin(source)
     assert source.model.compute_dtype == "float16" and twin.compute_dtype == "float32"
     images = make_image_arrays(4, size=32, seed=6)[0].astype(np.float32)

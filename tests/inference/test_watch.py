@@ -17,7 +17,7 @@ from tfgpu import train
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.errors import CheckpointError
 from tfgpu.cli.app import run_command
-from tfgpu.inference.sidecar import watch
+from tfgpu.cli.sidecar import watch
 
 KEYS = ("top1", "top5", "loss", "num_examples", "non_finite")
 

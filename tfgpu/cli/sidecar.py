@@ -27,8 +27,14 @@ def follow(model_dir: str, interval_s: float, timeout_s: float) -> int:
     if not model_dir:
         raise UsageError("--watch needs --model_dir (the trainers')")
     quiet.import_tensorflow()
+    return watch(model_dir, interval_s, timeout_s)
+
+
+def watch(model_dir: str, interval_s: float = 10.0, timeout_s: float = 3600.0, log=print) -> int:
+    """``inference.sidecar.watch`` of the run in ``model_dir``, which it opens once its
+    config.json is there (``head.open_run``, its optimizer too: the learning rate of each
+    row it writes). Call it once TensorFlow has started."""
     from tfgpu.inference import sidecar  # noqa: PLC0415 (TensorFlow: after its quiet start)
 
-    # Its optimizer too: the learning rate of each row it writes.
     opening = lambda folder: head.open_run(folder, optimizer=True)  # noqa: E731
-    return sidecar.watch(model_dir, opening, interval_s, timeout_s)
+    return sidecar.watch(model_dir, opening, interval_s, timeout_s, log)

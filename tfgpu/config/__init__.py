@@ -9,6 +9,12 @@ sections (``data/config.py``: ``DataConfig`` and ``CurriculumConfig``, ``models/
 ``distribute/config.py``: ``DistConfig``); this package only composes them, with the checks
 that span sections. The input pipeline takes ``config.data`` as it is: no copy, no renaming.
 
+This package sits just below the commands: they make a Config (``config_from``, ``validate``;
+``rundir``: a run's config.json read back) and hand it to the conductor (``train.run``) or,
+section by section, to the uses of a trained run. Nothing below imports it: each package
+takes its own section and plain values, so the settings' home is above every package whose
+section it composes.
+
 No TensorFlow here (nor in the modules whose choices it reads): ``--help`` and a bad flag
 must not wait for TensorFlow's start-up.
 """

@@ -1,9 +1,10 @@
 """A run's folder as the settings see it: its config.json read back (``stored_settings``), a
-folder that is not a tfgpu run refused (``read_run``), the settings of a restart
-(``restart_values``): a run started again with ``--model_dir`` alone resumes with its own
-settings; the flags given again may change only ``MAY_CHANGE`` (and where the work runs);
-and the Config a use of a finished run reads (``run_config``, ``head_config``: evaluate,
-predict, export, average, the side-car), so that a wrong ``--model_dir`` is one line at once.
+folder that is not a tfgpu run refused (``read_run``, by ``results.folder.check``), the
+settings of a restart (``restart_values``): a run started again with ``--model_dir`` alone
+resumes with its own settings; the flags given again may change only ``MAY_CHANGE`` (and
+where the work runs); and the Config a use of a finished run reads (``run_config``,
+``head_config``: for ``cli.head``, which opens the run for evaluate, predict, export,
+average, the side-car and the report), so that a wrong ``--model_dir`` is one line at once.
 
 Plain data in, plain data out: ``tfgpu.main`` passes the flags' values and the names of those
 the user set (absl's ``present``); nothing here reads flags. No TensorFlow here.
