@@ -1,6 +1,6 @@
 """What workers compare at start-up (``distribute/consensus.py``), without worker processes:
-fingerprints as plain data, and one worker's ``train._agreed_spec`` given what another one
-sent. tests/e2e/test_cluster.py runs real workers that disagree on a flag."""
+fingerprints as plain data, and one worker's start-up agreement (``train.loop._agreed_data``)
+given what another one sent. tests/e2e/test_cluster.py runs real workers that disagree on a flag."""
 
 import json
 
@@ -8,9 +8,17 @@ import pytest
 
 from tfgpu.config import config_from
 from tfgpu.distribute import DistributeError, consensus, heartbeats
-from tfgpu.train.loop import _agreed_spec
+from tfgpu.train.loop import _agreed_data
 
 ALONE = heartbeats.Watch().announced  # what a worker without heartbeats announces
+
+
+def _agreed_spec(config, backend, announced):
+    """The agreement of a run of ``config``, with the sections the conductor hands it."""
+    o = config.optim
+    return _agreed_data(
+        config.data, o.class_weights, config.model_dir, config.shared(), backend, announced
+    )
 
 
 def _fingerprints(*weights, where=("host-a:1", "host-b:2")) -> list:
