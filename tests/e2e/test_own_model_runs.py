@@ -25,9 +25,10 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.errors import ConfigError
 from tfgpu.report.runs import read_runs
-from tfgpu.inference.evaluate import evaluate
-from tfgpu.inference.export.checked import export
-from tfgpu.inference.predict import predict
+from tfgpu.cli import head
+from tfgpu.cli.evaluate import evaluate
+from tfgpu.cli.export import export_run as export
+from tfgpu.cli.predict import predict
 
 SETTINGS = dict(TINY_RUN, image_size=16, sync_batchnorm=True)
 ATOL = 1e-5  # the contract's bound: float rounding (docs/training-loop.md)
@@ -177,7 +178,8 @@ def test_a_keras_file_run_is_exported_served_evaluated_predicted_and_reported(ke
     requires("matplotlib")  # the report draws with the [report] extra
     from tfgpu.report.write import write_report  # noqa: PLC0415 (after requires)
 
-    page = write_report(read_runs([run]), output=str(tmp_path / "r.html"), gallery=2, log=_quiet)
+    runs, output = read_runs([run]), str(tmp_path / "r.html")
+    page = write_report(runs, output, gallery=2, log=_quiet, open_run=head.open_run)
     assert page["evaluations"][0]["top1"] == pytest.approx(summary_top1(run))
 
 

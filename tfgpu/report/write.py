@@ -23,8 +23,10 @@ def write_report(
     is evaluated on ``split`` (``batch_size`` images at a time) for its confusion matrix,
     per-class accuracy and the ``gallery`` surest mistakes; a run that cannot be (no
     checkpoint yet, its data gone) says why on the page; ``open_run(model_dir, checkpoint)``
-    opens it (the command's ``head.open_run``: it reads the run's config.json). Returns
-    {"runs": ``runs``, "evaluations": [dict], "bytes": int}."""
+    opens it (the command's ``head.open_run``: it reads the run's config.json; required with
+    ``evaluate``). Returns {"runs": ``runs``, "evaluations": [dict], "bytes": int}."""
+    if evaluate and open_run is None:  # not a silent "not evaluated" page
+        raise TypeError("write_report(evaluate=True) needs open_run (tfgpu.cli.head.open_run)")
     target = check_output(output)
     evaluations = [
         _evaluation(r, evaluate and open_run, checkpoint, split, gallery, batch_size, log)
