@@ -243,18 +243,20 @@ def test_class_weights_in_micro_batches_and_resumed_end_as_one_uninterrupted_dev
 def test_a_run_trains_with_the_class_weights_its_workers_agreed_on(
     imbalanced, tmp_path, monkeypatch
 ):
-    """--class_weights=FILE rewritten after the workers compared it (train._agreed_spec) and
-    before the run is built: the loss and the start-up line have the compared weights."""
+    """--class_weights=FILE rewritten after the workers compared it (train._agreed_data) and
+    before the run is built (train._build): the loss and the start-up line have the compared
+    weights."""
     path = tmp_path / "weights.json"
     path.write_text(json.dumps({"d": 4.0}))
-    built, lines, real_build = [], [], train.build
+    built, lines, real_build = [], [], train._build
 
     def rewritten_then_built(*args, **kwargs):
         path.write_text(json.dumps({"d": 9.0}))
-        built.append(real_build(*args, **kwargs))
-        return built[-1]
+        state, start_lines = real_build(*args, **kwargs)
+        built.append(state)
+        return state, start_lines
 
-    monkeypatch.setattr(train, "build", rewritten_then_built)
+    monkeypatch.setattr(train, "_build", rewritten_then_built)
     monkeypatch.setattr(
         "tfgpu.results.writer.RunWriter.info", lambda self, line: lines.append(line)
     )
