@@ -14,7 +14,7 @@ from conftest import TINY_RUN
 from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.data.spec import load_spec
-from tfgpu.inference.export.checked import export
+from tfgpu.cli.export import export_run as export
 
 
 @pytest.fixture(scope="module")

@@ -87,17 +87,24 @@ def _bn_model():
     return keras.Model(inputs, keras.layers.Dense(3, name="logits")(x))
 
 
+def _run_optimizer(config, model, total_steps: int):
+    """The run's optimizer as the conductor makes it: the optimizer's and model's sections."""
+    batch = config.train.global_batch_size
+    return finetune.run_optimizer(config.optim, config.model, model, batch, total_steps)
+
+
 def test_batchnorm_offsets_and_scales_train_at_their_multiple():
     model = _bn_model()
     config = validate(
         config_from(optimizer="sgd", momentum=0.0, weight_decay=0.0, batchnorm_lr_multiplier=8.0)
     )
-    groups = finetune.lr_groups(config, model)
+    groups = finetune.lr_groups(config.optim, config.model, model)
     assert [(label, m) for label, m, _ in groups] == [("weights", 1.0), ("weights/batchnorm", 8.0)]
     assert sorted(v.path for v in groups[1][2]) == ["bn/beta", "bn/gamma", "bn_offset_only/beta"]
-    optimizer = finetune.run_optimizer(config, model, total_steps=10)
+    optimizer = _run_optimizer(config, model, 10)
     assert (
-        finetune.describe(config, optimizer, 10) == "learning rate weights x1, weights/batchnorm x8"
+        finetune.describe(optimizer, config.optim, config.model, 10)
+        == "learning rate weights x1, weights/batchnorm x8"
     )
     optimizer.build(model.trainable_variables)
     before = [v.numpy().copy() for v in model.trainable_variables]
@@ -111,11 +118,12 @@ def test_batchnorm_offsets_and_scales_train_at_their_multiple():
 
 def test_without_the_flags_one_optimizer_and_no_line():
     config = validate(config_from(optimizer="sgd"))
-    assert finetune.lr_groups(config, _bn_model()) is None
-    optimizer = finetune.run_optimizer(config, _bn_model(), total_steps=10)
-    assert finetune.describe(config, optimizer, 10) == ""
+    assert finetune.lr_groups(config.optim, config.model, _bn_model()) is None
+    optimizer = _run_optimizer(config, _bn_model(), 10)
+    assert finetune.describe(optimizer, config.optim, config.model, 10) == ""
     ahead = validate(config_from(lookahead_steps=5))
-    line = finetune.describe(ahead, finetune.run_optimizer(ahead, _bn_model(), 10), 10)
+    made = _run_optimizer(ahead, _bn_model(), 10)
+    line = finetune.describe(made, ahead.optim, ahead.model, 10)
     assert line.startswith("lookahead: every 5 updates the slow weights move")
 
 
