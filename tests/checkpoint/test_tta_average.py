@@ -300,7 +300,7 @@ def test_tfgpu_average_writes_the_same_mean_and_evaluate_reproduces_final_eval(
     assert done["steps"] == [4, 6] and "steps [4, 6]" in lines[0]
     with h5py.File(out, "r") as f:
         assert len(f.keys()) > 0
-    assert_same_weights(_file_weights(out), os.path.join(model_dir, "final.weights.h5"))
+    assert_same_weights(out, os.path.join(model_dir, "final.weights.h5"))  # both named by path
     # Evaluated as a file of weights, with the run's --eval_tta: the run's final numbers.
     result = evaluate(model_dir, checkpoint=out, log=lambda _: None)
     assert result["tta"] == "flip" and result["step"] is None

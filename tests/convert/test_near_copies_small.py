@@ -19,12 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image, ImageDraw
+from requires import FASHION_MNIST, requires
+from skimage import data as skimage_data
 
 from tfgpu import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import crops, duplicates, fingerprint, worker
 
-skimage_data = pytest.importorskip("skimage.data")
 
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "clock", "brick"]
 HOWS = ("q60", "resize80", "resize120", "crop", "crop5", "flip", "all")
@@ -274,13 +275,12 @@ def test_a_garment_cut_a_pixel_tighter_is_a_copy_and_look_alikes_are_not():
     assert _groups(images, "raw") == [{len(images) - 2, len(images) - 1}]
 
 
-FASHION = "/usr/share/datasets/fashion-mnist"
+FASHION = FASHION_MNIST
 
 
 def _idx(name: str, offset: int) -> np.ndarray:
     path = os.path.join(FASHION, name)
-    if not os.path.exists(path):
-        pytest.skip(f"needs Fashion-MNIST's IDX files in {FASHION}")
+    requires("fashion_mnist")
     with gzip.open(path) as f:
         return np.frombuffer(f.read(), np.uint8, offset=offset)
 
