@@ -170,20 +170,24 @@ def _components(variable) -> list[np.ndarray]:
     return [np.asarray(c.numpy()) for c in copies]
 
 
-def _replicas(model: keras.Model) -> dict:
-    """Every replica's copy of every weight of ``model``, named (position, name, replica)."""
-    return {
-        f"{i}:{v.name}@{r}": copy
-        for i, v in enumerate(model.weights)
-        for r, copy in enumerate(_components(v))
-    }
+def _replicas(model: keras.Model, replicas: int = 1) -> dict:
+    """Every replica's copy of every weight of ``model``, named (position, name, replica); a
+    weight held once (one device) stands for each of ``replicas`` replicas, so that a mirrored
+    model's copies are each compared with it."""
+    named = {}
+    for i, v in enumerate(model.weights):
+        copies = _components(v)
+        for r in range(max(replicas, len(copies))):
+            named[f"{i}:{v.name}@{r}"] = copies[r if len(copies) > 1 else 0]
+    return named
 
 
 def _assert_same_weights(a: keras.Model, b: keras.Model, atol=1e-5):
     """Equal to ``atol`` of the largest weight, every replica's copy of every weight (the
     same names, replicas and shapes first); a float32 weight of a float64 model (the logits
     layer) to 10 of its own ulps."""
-    mine, theirs = same_structure(_replicas(a), _replicas(b))
+    replicas = max(len(_components(v)) for v in a.weights)
+    mine, theirs = same_structure(_replicas(a), _replicas(b, replicas))
     scale = largest(a.get_weights())
     for name, x in mine.items():
         ulp = np.finfo(x.dtype).eps if np.issubdtype(x.dtype, np.floating) else 0.0
