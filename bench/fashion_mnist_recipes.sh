@@ -14,7 +14,8 @@
 # then --dtype=auto back to back), 94 (flags/fashion_mnist_94.flags seed 0), peers
 # (bench/time_to_accuracy.py: tfgpu, keras, torch, airbench with the fast recipe, airbench
 # preset 93), 94more (the 94 recipe, seeds 1 2), peers94 (the same bench with the 94 recipe
-# and airbench preset 94), summary (always printed at the end).
+# and airbench preset 94), best (flags/fashion_mnist_best.flags, seed 0: about 55 minutes;
+# not in the default order), summary (always printed at the end).
 #
 # Every training run is a whole command (TensorFlow's start, evaluation and export included)
 # timed by /usr/bin/time -v, in a fresh --model_dir (an existing one would resume); each log
@@ -38,6 +39,7 @@ TORCH_PY=${TORCH_PY:-/tmp/torchenv/bin/python}
 SMOKE=${SMOKE:-}
 FAST=flags/fashion_mnist_fast.flags
 N94=flags/fashion_mnist_94.flags
+BEST=flags/fashion_mnist_best.flags
 mkdir -p "$LOG" "$RUNS"
 cd "$REPO" || exit 1
 export PYTHONPATH=$REPO
@@ -103,6 +105,7 @@ stage_dtype() {
 }
 
 stage_94() { run n94_s0 --flagfile=$N94 --seed=0; }
+stage_best() { run best_s0 --flagfile=$BEST --seed=0; }
 stage_94more() { for s in 1 2; do run n94_s$s --flagfile=$N94 --seed=$s; done; }
 
 torch_env() {
@@ -189,9 +192,9 @@ if [ "${stages[*]}" != "summary" ]; then
   awk -v l="$load" 'BEGIN{exit !(l > 1.0)}' && say "WARNING: load average $load: not a quiet host"
   for s in "${stages[@]}"; do
     case $s in
-      fast|ablation|dtype|94|94more|peers|peers94) "stage_$s" ;;
+      fast|ablation|dtype|94|94more|peers|peers94|best) "stage_$s" ;;
       summary) ;;
-      *) say "unknown stage $s (fast ablation dtype 94 peers 94more peers94 summary)"; exit 2 ;;
+      *) say "unknown stage $s (fast ablation dtype 94 peers 94more peers94 best summary)"; exit 2 ;;
     esac
   done
   echo "after  $(date -u) $(calib)" | tee -a "$LOG/calibration.log"
