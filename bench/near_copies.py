@@ -14,7 +14,8 @@ of detail beyond its 3x3 local means (``crops.fine``: gradients, bokeh; a few % 
 photos' regions, alike wherever they are cut, and a crop of one looks like any other).
 
 Each original is stored as the format says (JPEG at quality 90, stored by the converter as it
-is; PNG; a raw uint8 array, as .npz/IDX/CIFAR inputs give them) and so is its copy, made by:
+is; PNG; a raw uint8 array, as .npz/IDX/CIFAR inputs give them) and so is its copy, made by
+tests/planted.py (the tests plant theirs with it too):
 
   q60     decoded, saved as JPEG at quality 60, decoded again
   resize  resized to 80-120% (uniform), bicubic
@@ -36,7 +37,6 @@ them alone is false.
 
 import argparse
 import glob
-import io
 import os
 import sys
 import time
@@ -46,7 +46,10 @@ from PIL import Image
 
 from tfgpu.convert import crops, duplicates, fingerprint, worker
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # the copies (planted.py)
+import planted  # noqa: E402
 from calibration import calibration  # noqa: E402
 
 MATE = "/usr/share/backgrounds/mate"
@@ -129,42 +132,12 @@ def _detail(tile: np.ndarray) -> float:
     return float(crops.fine(crops._eighths(small))[0])
 
 
-def transformed(tile: np.ndarray, how: str, rng) -> np.ndarray:
-    """The copy ``how`` (module docstring) makes of ``tile``."""
-    image = Image.fromarray(tile)
-    if how == "q60":
-        return np.asarray(Image.open(io.BytesIO(_encoded(tile, "jpeg", 60))).convert("RGB"))
-    if how == "resize":
-        f = rng.uniform(0.8, 1.2)
-        size = (max(1, round(image.width * f)), max(1, round(image.height * f)))
-        return np.asarray(image.resize(size, Image.BICUBIC))
-    if how in ("crop", "crop5"):
-        cut = rng.uniform(0, 0.05, 4) if how == "crop" else np.eye(4)[rng.integers(4)] * 0.05
-        w, h = image.size
-        box = (round(cut[0] * w), round(cut[1] * h), w - round(cut[2] * w), h - round(cut[3] * h))
-        return np.asarray(image.crop(box))
-    if how == "flip":
-        return np.ascontiguousarray(tile[:, ::-1])
-    for step in ("resize", "crop", "flip", "q60"):
-        tile = transformed(tile, step, rng)
-    return tile
-
-
-def _encoded(tile: np.ndarray, fmt: str, quality: int = 90):
-    """What the converter reads: JPEG or PNG bytes, or the array itself (``raw``)."""
-    if fmt == "raw":
-        return np.ascontiguousarray(tile)
-    out = io.BytesIO()
-    Image.fromarray(tile).save(out, "JPEG" if fmt == "jpeg" else "PNG", quality=quality)
-    return out.getvalue()
-
-
 def fingerprinted(tiles: list, fmt: str) -> list:
     """Each tile's (exact key, view), from the converter's own worker code."""
     looks = []
     for tile in tiles:
         look: list = []
-        worker.encode_image(_encoded(tile, fmt), look=look)
+        worker.encode_image(planted.stored(tile, fmt), look=look)
         looks.append(look)
     return looks
 
@@ -208,7 +181,7 @@ def recall_table(originals: dict, distinct: list, rng) -> None:
         regions = [r for size in originals for _, r in originals[size]]
         base_looks = fingerprinted(base + background, fmt)
         for how in TRANSFORMS:
-            copies = [transformed(t, how, rng) for t in base]
+            copies = [planted.copy(t, how, rng) for t in base]
             groups, seconds, _ = check(base_looks + fingerprinted(copies, fmt))
             print(_row(fmt, how, groups, originals, len(base) + len(background), seconds))
             all_regions = regions + [r for _, r in distinct] + regions

@@ -9,7 +9,6 @@ products) are not copies, a garment photo cut a pixel tighter is."""
 
 import functools
 import gzip
-import io
 import json
 import os
 
@@ -19,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image, ImageDraw
+import planted
 from requires import FASHION_MNIST, requires
 from skimage import data as skimage_data
 
@@ -28,7 +28,7 @@ from tfgpu.convert import crops, duplicates, fingerprint, worker
 
 
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "clock", "brick"]
-HOWS = ("q60", "resize80", "resize120", "crop", "crop5", "flip", "all")
+HOWS = ("q60", "resize80", "resize120", "crop", "crop5", "flip", "resize120+crop+flip+q60")
 
 
 @functools.cache
@@ -64,41 +64,13 @@ def _overlap(a: tuple, b: tuple) -> bool:
     return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[2] and b[1] < a[1] + a[2]
 
 
-def _copy(tile: np.ndarray, how: str, rng) -> np.ndarray:
-    image = Image.fromarray(tile)
-    if how == "q60":
-        return np.asarray(Image.open(io.BytesIO(_stored(tile, "jpeg", 60))).convert("RGB"))
-    if how.startswith("resize"):
-        f = int(how[6:]) / 100
-        return np.asarray(image.resize((round(image.width * f), round(image.height * f))))
-    if how in ("crop", "crop5"):
-        cut = rng.uniform(0, 0.05, 4) if how == "crop" else np.eye(4)[rng.integers(4)] * 0.05
-        w, h = image.size
-        box = (round(cut[0] * w), round(cut[1] * h), w - round(cut[2] * w), h - round(cut[3] * h))
-        return np.asarray(image.crop(box))
-    if how == "flip":
-        return np.ascontiguousarray(tile[:, ::-1])
-    for step in ("resize120", "crop", "flip", "q60"):
-        tile = _copy(tile, step, rng)
-    return tile
-
-
-def _stored(tile: np.ndarray, fmt: str, quality: int = 90):
-    """What the converter reads: JPEG or PNG bytes, or the array itself."""
-    if fmt == "raw":
-        return np.ascontiguousarray(tile)
-    out = io.BytesIO()
-    Image.fromarray(tile).save(out, "JPEG" if fmt == "jpeg" else "PNG", quality=quality)
-    return out.getvalue()
-
-
 def _groups(images: list, fmt: str) -> list:
     """The check's groups (sets of indices) of ``images`` read as the converter reads
     ``fmt``, through its worker code."""
     collector = fingerprint.Collector()
     for n, image in enumerate(images):
         look: list = []
-        worker.encode_image(_stored(image, fmt), look=look)
+        worker.encode_image(planted.stored(image, fmt), look=look)
         collector.add(*look, 0, str(n), 0)
     shard = ("train", "train-00000-of-00001.tfrecord", {"fingerprints": collector.record()})
     _, groups, _ = duplicates.check([shard], ["c"])
@@ -115,7 +87,7 @@ def test_small_copies_join_their_originals_and_nothing_else_groups(fmt):
     rng = np.random.default_rng(0)
     originals = [t for n, size in enumerate((28, 48, 100)) for t in _tiles(size, 14, n)]
     distinct = [t for n, size in enumerate((28, 48, 64)) for t in _tiles(size, 30, 10 + n)]
-    copies = [_copy(t, HOWS[n % len(HOWS)], rng) for n, t in enumerate(originals)]
+    copies = [planted.copy(t, HOWS[n % len(HOWS)], rng) for n, t in enumerate(originals)]
     groups = _groups(originals + distinct + copies, fmt)
     first_copy = len(originals) + len(distinct)
     expected = [{n, first_copy + n} for n in range(len(originals))]
@@ -135,7 +107,7 @@ def test_a_jpeg_draft_keeps_enough_pixels_to_compare():
     assert fingerprint.draft_size(100, 120) == (50, 60)
     assert fingerprint.draft_size(28, 28) == (28, 28)
     assert fingerprint.draft_size(400, 300) == (50, 37)
-    data = _stored(_tiles(100, 1, 0)[0], "jpeg")
+    data = planted.stored(_tiles(100, 1, 0)[0], "jpeg")
     look: list = []
     worker.encode_image(data, look=look)
     gray, full, step = look[1]
@@ -150,7 +122,7 @@ def test_the_alignment_undoes_a_crop_a_whole_frame_comparison_cannot():
     looks = []
     for image in images:
         look: list = []
-        worker.encode_image(_stored(image, "png"), look=look)
+        worker.encode_image(planted.stored(image, "png"), look=look)
         looks.append(look)
     record = fingerprint.shard_record(*zip(*looks), [0] * 3, ["a", "b", "c"], [0] * 3)
     thumbs = record["thumbs"]
@@ -162,7 +134,7 @@ def test_the_alignment_undoes_a_crop_a_whole_frame_comparison_cannot():
 
 
 def _jpeg_tile(tile: np.ndarray, quality: int = 95) -> bytes:
-    return _stored(tile, "jpeg", quality)
+    return planted.stored(tile, "jpeg", quality)
 
 
 def test_the_reporters_folder_of_small_jpeg_tiles(tmp_path, capsys):
@@ -173,28 +145,21 @@ def test_the_reporters_folder_of_small_jpeg_tiles(tmp_path, capsys):
     the planted copies."""
     rng = np.random.default_rng(7)
     tiles = _tiles(100, 40, 7) + _tiles(96, 20, 8)
-    root, planted = tmp_path / "tiles", {"q60": 0, "resize": 1, "crop3": 2, "flip": 3}
+    root, kinds = tmp_path / "tiles", {"q60": 0, "resize90": 1, "crop3": 2, "flip": 3}
     for n, tile in enumerate(tiles):
         split = "validation" if n % 5 == 4 else "train"
         (root / split / "ab"[n % 2]).mkdir(parents=True, exist_ok=True)
         (root / split / "ab"[n % 2] / f"t{n}.jpg").write_bytes(_jpeg_tile(tile))
-    for how, n in planted.items():
+    for how, n in kinds.items():
         tile = tiles[n]
-        if how == "q60":
-            copy = _copy(tile, "q60", rng)
-        elif how == "resize":
-            copy = np.asarray(Image.fromarray(tile).resize((90, 90), Image.BICUBIC))
-        elif how == "crop3":
-            copy = tile[3:-3, 3:-3]
-        else:
-            copy = _copy(tile, "flip", rng)
+        copy = tile[3:-3, 3:-3] if how == "crop3" else planted.copy(tile, how, rng)
         (root / "validation" / "ab"[n % 2] / f"t{n}-{how}.jpg").write_bytes(_jpeg_tile(copy))
     (root / "train" / "b" / "t10-copy.jpg").write_bytes(_jpeg_tile(tiles[10]))  # class a's
     quality, stdout = _convert(root, tmp_path / "out", capsys)
     names = [
         {os.path.basename(m["file"]).split(".")[0] for m in g["members"]} for g in quality["groups"]
     ]
-    expected = [{f"t{n}", f"t{n}-{how}"} for how, n in planted.items()] + [{"t10", "t10-copy"}]
+    expected = [{f"t{n}", f"t{n}-{how}"} for how, n in kinds.items()] + [{"t10", "t10-copy"}]
     assert sorted(map(sorted, names)) == sorted(map(sorted, expected))
     assert quality["leaked_images"] == {"validation": 4} and quality["num_label_conflicts"] == 1
     quality, stdout = _convert(root, tmp_path / "out", capsys, "--dedupe=validation", "--overwrite")
