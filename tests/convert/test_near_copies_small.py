@@ -273,3 +273,27 @@ def test_fashion_mnists_look_alikes_are_not_copies_and_its_shifted_photos_are():
     for a, b in [(50394, 11539), (11205, 30861), (46995, 2782)]:
         assert group_of.get(a, -1) == group_of.get(b, -2)
     assert len(groups) < 120  # 27 as whole frames, a few dozen shifted photos
+
+
+def _in_a_black_frame(y: int, x: int, side: int) -> np.ndarray:
+    """A 96 px black frame with a ``side`` px patch of a photo at (y, x) in its top right
+    corner (a retina photo's surround, cut by a tile)."""
+    frame = np.zeros((96, 96, 3), np.uint8)
+    frame[:side, -side:] = _photo("astronaut")[y : y + side, x : x + side]
+    return frame
+
+
+@pytest.mark.parametrize("fmt", ["raw", "jpeg"])
+def test_a_black_frame_with_a_sliver_of_picture_groups_only_with_its_own_copies(fmt):
+    """25 black frames, each with another patch of a photo in one corner: 12 px patches
+    (2x2 of the 16x16 thumbnail's pixels: whole frames within 4 grey levels RMS, 4 false
+    groups before ``SPREAD_PIXELS``) are too little to tell apart: no group but an exact
+    copy's; 40 px patches are enough: re-encoded, resized and mirrored copies join theirs,
+    and nothing else groups."""
+    spots = [(y, x) for y in range(100, 500, 80) for x in range(100, 500, 80)]
+    rng = np.random.default_rng(0)
+    for side, hows in ((12, ()), (40, ("q60", "resize90", "flip"))):
+        frames = [_in_a_black_frame(y, x, side) for y, x in spots]
+        copies = [planted.copy(frames[0], how, rng) for how in hows] + [frames[0].copy()]
+        groups = _groups(frames + copies, fmt)
+        assert groups == [{0, *range(len(frames), len(frames) + len(copies))}], side

@@ -11,7 +11,14 @@ Each record comes with its fingerprint (``fingerprint.py``, computed by the work
   images: on Fashion-MNIST a third of the test images have a training image within 6 bits,
   most of them merely the same kind of garment; the thumbnail tells copies from look-alikes;
 - flat images (thumbnail deviation under ``FLAT_STD`` grey levels: one colour, or nearly)
-  have no meaningful pHash (all share one) and are grouped only when exactly equal.
+  have no meaningful pHash (all share one) and are grouped only when exactly equal;
+- a frame that is one level but for a few pixels (a photo's black surround with a sliver of
+  the picture in a corner) carries too little information at thumbnail size to tell copies
+  from other slivers: where either thumbnail's deviation from its median level lies in fewer
+  than ``SPREAD_PIXELS`` of its 256 pixels (``_spread``), the pair is not near by either
+  relation (exact copies are still grouped). Two corners of a retina photo, 3-7 such pixels
+  each, made a false group; bench/near_copies.py's planted copies have 11.8 or more (a
+  cropped copy of such a corner), Fashion-MNIST's grouped images 38 or more.
 
 Groups are the connected components of both relations. The search is not over all pairs
 (``near_search.py``: a k-d tree over the thumbnails' principal components, or multi-index
@@ -32,6 +39,7 @@ from tfgpu.convert import crops, fingerprint, near_search
 RADIUS = 6  # pHash bits (of 64); JPEG q95->60, a 90% resize, a 2-px crop: 0-4 on photos
 THUMB_RMS = 4.0  # grey levels; distinct garments of Fashion-MNIST: >= 5 (docs/data.md)
 FLAT_STD = 2.0  # grey levels of the 16x16 thumbnail
+SPREAD_PIXELS = 8.0  # of the thumbnail's 256: a deviation in fewer is grouped only if exact
 MAX_LISTED = 100  # members listed per group in quality.json (its size is always given)
 _CHUNK = 4096  # rows converted to float at once: they stay in a cache, memory stays bounded
 
@@ -85,6 +93,7 @@ def find_groups(records: Records) -> tuple[list, dict]:
         records.phash[first[live]], records.mirror[first[live]], thumbs[live]
     )
     cropped, crop_search = _cropped(pairs, thumbs[live], space)
+    cropped = cropped[_informative(thumbs[live], cropped)]
     search.update(crop_search, crop_pairs=len(cropped))
     pairs = np.concatenate([pairs, cropped])
     edges = (np.ones(len(pairs)), (live[pairs[:, 0]], live[pairs[:, 1]]))
@@ -107,6 +116,7 @@ def near_pairs(direct: np.ndarray, mirror: np.ndarray, thumbs: np.ndarray) -> tu
     reach = THUMB_RMS * np.sqrt(thumbs[0].size) + 0.05 if len(thumbs) else 0.0
     triples, stats, space = near_search.candidates(direct, mirror, thumbs, RADIUS, reach)
     near = triples[_thumbs_close(thumbs, triples), :2]
+    near = near[_informative(thumbs, near)]
     pairs = np.unique(np.sort(near, axis=1), axis=0) if len(near) else np.zeros((0, 2), np.int64)
     return pairs, stats, space
 
@@ -158,6 +168,26 @@ def _thumbs_close(thumbs: np.ndarray, triples: np.ndarray) -> np.ndarray:
     return close
 
 
+def _informative(thumbs: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """For each pair (i, j) (few: the pairs found near), whether both thumbnails' deviation
+    from their median level is spread over at least SPREAD_PIXELS pixels (``_spread``)."""
+    if not len(pairs):
+        return np.zeros(0, bool)
+    ends = np.unique(pairs)
+    spread = np.zeros(len(thumbs))
+    spread[ends] = _spread(thumbs[ends].reshape(len(ends), -1).astype(np.float64))
+    return np.minimum(spread[pairs[:, 0]], spread[pairs[:, 1]]) >= SPREAD_PIXELS
+
+
+def _spread(pixels: np.ndarray) -> np.ndarray:
+    """Over how many pixels each row's deviation from its median lies: the participation
+    ratio (sum |d|)^2 / sum d^2, from 1 (one pixel off a flat frame) to the row's length
+    (all off by as much); a mirror's is its image's."""
+    deviation = np.abs(pixels - np.median(pixels, axis=1, keepdims=True))
+    energy = (deviation * deviation).sum(axis=1)
+    return deviation.sum(axis=1) ** 2 / np.maximum(energy, 1e-9)
+
+
 def _rms(a: np.ndarray, b: np.ndarray, flip: np.ndarray) -> np.ndarray:
     """Root mean square difference of images ``a`` and ``b`` (mirrored where ``flip``)."""
     other = np.where(flip, b[:, :, ::-1], b)
@@ -187,8 +217,9 @@ def build_report(records: Records, groups: list, class_names: list, stats: dict)
             "near": f"pHash (imagehash's: 32x32 grayscale, DCT, 8x8 low frequencies) within "
             f"{RADIUS} of 64 bits, of the image or its mirror, confirmed by 16x16 thumbnails "
             f"within {THUMB_RMS} grey levels RMS",
-            "flat": f"images with a 16x16 thumbnail deviation under {FLAT_STD} grey levels: "
-            "grouped only when exactly equal",
+            "flat": f"images with a 16x16 thumbnail deviation under {FLAT_STD} grey levels, "
+            f"or one spread over fewer than {SPREAD_PIXELS:g} of its pixels (a sliver of "
+            "picture in a flat frame): grouped only when exactly equal",
             "search": f"indexed by {stats['index']}: every pair within both distances is "
             "found, not every pair is compared",
             "cropped": "each image against its nearest ones (k-d tree), after the crop of one "
