@@ -6,7 +6,7 @@ the final size, side by side, and the run's predicted train time with stages aga
                                 [--rounds=3]
 
 Per model, one model is built at --image_size and widened as a progressive run widens it
-(``models.any_input_size``); tfgpu's own train step (``TrainStep.update``, one device) is
+(``prepare.any_input_size``); tfgpu's own train step (``TrainStep.update``, one device) is
 traced once per stage size of ``train.progressive.plan`` on a synthetic uint8 batch, then the
 sizes are timed in alternating rounds in one process (the median of the rounds is printed).
 Stages cover equal shares of the updates, so the predicted time of a progressive run is the
@@ -30,6 +30,7 @@ import tensorflow as tf  # noqa: E402
 from calibration import calibration  # noqa: E402
 
 from tfgpu import models  # noqa: E402
+from tfgpu.models import prepare  # noqa: E402
 from tfgpu.config import config_from  # noqa: E402
 from tfgpu.train import progressive  # noqa: E402
 from tfgpu.distribute import backends  # noqa: E402
@@ -97,7 +98,7 @@ def main() -> None:
     for name in args.models.split(","):
         keras.utils.set_random_seed(0)
         model = models.build_model(name, NUM_CLASSES, args.image_size)
-        models.any_input_size(model)
+        prepare.any_input_size(model)
         runners = {size: make_runner(model, size, args.batch) for size in sizes}
         times = {size: [] for size in sizes}
         for _ in range(args.rounds):

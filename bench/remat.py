@@ -5,7 +5,7 @@ gradient checkpointing, side by side.
                           [--image_size=160] [--steps=2] [--rounds=2]
 
 Per model, tfgpu's own train step (``TrainStep.update``, one device) is built twice on the
-same model, plain and with ``models.rematerialized`` as under --remat, on one synthetic uint8
+same model, plain and with ``prepare.rematerialized`` as under --remat, on one synthetic uint8
 batch, traced and warmed up; then the two are timed in alternating rounds (A B A B) in one
 process and the median of the rounds is printed. Peak memory is TensorFlow's allocator's own
 peak (``tf.config.experimental.get_memory_info``: on a GPU the GPU's, here the CPU device's
@@ -30,6 +30,7 @@ import tensorflow as tf  # noqa: E402
 from calibration import calibration  # noqa: E402
 
 from tfgpu import models  # noqa: E402
+from tfgpu.models import prepare  # noqa: E402
 from tfgpu.distribute import backends  # noqa: E402
 from tfgpu.step.train_step import TrainStep  # noqa: E402
 
@@ -42,7 +43,7 @@ def make_runner(model, name: str, remat: bool, args):
     """``run(n) -> seconds`` for n updates of one batch of ``args.batch`` images."""
     backend = backends.build_backend("default")
     with backend.scope():
-        stepped = models.rematerialized(model, name) if remat else model
+        stepped = prepare.rematerialized(model, name) if remat else model
         optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
         step = TrainStep(stepped, optimizer, backend, global_batch_size=args.batch)
     rng = np.random.default_rng(0)
@@ -96,7 +97,7 @@ def main() -> None:
     for name in args.models.split(","):
         keras.utils.set_random_seed(0)
         model = models.build_model(name, NUM_CLASSES, args.image_size)
-        blocks = models.rematerialized(model, name).blocks
+        blocks = prepare.rematerialized(model, name).blocks
         runners = {remat: make_runner(model, name, remat, args) for remat in (False, True)}
         resident = tf.config.experimental.get_memory_info(DEVICE)["current"] / MB
         times, peaks = {False: [], True: []}, {False: [], True: []}

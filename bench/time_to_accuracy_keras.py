@@ -17,7 +17,7 @@ from before it starts. What it is made of:
   tfgpu does; ``CosineDecay`` with ``warmup_target``/``warmup_steps``;
   ``CategoricalCrossentropy(label_smoothing=...)``;
 - airbench's recipes (``flags/fashion_mnist_fast.flags``): the same network with tfgpu's own
-  initialisations (``models.initialize``: the whitening layer from the first 5,000 training
+  initialisations (``prepare.initialize``: the whitening layer from the first 5,000 training
   images, --dirac_init), Keras' mixed-precision policy as tfgpu resolved --dtype, a linear
   warmup-and-decay schedule written as a Keras ``LearningRateSchedule`` (tfgpu's arithmetic),
   alternating flips in tf.data (a coin per image drawn once, the other way in odd epochs),
@@ -133,11 +133,11 @@ def first_images(data_dir: str, r: dict, count: int):
 
 def build_compiled_model(r: dict, total_steps: int, data_dir: str) -> keras.Model:
     from tfgpu import models
-    from tfgpu.models import whitening
+    from tfgpu.models import prepare, whitening
 
     model = models.build_model(r["model"], r["num_classes"], r["image_size"])
     sample = lambda: first_images(data_dir, r, whitening.SAMPLE)  # noqa: E731
-    models.initialize(model, r["dirac_init"], sample, r["whitening"])
+    prepare.initialize(model, r["dirac_init"], sample, r["whitening"])
     lr, warmup = r["learning_rate"], r["warmup_steps"]
     decay_steps = max(total_steps - warmup, 1)  # tfgpu's span: max(total - warmup, 1)
     if r["lr_schedule"] == "linear":

@@ -8,7 +8,7 @@ import pytest
 
 from tfgpu import models
 from tfgpu.models import layers as nets
-from tfgpu.models import whitening
+from tfgpu.models import prepare, whitening
 
 pytestmark = pytest.mark.fast
 
@@ -135,12 +135,12 @@ def test_initialize_reads_the_sample_only_for_a_whitening_layer_made_from_data()
     def no_sample():
         raise AssertionError("the sample was read")
 
-    lines = models.initialize(model, False, no_sample, whitening="trained")
+    lines = prepare.initialize(model, False, no_sample, whitening="trained")
     assert lines == ["--whitening=trained: whiten trains from a random start"]
     layer = whitening.whitening_layer(model)
     assert layer.trainable and any(w is layer.kernel for w in model.trainable_weights)
     np.testing.assert_array_equal(layer.kernel.numpy(), kernel)
-    assert models.initialize(models.build_model("tiny_cnn", 4, 16), True, no_sample) == [
+    assert prepare.initialize(models.build_model("tiny_cnn", 4, 16), True, no_sample) == [
         "--dirac_init: 6 convolutions start as identities where shapes allow"
     ]
 

@@ -22,7 +22,7 @@ from tfgpu import models
 from tfgpu.config import config_from, rundir, validate
 from tfgpu.errors import ConfigError, install_extra
 from tfgpu.imagenet import IMAGENET_MEAN, IMAGENET_VAR
-from tfgpu.models import backbone, foreign, own
+from tfgpu.models import backbone, foreign, own, prepare
 from tfgpu.models.layers import batchnorm_layers
 
 TINY_VIT = "hub:vit_tiny_16?patch_size=4&num_layers=1&num_heads=2&hidden_dim=16&mlp_dim=32"
@@ -397,15 +397,15 @@ def test_a_kerashub_models_backbone_is_the_kerashub_backbone(keras_hub):
 
 def test_progressive_resizing_refuses_a_model_of_one_input_size(nets, keras_hub):
     """A model of one size is refused with the first stage's side; one that pools any size
-    is taken (``models.any_input_size`` widens its input check, as for tfgpu's own)."""
+    is taken (``prepare.any_input_size`` widens its input check, as for tfgpu's own)."""
     for name in (TINY_VIT, f"{nets}:fixed_size"):
         model = models.build_model(name, 3, 16)
-        models.any_input_size(model)
+        prepare.any_input_size(model)
         with pytest.raises(ConfigError) as err:
             foreign.check_any_size(model, name, 8)
         assert _one_line(err).startswith("--progressive_stages trains at smaller images (8x8")
     model = models.build_model(f"{nets}:functional_bn", 3, 16)
-    models.any_input_size(model)
+    prepare.any_input_size(model)
     foreign.check_any_size(model, f"{nets}:functional_bn", 8)
 
 

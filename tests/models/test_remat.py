@@ -10,7 +10,7 @@ from weights import named as named_weights
 import tensorflow as tf
 
 from tfgpu import models
-from tfgpu.models import remat
+from tfgpu.models import prepare, remat
 
 
 def _gradients(model, trained, images, labels):
@@ -48,7 +48,7 @@ def test_remat_gives_the_same_gradients_statistics_and_checkpoint(name, drop_pat
     keras.utils.set_random_seed(1)
     model = models.build_model(name, 4, 32, small_input=True, drop_path_rate=drop_path)
     saved = tf.train.Checkpoint(model=model).write(str(tmp_path / "before"))
-    wrapped = models.rematerialized(model, name)
+    wrapped = prepare.rematerialized(model, name)
     assert wrapped.blocks >= 2
     # The optimizer sees the same variables in the same order (its slots, its checkpoint).
     assert [id(v) for v in wrapped.trainable_variables] == [

@@ -17,6 +17,7 @@ import tensorflow as tf
 from weights import largest, same_structure
 
 from tfgpu import compat, models, optim
+from tfgpu.models import prepare
 from tfgpu.models.layers import batchnorm_statistics
 from tfgpu.step import batchnorm
 from tfgpu.distribute import backends
@@ -145,7 +146,7 @@ def _train(
             opt, loss = _large_batch(model)
             kept["optimizer"] = opt
         step = TrainStep(
-            models.rematerialized(model, name) if remat else model,
+            prepare.rematerialized(model, name) if remat else model,
             opt,
             backend,
             global_batch_size=GLOBAL_BATCH,

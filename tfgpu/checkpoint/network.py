@@ -28,7 +28,7 @@ from tfgpu.checkpoint.best import BEST_DIR, BEST_FILE, best_checkpoint
 from tfgpu.checkpoint.store import DAMAGED, refresh_derived_state
 from tfgpu.results.folder import WEIGHTS_FILE
 from tfgpu.errors import CheckpointError, UsageError, first_line
-from tfgpu.models import backbone, whitening
+from tfgpu.models import backbone, prepare, whitening
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Network:
     step: int | None  # the checkpoint's update; None for a .keras or .weights.h5 file
     checkpoint: str = ""  # the checkpoint (or file) read
     frozen: str = ""  # what --freeze=backbone left training, in words ("": no freeze)
-    initialized: tuple = ()  # the start lines of what models.initialize did (whitening, Dirac)
+    initialized: tuple = ()  # the start lines of what prepare.initialize did (whitening, Dirac)
 
 
 def build(
@@ -54,7 +54,7 @@ def build(
     made before the freeze, since its groups hold every variable that trains at some point;
     made, not built (the train step builds it, or ``load`` before it reads a checkpoint).
     None: no optimizer. ``first_images(count)``: the run's first training images, for the
-    initialisations a builder cannot make (``models.initialize``: a whitening layer from
+    initialisations a builder cannot make (``prepare.initialize``: a whitening layer from
     the data, --dirac_init; ``initialized``: their lines), the trainer's; None for a use,
     whose weights are then read (a whitening layer that trained, --whitening=trained, is
     made trainable still: the optimizer's variables follow)."""
@@ -68,13 +68,13 @@ def build(
         input_scaling=m.input_scaling,  # a model of one's own: scaled as it trained
     )
     if any_size:
-        models.any_input_size(model)
+        prepare.any_input_size(model)
     initialized = []
     if first_images is not None:
         sample = lambda: first_images(whitening.SAMPLE)  # noqa: E731 (read only if needed)
-        initialized = models.initialize(model, m.dirac_init, sample, m.whitening)
+        initialized = prepare.initialize(model, m.dirac_init, sample, m.whitening)
     elif m.whitening == "trained":  # a use: the layer trained, the optimizer's variables hold it
-        models.initialize(model, False, None, "trained")
+        prepare.initialize(model, False, None, "trained")
     made = optimizer(model) if optimizer else None
     frozen = backbone.freeze(model, m) if m.freeze == "backbone" else ""
     return Network(model, made, None, frozen=frozen, initialized=tuple(initialized))

@@ -2,7 +2,8 @@
 module here with a ``build(num_classes, image_size, small_input, **arguments)``:
 ``tiny_cnn.py``, ``resnet.py``, ``cifar_resnet.py``, ``wide_resnet.py``, ``airbench.py``,
 ``applications.py`` (``layers.py``: what they share; ``whitening.py``: airbench's first
-layer). A new family is one file and one line per model in ``MODELS``. A model of the user's
+layer; ``prepare.py``: what a built model gets for a run). A new family is one file and one
+line per model in ``MODELS``. A model of the user's
 own (``package.module:function``, a ``.keras`` file, a KerasHub backbone, a name given to
 ``register``) is read by ``own.py``, built by ``foreign.py`` and ``hub.py``
 (docs/own-model.md). No Keras at import: ``config.py`` checks ``--model`` here before
@@ -106,52 +107,6 @@ def build_model(
     return builder(
         num_classes=num_classes, image_size=image_size, small_input=small_input, **kwargs
     )
-
-
-def initialize(model, dirac: bool, sample_images, whitening: str = "data") -> list[str]:
-    """Initialisations a builder cannot make alone: the whitening layer of a model that has
-    one, from ``sample_images()`` (uint8 [N, S, S, 3], called only then: ``whitening.py``),
-    or with ``whitening`` "trained" made an ordinary trained convolution; and ``dirac``
-    (--dirac_init: identity convolutions, ``layers.dirac_init``). Returns their start-up
-    lines. Call it outside any replica context, before the optimizer is built."""
-    from tfgpu.models import layers, whitening as whiten  # noqa: PLC0415  (Keras: see any_input_size)
-
-    lines, layer = [], whiten.whitening_layer(model)
-    if layer is not None and whitening == "trained":
-        layer.trainable = True
-        lines.append(f"--whitening=trained: {layer.name} trains from a random start")
-    elif layer is not None:
-        lines.append(whiten.initialize(model, sample_images()))
-    if dirac:
-        count = layers.dirac_init(model)
-        lines.append(f"--dirac_init: {count} convolutions start as identities where shapes allow")
-    return lines
-
-
-def any_input_size(model) -> None:
-    """Lets ``model`` (and every model nested in it, as keras.applications' backbones) take
-    images of any side, for --progressive_stages: its layers are the same, only the input
-    check built for --image_size is widened (convolutions and global pooling need no fixed
-    side)."""
-    import keras
-
-    model.input_spec = keras.InputSpec(shape=(None, None, None, model.input_shape[-1]))
-    for layer in model.layers:
-        if isinstance(layer, keras.Model):
-            any_input_size(layer)
-
-
-def rematerialized(model, name: str, any_size: bool = False):
-    """``model`` (built as registry model ``name``) wrapped so that its forward pass keeps only
-    each block's input and the backward pass recomputes the block (``--remat``: ``remat.py``);
-    it shares ``model``'s layers and variables. ``any_size``: its blocks take any image side,
-    as ``any_input_size`` makes ``model``'s."""
-    from tfgpu.models import remat  # noqa: PLC0415  (TensorFlow: config/ reads the registry before it starts; test_imports)
-
-    wrapped = remat.rematerialized(model, MODELS[name][0])
-    for segment in wrapped.segments if any_size else ():
-        any_input_size(segment)
-    return wrapped
 
 
 def load_initial_weights(model, path: str) -> list[str]:

@@ -269,7 +269,7 @@ def _check_logits(spec: own.Own, network, y, num_classes: int) -> None:
 
 def check_any_size(model, name: str, side: int) -> None:
     """--progressive_stages: a ConfigError of one line when ``model`` (built as --model
-    ``name``, its input widened by ``models.any_input_size``) does not take images of side
+    ``name``, its input widened by ``prepare.any_input_size``) does not take images of side
     ``side``, the first stage's (a ViT's position embeddings, a Flatten before a Dense).
     Registry models take any side."""
     if name in MODELS:

@@ -22,6 +22,7 @@ from tfgpu import models, optim
 from tfgpu.checkpoint.best import Best
 from tfgpu.checkpoint.store import Checkpoints
 from tfgpu.errors import ConfigError
+from tfgpu.models.prepare import rematerialized
 from tfgpu.optim import finetune
 from tfgpu.step.train_step import DynamicLossScale, TrainStep
 from tfgpu.train.config import split_batch
@@ -88,7 +89,7 @@ def build_step(
     optimizer."""
     prepare, unpack = step_fns
     if m.remat:  # only the step runs the blocks so; checkpoints hold ``model``
-        model = models.rematerialized(model, m.name, any_size=any_size)
+        model = rematerialized(model, m.name, any_size=any_size)
     return TrainStep(
         model,
         optimizer,
