@@ -40,4 +40,4 @@ def test_evaluate_reads_its_head_and_the_side_cars_settings_back():
 
 def test_an_export_that_cannot_be_made_is_one_line_before_anything_is_loaded():
     with pytest.raises(UsageError, match="choose --format from saved_model, litert, onnx"):
-        export.export.check_request("runs/a", "pdf", "none", False, "")
+        export.export.check_request("runs/a", export.export.ExportOptions(format="pdf"))

@@ -28,6 +28,7 @@ from tfgpu.report.runs import read_runs
 from tfgpu.cli import head
 from tfgpu.cli.evaluate import evaluate
 from tfgpu.cli.export import export_run as export
+from tfgpu.inference.export import ExportOptions
 from tfgpu.cli.predict import predict
 
 SETTINGS = dict(TINY_RUN, image_size=16, sync_batchnorm=True)
@@ -167,7 +168,7 @@ def test_a_keras_file_fine_tunes_its_head_only(keras_run):
 
 def test_a_keras_file_run_is_exported_served_evaluated_predicted_and_reported(keras_run, tmp_path):
     run = str(keras_run[1])
-    entry = export(run, checkpoint="best", fmt="saved_model", log=_quiet)
+    entry = export(run, ExportOptions(format="saved_model"), checkpoint="best", log=_quiet)
     assert entry["verdict"] == "ok"  # its signatures checked against predict
     report = evaluate(run, checkpoint="best", log=_quiet)
     with open(os.path.join(run, "best", "best.json"), encoding="utf-8") as f:
@@ -260,7 +261,7 @@ def test_a_frozen_vit_backbone_unfreezes_at_its_own_learning_rate(
     ],
 )
 def test_a_kerashub_vit_exports_to_onnx_and_litert(vit_run, fmt):
-    entry = export(str(vit_run), fmt=fmt, log=_quiet)
+    entry = export(str(vit_run), ExportOptions(format=fmt), log=_quiet)
     assert entry["verdict"] == "ok"  # checked against predict on the run's images
 
 

@@ -19,6 +19,7 @@ from tfgpu.errors import ExportRefused, UsageError
 from tfgpu.cli.app import run_command
 from tfgpu.inference.export import FAMILIES, companions, family_of, unsupported
 from tfgpu.cli.export import export_run as export
+from tfgpu.inference.export import ExportOptions
 
 needs_litert = pytest.mark.requires("litert")
 needs_onnx = pytest.mark.requires("onnx")
@@ -85,7 +86,7 @@ def test_saved_model_signatures_are_predicts(run_dir, tmp_path):
 
     from tfgpu.cli.predict import predict
 
-    entry = export(run_dir, fmt="saved_model", log=_quiet)
+    entry = export(run_dir, ExportOptions(format="saved_model"), log=_quiet)
     assert entry["verdict"] == "ok" and entry["num_images"] == 24
     assert set(entry["outputs"]) == {"images", "bytes", "examples"}
     for out in entry["outputs"].values():
@@ -119,7 +120,11 @@ def test_saved_model_signatures_are_predicts(run_dir, tmp_path):
 def test_litert(run_dir, quantize, full_integer):
     from ai_edge_litert.interpreter import Interpreter
 
-    entry = export(run_dir, fmt="litert", quantize=quantize, full_integer=full_integer, log=_quiet)
+    entry = export(
+        run_dir,
+        ExportOptions(format="litert", quantize=quantize, full_integer=full_integer),
+        log=_quiet,
+    )
     out = entry["outputs"]["litert"]
     assert entry["verdict"] == "ok" and os.path.isfile(entry["file"])
     if quantize == "none":
@@ -140,7 +145,7 @@ def test_onnx_runs_in_onnx_runtime_as_predict(run_dir, small_dataset):
 
     from tfgpu.cli.predict import predict
 
-    entry = export(run_dir, fmt="onnx", log=_quiet)
+    entry = export(run_dir, ExportOptions(format="onnx"), log=_quiet)
     assert entry["verdict"] == "ok" and entry["outputs"]["onnx"]["max_prob_diff"] < 1e-5
     session = onnxruntime.InferenceSession(entry["file"], providers=["CPUExecutionProvider"])
     images = make_image_arrays(3, size=32, seed=7)[0]
@@ -163,7 +168,8 @@ def test_an_export_that_departs_is_refused_and_not_put_in_place(
     monkeypatch.setattr(Source, "evaluation_weights", lambda self: contextlib.nullcontext())
     output = tmp_path / "strict" / "saved_model"
     code = run_command(
-        lambda: export(run_dir, output=str(output), log=_quiet) and None, prog="tfgpu-export"
+        lambda: export(run_dir, ExportOptions(output=str(output)), log=_quiet) and None,
+        prog="tfgpu-export",
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == ExportRefused.exit_code == 6 and len(err) == 1, err
@@ -187,7 +193,9 @@ def test_an_export_to_an_output_writes_only_there(run_dir, tmp_path):
     folder.mkdir()
     (folder / "report.json").write_text('{"exports": {"other": {}}}')
     (folder / "model.keras").write_text("another export's")
-    entry = export(run_dir, fmt="saved_model", output=str(folder / "r50"), log=_quiet)
+    entry = export(
+        run_dir, ExportOptions(format="saved_model", output=str(folder / "r50")), log=_quiet
+    )
     assert entry["verdict"] == "ok" and entry["file"] == str(folder / "r50")
     assert sorted(os.listdir(folder)) == ["model.keras", "r50", "r50.report.json", "report.json"]
     assert (folder / "report.json").read_text() == '{"exports": {"other": {}}}'
@@ -234,9 +242,9 @@ def test_what_cannot_be_exported_is_one_line(monkeypatch):
         for family in FAMILIES:
             assert unsupported(fmt, "none", family=family) == ""
     with pytest.raises(UsageError, match="is not supported: only the LiteRT format is quantized"):
-        export("x", fmt="onnx", quantize="float16")
+        export("x", ExportOptions(format="onnx", quantize="float16"))
     with pytest.raises(UsageError, match=r"--output=m.onnx: a --format=litert file's name ends"):
-        export("x", fmt="litert", output="m.onnx")
+        export("x", ExportOptions(format="litert", output="m.onnx"))
     import importlib.util
 
     # tf2onnx missing, every other module present (a fast-tier machine has no export extra).
@@ -244,7 +252,7 @@ def test_what_cannot_be_exported_is_one_line(monkeypatch):
     with pytest.raises(
         UsageError, match=r"needs tf2onnx: pip install '\.\[export\]' in tfgpu's folder"
     ):
-        export("x", fmt="onnx")
+        export("x", ExportOptions(format="onnx"))
     assert [family_of(n) for n in ("tiny_cnn", "resnet50", "densenet169")] == [
         "tiny_cnn", "resnet", "densenet"
     ]  # fmt: skip

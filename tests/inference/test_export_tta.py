@@ -15,6 +15,7 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.data.spec import load_spec
 from tfgpu.cli.export import export_run as export
+from tfgpu.inference.export import ExportOptions
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_the_runs_saved_model_serves_its_final_evaluation(run, small_dataset):
 )
 def test_every_format_averages_the_views_and_says_so(run, fmt):
     model_dir, _ = run
-    entry = export(str(model_dir), fmt=fmt, log=lambda *_: None)
+    entry = export(str(model_dir), ExportOptions(format=fmt), log=lambda *_: None)
     assert entry["verdict"] == "ok" and entry["tta"] == "flip_translate"
     for out in entry["outputs"].values():
         assert out["top1_agreement"] == 1.0 and out["max_prob_diff"] < 1e-5

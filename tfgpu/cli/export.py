@@ -26,52 +26,31 @@ def main(argv):
 
 def _command() -> None:
     s, _ = command_settings(PROG)
-    export.check_request(s.model_dir, s.format, s.quantize, s.full_integer, s.output)
+    export.check_request(s.model_dir, s)
     head.start(s)
-    export_run(
-        s.model_dir,
-        s.checkpoint,
-        s.format,
-        s.quantize,
-        s.output,
-        s.data_dir,
-        s.full_integer,
-        s.check_images,
-        s.calibration_images,
-        s.max_prob_diff,
-        s.max_top1_change,
-        s.batch_size,
-    )
+    export_run(s.model_dir, s, s.checkpoint, s.data_dir)  # s: the ExportOptions and the run
 
 
 def export_run(
-    model_dir: str = "",
+    model_dir: str,
+    options: export.ExportOptions,
     checkpoint: str = "latest",
-    fmt: str = "saved_model",
-    quantize: str = "none",
-    output: str = "",
     data_dir: str = "",
-    full_integer: bool = False,
-    check_images: int = 256,
-    calibration_images: int = 256,
-    max_prob_diff: float = 0.0,
-    max_top1_change: float = -1.0,
-    batch_size: int = 32,
     log=print,
 ) -> dict:
-    """Exports as the command does (``inference.export.checked.export`` of the run opened by
-    ``head.open_run``); returns its report entry. Raises UsageError for what cannot be
-    exported (one line, before the run is opened), ExportRefused when the check fails. Call
-    it once TensorFlow has started."""
-    export.check_request(model_dir, fmt, quantize, full_integer, output)
+    """Exports run ``model_dir`` at ``checkpoint`` (on ``data_dir``: "" the run's data) as
+    ``options`` say, as the command does (``inference.export.checked.export`` of the run
+    opened by ``head.open_run``); returns its report entry. Raises UsageError for what cannot
+    be exported (one line, before the run is opened), ExportRefused when the check fails.
+    Call it once TensorFlow has started."""
+    export.check_request(model_dir, options)
     from tfgpu.inference.export import checked  # noqa: PLC0415 (TensorFlow: after its quiet start)
 
-    checked.check_counts(check_images, calibration_images, batch_size)
+    checked.check_counts(options)
     # --checkpoint=latest of a run still training: the newest when it is read.
     newest = checkpoint == "latest"
     trained = head.open_run(model_dir, checkpoint, newest=newest, data_dir=data_dir)
-    entry = (check_images, calibration_images, max_prob_diff, max_top1_change, batch_size)
-    return checked.export(trained, fmt, quantize, output, full_integer, *entry, log=log)
+    return checked.export(trained, options, log=log)
 
 
 def run():

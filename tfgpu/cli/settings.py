@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from tfgpu.convert.manifest import DEFAULT_MAX_FILE_MB, DEFAULT_MAX_MEGAPIXELS
+from tfgpu.inference.export import ExportOptions
 from tfgpu.settings import setting
 
 
@@ -258,40 +259,11 @@ class PredictSettings(RunHead):
     batch_size: int = setting(32, "Images per forward pass.")
 
 
+# Its flags: the run's head, then inference.export.ExportOptions' (declared there, in order).
 @dataclass(frozen=True)
-class ExportSettings(RunHead):
+class ExportSettings(ExportOptions, RunHead):
     """A trained run as a SavedModel, a LiteRT or an ONNX model, checked against predict before
     it is put in place: ``tfgpu-export`` (``python -m tfgpu.export``; docs/deploying.md)."""
-
-    format: str = setting(  # noqa: A003  (the flag's name)
-        "saved_model", "What to export to: saved_model, litert or onnx."
-    )
-    quantize: str = setting(
-        "none",
-        "LiteRT only: none, float16 weights, or int8 calibrated on --calibration_images "
-        "training images.",
-    )
-    full_integer: bool = setting(False, "With --quantize=int8: uint8 input and output tensors too.")
-    output: str = setting(
-        "",
-        "Where the export goes (default: the run's export/saved_model, export/model.tflite, "
-        "export/model_int8.tflite, export/model.onnx, ..., with report.json, labels.txt and "
-        "model.keras beside it); given, its report and labels are named after it "
-        "(OUTPUT.report.json, OUTPUT.labels.txt) and nothing else is written beside it.",
-    )
-    check_images: int = setting(256, "Validation images the export is checked on.")
-    calibration_images: int = setting(256, "Training images int8 is calibrated on.")
-    max_prob_diff: float = setting(
-        0.0,
-        "Refuse a float export whose probabilities depart from the Keras model's by more "
-        "(0: 1e-4 for float32, 2e-2 for float16).",
-    )
-    max_top1_change: float = setting(
-        -1.0,
-        "Refuse an int8 export that changes more than this share of top-1 answers "
-        "(-1: report only).",
-    )
-    batch_size: int = setting(32, "Images per call in the check and the throughput.")
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,16 @@ comparison and the report, ``serving`` for the serving signatures and the writer
 SavedModel and .keras file (the end of a training run's export/ uses it too). This module,
 without TensorFlow, says what can be exported before anything is loaded: the formats, their
 quantizations and packages, and where an export and what goes with it are written
-(``companions``).
+(``companions``), and ``ExportOptions``, what to export and how it is checked.
 """
 
 import importlib.util
 import os
+from dataclasses import dataclass
 
 from tfgpu.errors import UsageError, install_extra
 from tfgpu.models import MODELS
+from tfgpu.settings import setting
 
 FORMATS = ("saved_model", "litert", "onnx")
 QUANTIZE = ("none", "float16", "int8")
@@ -51,6 +53,43 @@ FAMILIES = (
 # Every family exports in every format today (tests/inference/test_export_formats.py builds
 # each one).
 FAMILY_LIMITS: dict = {}
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What to export and how it is checked: the settings of ``tfgpu-export`` beside the run
+    it opens (``cli/settings.ExportSettings`` is these and the run's head), the one argument
+    of ``checked.export`` and ``cli.export.export_run``."""
+
+    format: str = setting(  # noqa: A003  (the flag's name)
+        "saved_model", "What to export to: saved_model, litert or onnx."
+    )
+    quantize: str = setting(
+        "none",
+        "LiteRT only: none, float16 weights, or int8 calibrated on --calibration_images "
+        "training images.",
+    )
+    full_integer: bool = setting(False, "With --quantize=int8: uint8 input and output tensors too.")
+    output: str = setting(
+        "",
+        "Where the export goes (default: the run's export/saved_model, export/model.tflite, "
+        "export/model_int8.tflite, export/model.onnx, ..., with report.json, labels.txt and "
+        "model.keras beside it); given, its report and labels are named after it "
+        "(OUTPUT.report.json, OUTPUT.labels.txt) and nothing else is written beside it.",
+    )
+    check_images: int = setting(256, "Validation images the export is checked on.")
+    calibration_images: int = setting(256, "Training images int8 is calibrated on.")
+    max_prob_diff: float = setting(
+        0.0,
+        "Refuse a float export whose probabilities depart from the Keras model's by more "
+        "(0: 1e-4 for float32, 2e-2 for float16).",
+    )
+    max_top1_change: float = setting(
+        -1.0,
+        "Refuse an int8 export that changes more than this share of top-1 answers "
+        "(-1: report only).",
+    )
+    batch_size: int = setting(32, "Images per call in the check and the throughput.")
 
 
 def unsupported(fmt: str, quantize: str, full_integer: bool = False, family: str = "") -> str:
@@ -107,12 +146,14 @@ def companions(output: str, in_run: bool) -> dict:
     return {"report": f"{output}.report.json", "labels": f"{output}.labels.txt", "keras": ""}
 
 
-def check_request(model_dir: str, fmt: str, quantize: str, full_integer: bool, output: str):
-    """Raises UsageError (one line) for an export that cannot be made before anything is
-    loaded: an unsupported format or quantization, an --output without the format's suffix,
-    no place to put it, or the format's packages missing."""
+def check_request(model_dir: str, options: ExportOptions) -> None:
+    """Raises UsageError (one line) for an export of run ``model_dir`` as ``options`` say that
+    cannot be made before anything is loaded: an unsupported format or quantization, an
+    --output without the format's suffix, no place to put it, or the format's packages
+    missing."""
+    fmt, output = options.format, options.output
     suffix = {"litert": ".tflite", "onnx": ".onnx"}.get(fmt, "")
-    why = unsupported(fmt, quantize, full_integer)
+    why = unsupported(fmt, options.quantize, options.full_integer)
     if not why and output and not output.endswith(suffix):
         why = f"--output={output}: a --format={fmt} file's name ends in {suffix}"
     if not why and not model_dir and not output:

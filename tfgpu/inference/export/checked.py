@@ -14,6 +14,7 @@ from tfgpu.errors import ExportRefused, UsageError
 from tfgpu.files import locked, replacing
 from tfgpu.inference.export.serving import keras_file_refusal
 from tfgpu.inference.export import (
+    ExportOptions,
     check,
     companions,
     default_name,
@@ -30,44 +31,34 @@ from tfgpu.inference.predict import predictor
 FORMAT_MODULES = {"saved_model": saved_model, "litert": litert, "onnx": onnx}
 
 
-def export(
-    trained,
-    fmt: str = "saved_model",
-    quantize: str = "none",
-    output: str = "",
-    full_integer: bool = False,
-    check_images: int = 256,
-    calibration_images: int = 256,
-    max_prob_diff: float = 0.0,
-    max_top1_change: float = -1.0,
-    batch_size: int = 32,
-    log=print,
-) -> dict:
+def export(trained, options: ExportOptions, log=print) -> dict:
     """Exports ``trained`` (an ``opened.Opened``: the run at one checkpoint, on the data it is
-    checked with) as the command does, once ``check_request`` and ``check_counts`` passed;
-    returns its report entry. Raises UsageError for what cannot be exported (one line),
-    ExportRefused when the check fails (the export is then left at
+    checked with) as ``options`` say, as the command does, once ``check_request`` and
+    ``check_counts`` passed; returns its report entry. Raises UsageError for what cannot be
+    exported (one line), ExportRefused when the check fails (the export is then left at
     ``unchecked_path(output)``)."""
+    fmt, quantize, full_integer = options.format, options.quantize, options.full_integer
+    batch_size = options.batch_size
     source = load_source(trained)
     family = family_of(trained.model_settings.name)
     why = unsupported(fmt, quantize, full_integer, family)
     if why:
         raise UsageError(why)
     name = default_name(fmt, quantize, full_integer)
-    in_run = not output
-    output = os.path.expanduser(output) or os.path.join(trained.model_dir, "export", name)
+    in_run = not options.output
+    output = os.path.expanduser(options.output) or os.path.join(trained.model_dir, "export", name)
     beside = companions(output, in_run)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     staged = _staging(output)
     module = FORMAT_MODULES[fmt]
     calibration = (
-        _calibration(source, calibration_images, batch_size) if quantize == "int8" else None
+        _calibration(source, options.calibration_images, batch_size) if quantize == "int8" else None
     )
     log(f"exporting {source.checkpoint} as {name} ...")
     module.write(source, staged, quantize, calibration, full_integer)
-    entry = _checked(source, module.runner(staged), check_images, batch_size)
+    entry = _checked(source, module.runner(staged), options.check_images, batch_size)
     entry.update(format=fmt, quantize=quantize, full_integer=full_integer, bytes=_size(staged))
-    refused = check.verdict(entry, quantize, max_prob_diff, max_top1_change)
+    refused = check.verdict(entry, quantize, options.max_prob_diff, options.max_top1_change)
     try:
         with locked(os.path.dirname(os.path.abspath(output))):
             entry, line = _settle(entry, staged, output, refused, source, beside)
@@ -77,10 +68,10 @@ def export(
     return entry
 
 
-def check_counts(check_images: int, calibration_images: int, batch_size: int) -> None:
-    """A UsageError in one line unless the images to check and calibrate on, and the batch,
-    are positive counts."""
-    if min(check_images, calibration_images, batch_size) < 1:
+def check_counts(options: ExportOptions) -> None:
+    """A UsageError in one line unless ``options``' images to check and calibrate on, and its
+    batch, are positive counts."""
+    if min(options.check_images, options.calibration_images, options.batch_size) < 1:
         raise UsageError("--check_images, --calibration_images and --batch_size must be positive")
 
 
