@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgpu.train import loop as train
+from tfgpu.train import fitting, loop as train
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.distribute import backends
 from tfgpu.errors import NonFiniteLoss
@@ -235,8 +235,8 @@ def test_profile_action_stops_the_loop_at_the_window_edges():
 
     profile = Profile(3, 5, "/unused")
     assert [profile.next_stop(s) for s in (0, 1, 2, 4, 5, 9)] == [2, 2, 5, 5, None, None]
-    assert train._next_stop([profile], 0, 100, 10) == 2
-    assert train._next_stop([profile], 2, 100, 10) == 5
+    assert fitting.next_stop([profile], 0, 100, 10) == 2
+    assert fitting.next_stop([profile], 2, 100, 10) == 5
 
 
 def test_profile_steps_write_a_trace_holding_the_train_step(small_dataset, tmp_path, capsys):

@@ -3,7 +3,9 @@
   loop.py         the conductor: ``run(config)`` takes the run through its phases (set up,
                   data, files, micro-batch, network, restore, train, finish) and is the one
                   place that holds the whole Config; every package below gets its section
-                  and plain values. ``fit``: the loop between the actions.
+                  and plain values.
+  fitting.py      ``fit``: the loop between the actions, the compiled calls until the next
+                  step an action is due
   build.py        what the run is made of: its Plan, its train step, its TrainState (the
                   model, the step, the counters, the checkpoints, the best so far)
   actions.py      what the loop does at its boundaries: log, evaluate, checkpoint, keep the
@@ -23,14 +25,15 @@ evaluator, the export's writer) and ``tfgpu.results`` (the run's files, MLflow, 
 lock). Of data/, the run calls its one door, ``data.run_input``. Nothing here imports
 ``tfgpu.config``: the Config is handed to ``run``.
 
-``tfgpu.train.run`` is ``loop.run``, loaded on first use, so that the light modules here
-(config, op_errors, signals) import without TensorFlow.
+``tfgpu.train.run`` is ``loop.run`` and ``tfgpu.train.fit`` is ``fitting.fit``, loaded on
+first use, so that the light modules here (config, op_errors, signals) import without
+TensorFlow.
 """
 
 
 def __getattr__(name: str):
     if name in ("run", "fit"):
-        from tfgpu.train import loop  # noqa: PLC0415  (TensorFlow: only when a run is asked for)
+        from tfgpu.train import fitting, loop  # noqa: PLC0415  (TensorFlow: only when a run is asked for)
 
-        return getattr(loop, name)
+        return getattr(loop if name == "run" else fitting, name)
     raise AttributeError(f"module 'tfgpu.train' has no attribute {name!r}")
