@@ -25,12 +25,12 @@ import time
 
 from tfgpu.distribute import env
 from tfgpu.distribute import heartbeat_wire as wire
+from tfgpu.distribute.heartbeat_record import DONE, Record
 from tfgpu.distribute.scratch import remove_scratch_dirs
 from tfgpu.errors import WorkerLost
 
 INTERVAL_S = 1.0
 SILENT_S = 5.0  # a peer not heard from for this long is frozen, dead or unreachable
-DONE = "done"
 # How every line that stops a run for a lost, frozen or unreachable worker ends: nothing
 # since the last checkpoint was written anywhere else (only the chief writes them).
 RESUME = (
@@ -130,25 +130,18 @@ def set_phase(phase: str) -> None:
         _CURRENT[0].phase = phase
 
 
-class Board:
-    """What every worker last said, and the watchdog that reads it.
-
-    ``progress()`` returns this process's {"reduced": all-reduces entered, "step": updates
-    done}; ``names[i]`` says how to call worker i in a message; ``peers[i]`` is where worker
-    i's heartbeats are heard (``ip:port``, from ``open_socket``); ``key``: the run's
-    heartbeat key (``heartbeat_wire.new_key``'s bytes). ``phase`` is set by the loop: only
-    "train" counts against the stall timeout, once an update has completed.
+class Board(Record):
+    """What every worker last said (a ``heartbeat_record.Record``: ``progress``, ``names``,
+    ``peers``, ``phase``, and who is silent, behind or blocked), the threads that send and
+    hear it over ``sock``, and the watchdog that reads it. ``key``: the run's heartbeat key
+    (``heartbeat_wire.new_key``'s bytes); ``timeout_s``: --stall_timeout_s.
     """
 
     def __init__(self, sock, index, peers, names, progress, timeout_s: float, key: bytes):
-        self.sock, self.index, self.peers, self.names = sock, index, peers, names
-        self.progress, self.timeout_s = progress, timeout_s
-        self.phase = "startup"
-        self.heard: dict = {}  # worker -> (monotonic time, its message)
+        super().__init__(index, peers, names, progress, SILENT_S)
+        self.sock, self.timeout_s = sock, timeout_s
         self.last_word = threading.Lock()  # held by whoever says why the process ends
         self._moved = (time.monotonic(), None)  # (when our counter last changed, its value)
-        self._updated = (time.monotonic(), None)  # (when the update count last changed, it)
-        self._listening_since = time.monotonic()
         senders = {_address(p): i for i, p in enumerate(peers) if i != index}
         self.inbox, self.key = wire.Inbox(key, senders, len(peers)), key
         _CURRENT[:] = [self]
@@ -200,120 +193,31 @@ class Board:
         """Stops the process when its all-reduce counter stands still for the timeout during
         training: after the first update always; before it (tracing and compiling may take
         long everywhere) only when some worker is silent or behind the others. In any phase,
-        when every other worker has gone silent (``_all_gone``)."""
+        when every other worker has gone silent (``all_gone``)."""
         while self.phase != DONE:
             before = time.monotonic()
             time.sleep(INTERVAL_S / 2)
             mine, now = self.progress(), time.monotonic()
-            if now - before > SILENT_S:  # this process stood still (the GIL held, or frozen):
-                self._listening_since = now  # what the peers said meanwhile is still queued
+            if now - before > self.silent_s:  # this process stood still (the GIL held, or frozen):
+                self.listening_since = now  # what the peers said meanwhile is still queued
             if self.phase == DONE:
                 return
-            if mine["step"] != self._updated[1]:
-                self._updated = (now, mine["step"])
-            if self.timeout_s and self._all_gone(now):
-                _leave(self._gone_line())
+            if mine["step"] != self.updated[1]:
+                self.updated = (now, mine["step"])
+            if self.timeout_s and self.all_gone(now):
+                _leave(self.gone_line())
             if mine["reduced"] != self._moved[1] or self.phase != "train":
                 self._moved = (now, mine["reduced"])
                 continue
             stalled = self.timeout_s and now - self._moved[0] > self.timeout_s
-            if stalled and (mine["step"] or self.silent() or self._behind()[0]):
+            if stalled and (mine["step"] or self.silent() or self.behind()[0]):
                 self._stop(mine, now - self._moved[0])
-
-    def _all_gone(self, now: float) -> bool:
-        """True when every other worker was heard once and not for 3 x SILENT_S since: they
-        stopped (or this machine lost the network), and this one, stuck outside the loop,
-        would wait for ever."""
-        others = [i for i in range(len(self.peers)) if i != self.index]
-        heard = [self._last_heard(i) for i in others]
-        return all(h is not None and now - h > 3 * SILENT_S for h in heard)
-
-    def _gone_line(self) -> str:
-        """Why this worker stops when every other went silent: they are gone, or the network
-        to them is, or only their heartbeats are (``blocked``)."""
-        return self.blocked() or f"every other worker went silent ({self.silent()})"
-
-    def blocked(self) -> str:
-        """ "no heartbeat from worker i (...) for S s while all-reduces with them still
-        complete ..." when peers fell silent while all-reduces with them went on completing
-        for SILENT_S more (their UDP ports blocked, a firewall: the collectives' TCP still
-        flows), else "". Such a run stops too: without its side channel a later hang would
-        go unnoticed for --collective_timeout_s, so it stops while it can still say why."""
-        now, late = time.monotonic(), []
-        for i in range(len(self.peers)):
-            when = self._last_heard(i) if i != self.index else None
-            # Silent, and updates (whose all-reduces need every worker) completed since, for long.
-            if when is not None and self._updated[0] - when > SILENT_S:
-                late.append(i)
-        if not late:
-            return ""
-        quiet_s = now - max(self._last_heard(i) for i in late)
-        return (
-            f"no heartbeat from {', '.join(self.names[i] for i in late)} for {quiet_s:.0f} s "
-            f"while all-reduces with them still complete (update {self.progress()['step']}): "
-            f"their heartbeats to this worker's UDP {self.peers[self.index]} do not arrive (a "
-            "firewall?), and without them a lost worker would go unnoticed; open the heartbeat "
-            "ports between the workers"
-        )
-
-    def _last_heard(self, worker: int) -> float | None:
-        """When ``worker`` was last heard from, or since when this process has been able to
-        listen if that is later (None: never heard)."""
-        when = self.heard.get(worker, (None,))[0]
-        return None if when is None else max(when, self._listening_since)
 
     def _stop(self, mine: dict, idle: float) -> None:
         _leave(
             f"training stalled at update {mine['step'] + 1} (no update for {idle:.0f} s, "
             f"--stall_timeout_s={self.timeout_s:g}): {self.culprit()}; every worker stops"
         )
-
-    def culprit(self) -> str:
-        """Who holds the others up: a worker gone silent, else one that has not reached the
-        all-reduce the others wait in, else everyone."""
-        silent, (behind, top) = self.silent(), self._behind()
-        if silent:
-            return silent
-        if behind:
-            return (
-                f"{', '.join(self.names[i] for i in behind)} alive but not at the all-reduce "
-                f"of update {max(top, 1)} the others wait in (its input pipeline, file system or a "
-                "thread is stuck)"
-            )
-        return "every worker is waiting (no one is behind)"
-
-    def _behind(self) -> tuple[list, int]:
-        """(workers that entered fewer all-reduces than the most advanced, that count). While
-        this one trains, a worker still in start-up (stuck reading its data into memory, say)
-        is behind too, whatever its count."""
-        reduced = {i: m["reduced"] for i, (_, m) in self.heard.items()}
-        reduced[self.index] = self.progress()["reduced"]
-        top = max(reduced.values())
-        late = {
-            i
-            for i, (_, m) in self.heard.items()
-            if self.phase == "train" and m.get("phase") == "startup"
-        }
-        return [i for i, r in sorted(reduced.items()) if r < top or i in late], top
-
-    def silent(self) -> str:
-        """ "worker i (...) went silent at update N (nothing for S s)" for peers not heard
-        from in SILENT_S, or "". N is the last update it took part in: the one its last
-        heartbeat counted, or a later one completed here (each needed its all-reduce)."""
-        now, out = time.monotonic(), []
-        mine = self.progress()["step"]
-        for i in range(len(self.peers)):
-            if i == self.index:
-                continue
-            when, message = self._last_heard(i), self.heard.get(i, (None, None))[1]
-            if when is None:
-                out.append(f"{self.names[i]} never heard from")
-            elif now - when > SILENT_S:
-                out.append(
-                    f"{self.names[i]} went silent at update {max(message['step'], mine)} "
-                    f"(nothing heard for {now - when:.0f} s: frozen, dead or unreachable)"
-                )
-        return "; ".join(out)
 
 
 def _leave(why: str) -> None:
