@@ -15,7 +15,7 @@ from PIL import Image
 
 from tfgpu import files, recordformat
 from tfgpu.cli import convert as cli
-from tfgpu.convert import plan, verify, worker
+from tfgpu.convert import encode, plan, verify, worker
 from tfgpu.errors import ConvertError
 from tfgpu.convert.manifest import BadImage, EncodeOptions, Item
 from tfgpu.data import spec as data_spec
@@ -196,9 +196,9 @@ def test_encode_example_writes_exactly_what_tensorflow_writes():
 @pytest.mark.fast
 def test_encode_image_converts_and_passes_through():
     jpeg = _encoded(_image(), "JPEG")
-    assert worker.encode_image(jpeg) == (jpeg, "JPEG", 18, 24)  # untouched bytes
+    assert encode.encode_image(jpeg) == (jpeg, "JPEG", 18, 24)  # untouched bytes
     for mode, fmt in (("CMYK", "JPEG"), ("L", "JPEG"), ("RGBA", "PNG"), ("RGB", "BMP")):
-        encoded, out_fmt, height, width = worker.encode_image(_encoded(_image(mode), fmt))
+        encoded, out_fmt, height, width = encode.encode_image(_encoded(_image(mode), fmt))
         decoded = Image.open(io.BytesIO(encoded))
         assert (out_fmt, decoded.format, decoded.mode, height, width) == (
             "JPEG",
@@ -208,16 +208,16 @@ def test_encode_image_converts_and_passes_through():
             24,
         )
     transparent = Image.new("RGBA", (4, 4), (255, 0, 0, 0))
-    encoded, fmt, _, _ = worker.encode_image(_encoded(transparent, "PNG"), lossless=True)
+    encoded, fmt, _, _ = encode.encode_image(_encoded(transparent, "PNG"), lossless=True)
     assert fmt == "PNG" and Image.open(io.BytesIO(encoded)).getpixel((0, 0)) == (255, 255, 255)
     big = _encoded(_image(size=(300, 120)), "JPEG")
-    encoded, _, height, width = worker.encode_image(big, max_side=100)
+    encoded, _, height, width = encode.encode_image(big, max_side=100)
     assert (height, width) == (40, 100) == Image.open(io.BytesIO(encoded)).size[::-1]
     array = RNG.integers(0, 256, (5, 6), dtype=np.uint8)
-    encoded, _, _, _ = worker.encode_image(array, lossless=True)
+    encoded, _, _, _ = encode.encode_image(array, lossless=True)
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(encoded)))[..., 0], array)
     with pytest.raises(BadImage, match="expected a uint8"):
-        worker.encode_image(np.zeros((4, 4), np.float32))
+        encode.encode_image(np.zeros((4, 4), np.float32))
 
 
 def _decodes_fully(data: bytes) -> bool:
@@ -250,7 +250,7 @@ def test_the_scaled_jpeg_check_refuses_what_a_full_decode_refuses(mode, progress
         else:
             data[at : at + 8] = rng.integers(0, 256, 8, dtype=np.uint8).tobytes()
         try:
-            worker.encode_image(bytes(data))
+            encode.encode_image(bytes(data))
             ours = True
         except BadImage:
             ours = False

@@ -24,7 +24,7 @@ from PIL import Image
 
 from tfgpu import recordformat
 from tfgpu.cli import convert as cli
-from tfgpu.convert import worker
+from tfgpu.convert import encode
 from tfgpu.convert.inputs import idx
 from tfgpu.data import spec as data_spec
 
@@ -258,7 +258,7 @@ def test_debian_fashion_mnist_reads_as_its_arrays():
     for item in source.splits["validation"][::997]:
         i = int(item.filename[5:-1])  # "t10k[123]"
         assert np.array_equal(item.source, pixels[i])
-        encoded, fmt, _, _ = worker.encode_image(item.source, lossless=True, keep_grayscale=True)
+        encoded, fmt, _, _ = encode.encode_image(item.source, lossless=True, keep_grayscale=True)
         assert fmt == "PNG" and np.array_equal(
             np.asarray(Image.open(io.BytesIO(encoded))), pixels[i]
         )
@@ -390,7 +390,7 @@ def test_any_npz_converts_or_is_one_line(tmp_path, capsys, arrays):
 def test_keep_grayscale_keeps_only_grayscale():
     gray, rgb = RNG.integers(0, 256, (3, 4), np.uint8), RNG.integers(0, 256, (3, 4, 3), np.uint8)
     for array, mode in ((gray, "L"), (gray[..., None], "L"), (rgb, "RGB")):
-        encoded, fmt, _, _ = worker.encode_image(array, lossless=True, keep_grayscale=True)
+        encoded, fmt, _, _ = encode.encode_image(array, lossless=True, keep_grayscale=True)
         image = Image.open(io.BytesIO(encoded))
         assert (fmt, image.mode) == ("PNG", mode) and np.array_equal(
             np.asarray(image), array.squeeze()

@@ -20,7 +20,7 @@ from PIL import Image
 
 from tfgpu import recordformat
 from tfgpu.cli import convert as cli
-from tfgpu.convert import plan, replace, worker
+from tfgpu.convert import encode, plan, replace, worker
 from tfgpu.convert.inputs import caffe_datum, folders, hdf5, lmdb_input
 from tfgpu.errors import ConvertError
 from tfgpu.convert.manifest import BadImage, Item
@@ -361,7 +361,7 @@ def test_listing_special_files_reads_nothing(tmp_path):
         {"file": "a/fifo.png", "reason": "not a regular file: a FIFO (named pipe)"}
     ]
     with pytest.raises(BadImage, match="FIFO"):  # opened non-blocking: no writer needed
-        worker.encode_image(str(tmp_path / "in" / "a" / "fifo.png"))
+        encode.encode_image(str(tmp_path / "in" / "a" / "fifo.png"))
 
 
 @pytest.mark.fast

@@ -12,7 +12,7 @@ from PIL import Image
 
 from tfgpu import recordformat
 from tfgpu.cli import convert as cli
-from tfgpu.convert import worker
+from tfgpu.convert import encode
 from tfgpu.convert.manifest import BadImage
 from tfgpu.data import spec as data_spec
 
@@ -162,9 +162,9 @@ def test_tfds_dataset_from_a_local_data_dir(tmp_path):
 
 
 def test_png_bytes_from_any_source_are_checked_like_files():
-    assert worker.encode_image(_png(np.zeros((3, 3, 3), np.uint8)))[1] == "JPEG"
+    assert encode.encode_image(_png(np.zeros((3, 3, 3), np.uint8)))[1] == "JPEG"
     with pytest.raises(BadImage):
-        worker.encode_image(_png(np.zeros((3, 3, 3), np.uint8))[:20])
+        encode.encode_image(_png(np.zeros((3, 3, 3), np.uint8))[:20])
 
 
 def _png(array) -> bytes:

@@ -24,7 +24,7 @@ from skimage import data as skimage_data
 
 from tfgpu import recordformat
 from tfgpu.cli import convert as cli
-from tfgpu.convert import crops, duplicates, fingerprint, worker
+from tfgpu.convert import crops, duplicates, encode, fingerprint
 
 
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "clock", "brick"]
@@ -70,7 +70,7 @@ def _groups(images: list, fmt: str) -> list:
     collector = fingerprint.Collector()
     for n, image in enumerate(images):
         look: list = []
-        worker.encode_image(planted.stored(image, fmt), look=look)
+        encode.encode_image(planted.stored(image, fmt), look=look)
         collector.add(*look, 0, str(n), 0)
     shard = ("train", "train-00000-of-00001.tfrecord", {"fingerprints": collector.record()})
     _, groups, _ = duplicates.check([shard], ["c"])
@@ -109,7 +109,7 @@ def test_a_jpeg_draft_keeps_enough_pixels_to_compare():
     assert fingerprint.draft_size(400, 300) == (50, 37)
     data = planted.stored(_tiles(100, 1, 0)[0], "jpeg")
     look: list = []
-    worker.encode_image(data, look=look)
+    encode.encode_image(data, look=look)
     gray, full, step = look[1]
     assert (full, step) == ((100, 100), 2) and gray.shape == (50, 50)
 
@@ -122,7 +122,7 @@ def test_the_alignment_undoes_a_crop_a_whole_frame_comparison_cannot():
     looks = []
     for image in images:
         look: list = []
-        worker.encode_image(planted.stored(image, "png"), look=look)
+        encode.encode_image(planted.stored(image, "png"), look=look)
         looks.append(look)
     record = fingerprint.shard_record(*zip(*looks), [0] * 3, ["a", "b", "c"], [0] * 3)
     thumbs = record["thumbs"]

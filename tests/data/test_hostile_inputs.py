@@ -22,7 +22,7 @@ from outcomes import expects, outcome
 
 from tfgpu import recordformat
 from tfgpu.cli import convert as cli
-from tfgpu.convert import plan, worker
+from tfgpu.convert import encode, plan
 from tfgpu.convert.inputs import caffe_datum, lmdb_input
 from tfgpu.convert.manifest import BadImage, Item
 from tfgpu.data import balance, broken
@@ -260,7 +260,7 @@ def test_any_lmdb_value_is_an_image_or_a_named_skip(value):
         try:
             if isinstance(source, BadImage):
                 raise source
-            worker.encode_image(source, max_megapixels=1)
+            encode.encode_image(source, max_megapixels=1)
         except BadImage as err:
             _one_line(err)
             outcome("skip")

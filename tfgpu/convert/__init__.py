@@ -6,7 +6,8 @@ errors and exit codes: ``tfgpu/cli/convert.py``): apart from the trainer.
   manifest.py what an input lists (Item, LazySplit, Source), how items are encoded
   plan.py     deals items into shards, runs the workers, writes dataset_info.json last
   replace.py  --overwrite: the new dataset written beside the old one, swapped in when complete
-  worker.py   encodes images and writes one whole shard (records serialized by hand)
+  worker.py   writes one whole shard (records serialized by hand)
+  encode.py   one image checked (file, size, pixels) and encoded: passed through or re-encoded
   fingerprint.py  what the duplicate check keeps of each image (exact key, pHashes, thumbnail)
   duplicates.py   the duplicate check: near and exact groups, leaks, quality.json's content
   near_search.py  its search for near pairs (a k-d tree, or multi-index hashing)

@@ -2,7 +2,7 @@
 decode it: an exact key, a perceptual hash of the image and of its mirror, a 16x16 thumbnail.
 
 - exact key: xxHash's XXH3 (64 bits) of the decoded pixels, seeded by their mode and size;
-  for a JPEG the converter stores as it is (and so decodes at 1/8 scale only, ``worker.py``),
+  for a JPEG the converter stores as it is (and so decodes at 1/8 scale only, ``encode.py``),
   of its image data without the metadata segments (APPn, COM) that lead it: equal data decodes to
   equal pixels, and the full decode it would take costs more than the rest of the
   conversion. XXH3, not a cryptographic digest: SHA-1 of an 87 KB JPEG takes 52 us, XXH3 2;

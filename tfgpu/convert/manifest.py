@@ -1,7 +1,8 @@
 """The converter's manifest: what an input source lists and a worker writes.
 
 An input (``tfgpu/convert/inputs/``) lists ``Item``s per split, or a ``LazySplit`` read range
-by range; ``plan.py`` deals them into shards; ``worker.py`` encodes them. No TensorFlow.
+by range; ``plan.py`` deals them into shards; ``worker.py`` writes them, ``encode.py``
+encoding each. No TensorFlow.
 """
 
 import random
