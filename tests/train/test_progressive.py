@@ -15,7 +15,8 @@ from conftest import TINY_RUN
 from tfgpu import train
 from tfgpu.config import ConfigError, config_from, validate
 from tfgpu.data import pipeline, run_input
-from tfgpu.data.config import CurriculumConfig, DataConfig
+from tfgpu.data.config import DataConfig
+from tfgpu.data.curriculum import CurriculumConfig
 from tfgpu.train import progressive
 from tfgpu.train.actions import Action
 

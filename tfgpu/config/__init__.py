@@ -4,10 +4,11 @@ Each setting is a field of one section (``data``, ``model``, ``optim``, ``train`
 ``curriculum``) or of the run itself, declared with its default, its help and its choices;
 ``flags.py`` makes one flat absl flag of each (the field's name, or the ``flag`` it declares),
 so ``--global_batch_size`` is ``config.train.global_batch_size``. The packages own their
-sections (``data/config.py``: ``DataConfig`` and ``CurriculumConfig``, ``models/config.py``:
-``ModelConfig``, ``optim/config.py``: ``OptimConfig``, ``train/config.py``: ``TrainConfig``,
-``distribute/config.py``: ``DistConfig``); this package only composes them, with the checks
-that span sections. The input pipeline takes ``config.data`` as it is: no copy, no renaming.
+sections (``data/config.py``: ``DataConfig``, ``data/curriculum.py``: ``CurriculumConfig``,
+``models/config.py``: ``ModelConfig``, ``optim/config.py``: ``OptimConfig``,
+``train/config.py``: ``TrainConfig``, ``distribute/config.py``: ``DistConfig``); this package
+only composes them, with the checks that span sections. The input pipeline takes
+``config.data`` as it is: no copy, no renaming.
 
 This package sits just below the commands: they make a Config (``config_from``, ``validate``;
 ``rundir``: a run's config.json read back) and hand it to the conductor (``train.run``) or,
@@ -22,7 +23,8 @@ must not wait for TensorFlow's start-up.
 from dataclasses import dataclass, field
 
 from tfgpu import models
-from tfgpu.data.config import CurriculumConfig, DataConfig, check_curriculum, check_data
+from tfgpu.data.config import DataConfig, check_data
+from tfgpu.data.curriculum import CurriculumConfig, check_curriculum
 from tfgpu.distribute.config import DistConfig
 from tfgpu.errors import ConfigError
 from tfgpu.models.config import ModelConfig, check_model

@@ -39,9 +39,9 @@ def _between(low: float, high: float, s: int, n: int) -> float:
 
 def plan(curriculum, data, total_steps: int) -> list[Stage]:
     """The stages of a run of ``total_steps`` updates under ``curriculum`` (a
-    config.CurriculumConfig) and ``data`` (a config.DataConfig); [] when progressive resizing
-    is off. Stage s covers updates [s * T // N, (s + 1) * T // N); its side is rounded down to a
-    multiple of SIZE_MULTIPLE (the last stage's is --image_size)."""
+    curriculum.CurriculumConfig) and ``data`` (a config.DataConfig); [] when progressive
+    resizing is off. Stage s covers updates [s * T // N, (s + 1) * T // N); its side is
+    rounded down to a multiple of SIZE_MULTIPLE (the last stage's is --image_size)."""
     n, c = curriculum.progressive_stages, curriculum
     if n <= 1:
         return []
@@ -115,7 +115,7 @@ class Staged:
     @classmethod
     def of(cls, curriculum, total_steps: int, inputs, step, backend, info, model_name: str):
         """The ``Staged`` of a run of ``total_steps`` updates under ``curriculum`` (its
-        data.config.CurriculumConfig; the rest as ``__init__``), or None without stages.
+        data.curriculum.CurriculumConfig; the rest as ``__init__``), or None without stages.
         Before the first update, the step's model (--model=``model_name``) is checked to take
         the first stage's side: a model of one's own may take one side only."""
         stages = plan(curriculum, inputs.data, total_steps)
