@@ -351,15 +351,15 @@ def stage_prefixes(spec, cfg, batch: int, seed: int = 0) -> dict:
     are what each stage costs. The last one is ``make_train_dataset`` itself."""
     import tensorflow as tf
 
-    from tfgpu.data import broken, host_ops, pipeline
+    from tfgpu.data import broken, host_ops, packing, pipeline, records
     from tfgpu.data.stream import Stream
     from tfgpu.distribute import InputShard
 
     options = pipeline.dataset_options(False, cfg)
     report = broken.reporter(spec.train_files)
 
-    def records():
-        return pipeline._train_records(spec.train_files, cfg, spec, 0, seed, False)
+    def examples():
+        return records.train_examples(spec.train_files, cfg, spec, 0, seed, False)
 
     def upto(stage: int):
         """The per-example map of ``decode_train_example``, cut after ``stage`` (1: window)."""
@@ -375,17 +375,17 @@ def stage_prefixes(spec, cfg, batch: int, seed: int = 0) -> dict:
                 out["image"] = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
             if stage >= 3:
                 image = out.pop("image")
-                out["pixels"] = pipeline._to_variant(tf.reshape(image, [-1]))
+                out["pixels"] = packing.to_variant(tf.reshape(image, [-1]))
                 out["sizes"] = tf.shape(image)[:2]
             if stage >= 4:
                 out["flip"] = host_ops.draw_flip(example_seed)
                 out["weight"] = broken.weight(example["valid"], example["origin"], report)
             return out
 
-        return lambda: records().map(fn, num_parallel_calls=AUTOTUNE, deterministic=False)
+        return lambda: examples().map(fn, num_parallel_calls=AUTOTUNE, deterministic=False)
 
     def batched():
-        return pipeline._flat_batches(upto(4)(), batch, False)
+        return packing.flat_batches(upto(4)(), batch, False)
 
     def whole():
         stream = Stream(batch_size=batch, global_batch_size=batch, seed=seed, deterministic=False)

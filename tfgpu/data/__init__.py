@@ -2,6 +2,8 @@
 The record format it reads is ``../recordformat.py``, shared with the converter (and nothing else).
 
   config.py      its settings (``config.data``) and their checks; no TensorFlow
+  curriculum.py  the curriculum's settings (``config.curriculum``: repeated augmentation,
+                 progressive resizing) and their checks; no TensorFlow
   spec.py        a dataset's shards, counts and checks (DataSpec), whatever its source
   dataset_info.py  what a dataset_info.json may say, checked once when a dataset is opened
   identity.py    the data a run recorded (data.json), compared when the run resumes
@@ -14,6 +16,9 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
   stream.py      what every train reader offers (``TrainReader``), and the plain arguments
                  of the stream it makes (``Stream``: batch sizes, seed, order, start, repeats)
   pipeline.py    the tf.data pipelines: train, eval, synthetic
+  records.py     the shards' records as the pipelines read them: interleaved, and for
+                 training an endless stream shuffled statelessly per epoch
+  packing.py     train batches of crops of different sizes, packed into int64 words
   memory.py      small images: the train split decoded once into memory, batches cut from it
   host_ops.py    per-example work on the host: check, decode the crop window, draw the dice
   device_ops.py  per-batch float work, inside the step on the accelerator: resize, flip, mix

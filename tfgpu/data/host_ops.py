@@ -185,7 +185,7 @@ def pack_pixels(image: tf.Tensor) -> tf.Tensor:
 def decode_window_packed(encoded, valid, crop_window_fn, min_side: int = 0, dct_mode="on"):
     """For ``--resize_on=device``: (the crop window's pixels un-resized, uint8 [h * w * 3],
     size [2] int32 (h, w)) of one encoded image; one black pixel unless ``valid``
-    (``looks_whole``). The batch pads and packs them (``pipeline._flat_batches``, the words of
+    (``looks_whole``). The batch pads and packs them (``packing.flat_batches``, the words of
     ``pack_pixels``) and the device resizes it (``device_ops.resize_flat``).
     ``min_side``, ``dct_mode``: see ``decode_crop``.
     """

@@ -16,7 +16,7 @@ import os
 
 import tensorflow as tf
 
-from tfgpu.data import augment, broken, dct, device_ops, host_ops, sampling
+from tfgpu.data import augment, broken, dct, device_ops, host_ops, packing, records, sampling
 from tfgpu.data.spec import DataSpec
 from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard
@@ -56,20 +56,20 @@ def dataset_options(deterministic: bool, data) -> tf.data.Options:
 
 
 def decode_train_example(example: dict, data, seed: int, report=None) -> dict:
-    """One training example {epoch, position, encoded, label, valid} (``_train_records``) ->
-    one row of a "uint8" batch {image uint8 [S,S,3], label, flip, weight (0: broken image)}
-    or, with ``--resize_on=device``, of a "packed" one {pixels, sizes [2] (h, w), ...}:
-    ``pixels`` are the un-resized crop's uint8 pixels, flat, wrapped in a scalar variant for
-    ``_flat_batches`` (which packs the batch into int64 words). With MixUp/CutMix, also the
-    example's ``mix`` draws (``host_ops.draw_mixing``); with a policy or erasing, its
-    ``augment`` and ``erase`` draws (``augment.draw``)."""
+    """One training example {epoch, position, encoded, label, valid}
+    (``records.train_examples``) -> one row of a "uint8" batch {image uint8 [S,S,3], label,
+    flip, weight (0: broken image)} or, with ``--resize_on=device``, of a "packed" one
+    {pixels, sizes [2] (h, w), ...}: ``pixels`` are the un-resized crop's uint8 pixels, flat,
+    wrapped in a scalar variant for ``packing.flat_batches`` (which packs the batch into int64
+    words). With MixUp/CutMix, also the example's ``mix`` draws (``host_ops.draw_mixing``);
+    with a policy or erasing, its ``augment`` and ``erase`` draws (``augment.draw``)."""
     example_seed = host_ops.example_seed(seed, example["epoch"], example["position"])
     window = lambda s: host_ops.random_crop_window(s, example_seed, data.crop_min_area)
     scaled = _dct(data)
     encoded, valid = example["encoded"], example["valid"]
     if data.resize_on == "device":
         pixels, sizes = host_ops.decode_window_packed(encoded, valid, window, **scaled)
-        out = {"pixels": _to_variant(pixels), "sizes": sizes}
+        out = {"pixels": packing.to_variant(pixels), "sizes": sizes}
     else:
         image = host_ops.decode_window_resized(encoded, valid, window, data.image_size, **scaled)
         out = {"image": image}
@@ -118,9 +118,9 @@ def decode_eval_image(encoded: tf.Tensor, data) -> tuple:
 def decode_eval_example(record: dict, data, spec: DataSpec, report=None) -> dict:
     """One evaluation record {record, origin} -> one row of an ``EvalBatch`` {image uint8
     [S,S,3], label, weight (0: broken image, named by ``report``)}."""
-    example = spec.parse(record["record"], _origin(record), spec.eval_files)
+    example = spec.parse(record["record"], records.origin(record), spec.eval_files)
     image, valid = decode_eval_image(example["encoded"], data)
-    weight = broken.weight(valid, _origin(record), report)
+    weight = broken.weight(valid, records.origin(record), report)
     return {"image": image, "label": example["label"], "weight": weight}
 
 
@@ -132,12 +132,12 @@ def make_named_eval_dataset(spec: DataSpec, data, batch_size: int) -> tf.data.Da
     feature = {"image/filename": tf.io.FixedLenFeature([], tf.string, default_value="")}
 
     def decode(record):
-        example = spec.parse(record["record"], _origin(record), spec.eval_files)
+        example = spec.parse(record["record"], records.origin(record), spec.eval_files)
         image, valid = decode_eval_image(example["encoded"], data)
         stored = b""
         if spec.parser is None:  # tfgpu's (and TF's ImageNet) schema holds the file name
             stored = tf.io.parse_single_example(record["record"], feature)["image/filename"]
-        origin = _origin(record)
+        origin = records.origin(record)
         where = tf.strings.join(
             [
                 tf.gather(names, tf.bitwise.right_shift(origin, 32)),
@@ -149,99 +149,9 @@ def make_named_eval_dataset(spec: DataSpec, data, batch_size: int) -> tf.data.Da
         return {"image": image, "valid": valid, "label": example["label"], "name": name}
 
     data = dct.resolved(data, spec.eval_sides, train=False)
-    ds = _records(spec.eval_files, data, deterministic=True)
+    ds = records.read(spec.eval_files, data, deterministic=True)
     ds = ds.map(decode, num_parallel_calls=AUTOTUNE).batch(batch_size).prefetch(AUTOTUNE)
     return ds.with_options(dataset_options(True, data))
-
-
-def _records(files, data, deterministic: bool, epoch_seed=None) -> tf.data.Dataset:
-    """Parallel interleave over ``files``, their order shuffled by ``epoch_seed`` when given:
-    {record, file (its index in ``files``), index (in the file)}; ``_origin`` makes them one.
-
-    Each record is zipped with its file and index, not mapped: a map per record cost ~60 µs
-    of host CPU per image on ~37 KB photos, about as much as reading and parsing them
-    (bench/README.md)."""
-    names = tf.constant(list(files))
-    order = tf.range(len(files), dtype=tf.int64)
-    if epoch_seed is not None:
-        order = tf.random.experimental.stateless_shuffle(order, seed=epoch_seed)
-
-    def read(index):
-        # 1 MB reads: an 8 MB buffer cost +0.02 ms of host CPU per record (cache misses).
-        ds = tf.data.TFRecordDataset(tf.gather(names, index), buffer_size=1 << 20)
-        # load_data_spec has already named truncated shards; here they end at the break.
-        ds = ds.ignore_errors() if data.skip_truncated_shards else ds
-        file = tf.data.Dataset.from_tensors(index).repeat()
-        return tf.data.Dataset.zip(
-            {"record": ds, "file": file, "index": tf.data.Dataset.range(1 << 62)}
-        )
-
-    return tf.data.Dataset.from_tensor_slices(order).interleave(
-        read,
-        cycle_length=min(data.cycle_length, len(files)),
-        block_length=data.block_length,
-        num_parallel_calls=AUTOTUNE,
-        deterministic=deterministic,
-    )
-
-
-def _origin(record: dict) -> tf.Tensor:
-    """``broken.origin`` of records of ``_records`` (one, or a block of them)."""
-    return broken.origin(record["file"], record["index"])
-
-
-def _blocks(ds, size: int, epoch_seed, shuffle: bool, spec: DataSpec, files) -> tf.data.Dataset:
-    """One epoch's records as (block index, block of up to ``size`` parsed examples
-    {encoded, label, valid}), each block shuffled statelessly when ``shuffle``.
-
-    A hand-made block shuffle because ``Dataset.shuffle`` draws from a stateful generator: a
-    stateless one makes epoch k the same whether or not the run was restarted before it (exact
-    resume without replaying earlier epochs). Whole blocks are the unit so that the caller can
-    prefetch the next one (see ``_train_records``), and so that parsing and the byte check run
-    once per block, vectorized (measured: 5-8% more images/s than one record at a time).
-    """
-
-    def parsed(i, block):
-        # A label out of range stops the run here, naming its shard and index (``files``:
-        # what the block's file indices point into), before a batch holds it.
-        example = spec.parse(block["record"], _origin(block), files)
-        example["valid"] = host_ops.looks_whole(example["encoded"])
-        example["origin"] = _origin(block)
-        if shuffle:
-            order = tf.range(tf.shape(block["index"])[0])
-            order = tf.random.experimental.stateless_shuffle(order, seed=epoch_seed + [0, i + 1])
-            example = {k: tf.gather(v, order) for k, v in example.items()}
-        return i, example
-
-    return ds.batch(size).enumerate().map(parsed)
-
-
-def _train_records(files, data, spec: DataSpec, first_epoch, seed, deterministic):
-    """The endless stream of examples {epoch, position in the epoch, encoded, label, valid}
-    from ``first_epoch`` on.
-
-    Blocks are read and shuffled one ahead of the decoder (``prefetch(1)`` outside the
-    per-epoch ``flat_map``): without it, the decoders sat idle while each block, and above all
-    each epoch's first block, was read (a stall of ``shuffle_buffer`` reads; measured 10-30%
-    of throughput with 1,000-image epochs). Costs one more block of encoded records in RAM.
-    """
-    size = max(data.shuffle_buffer, 256)
-
-    def one_epoch(epoch):
-        epoch_seed = tf.stack([tf.cast(seed, tf.int64), epoch * 1_000_003])
-        records = _records(files, data, deterministic, epoch_seed)
-        blocks = _blocks(records, size, epoch_seed, data.shuffle_buffer > 1, spec, files)
-        return blocks.map(lambda i, block: (epoch, i, block))
-
-    def examples_of(epoch, i, block):
-        count = tf.shape(block["label"], out_type=tf.int64)[0]
-        positions = tf.range(count) + i * size  # blocks are full except an epoch's last
-        return tf.data.Dataset.from_tensor_slices(
-            {"epoch": tf.fill([count], epoch), "position": positions, **block}
-        )
-
-    blocks = tf.data.Dataset.counter(first_epoch).flat_map(one_epoch)
-    return blocks.prefetch(1).flat_map(examples_of)
 
 
 def make_train_dataset(
@@ -271,7 +181,7 @@ def make_train_dataset(
     sampling.check(stream.repeats, chunk, epoch_size)
     source_start, rest = sampling.split_start(stream.start_index, chunk, stream.repeats)
     first_epoch = source_start // max(epoch_size, 1)
-    ds = _train_records(files, data, spec, first_epoch, stream.seed, stream.deterministic)
+    ds = records.train_examples(files, data, spec, first_epoch, stream.seed, stream.deterministic)
     ds = ds.skip(source_start - first_epoch * epoch_size)
     ds = sampling.repeat_examples(ds, stream.repeats, chunk).skip(rest)
     if not by_file and shard.count > 1:
@@ -289,7 +199,7 @@ def _batched(ds, spec: DataSpec, data, batch_size: int, deterministic: bool) -> 
     """Decoded train examples -> prefetched batches of ``batch_size`` in the train layout
     (packed crops, uint8 crops, or floats preprocessed on the host)."""
     if _crops_layout(data) == "packed":
-        ds = _flat_batches(ds, batch_size, deterministic)
+        ds = packing.flat_batches(ds, batch_size, deterministic)
     else:
         ds = ds.batch(batch_size, drop_remainder=True)
     if data.preprocess_on == "host":
@@ -297,51 +207,6 @@ def _batched(ds, spec: DataSpec, data, batch_size: int, deterministic: bool) -> 
         ds = ds.map(host, num_parallel_calls=AUTOTUNE)
     ds = ds.prefetch(AUTOTUNE)
     return ds.with_options(dataset_options(deterministic, data))
-
-
-def _to_variant(words: tf.Tensor) -> tf.Tensor:
-    """A 1-D tensor -> a scalar variant holding it (no copy), so examples of different
-    lengths batch like scalars."""
-    return tf.raw_ops.RaggedTensorToVariant(
-        rt_nested_splits=[], rt_dense_values=words, batched_input=False
-    )
-
-
-def _flat_batches(ds: tf.data.Dataset, batch_size: int, deterministic: bool) -> tf.data.Dataset:
-    """Batches examples whose ``pixels`` (uint8 crops, flat, in variants: ``_to_variant``)
-    differ in length: the batch's ``pixels`` become one int64 vector, each crop zero-padded to
-    whole 8-pixel groups as ``host_ops.pack_pixels`` packs it, the crops one after the other
-    (``sizes`` say where each crop ends).
-
-    What ``Dataset.ragged_batch`` does, by hand because it is slow here (its concatenation
-    copies uint8 byte by byte on one thread: 0.5 ms of host CPU per image, as much as the resize
-    it saves). Here each crop is taken out of its variant (no copy) and the crops and their
-    paddings are joined by one ``tf.concat`` (memcpy per piece), then bitcast to int64: one
-    copy of the pixels. Measured (bench/README.md), per image: one ``RaggedTensorFromVariant``
-    over the batch ~110 µs of host CPU, padded int64 words per crop joined by ``tf.concat``
-    ~30-50, this ~15. The rows of ``padded_batch`` cost as much and up to 4x the bytes.
-    """
-    group = 3 * host_ops.WORD_PIXELS  # bytes
-
-    def crop(variant):
-        return tf.raw_ops.RaggedTensorFromVariant(
-            encoded_ragged=variant,
-            input_ragged_rank=0,
-            output_ragged_rank=0,
-            Tvalues=tf.uint8,
-            Tsplits=tf.int64,
-        ).output_dense_values
-
-    def concat(batch):
-        pieces = []
-        for variant in tf.unstack(batch["pixels"], num=batch_size):
-            flat = crop(variant)
-            pieces += [flat, tf.zeros([tf.math.floormod(-tf.size(flat), group)], tf.uint8)]
-        words = tf.bitcast(tf.reshape(tf.concat(pieces, 0), [-1, 8]), tf.int64)
-        return {**batch, "pixels": words}
-
-    ds = ds.batch(batch_size, drop_remainder=True)
-    return ds.map(concat, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
 
 
 def eval_steps(num_examples: int, global_batch_size: int) -> int:
@@ -355,7 +220,7 @@ def make_eval_dataset(
     """Each evaluation example exactly once across pipelines, padded with weight-0 examples to
     ``eval_steps`` full batches per replica (``batches.EvalBatch``)."""
     data = dct.resolved(data, spec.eval_sides, train=False)
-    ds = _records(spec.eval_files, data, deterministic=True)
+    ds = records.read(spec.eval_files, data, deterministic=True)
     if shard.count > 1:
         ds = ds.shard(shard.count, shard.index)
     report = broken.reporter(spec.eval_files)
