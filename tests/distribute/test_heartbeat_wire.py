@@ -290,7 +290,7 @@ def test_a_peer_silent_while_updates_complete_is_named_as_blocked_heartbeats(cou
         r"the heartbeat ports between the workers",
         blocked,
     ), blocked
-    assert blocked == b.blocked() == b._gone_line()
+    assert blocked == b.blocked() == b.gone_line()
 
 
 def test_one_last_word_per_board(counting_board):

@@ -67,8 +67,9 @@ def test_the_readmes_python_example_prints_the_summarys_final_evaluation():
     assert re.findall(r"'(\w+)': None", shown) == list(results.final_eval_of({}))
 
 
-def test_the_readme_names_every_file_a_run_leaves():
-    table = README[README.index("## What a run leaves in `--model_dir`") :].split("\n## ")[0]
+def test_the_run_folder_page_names_every_file_a_run_leaves():
+    page = (ROOT / "docs" / "run-folder.md").read_text(encoding="utf-8")
+    table = page[page.index("| file | content |") :].split("\n## ")[0]
     named = set(re.findall(r"^\| `([^`]+)`", table, re.M))
     named |= {
         n for cell in re.findall(r"^\| `[^|]*", table, re.M) for n in re.findall(r"`([^`]+)`", cell)

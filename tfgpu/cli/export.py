@@ -14,7 +14,7 @@ from tfgpu.cli import head
 from tfgpu.train.op_errors import translate
 from tfgpu.inference import export
 
-PROG = "tfgpu-export"  # its flags: cli/settings.py ExportSettings
+PROG = "tfgpu-export"  # its flags: cli/settings.py ExportSettings (ExportOptions + RunHead)
 
 
 def main(argv):
