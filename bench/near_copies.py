@@ -27,7 +27,7 @@ tests/planted.py (the tests plant theirs with it too):
 A copy counts as found when the check puts it in its original's group. For each format and
 transformation, the check runs once over every size's originals and copies together with the
 distinct tiles that overlap no original beside them, through the converter's own worker code
-(``worker.encode_image``, ``fingerprint.Collector``, ``duplicates.check``), as a conversion
+(``encode.encode_image``, ``fingerprint.Collector``, ``duplicates.check``), as a conversion
 would: the JPEG's draft, the arrays' path. A group holding two tiles from regions that do not
 overlap is false; every tile, copy or not, keeps its region.
 
@@ -44,7 +44,7 @@ import time
 import numpy as np
 from PIL import Image
 
-from tfgpu.convert import crops, duplicates, fingerprint, worker
+from tfgpu.convert import crops, duplicates, encode, fingerprint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -137,7 +137,7 @@ def fingerprinted(tiles: list, fmt: str) -> list:
     looks = []
     for tile in tiles:
         look: list = []
-        worker.encode_image(planted.stored(tile, fmt), look=look)
+        encode.encode_image(planted.stored(tile, fmt), look=look)
         looks.append(look)
     return looks
 
