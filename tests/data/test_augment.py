@@ -394,10 +394,18 @@ AUG = DataConfig(
 ORDER = dict(seed=5, deterministic=True)
 
 
-@pytest.mark.fast
-def test_pipeline_batches_carry_the_draws_and_host_equals_device(small_dataset):
+@pytest.fixture(scope="module")
+def aug_batch(small_dataset):
+    """The first batch of 8 of one pipeline with a policy (AUG), as the device fn receives
+    it: read once for the three tests below (a pipeline traced costs ~0.7 CPU-s)."""
     spec = data_spec.load_data_spec(small_dataset)
-    batch = next(iter(train_ds(spec, AUG, InputShard(1, 0), 8, 8, **ORDER)))
+    return next(iter(train_ds(spec, AUG, InputShard(1, 0), 8, 8, **ORDER)))
+
+
+@pytest.mark.fast
+def test_pipeline_batches_carry_the_draws_and_host_equals_device(small_dataset, aug_batch):
+    spec = data_spec.load_data_spec(small_dataset)
+    batch = aug_batch
     assert batch["augment"]["op"].shape == (8, 2) and batch["erase"]["box"].shape == (8, 4)
     device = device_ops.make_batch_fn("uint8", 4, AUG)(batch)
     host_cfg = dataclasses.replace(AUG, preprocess_on="host")
@@ -408,10 +416,10 @@ def test_pipeline_batches_carry_the_draws_and_host_equals_device(small_dataset):
 
 
 @pytest.mark.slow  # 6 s (2 shared cores)
-def test_pipeline_with_a_policy_does_not_depend_on_the_split(small_dataset):
+def test_pipeline_with_a_policy_does_not_depend_on_the_split(small_dataset, aug_batch):
     spec = data_spec.load_data_spec(small_dataset)
     fn = device_ops.make_batch_fn("uint8", 4, AUG)
-    whole = fn(next(iter(train_ds(spec, AUG, InputShard(1, 0), 8, 8, **ORDER))))
+    whole = fn(aug_batch)
     halves = [fn(next(iter(train_ds(spec, AUG, InputShard(2, i), 4, 8, **ORDER)))) for i in (0, 1)]
     for k in range(2):
         np.testing.assert_array_equal(np.concatenate([h[k].numpy() for h in halves]), whole[k])
@@ -467,7 +475,7 @@ def test_a_policy_trains_under_jit_compile(photos):
 
 
 @pytest.mark.slow  # an in-process tf.data service (dispatcher, worker): ~5 s
-def test_policy_draws_travel_through_the_data_service(small_dataset):
+def test_policy_draws_travel_through_the_data_service(small_dataset, aug_batch):
     """A tf.data service worker makes the same draws as the local pipeline: the first batch
     through the service, augmented, equals the local one."""
     from tfgpu.data import service_client as service
@@ -479,7 +487,7 @@ def test_policy_draws_travel_through_the_data_service(small_dataset):
     try:
         spec = data_spec.load_data_spec(small_dataset)
         stream = Stream(batch_size=8, global_batch_size=8, **ORDER)
-        local = next(iter(train_ds(spec, AUG, InputShard(1, 0), 8, 8, **ORDER)))
+        local = aug_batch
         ds = service.make_train_dataset(spec, AUG, InputShard(1, 0), stream)
         ds = ds.apply(svc.distribute(service.PROCESSING_MODE, dispatcher.target, job_name="aug"))
         remote = next(iter(ds))
