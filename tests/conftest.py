@@ -328,6 +328,24 @@ SPREAD_RUN = dict(
 )
 
 
+# airbench's methods on TINY_RUN (tests/train/test_airbench_methods.py; its mirrored = default
+# row in tests/distribute/test_mirrored_equals_default.py shares the one-device run): the
+# data's whitening, identity initialisation, lookahead, BatchNorm's own learning rate,
+# alternating flips, six-view TTA, synchronized BatchNorm.
+AIRBENCH_RUN = dict(
+    model="airbench_s_gray",
+    dirac_init=True,
+    lookahead_steps=2,
+    batchnorm_lr_multiplier=8.0,
+    alternating_flips=True,
+    crop_padding=0,
+    in_memory="on",
+    eval_tta="flip_translate",
+    optimizer="nesterov",
+    learning_rate=0.05,
+    sync_batchnorm=True,
+)
+
 # TINY_RUN as the inference tests read a run (tests/inference/: test_evaluate.py,
 # test_export_formats.py): Adam with EMA weights (what evaluation and the export use), an
 # evaluation every 2 updates with the best checkpoint kept (by loss), 24 validation examples in
