@@ -346,25 +346,6 @@ AIRBENCH_RUN = dict(
     sync_batchnorm=True,
 )
 
-# TINY_RUN as the inference tests read a run (tests/inference/: test_evaluate.py,
-# test_export_formats.py): Adam with EMA weights (what evaluation and the export use), an
-# evaluation every 2 updates with the best checkpoint kept (by loss), 24 validation examples in
-# batches of 10 (the last one padded), the end-of-run export. One run for both modules.
-INFERENCE_RUN = dict(
-    optimizer="adam",
-    learning_rate=0.003,
-    ema_decay=0.9,
-    eval_batch_size=10,
-    eval_every_steps=2,
-    keep_best=1,
-    best_metric="loss",
-    steps_per_loop=2,
-    log_every_steps=2,
-    seed=1,
-    input_probe_s=0.0,
-    export=True,
-)
-
 
 @pytest.fixture(scope="session")
 def reference_run(small_dataset, tmp_path_factory, pytestconfig):

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import INFERENCE_RUN, make_image_arrays
+from conftest import make_image_arrays
+from tfgpu import train
+from tfgpu.config import config_from, validate
 from tfgpu.errors import ExportRefused, UsageError
 from tfgpu.cli.app import run_command
 from tfgpu.inference.export import FAMILIES, companions, family_of, unsupported
@@ -24,28 +26,41 @@ needs_onnx = pytest.mark.requires("onnx")
 
 
 @pytest.fixture(scope="module")
-def shared_run(reference_run):
-    """The session's INFERENCE_RUN (tiny_cnn, 6 updates of Adam with EMA weights: what
-    evaluation and the export use), as it ended: read it, never write to it."""
-    return reference_run(**INFERENCE_RUN)
-
-
-@pytest.fixture(scope="module")
-def run_dir(shared_run, tmp_path_factory):
-    """A copy of ``shared_run``: the tests below write export/ again."""
-    model_dir = tmp_path_factory.mktemp("run") / "run"
-    shutil.copytree(shared_run, model_dir)
+def run_dir(small_dataset, tmp_path_factory):
+    """tiny_cnn, 6 updates of Adam with EMA weights (what evaluation and the export use)."""
+    model_dir = tmp_path_factory.mktemp("run")
+    config = config_from(
+        strategy="default",
+        model="tiny_cnn",
+        data_dir=small_dataset,
+        model_dir=str(model_dir),
+        image_size=32,
+        global_batch_size=16,
+        train_steps=6,
+        optimizer="adam",
+        learning_rate=0.003,
+        weight_decay=0.0,
+        ema_decay=0.9,
+        lr_schedule="constant",
+        steps_per_loop=3,
+        seed=1,
+        input_probe_s=0.0,
+    )
+    train.run(validate(config))
+    # The run's own export, kept aside: the tests below write export/ again.
+    kept = tmp_path_factory.mktemp("end-of-run") / "model.keras"
+    shutil.copy(model_dir / "export" / "model.keras", kept)
     return str(model_dir)
 
 
-def test_the_runs_own_export_holds_the_ema_weights(shared_run, run_dir):
+def test_the_runs_own_export_holds_the_ema_weights(run_dir):
     """As evaluation, predict and tfgpu-export: the end-of-run export/ is the averaged model."""
     import keras
 
     from tfgpu.cli import head
     from tfgpu.inference.predict import predictor
 
-    kept = os.path.join(shared_run, "export", "model.keras")  # as the run wrote it
+    kept = os.path.join(os.path.dirname(run_dir), "end-of-run0", "model.keras")
     model = keras.saving.load_model(kept, compile=False)
     trained = head.open_run(run_dir, "latest")
     images = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
@@ -334,7 +349,6 @@ def _check_saved_model(source, path, images, expected):
     np.testing.assert_allclose(served["examples"], on_decoded, atol=1e-5)
 
 
-@pytest.mark.slow  # builds a model and converts it to LiteRT
 @needs_litert
 def test_a_mixed_precision_model_exports_from_a_float32_copy(tmp_path):
     import keras
