@@ -293,8 +293,10 @@ def test_an_unreachable_dispatcher_is_a_data_error_within_the_timeout():
     port = free_ports(1)[0]
     start = time.monotonic()
     with pytest.raises(DataError, match=f"localhost:{port}") as err:
-        service.check_reachable(f"grpc://localhost:{port}", 2.0)
-    assert time.monotonic() - start < 3.5
+        service.check_reachable(f"grpc://localhost:{port}", 1.0)
+    # Without the timeout gRPC waits for ever: a bound ten times the timeout tells the two
+    # apart on a loaded host too (3.5 s against a 2 s timeout failed once at load 8).
+    assert 1.0 <= time.monotonic() - start < 10.0
     assert "\n" not in str(err.value)
 
 
