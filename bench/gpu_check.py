@@ -227,7 +227,7 @@ def nccl_row(args, num_gpus: int) -> Row:
 
 def auto_micro_batch_row(args) -> Row:
     """--micro_batch_size=auto on this device (the module docstring's row)."""
-    from tfgpu.data.spec import load_spec
+    from tfgpu.distribute.backends import build_backend
     from tfgpu.step import memory
     from tfgpu.train import loop, micro_batch
 
@@ -238,7 +238,8 @@ def auto_micro_batch_row(args) -> Row:
     os.environ.update(hook)
     try:
         device = memory.this_device(None)
-        one_update = loop.scratch_update(config, load_spec(config.data), None)
+        inputs = loop.input_of(config, build_backend("default"))
+        one_update = loop.scratch_update(config, inputs)
         tried = micro_batch.search(one_update, batch, device)
     finally:
         for k, v in saved.items():

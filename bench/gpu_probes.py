@@ -96,12 +96,11 @@ def build_training(config, strategy: str = "default") -> SimpleNamespace:
     all-reduce counter): its state's parts, ``backend``, ``inputs``, ``plan`` and
     ``batches(start_step)``, its distributed train batches."""
     from tfgpu.data import run_input
-    from tfgpu.data.spec import load_spec
     from tfgpu.distribute.backends import build_backend
     from tfgpu.train import loop
 
     backend = build_backend(strategy, config.dist)
-    inputs, plan, state = loop.assemble(config, backend, load_spec(config.data))
+    inputs, plan, state, _ = loop.assemble(config, backend)
     batches = lambda start_step: run_input.train_batches(inputs, backend, start_step)[0]  # noqa: E731
     return SimpleNamespace(
         step=state.step,

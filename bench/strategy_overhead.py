@@ -56,7 +56,6 @@ def tfgpu_contender(strategy: str, steps: int):
     from tfgpu.train import loop as conductor
     from tfgpu.config import config_from
     from tfgpu.data import run_input
-    from tfgpu.data.spec import load_spec
     from tfgpu.distribute import backends
 
     config = config_from(
@@ -67,10 +66,9 @@ def tfgpu_contender(strategy: str, steps: int):
         model_dir=tempfile.mkdtemp(prefix="tfgpu-bench-"),
     )
     backend = backends.build_backend(strategy, config.dist)
-    spec = load_spec(config.data)
-    inputs, _, run = conductor.assemble(config, backend, spec, None)
+    inputs, _, run, _ = conductor.assemble(config, backend)
     loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
-    batches, _ = run_input.train_batches(inputs, backend, 0)
+    batches, _, _ = run_input.train_batches(inputs, backend, 0)
     return lambda: float(loop(batches, tf.constant(steps))[0]["loss"])
 
 

@@ -38,7 +38,6 @@ from tfgpu.step import loops
 from tfgpu.config import config_from
 from tfgpu.data import pipeline
 from tfgpu.data import run_input
-from tfgpu.data.spec import load_spec
 from tfgpu.distribute.backends import build_backend
 
 flags.DEFINE_string("model", "resnet18", "Registry model.")
@@ -73,10 +72,10 @@ def make_trainer(backend, global_batch: int, accum: int, extra_metrics: bool = T
         model_dir=tempfile.mkdtemp(),
     )
     config = config_from(**dict(values, **settings))
-    inputs, _, run = conductor.assemble(config, backend, load_spec(config.data), None)
+    inputs, _, run, _ = conductor.assemble(config, backend)
     run.step.extra_metrics = extra_metrics  # read when the loop is traced (its first call)
     loop = loops.make_train_loop(run.step, run.global_step, run.skipped_updates)
-    batches, _ = run_input.train_batches(inputs, backend, 0)
+    batches, _, _ = run_input.train_batches(inputs, backend, 0)
 
     def steps(n):
         loop(batches, tf.constant(n))[0]["loss"].numpy()

@@ -76,13 +76,12 @@ def test_keep_best_resumes_with_its_best_and_exports_it(small_dataset, tmp_path)
     assert [r["step"] for r in first] == [2, 4]
 
     # The best so far is in the checkpoint: a Run restored from it knows it.
-    from tfgpu.data.spec import load_spec
     from tfgpu.distribute import backends
     from tfgpu.train import loop
 
     config = _config(small_dataset, tmp_path, train_steps=8, **settings)
     backend = backends.setup(config.dist)
-    _, _, r = loop.assemble(config, backend, load_spec(config.data), None)
+    _, _, r, _ = loop.assemble(config, backend)
     assert r.checkpoints.restore(lambda _: None) == 4
     best_first = min(first, key=lambda e: e["loss"])
     assert float(r.best.value.numpy()) == pytest.approx(best_first["loss"])

@@ -1,5 +1,5 @@
 """What workers compare at start-up (``distribute/consensus.py``), without worker processes:
-fingerprints as plain data, and one worker's start-up agreement (``train.loop._agreed_data``)
+fingerprints as plain data, and one worker's start-up agreement (``train.loop._agreed_input``)
 given what another one sent. tests/e2e/test_cluster.py runs real workers that disagree on a flag."""
 
 import json
@@ -8,17 +8,14 @@ import pytest
 
 from tfgpu.config import config_from
 from tfgpu.distribute import DistributeError, consensus, heartbeats
-from tfgpu.train.loop import _agreed_data
+from tfgpu.train.loop import _agreed_input
 
 ALONE = heartbeats.Watch().announced  # what a worker without heartbeats announces
 
 
 def _agreed_spec(config, backend, announced):
-    """The agreement of a run of ``config``, with the sections the conductor hands it."""
-    o = config.optim
-    return _agreed_data(
-        config.data, o.class_weights, config.model_dir, config.shared(), backend, announced
-    )
+    """The agreement of a run of ``config``, as the conductor makes it."""
+    return _agreed_input(config, backend, announced)
 
 
 def _fingerprints(*weights, where=("host-a:1", "host-b:2")) -> list:
@@ -49,7 +46,7 @@ class _Gather:
     """A backend of 2 workers whose all-gather returns this worker's blob, then ``theirs``
     (this worker's again when None); ``sent`` is the blob it was given."""
 
-    num_workers = 2
+    num_workers, num_replicas, is_chief = 2, 2, True
 
     def __init__(self, theirs: bytes | None = None):
         self.theirs, self.sent = theirs, None

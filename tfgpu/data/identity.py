@@ -14,7 +14,7 @@ import hashlib
 import os
 
 from tfgpu.errors import DataError
-from tfgpu.files import read_json, shown, write_json
+from tfgpu.files import read_json, shown
 
 IDENTITY_FILE = "data.json"
 HEAD_BYTES = 4096
@@ -69,13 +69,14 @@ def check(model_dir: str, spec) -> None:
         )
 
 
-def record(model_dir: str, spec) -> None:
-    """Writes ``IDENTITY_FILE`` for ``spec`` in ``model_dir`` (the chief, once ``check``
-    passed) when the run starts afresh (no checkpoint) or has none recorded yet."""
+def to_record(model_dir: str, spec) -> dict:
+    """{``IDENTITY_FILE``: ``identity(spec)``}, what the run writes in ``model_dir`` (on the
+    chief, once ``check`` passed) when it starts afresh (no checkpoint) or has none recorded
+    yet; else {}."""
     path = os.path.join(model_dir, IDENTITY_FILE)
     if "://" in model_dir or (resuming(model_dir) and os.path.isfile(path)):
-        return
-    write_json(path, identity(spec))
+        return {}
+    return {IDENTITY_FILE: identity(spec)}
 
 
 def differences(stored: dict, now: dict) -> list[str]:

@@ -1,23 +1,25 @@
 """data/'s one door for a training run: the trainer (``train/``) calls this module and
-nothing else of data/, in the order a run asks:
+nothing else of data/. ``prepare`` takes the run's data settings once and gives back a
+``RunInput``, which the run's later uses read without settings:
 
-  load          the dataset's spec and the class weights the loss uses (and whether a
-                resumed run's data is what it recorded)
-  prepare       the rest, worked out once and handed over as plain values (``RunInput``):
-                its start-up lines (class balance, repeated augmentation), the start line's
-                words on the input, whether the train split is read from memory, what the
-                train step does to the train pipeline's batches (``step_fns``), what the
-                export's serving signatures need (``serving``), how the train stream is cut
-                (``Stream``); the data recorded with the run (on the chief)
-  train_batches the train batches from an update on (the reader: ``readers.train_maker``),
-                distributed by the backend, and the input's own speed (``readers.probe``)
-  first_images  the first training images, for a layer initialised from the data
-                (``sample``: a whitening layer)
+  prepare        the dataset's spec (and whether a resumed run's data is what it recorded),
+                 the class weights the loss uses, and the rest worked out once as plain
+                 values: the start-up lines (class balance, repeated augmentation), the start
+                 line's words on the input, whether the train split is read from memory,
+                 what the train step does to the train pipeline's batches (``step_fns``),
+                 what the export's serving signatures need (``serving``), how the train
+                 stream is cut (``Stream``), what the run records of its data (``recorded``)
+  scratch_copy   the input of the micro-batch search's scratch copy of the run and its
+                 batches: synthetic, of the run's shape
+  train_batches  the train batches from an update on (the reader: ``readers.train_maker``),
+                 distributed by the backend, the step's functions for them (a progressive
+                 stage's: ``stage_data``) and the input's own speed (``readers.probe``)
+  first_images   the first training images, for a layer initialised from the data
+                 (``sample``: a whitening layer)
   forget_broken, broken_found   the records that failed to decode (``broken``)
 """
 
 import dataclasses
-import enum
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,31 +37,10 @@ def class_weights(setting: str, spec: data_spec.DataSpec):
     return balance.class_weights(setting, spec.data_dir, data_spec.class_names(spec))
 
 
-def load(data, class_weights_setting: str, resumed_in: str = "") -> tuple:
-    """(the DataSpec of ``data``, a config.DataConfig; its class weights as ``class_weights``
-    reads them). Raises DataError or ConfigError, naming the file or flag; a DataError too
-    when the run in ``resumed_in`` (its --model_dir) resumes on other data than it recorded
-    (``identity.check``)."""
-    spec = data_spec.load_spec(data)
-    if resumed_in:
-        identity.check(resumed_in, spec)
-    return spec, class_weights(class_weights_setting, spec)
-
-
-class _Read(enum.Enum):
-    """``prepare``'s class weights when its caller has none agreed: read --class_weights
-    then (None cannot say so: it means no class weights)."""
-
-    READ = "read --class_weights"
-
-
-READ = _Read.READ
-
-
 @dataclass(frozen=True)
 class RunInput:
-    """What a training run takes from data/ besides its readers, worked out once
-    (``prepare``): plain values the trainer hands on."""
+    """What a training run takes from data/, worked out once (``prepare``): plain values the
+    trainer hands on, and what the train batches are read by (``train_batches``)."""
 
     data: object  # the run's config.DataConfig: what the readers and the step read by
     spec: data_spec.DataSpec
@@ -72,32 +53,48 @@ class RunInput:
     stream: Stream  # how the train stream is cut and ordered, from update 0
     model_dir: str = ""  # the run's: the tf.data service names its job after it
     is_chief: bool = True  # the chief says where the tf.data service reads
+    recorded: dict = dataclasses.field(default_factory=dict)  # {file: JSON} for --model_dir
+
+    @property
+    def fingerprint(self) -> tuple:
+        """(the spec's summary, the class weights as a list or None): what every worker of
+        the run must hold alike (``consensus.fingerprint``)."""
+        weights = self.class_weights
+        return self.spec.summary(), None if weights is None else weights.tolist()
 
 
 def prepare(
     data,
-    setting: str,
-    spec: data_spec.DataSpec,
-    weights=READ,
-    stream=None,
+    class_weights_setting: str,
+    *,
+    batch_size: int = 1,
+    global_batch_size: int = 1,
+    seed: int = 0,
+    deterministic: bool = False,
+    repeats: int = 1,
     model_dir: str = "",
     is_chief: bool = True,
 ) -> RunInput:
-    """The ``RunInput`` of a run on ``spec`` under ``data`` (a config.DataConfig), whose loss
-    takes the class ``weights`` (float64 [K] or None; READ: read --class_weights=``setting``
-    now), whose train stream is ``stream`` (a ``Stream``; None: one replica's batch of 1,
-    seed 0, for a look at the set-up alone). ``model_dir``: the run's, where the chief
-    (``is_chief``) records the data (``identity.record``: what ``load`` compares a resumed
-    run with). Raises ConfigError for balanced sampling the split's path cannot
-    do, or a --class_weights file that does not fit."""
-    weights = class_weights(setting, spec) if weights is READ else weights
-    stream = stream or Stream(batch_size=1, global_batch_size=1, seed=0, deterministic=False)
+    """data/'s door for a training run: the ``RunInput`` of a run under ``data`` (a
+    config.DataConfig) whose loss takes --class_weights=``class_weights_setting``, whose train
+    stream (``Stream``) cuts ``batch_size`` per replica of ``global_batch_size`` per update,
+    drawn from ``seed`` (``deterministic``: one global order), each example ``repeats`` times
+    (--repeated_augment). ``model_dir``: the run's, which a resumed run's data is compared
+    with (``identity.check``) and where the chief (``is_chief``) records it (``recorded``,
+    written by the run's writer). Raises DataError or ConfigError naming the file or flag:
+    data that cannot be read, other data than a resumed run recorded, a --class_weights file
+    that does not fit, balanced sampling the split's path cannot do."""
+    spec = data_spec.load_spec(data)
+    if model_dir:
+        identity.check(model_dir, spec)
+    weights = class_weights(class_weights_setting, spec)
+    stream = Stream(batch_size, global_batch_size, seed, deterministic, repeats=repeats)
     reading = memory.decide(spec, data)
     lines = (
-        class_balance(data, setting, spec, weights),
-        sampling.describe(stream.repeats, spec.num_train, stream.global_batch_size),
+        class_balance(data, class_weights_setting, spec, weights),
+        sampling.describe(repeats, spec.num_train, global_batch_size),
     )
-    inputs = RunInput(
+    return RunInput(
         data=data,
         spec=spec,
         class_weights=weights,
@@ -109,10 +106,60 @@ def prepare(
         stream=stream,
         model_dir=model_dir,
         is_chief=is_chief,
+        recorded=identity.to_record(model_dir, spec) if model_dir and is_chief else {},
     )
-    if model_dir and is_chief:  # once the input is checked
-        identity.record(model_dir, spec)
-    return inputs
+
+
+def scratch_copy(inputs: RunInput, backend, batch_size: int) -> tuple:
+    """(the input of a scratch copy of the run of ``inputs``, the micro-batch search's: one
+    replica's batches of ``batch_size``, synthetic, of the run's shape and classes, prepared
+    on the device, with nothing recorded or served; its train batches on ``backend``)."""
+    data = dataclasses.replace(
+        inputs.data,
+        synthetic_data=True,
+        preprocess_on="device",
+        resize_on="host",
+        balanced_sampling=False,
+    )
+    stream = dataclasses.replace(inputs.stream, batch_size=batch_size)
+    stream = dataclasses.replace(stream, global_batch_size=batch_size)
+    fns = step_fns(data, inputs.spec.num_classes)
+    scratch = dataclasses.replace(
+        inputs, data=data, step_fns=fns, stream=stream, model_dir="", recorded={}
+    )
+    batches, _, _ = train_batches(scratch, backend, 0)
+    return scratch, batches
+
+
+def train_batches(
+    inputs: RunInput, backend, start_step: int, stage=None, probe_s: float = 0.0
+) -> tuple:
+    """(an iterator of the train batches of ``inputs`` from update ``start_step`` on,
+    distributed over the replicas of ``backend``; the (prepare, unpack) the train step takes
+    them with; the images/s of this worker's input alone: ``readers.probe``, a fresh pipeline
+    read for ``probe_s`` seconds first, None when off or not measurable). ``stage``: a
+    progressive stage's values (``stage_data``), None: the run's own settings."""
+    data = inputs.data if stage is None else stage_data(inputs, stage)
+    make = train_maker(inputs, start_step, data)
+    shard, batch = backend.input_shard, inputs.stream.batch_size
+    input_ips = readers.probe(make, shard, data, batch, probe_s)
+    fns = inputs.step_fns if stage is None else step_fns(data, inputs.spec.num_classes)
+    return iter(backend.distribute_dataset(make)), fns, input_ips
+
+
+def stage_data(inputs: RunInput, stage):
+    """The DataConfig a progressive ``stage`` (its image_size, magnitude, mixup_alpha and
+    cutmix_alpha) reads and is prepared by: the run's, at the stage's values, on the train
+    split's path decided once at the final size (a smaller stage must not change the path,
+    which draws differently)."""
+    return dataclasses.replace(
+        inputs.data,
+        image_size=stage.image_size,
+        randaugment_magnitude=stage.magnitude,
+        mixup_alpha=stage.mixup_alpha,
+        cutmix_alpha=stage.cutmix_alpha,
+        in_memory="on" if inputs.in_memory else "off",
+    )
 
 
 def train_maker(inputs: RunInput, start_step: int, data=None):
@@ -123,18 +170,6 @@ def train_maker(inputs: RunInput, start_step: int, data=None):
     stream = dataclasses.replace(stream, start_index=start_step * stream.global_batch_size)
     where = dict(model_dir=inputs.model_dir, is_chief=inputs.is_chief)
     return readers.train_maker(inputs.spec, data or inputs.data, stream, **where)
-
-
-def train_batches(inputs: RunInput, backend, start_step: int, data=None, probe_s: float = 0.0):
-    """(an iterator of the train batches of ``inputs`` from update ``start_step`` on,
-    distributed over the replicas of ``backend``; ``data``: the DataConfig to read by, a
-    progressive stage's, None: the run's), and the images/s of this worker's input alone
-    (``readers.probe``: a fresh pipeline read for ``probe_s`` seconds first; None when off or
-    not measurable)."""
-    make = train_maker(inputs, start_step, data)
-    shard, batch = backend.input_shard, inputs.stream.batch_size
-    input_ips = readers.probe(make, shard, data or inputs.data, batch, probe_s)
-    return iter(backend.distribute_dataset(make)), input_ips
 
 
 def probe(inputs: RunInput, make, shard, seconds: float) -> float | None:

@@ -4,7 +4,8 @@ config.json, metrics.jsonl (one JSON object per logged step or evaluation), summ
 row per evaluation, as timm's), tensorboard/ (train/ and eval/ scalars; at its top the run's
 settings as hparams and its final metrics; evaluate/: what ``tfgpu.evaluate`` writes later,
 the confusion matrix as an image), summary.json and final.weights.h5 (export/ is
-``inference.export.serving``'s).
+``inference.export.serving``'s), and what other packages keep there (``write_files``: data/'s
+data.json).
 """
 
 import csv
@@ -136,6 +137,13 @@ class RunWriter:
             write_json(os.path.join(self.model_dir, "config.json"), resolved)
             self._write_hparams(resolved)
             self._start_tracking(t, resolved)
+
+    def write_files(self, files: dict) -> None:
+        """The files other packages keep with the run (``files``: {name in --model_dir: JSON
+        value}, as data/'s ``RunInput.recorded``: data.json)."""
+        if self.is_chief:
+            for name, value in files.items():
+                write_json(os.path.join(self.model_dir, name), value)
 
     def _start_tracking(self, t, resolved: dict) -> None:
         if t.mlflow_tracking_uri:

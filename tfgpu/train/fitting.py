@@ -54,7 +54,7 @@ def fit(
         writer.info(f"step {progress.step}: tracing the train step, the first window takes longer")
     while not progress.last and not progress.stopped:
         if staged and staged.begins(progress.step):
-            batches = staged.enter(progress.step)
+            batches, _ = staged.enter(progress.step)
         stop = next_stop(actions, progress.step, plan.total_steps, steps_per_loop, staged)
         _train_until(stop, state, loop, batches, progress, max_skipped)
         _ask(actions, progress)

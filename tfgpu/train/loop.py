@@ -6,11 +6,13 @@ below gets its own section and plain values.
 
   set up       the settings this machine decides, the process seeded, the backend
                (``distribute``), --model_dir checked and locked (``results``)
-  data         agreed on by every worker; what the run takes from it (``data.run_input``,
-               data/'s one door: the spec, the class weights, the start-up lines, the
-               step's input functions, the train batches)
-  files        config.json and the run's other files (``results.writer``)
-  micro-batch  --micro_batch_size=auto (``micro_batch``: scratch runs of one update)
+  data         data/'s one door, ``data.run_input.prepare``: the data settings in, a
+               ``RunInput`` out (the spec, the class weights, the start-up lines, the
+               step's input functions, the train stream), agreed on by every worker; its
+               later uses take no settings (the train batches, a scratch copy)
+  files        config.json and the run's other files (``results.writer``: data.json too)
+  micro-batch  --micro_batch_size=auto (``micro_batch``: scratch runs of one update, on
+               the input's scratch copy)
   network      the model from its settings and what the data gives it, the optimizer from
                its settings and the model (``checkpoint.network``), the train step and what
                saves them (``build``: the ``TrainState``)
@@ -64,8 +66,9 @@ def run(config, actions: Sequence[Action] = ()) -> dict:
         if in_use and backend.num_workers == 1:
             raise ConfigError(in_use)
         sizing = micro_batch.Sizing(config.train)
-        start = lambda: _start(config, backend, in_use, actions, sizing)  # noqa: E731
-        return sizing.backing_off(start, backend.num_workers)
+        return sizing.backing_off(
+            lambda: _start(config, backend, in_use, actions, sizing), backend.num_workers
+        )
 
 
 def _start(config, backend, in_use: str, actions: Sequence[Action], sizing) -> dict:
@@ -74,8 +77,11 @@ def _start(config, backend, in_use: str, actions: Sequence[Action], sizing) -> d
     start-up agreement; ``sizing``: the run's ``micro_batch.Sizing``."""
     config, dtype_line = _resolved(config)
     started = time.time()
-    _seed(config.seed, config.deterministic)
     watch = heartbeats.Watch.open(backend)
+    # Seeded, deterministic as the run says, and rid of an earlier run's broken records.
+    keras.utils.set_random_seed(config.seed)
+    run_input.forget_broken()
+    compat.set_op_determinism(config.deterministic)
     set_up = _set_up(config, backend, watch, in_use, sizing, dtype_line)
     config, inputs, plan, state, writer = set_up
     t = config.train
@@ -100,54 +106,39 @@ def _start(config, backend, in_use: str, actions: Sequence[Action], sizing) -> d
 
 def _resolved(config) -> tuple:
     """(``config`` with the settings that depend on this machine decided, ``Config.resolved``;
-    the start-up line of --dtype=auto's choice, or ""). A run resumed with --dtype=auto keeps
-    its own choice: its config.json's (``folder.check``), made where it started."""
+    the start-up line of what --dtype=auto chose and why, or ""). A run resumed with
+    --dtype=auto keeps its own choice: its config.json's (``folder.check``), made where it
+    started."""
     auto = config.model.dtype == "auto"
     stored = folder.check(config.model_dir) if auto else None
     bfloat16 = devices.fast_bfloat16() if auto else ""
     has_gpu = bool(tf.config.list_logical_devices("GPU"))
     config = config.resolved(has_gpu, bfloat16, stored)
-    return config, _auto_dtype_line(config.model.dtype, bfloat16, stored) if auto else ""
-
-
-def _auto_dtype_line(dtype: str, bfloat16: str, stored) -> str:
-    """What --dtype=auto chose, and why."""
+    dtype = config.model.dtype
+    if not auto:
+        return config, ""
     if stored and stored.get("dtype", "auto") != "auto":
-        return f"--dtype=auto: {dtype}, the run's own choice (config.json)"
+        return config, f"--dtype=auto: {dtype}, the run's own choice (config.json)"
     why = f"this {bfloat16} computes bfloat16 fast" if bfloat16 else "no fast bfloat16 here"
-    return f"--dtype=auto: {dtype} ({why})"
-
-
-def _seed(seed: int, deterministic: bool) -> None:
-    """The process seeded and made as deterministic as the run says; the broken records an
-    earlier run in this process found forgotten."""
-    keras.utils.set_random_seed(seed)
-    run_input.forget_broken()
-    compat.set_op_determinism(deterministic)
+    return config, f"--dtype=auto: {dtype} ({why})"
 
 
 def _set_up(config, backend, watch, in_use: str, sizing, dtype_line: str = "") -> tuple:
     """(the run's Config with its micro-batch decided, its ``run_input.RunInput``, its
     ``build.Plan``, its ``build.TrainState``, its ``RunWriter``): the data agreed on with every
-    worker and what the run takes from it, config.json written, the micro-batch sized, the
-    run built, its start lines (``dtype_line``: --dtype=auto's choice) said and the
-    heartbeats (``watch``) started."""
-    data, setting = config.data, config.optim.class_weights
-    spec, weights, fingerprints = _agreed_data(
-        data, setting, config.model_dir, config.shared(), backend, watch.announced, in_use
-    )
-    stream = _stream(config.train, config.seed, config.deterministic, config.curriculum, backend)
-    where = dict(model_dir=config.model_dir, is_chief=backend.is_chief)
-    inputs = run_input.prepare(data, setting, spec, weights, stream, **where)
+    worker and what the run takes from it, config.json and the data's record written, the
+    micro-batch sized, the run built, its start lines (``dtype_line``: --dtype=auto's choice)
+    said and the heartbeats (``watch``) started."""
+    inputs, fingerprints = _agreed_input(config, backend, watch.announced, in_use)
     writer = RunWriter(config.model_dir, backend.is_chief)
     writer.write_config(config.flat(), backend, config.train)
-    scratch = scratch_update(config, spec, weights)
+    writer.write_files(inputs.recorded)
+    scratch = scratch_update(config, inputs)
     size = sizing.choose(config.train, backend, writer, scratch, config.seed)
     if size:
         config = config.with_settings(micro_batch_size=str(size))
     t = config.train
-    plan = build.make_plan(t, spec.num_train, backend.num_replicas)
-    state, lines = _build(config, backend, inputs, plan)
+    _, plan, state, lines = assemble(config, backend, inputs)
     check_average_plan(t, plan.total_steps)
     writer.info(_start_line(backend, plan, t.global_batch_size, config.model.name, inputs.words))
     listening = watch.start(fingerprints, backend, state.global_step, config.dist.stall_timeout_s)
@@ -182,30 +173,31 @@ def _build(config, backend, inputs, plan) -> tuple:
     return state, lines
 
 
-def assemble(config, backend, spec, weights=run_input.READ) -> tuple:
-    """(the ``run_input.RunInput``, the ``build.Plan``, the ``build.TrainState``) of the run of
-    ``config`` on ``backend`` and ``spec``'s data (its class ``weights``; READ: read
-    --class_weights now), built as ``run`` builds them, fresh: nothing restored, agreed,
-    recorded or trained. The micro-batch search's scratch runs, the benchmarks and the tests
-    take it; ``run_input.train_batches`` then gives its batches."""
-    stream = _stream(config.train, config.seed, config.deterministic, config.curriculum, backend)
-    inputs = run_input.prepare(config.data, config.optim.class_weights, spec, weights, stream)
-    plan = build.make_plan(config.train, spec.num_train, backend.num_replicas)
-    state, _ = _build(config, backend, inputs, plan)
-    return inputs, plan, state
+def assemble(config, backend, inputs=None) -> tuple:
+    """(the ``run_input.RunInput``, the ``build.Plan``, the ``build.TrainState``, its start
+    lines) of the run of ``config`` on ``backend``, built as ``run`` builds them, fresh:
+    nothing restored, agreed or trained (``inputs``: its RunInput, the run's or a scratch
+    copy's; None: data/'s, from ``config``, with nothing compared or recorded). The
+    micro-batch search's scratch runs, the benchmarks and the tests take it;
+    ``run_input.train_batches`` then gives its batches."""
+    inputs = inputs or input_of(config, backend)
+    plan = build.make_plan(config.train, inputs.spec.num_train, backend.num_replicas)
+    state, lines = _build(config, backend, inputs, plan)
+    return inputs, plan, state, lines
 
 
-def scratch_update(config, spec, weights):
+def scratch_update(config, inputs):
     """``one_update(replica_batch, size, scratch)`` for ``micro_batch.search``: one update of a
-    scratch copy of the run of ``config`` on ``spec``'s data (its class ``weights``): one
-    replica's batch at micro-batch ``size`` (``micro_batch.scratch_settings``), built and
-    compiled as the run's, on this process' first device, its files in folder ``scratch``."""
+    scratch copy of the run of ``config`` on ``inputs`` (its ``run_input.RunInput``): one
+    replica's batch at micro-batch ``size`` (``micro_batch.scratch_settings``) on synthetic
+    batches of the run's shape (``run_input.scratch_copy``), built and compiled as the run's,
+    on this process' first device, its files in folder ``scratch``."""
 
     def one_update(replica_batch: int, size: int, scratch: str) -> None:
         settings = micro_batch.scratch_settings(config.model, replica_batch, size, scratch)
         backend = backends.build_backend("default")
-        inputs, _, state = assemble(config.with_settings(**settings), backend, spec, weights)
-        batches, _ = run_input.train_batches(inputs, backend, 0)
+        fed, batches = run_input.scratch_copy(inputs, backend, replica_batch)
+        _, _, state, _ = assemble(config.with_settings(**settings), backend, fed)
         micro_batch.update_once(state, batches)
 
     return one_update
@@ -259,39 +251,42 @@ def _train(config, backend, inputs, plan, state, writer, evaluate, actions) -> d
     return throughput
 
 
-def _agreed_data(data, setting, model_dir, shared, backend, announced, in_use="") -> tuple:
-    """(this worker's data spec, its class weights: float64 [K] or None, every worker's
-    fingerprint), once every worker has a spec and all agree on it, on the settings
-    (``shared``: ``Config.shared()``), on the tfgpu version and on the class weights each
-    read (``consensus.agree``), the data being the data the run's checkpoints were made on
-    (``run_input.load``: ``data``, --class_weights=``setting``, the run in ``model_dir``):
-    the run trains with these weights, --class_weights is not read again. A worker that
-    cannot read its data or its class weights still takes part, so that every worker stops
-    with the same line, naming it. ``announced``: what this worker's fingerprint says of its
-    heartbeats (``heartbeats.Watch``); ``in_use``: the chief found --model_dir held by
-    another run."""
-    spec, weights, error = None, None, in_use
+def _agreed_input(config, backend, announced: dict, in_use: str = "") -> tuple:
+    """(this worker's ``run_input.RunInput``, every worker's fingerprint), once every worker
+    has its input and all agree on it (its spec and class weights: ``RunInput.fingerprint``),
+    on the settings (``Config.shared``) and on the tfgpu version (``consensus.agree``): the
+    run trains with these class weights, --class_weights is not read again. A worker that
+    cannot prepare its input still takes part, so that every worker stops with the same
+    line, naming it. ``announced``: what this worker's fingerprint says of its heartbeats
+    (``heartbeats.Watch``); ``in_use``: the chief found --model_dir held by another run."""
+    inputs, error = None, in_use
     try:
-        spec, weights = run_input.load(data, setting, resumed_in=model_dir)
+        inputs = input_of(config, backend, config.model_dir)
     except (DataError, ConfigError) as err:
         if backend.num_workers == 1:
             raise
         error = error or str(err)
-    summary = spec.summary() if spec else None
-    listed = None if weights is None else weights.tolist()
-    mine = consensus.fingerprint(shared, summary, error, listed)
-    return spec, weights, consensus.agree(backend, dict(mine, **announced))
+    summary, weights = inputs.fingerprint if inputs else (None, None)
+    mine = consensus.fingerprint(config.shared(), summary, error, weights)
+    return inputs, consensus.agree(backend, dict(mine, **announced))
 
 
-def _stream(t, seed: int, deterministic: bool, curriculum, backend):
-    """The ``run_input.Stream``: how the run's train stream is cut and ordered (``t``: its
-    train section; ``curriculum``: its --repeated_augment), over ``backend``'s replicas."""
-    return run_input.Stream(
+def input_of(config, backend, model_dir: str = ""):
+    """data/'s ``run_input.RunInput`` of the run of ``config`` over ``backend``'s replicas:
+    its data settings, its class weights setting and how its train stream is cut (the
+    batch, the seed, the order, --repeated_augment); ``model_dir``: the run's, its data
+    compared with what a resumed run recorded and recorded on the chief ("": neither)."""
+    t = config.train
+    return run_input.prepare(
+        config.data,
+        config.optim.class_weights,
         batch_size=t.global_batch_size // backend.num_replicas,  # the plan checks it divides
         global_batch_size=t.global_batch_size,
-        seed=seed,
-        deterministic=deterministic,
-        repeats=curriculum.repeated_augment,
+        seed=config.seed,
+        deterministic=config.deterministic,
+        repeats=config.curriculum.repeated_augment,
+        model_dir=model_dir,
+        is_chief=backend.is_chief,
     )
 
 
@@ -325,13 +320,13 @@ def _train_input(
     probe_s = inputs.data.input_probe_s
     info = writer.info
     staged = Staged.of(curriculum, total_steps, inputs, state.step, backend, info, model_name)
-    data = staged.data_at(start_step) if staged else None
-    batches, input_ips = run_input.train_batches(inputs, backend, start_step, data, probe_s)
+    if staged:
+        batches, input_ips = staged.enter(start_step, probe_s)
+    else:
+        batches, _, input_ips = run_input.train_batches(inputs, backend, start_step, None, probe_s)
     if input_ips:
         writer.info(
             f"input alone: {input_ips:,.0f} img/s on this worker (read for "
             f"--input_probe_s={probe_s:g} s)"
         )
-    if staged:
-        staged.enter(start_step, batches)
     return staged, batches, input_ips

@@ -144,16 +144,13 @@ def search(one_update, replica_batch: int, device, below=None) -> list:
 def scratch_settings(m, replica_batch: int, size: int, scratch: str) -> dict:
     """The settings (by flag name) that make a scratch copy of a run of one replica at
     micro-batch ``size`` (``m``: the run's model settings): its global batch is one
-    replica's, on synthetic batches of the run's shape, with nothing read or kept (its
-    files in folder ``scratch``)."""
+    replica's, with nothing read or kept (its files in folder ``scratch``). Its input is
+    data/'s own scratch copy (``run_input.scratch_copy``: synthetic batches of the run's
+    shape)."""
     return dict(
         global_batch_size=replica_batch,
         grad_accum_steps=1,
         micro_batch_size=str(size),
-        synthetic_data=True,
-        preprocess_on="device",
-        resize_on="host",
-        balanced_sampling=False,
         init_weights="",
         # A backbone that unfreezes later trains whole then: measure that.
         freeze="none" if m.unfreeze_after_steps else m.freeze,

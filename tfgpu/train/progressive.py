@@ -1,8 +1,8 @@
 """Progressive resizing (--progressive_stages; EfficientNetV2's progressive learning, Tan & Le
 2021): the run's updates in N equal stages whose train image size, RandAugment magnitude and
 MixUp/CutMix alpha grow linearly from the --progressive_min_* values to the final ones. Each
-stage's reader and step take a DataConfig of their own (``stage_data``); evaluation keeps
---image_size.
+stage's reader and step take the run's data settings at the stage's values (data/'s
+``run_input.stage_data``); evaluation keeps --image_size.
 
 ``plan`` says what the stages are; ``Staged`` takes a run through them: at each stage's first
 update the loop takes a new train dataset and the step a new preparation for that stage's
@@ -10,7 +10,6 @@ image size, magnitude and mixing, which traces the loop once more. A resumed run
 stage its step is in, reading from that step on as an uninterrupted run does.
 """
 
-import dataclasses
 from dataclasses import dataclass
 
 from tfgpu.data import run_input
@@ -21,7 +20,8 @@ SIZE_MULTIPLE = 8  # stage sides but the last: what strided nets divide without 
 
 @dataclass(frozen=True)
 class Stage:
-    """Stage ``index`` (0-based): updates [start, end) at these train settings."""
+    """Stage ``index`` (0-based): updates [start, end) at these train settings (what
+    ``run_input.train_batches`` reads the stage's batches by)."""
 
     index: int
     start: int
@@ -69,20 +69,6 @@ def stage_at(stages: list[Stage], step: int) -> Stage:
     return next((s for s in stages if s.start <= step < s.end), stages[-1])
 
 
-def stage_data(data, stage: Stage, in_memory: bool):
-    """``data`` (a config.DataConfig) as stage ``stage``'s reader and step take it.
-    ``in_memory``: whether the run reads its train split from memory, decided once at the final
-    size (a smaller stage must not change the path, which draws differently)."""
-    return dataclasses.replace(
-        data,
-        image_size=stage.image_size,
-        randaugment_magnitude=stage.magnitude,
-        mixup_alpha=stage.mixup_alpha,
-        cutmix_alpha=stage.cutmix_alpha,
-        in_memory="on" if in_memory else "off",
-    )
-
-
 def describe(stage: Stage, num_stages: int, data) -> str:
     """The line logged when ``stage`` begins (``data``: the run's DataConfig, for which of
     magnitude and mixing are in use)."""
@@ -108,8 +94,6 @@ class Staged:
         batches; ``info``: the log's line writer."""
         self.stages, self.num_stages, self.info = stages, num_stages, info
         self.inputs, self.step, self.backend = inputs, step, backend
-        # Decided once, at the final size: a stage must not move the run to the other reader.
-        self.in_memory = inputs.in_memory
         self.current = None
 
     @classmethod
@@ -125,11 +109,6 @@ class Staged:
         foreign.check_any_size(step.model, model_name, side)
         return cls(stages, curriculum.progressive_stages, inputs, step, backend, info)
 
-    def data_at(self, step: int):
-        """The DataConfig the reader and the step use at update ``step``."""
-        stage = stage_at(self.stages, step)
-        return stage_data(self.inputs.data, stage, self.in_memory)
-
     def begins(self, step: int) -> bool:
         """Whether update ``step`` is in another stage than the batches the loop holds."""
         return stage_at(self.stages, step) is not self.current
@@ -138,16 +117,16 @@ class Staged:
         """The first update after the stage of update ``step``."""
         return stage_at(self.stages, step).end
 
-    def enter(self, step: int, batches=None):
-        """Logs the stage of update ``step`` and gives the step its preparation; returns its
-        distributed train batches from ``step`` on (``batches``, when made already)."""
+    def enter(self, step: int, probe_s: float = 0.0) -> tuple:
+        """Logs the stage of update ``step`` and gives the step its preparation; returns (its
+        distributed train batches from ``step`` on, the images/s of this worker's input alone
+        when read for ``probe_s`` seconds first: ``run_input.train_batches``)."""
         stage = stage_at(self.stages, step)
-        data = self.data_at(step)
-        self.step.use_input(*run_input.step_fns(data, self.inputs.spec.num_classes))
         line = describe(stage, self.num_stages, self.inputs.data)
         resumed = f", resumed at update {step}" if step > stage.start else ""
+        fed = run_input.train_batches(self.inputs, self.backend, step, stage, probe_s)
+        batches, fns, input_ips = fed
+        self.step.use_input(*fns)
         self.info(f"step {step}: {line}{resumed}")
         self.current = stage
-        if batches is None:
-            batches, _ = run_input.train_batches(self.inputs, self.backend, step, data)
-        return batches
+        return batches, input_ips
