@@ -206,8 +206,8 @@ class Sidecar:
         result = self.evaluate()
         seconds = time.time() - started
         ips = train_images_per_sec(self.model_dir, step)
-        rate = float(self.run.optimizer.learning_rate)
-        context = eval_context(step, self.t.global_batch_size, self.run.spec.num_train, rate, ips)
+        batch, num_train = self.t.global_batch_size, self.run.spec.num_train
+        context = eval_context(batch, num_train, self.run.optimizer)(step, ips)
         self.writer.log_eval(step, timed(result, seconds), context)
         return result
 

@@ -266,17 +266,20 @@ def timed(result: dict, seconds: float) -> dict:
     return dict(result, seconds=seconds) if result else result
 
 
-def eval_context(
-    step: int, global_batch: int, num_train: int, learning_rate: float, images_per_sec
-) -> dict:
-    """What summary.csv puts next to an evaluation at ``step`` of a run of ``global_batch``
-    updates over ``num_train`` examples: the epoch, the ``learning_rate`` then and the train
-    images/s (of the last window logged)."""
-    return {
-        "epoch": round(step * global_batch / max(num_train, 1), 4),
-        "learning_rate": learning_rate,
-        "images_per_sec": images_per_sec,
-    }
+def eval_context(global_batch: int, num_train: int, optimizer):
+    """``context(step, images_per_sec)``: what summary.csv puts next to an evaluation at
+    ``step`` of a run of ``global_batch`` updates over ``num_train`` examples: the epoch,
+    ``optimizer``'s learning rate then and the train images/s (of the last window logged).
+    The loop's evaluations, the final one and the side-car's are logged with it."""
+
+    def context(step: int, images_per_sec: float | None) -> dict:
+        return {
+            "epoch": round(step * global_batch / max(num_train, 1), 4),
+            "learning_rate": float(optimizer.learning_rate),
+            "images_per_sec": images_per_sec,
+        }
+
+    return context
 
 
 def _jsonl_row(line: str):

@@ -46,7 +46,6 @@ from tfgpu.checkpoint.best import SIDECAR_FILE, read_sidecar
 from tfgpu.distribute import consensus, heartbeats
 from tfgpu.errors import Preempted
 from tfgpu.optim import finetune
-from tfgpu.results import writer as results
 from tfgpu.results.writer import INPUT_BOUND, RunWriter, Window, input_bound_warning, timed
 from tfgpu.train import signals
 from tfgpu.train.config import profile_window
@@ -177,7 +176,7 @@ class Evaluate(Action):
 
     def __init__(self, every: int, evaluate, context):
         """``evaluate()``: the run's evaluation; ``context(step, images_per_sec)``: what
-        summary.csv puts next to it (``eval_context``)."""
+        summary.csv puts next to it (``results.writer.eval_context``)."""
         self.every, self._evaluate, self._context = every, evaluate, context
 
     def __call__(self, state: LoopState) -> None:
@@ -189,18 +188,6 @@ class Evaluate(Action):
         context = self._context(state.step, state.images_per_sec)
         state.writer.log_eval(state.step, timed(result, seconds), context)
         state.evaluation = (state.step, result) if result else None
-
-
-def eval_context(global_batch: int, num_train: int, optimizer):
-    """``context(step, images_per_sec)``: what summary.csv puts next to an evaluation at
-    ``step`` of a run of ``global_batch`` on ``num_train`` examples, with ``optimizer``'s
-    learning rate then (``results.eval_context``)."""
-
-    def context(step: int, images_per_sec: float | None) -> dict:
-        rate = float(optimizer.learning_rate)
-        return results.eval_context(step, global_batch, num_train, rate, images_per_sec)
-
-    return context
 
 
 def _evaluated_now(state: LoopState) -> bool:
@@ -353,7 +340,7 @@ def default_actions(
     """The loop's actions, in the order they run at one step (see the module docstring), for
     a run under ``t`` (its train section) acting on ``state`` (its ``build.TrainState``) on
     ``backend``: ``evaluate()`` every ``eval_every`` updates, beside ``context(step,
-    images_per_sec)`` (``eval_context``); the backbone unfrozen after
+    images_per_sec)`` (``results.writer.eval_context``); the backbone unfrozen after
     ``model_settings.unfreeze_after_steps`` updates (the run's models.config.ModelConfig; None
     or 0: never); the log's lines count clipped updates when it ``clips``, and the
     workers' skew unless ``deterministic``. ``extra``, the run's own (``train.run(config,

@@ -20,45 +20,53 @@ from tfgpu.checkpoint.store import refresh_derived_state, variables_of
 from tfgpu.data import run_input
 from tfgpu.inference.export.serving import export_model
 from tfgpu.results.writer import RunWriter, final_eval_of
-from tfgpu.train.actions import eval_context, phase, timed
+from tfgpu.train.actions import phase, timed
 
 
-def finish(state, backend, t, evaluate, writer: RunWriter, inputs, throughput: dict) -> dict:
+def finish(state, backend, t, evaluated, writer: RunWriter, inputs, throughput: dict) -> dict:
     """After the last update of ``state`` (the run's ``build.TrainState``) on ``backend``,
-    as ``t`` (its train section) says: evaluates (``evaluate``) and logs it (``throughput``:
+    as ``t`` (its train section) says: evaluates and logs it (``evaluated``: the run's
+    evaluation, what its rows are logged with; ``throughput``:
     ``fit``'s, for the log's images/s; with --average_checkpoints its "averaged_steps" are
     set), saves the final checkpoint, and on the chief final.weights.h5 and the export (of
     the data of ``inputs``, its ``run_input.RunInput``). Returns the final evaluation."""
     last_step = int(state.global_step.numpy())
     phase("final evaluation, save and export", last_step)
     ips = throughput["images_per_sec"] or throughput["last_images_per_sec"]
-    context = eval_context(t.global_batch_size, inputs.spec.num_train, state.optimizer)
-    if t.average_checkpoints:
-        # Saved first: the last trained state, the newest of the checkpoints averaged. The
-        # average is no checkpoint: the best does not take its evaluation into account.
+    evaluate, context = evaluated
+    averaging = bool(t.average_checkpoints)
+    if averaging:  # saved first: the last trained state, the newest of those averaged
         state.checkpoints.save(final=True)
-        parts = (state.model, state.optimizer, backend)
-        directory, k = state.checkpoints.directory, t.average_checkpoints
-        with average.averaged(*parts, directory, k) as steps:
-            writer.info(f"final model: the mean of the checkpoints of steps {steps}")
-            throughput["averaged_steps"] = steps
-            started = time.time()
-            final_eval = {} if t.sidecar_eval else evaluate(ema=False)
-            final_row = timed(final_eval, time.time() - started)
-            writer.log_eval(last_step, final_row, context(last_step, ips), again=True)
-            _save_final(state, backend, t, writer, inputs, ema=False)
-        return final_eval
-    # Evaluated first: the best (in the final checkpoint) takes it into account. With
-    # --sidecar_eval the side-car evaluates the final checkpoint (summary.json: its final_eval).
-    started = time.time()
-    final_eval = {} if t.sidecar_eval else evaluate()
-    final_row = timed(final_eval, time.time() - started)
-    writer.log_eval(last_step, final_row, context(last_step, ips), again=True)
-    if state.best is not None and final_eval:
-        state.best.observe(last_step, final_eval)
-    state.checkpoints.save(final=True)
-    _save_final(state, backend, t, writer, inputs)
+    with _final_model(state, backend, t, writer, throughput):
+        # With --sidecar_eval the side-car evaluates the final checkpoint (summary.json: its
+        # final_eval). An average holds its own evaluation weights: no EMA swap then.
+        started = time.time()
+        final_eval = {} if t.sidecar_eval else evaluate(ema=not averaging)
+        final_row = timed(final_eval, time.time() - started)
+        writer.log_eval(last_step, final_row, context(last_step, ips), again=True)
+        if not averaging:  # the best (in the final checkpoint) takes it into account
+            if state.best is not None and final_eval:
+                state.best.observe(last_step, final_eval)
+            state.checkpoints.save(final=True)
+        _save_final(state, backend, t, writer, inputs, ema=not averaging)
     return final_eval
+
+
+@contextlib.contextmanager
+def _final_model(state, backend, t, writer: RunWriter, throughput: dict):
+    """The run's final model for the duration: with --average_checkpoints (``t``) the mean of
+    its newest checkpoints (said, and their steps put in ``throughput``: "averaged_steps"),
+    which is no checkpoint (the best does not take its evaluation into account); else the
+    model as trained."""
+    if not t.average_checkpoints:
+        yield
+        return
+    parts = (state.model, state.optimizer, backend)
+    directory, k = state.checkpoints.directory, t.average_checkpoints
+    with average.averaged(*parts, directory, k) as steps:
+        writer.info(f"final model: the mean of the checkpoints of steps {steps}")
+        throughput["averaged_steps"] = steps
+        yield
 
 
 def _save_final(state, backend, t, writer: RunWriter, inputs, ema: bool = True) -> None:

@@ -40,9 +40,9 @@ from tfgpu.errors import ConfigError, DataError
 from tfgpu.inference.evaluate import Evaluator
 from tfgpu.optim import finetune
 from tfgpu.results import folder, runlock
-from tfgpu.results.writer import RunWriter
+from tfgpu.results.writer import RunWriter, eval_context
 from tfgpu.train import build, finish, micro_batch
-from tfgpu.train.actions import Action, default_actions, eval_context
+from tfgpu.train.actions import Action, default_actions
 from tfgpu.train.config import check_average_plan
 from tfgpu.train.fitting import fit
 from tfgpu.train.progressive import Staged
@@ -94,8 +94,10 @@ def _start(config, backend, in_use: str, actions: Sequence[Action], sizing) -> d
         state.optimizer,
         tta=t.eval_tta,
     )
-    throughput = _train(config, backend, inputs, plan, state, writer, evaluate, actions)
-    final_eval = finish.finish(state, backend, t, evaluate, writer, inputs, throughput)
+    context = eval_context(t.global_batch_size, inputs.spec.num_train, state.optimizer)
+    evaluated = evaluate, context
+    throughput = _train(config, backend, inputs, plan, state, writer, evaluated, actions)
+    final_eval = finish.finish(state, backend, t, evaluated, writer, inputs, throughput)
     throughput["broken"] = finish.broken_records(backend)  # the last collective
     wall_s = time.time() - started
     summary = finish.summary(
@@ -203,11 +205,14 @@ def scratch_update(config, inputs):
     return one_update
 
 
-def _train(config, backend, inputs, plan, state, writer, evaluate, actions) -> dict:
+def _train(config, backend, inputs, plan, state, writer, evaluated, actions) -> dict:
     """From the newest checkpoint to the plan's last update: ``fit``, handing each loop
-    boundary to the actions (``actions.default_actions``, then the run's own ``actions``);
-    returns ``fit``'s throughput, with the input's own images/s."""
+    boundary to the actions (``actions.default_actions``, then the run's own ``actions``;
+    ``evaluated``: (the run's evaluation, what its rows are logged with:
+    ``results.writer.eval_context``)); returns ``fit``'s throughput, with the input's own
+    images/s."""
     t = config.train
+    evaluate, context = evaluated
     start_step = _restore(state, writer)
     staged, batches, input_ips = _train_input(
         config.curriculum,
@@ -219,7 +224,6 @@ def _train(config, backend, inputs, plan, state, writer, evaluate, actions) -> d
         start_step,
         model_name=config.model.name,
     )
-    context = eval_context(t.global_batch_size, inputs.spec.num_train, state.optimizer)
     with PreemptionGuard() as guard:
         loop_actions = default_actions(
             t,

@@ -45,8 +45,9 @@ class Sizing:
     build, ``backing_off`` around them (``train.run``)."""
 
     def __init__(self, t):
-        """``t``: the run's train section (its --micro_batch_size)."""
+        """``t``: the run's train section (its --micro_batch_size, --memory_budget_gb)."""
         self.auto = micro_batch(t) == AUTO
+        self.budget_bytes = memory_budget_bytes(t)  # None: the device's own
         self.below = None  # after an out-of-memory error: only smaller sizes
         self.used = None  # the micro-batch of the start that is running
         self.reason = "start"
@@ -62,7 +63,7 @@ class Sizing:
         if not self.auto:
             self.used = replica_batch // accum
             return None
-        device = memory.this_device(memory_budget_bytes(t))
+        device = memory.this_device(self.budget_bytes)
         tried = search(one_update, replica_batch, device, self.below)
         keras.utils.set_random_seed(seed)  # the scratch runs drew from it
         found = tried[-1].size if tried and tried[-1].fits else 0
