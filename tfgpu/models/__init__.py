@@ -146,6 +146,20 @@ def load_initial_weights(model, path: str) -> list[str]:
     raise ConfigError(f"{flag}: expected a .weights.h5 or .keras file, imagenet or a Keras .h5")
 
 
+def initial_weights_line(m, model, fresh: list, frozen: str) -> str:
+    """The start-up line that says where ``model``'s weights came from (--init_weights of
+    ``m``, the model's settings), what is new (``fresh``: ``load_initial_weights``' names)
+    and what the freeze (``frozen``: its words, "" for none) leaves training."""
+    line = f"init: weights from --init_weights={m.init_weights}"
+    if fresh:
+        line += f"; new (not in the file): {', '.join(fresh)} ({model.output_shape[-1]} classes)"
+    if frozen:
+        line += f"; {frozen}"
+        if m.unfreeze_after_steps:
+            line += f" for {m.unfreeze_after_steps} updates"
+    return line + " (a checkpoint in --model_dir, if any, replaces them)"
+
+
 def _copy_weights(source, model) -> list[str]:
     """Copies ``source``'s weights into ``model`` in order (same builder = same order)."""
     if len(source.weights) != len(model.weights):

@@ -149,26 +149,14 @@ def start_lines(network, optimizer, m, o, global_batch: int, total_steps: int) -
     the fine-tuning groups of ``optimizer`` and the learning rate in use (``o``: the
     optimizer's settings, at ``global_batch`` over ``total_steps`` updates); the lines that
     apply."""
+    tuning = finetune.describe(optimizer, o, m, total_steps)
+    rate = optim.describe_learning_rate(o, global_batch)
     model, frozen = network.model, network.frozen
     init = getattr(model, "tfgpu_line", "")  # a model of one's own says what it is
     if m.init_weights:
         fresh = models.load_initial_weights(model, m.init_weights)
-        init = "\n".join(filter(None, (init, _init_line(m, model, fresh, frozen))))
+        line = models.initial_weights_line(m, model, fresh, frozen)
+        init = "\n".join(filter(None, (init, line)))
     elif init and frozen:  # its own weights (a .keras file, a preset) are fine-tuned
         init += f"\nfine-tune: {frozen}"
-    tuning = finetune.describe(optimizer, o, m, total_steps)
-    rate = optim.describe_learning_rate(o, global_batch)
     return [line for line in (*network.initialized, init, tuning, rate) if line]
-
-
-def _init_line(m, model, fresh: list, frozen: str) -> str:
-    """The start-up line that says where the weights came from, what is new, and what the
-    freeze (``frozen``: its words, "" for none) leaves training."""
-    line = f"init: weights from --init_weights={m.init_weights}"
-    if fresh:
-        line += f"; new (not in the file): {', '.join(fresh)} ({model.output_shape[-1]} classes)"
-    if frozen:
-        line += f"; {frozen}"
-        if m.unfreeze_after_steps:
-            line += f" for {m.unfreeze_after_steps} updates"
-    return line + " (a checkpoint in --model_dir, if any, replaces them)"
