@@ -8,9 +8,11 @@ The record format it reads is ``../recordformat.py``, shared with the converter 
   dataset_info.py  what a dataset_info.json may say, checked once when a dataset is opened
   identity.py    the data a run recorded (data.json), compared when the run resumes
   run_input.py   data/'s one door for a training run (``train/`` calls nothing else here):
-                 spec and class weights, then the rest worked out once (RunInput): start-up
-                 lines, the step's batch functions, the serving signatures' inputs, the
-                 train stream; then the train batches and the broken records
+                 ``prepare`` takes the data settings once and works out the RunInput (the
+                 spec, the class weights, start-up lines, the step's batch functions, the
+                 serving signatures' inputs, the train stream, the data's record); its later
+                 uses take it and no settings: the train batches (a progressive stage's
+                 too), a scratch copy for the micro-batch search, the broken records
   readers.py     which reader a run's train batches come from: pipeline, memory or
                  service_client, each a ``stream.TrainReader``
   stream.py      what every train reader offers (``TrainReader``), and the plain arguments

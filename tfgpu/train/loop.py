@@ -1,8 +1,9 @@
 """The conductor: ``run(config)`` takes a run through its phases, top to bottom. This module
 is the one place that holds the whole Config (``run``; ``_start``, one start of the run, and
-its phases ``_set_up``, ``_build``, ``_train``; ``assemble`` and ``scratch_update``, which
-build a run's parts for the micro-batch search, the benchmarks and the tests): every package
-below gets its own section and plain values.
+its phases ``_set_up``, ``_build``, ``_train``; ``input_of``, data/'s door for a run;
+``assemble`` and ``scratch_update``, which build a run's parts for the run itself, the
+micro-batch search, the benchmarks and the tests): every package below gets its own section
+and plain values.
 
   set up       the settings this machine decides, the process seeded, the backend
                (``distribute``), --model_dir checked and locked (``results``)
