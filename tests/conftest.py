@@ -56,23 +56,31 @@ import shared
 from requires import require_all, requires
 from weights import named as named_weights
 
-from tfgpu.cli import quiet
-
-# As the commands import it: tfgpu's code traced as written, the import out of the cycle
-# collector's reach (quiet._importing).
-quiet.import_tensorflow()
-
-from tfgpu.convert import plan  # noqa: E402
-from tfgpu.convert.manifest import items_from_arrays  # noqa: E402
-from tfgpu.distribute import devices  # noqa: E402
-
-# Before TensorFlow starts: mirrored tests get 2 replicas; default stays on /cpu:0.
-devices.configure_devices(2)
-
 # No per-example deadline for the property tests: on 2 cores shared with the tests that start
 # processes, an example's time says nothing of the code (a 200 ms deadline failed them).
 hypothesis.settings.register_profile("tfgpu", deadline=None)
 hypothesis.settings.load_profile("tfgpu")
+
+
+def is_xdist_controller(config) -> bool:
+    """True in the process that hands tests to pytest-xdist's workers (``-n 2``): it collects
+    and runs none itself."""
+    return config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    """TensorFlow, as the commands import it (tfgpu's code traced as written, the import out
+    of the cycle collector's reach: quiet._importing), with 2 logical CPU devices (mirrored
+    tests get 2 replicas; default stays on /cpu:0), before any test module imports it. Not in
+    xdist's controller, which runs no test: its import (~4 CPU-s) would delay the workers'
+    start by as much."""
+    if is_xdist_controller(config):
+        return
+    from tfgpu.cli import quiet  # noqa: PLC0415 (only where tests run)
+    from tfgpu.distribute import devices  # noqa: PLC0415
+
+    quiet.import_tensorflow()
+    devices.configure_devices(2)
 
 
 # --- test tiers (see the module docstring) ---------------------------------------------
@@ -241,6 +249,9 @@ def _op_determinism_off_after_each_test():
 
 def write_small_dataset(out: str, source: str = "tests") -> str:
     """Converts 96 train and 24 validation 40x40 images in 4 classes into ``out``; returns it."""
+    from tfgpu.convert import plan  # noqa: PLC0415 (TensorFlow's: not in xdist's controller)
+    from tfgpu.convert.manifest import items_from_arrays  # noqa: PLC0415
+
     images, labels = make_image_arrays(120)
     items = items_from_arrays(images, labels, prefix="synthetic")
     plan.write_dataset(
@@ -267,6 +278,9 @@ TRAIN_COUNTS = (60, 24, 8, 4)  # the imbalanced dataset's classes a, b, c, d
 def write_imbalanced_dataset(out: str) -> str:
     """Like ``write_small_dataset``, its train split imbalanced (TRAIN_COUNTS), its
     validation split balanced (8 each); returns ``out``."""
+    from tfgpu.convert import plan  # noqa: PLC0415 (TensorFlow's: not in xdist's controller)
+    from tfgpu.convert.manifest import items_from_arrays  # noqa: PLC0415
+
     images, labels = make_image_arrays(400, seed=5)
     train_idx, val_idx = [], []
     for c, n in enumerate(TRAIN_COUNTS):
