@@ -7,6 +7,12 @@ PY := $(VENV)/bin/python
 # Re-install when the dependencies change.
 STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 
+# Python's bytecode caches (__pycache__, ignored by git) are written when the tests run: where
+# the environment sets PYTHONDONTWRITEBYTECODE, each process the suite starts compiled tfgpu
+# again and pytest rewrote every test module's asserts again (measured: 8.2 -> 6.2 CPU-s to
+# collect the fast tier, per xdist worker; 4.6 -> 4.2 CPU-s per tfgpu process a test starts).
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: demo test test-serial test-heavy test-fast test-fast-bare install horovod system ray export report hub mlflow mlflow-server
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
