@@ -26,10 +26,12 @@ import tempfile
 from tfgpu import compat
 
 # Keras imports these at start-up when they are installed, only to accept them in fit() (a
-# pandas DataFrame), which no tfgpu command does: hidden while TensorFlow and Keras are
-# imported, importable as usual afterwards. pandas: 0.5 of the ~4.5 CPU-s of `import
-# tensorflow` (measured, 2 cores).
-HIDDEN_WHILE_IMPORTING = ("pandas",)
+# pandas DataFrame) and to draw its image gallery (matplotlib), which no tfgpu command uses:
+# hidden while TensorFlow and Keras are imported, importable as usual afterwards (tfgpu-report
+# imports matplotlib itself). pandas: 0.5 of the ~4.5 CPU-s of `import tensorflow`; matplotlib
+# ~0.3 of the ~2.4 CPU-s a command takes to import TensorFlow and the train loop (measured, 2
+# cores, 3 interleaved rounds).
+HIDDEN_WHILE_IMPORTING = ("pandas", "matplotlib")
 
 # Read when this module is first imported: before any tfgpu code sets the variable.
 USER_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
