@@ -64,8 +64,11 @@ hypothesis.settings.load_profile("tfgpu")
 
 def is_xdist_controller(config) -> bool:
     """True in the process that hands tests to pytest-xdist's workers (``-n 2``): it collects
-    and runs none itself."""
-    return config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
+    and runs none itself. xdist's own test (its plugin's pytest_configure): a distribution
+    mode and workers, unless the run only collects (then this process collects)."""
+    if hasattr(config, "workerinput") or config.getoption("collectonly"):
+        return False
+    return config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None))
 
 
 def pytest_configure(config):
@@ -77,9 +80,10 @@ def pytest_configure(config):
     if is_xdist_controller(config):
         return
     from tfgpu.cli import quiet  # noqa: PLC0415 (only where tests run)
-    from tfgpu.distribute import devices  # noqa: PLC0415
 
     quiet.import_tensorflow()
+    from tfgpu.distribute import devices  # noqa: PLC0415 (imports TensorFlow: after quiet's)
+
     devices.configure_devices(2)
 
 
