@@ -26,6 +26,7 @@ hashing of the pHashes where the thumbnails are noise-like); exact copies collap
 record first, so 100,000 copies of one image cost what one does.
 """
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -49,7 +50,7 @@ class Records:
     """Every record's fingerprint, in one array per field; ``where[i]`` = (split, shard,
     position in the shard)."""
 
-    where: list
+    where: "Where"
     exact: np.ndarray
     phash: np.ndarray
     mirror: np.ndarray
@@ -59,10 +60,29 @@ class Records:
     sides: np.ndarray
 
 
+class Where:
+    """``where[i]`` = (split, shard, position in the shard) of record i, made when asked:
+    a tuple per record would cost a conversion of 70,000 small images ~0.05 CPU s, with
+    the garbage collector's passes over them, for the few records that are in groups."""
+
+    def __init__(self, parts: list):
+        self._shards = [(split, name) for split, name, _ in parts]
+        self._starts = np.cumsum([0] + [len(p["files"]) for _, _, p in parts])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, i) -> tuple:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        shard = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return (*self._shards[shard], int(i - self._starts[shard]))
+
+
 def gather(shards: list) -> Records:
     """``shards``: (split, shard name, its worker result holding ``fingerprints``)."""
     parts = [(split, name, r["fingerprints"]) for split, name, r in shards]
-    where = [(s, n, i) for s, n, p in parts for i in range(len(p["files"]))]
+    where = Where(parts)
 
     def cat(field, dtype, shape=()):
         arrays = [np.asarray(p[field], dtype=dtype).reshape((-1, *shape)) for _, _, p in parts]
@@ -76,7 +96,7 @@ def gather(shards: list) -> Records:
         cat("mirror", np.uint64),
         cat("thumbs", np.uint8, (side, side)),
         cat("labels", np.int64),
-        [f for _, _, p in parts for f in p["files"]],
+        list(itertools.chain.from_iterable(p["files"] for _, _, p in parts)),
         cat("sides", np.int64),
     )
 

