@@ -77,12 +77,13 @@ def encode_image(
         raise BadImage(f"cannot convert to RGB: {err}") from None
 
 
-def _look(data, image: Image.Image) -> list:
-    """The duplicate check's view of a decoded ``image`` (``fingerprint.py``), from the
-    array it was made of when ``data`` is one (cheaper than PIL's copy of its pixels)."""
+def _look(data, image: Image.Image) -> tuple:
+    """The duplicate check's (exact key, view) of a decoded ``image`` (``fingerprint.py``),
+    from the array it was made of when ``data`` is one (cheaper than PIL's copy of its
+    pixels)."""
     if isinstance(data, np.ndarray):
-        return list(fingerprint.of_array(data, image))
-    return [fingerprint.exact_key(image), fingerprint.view(image)]
+        return fingerprint.of_array(data, image)
+    return fingerprint.exact_key(image), fingerprint.view(image)
 
 
 def _reencode(image: Image.Image, jpeg_quality, lossless, max_side, keep_grayscale=False):

@@ -102,7 +102,7 @@ def write_shard(output_dir: str, name: str, items: list, options: EncodeOptions)
                 side = short_side_bucket(height, width)
                 sides[side] = sides.get(side, 0) + 1
                 if check:
-                    prints.add(*look, item.label, display_name(item.filename), side)
+                    prints.add(look[0], look[1], item.label, display_name(item.filename), side)
             if _progress is not None:
                 with _progress.get_lock():
                     _progress.value += 1
