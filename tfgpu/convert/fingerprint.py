@@ -9,11 +9,12 @@ decode it: an exact key, a perceptual hash of the image and of its mirror, a 16x
   two of ImageNet's 1.28M distinct images share a key with probability ~4e-8. Neither is a
   defence against collisions made on purpose, and the check claims none.
 - pHash: imagehash's ``phash`` (a 32x32 grayscale thumbnail, its 2-D DCT-II, the 8x8 lowest
-  frequencies thresholded at their median: 64 bits), computed here in numpy for a whole shard
-  at once: a 32x32 DCT is two small matrix products, and imagehash's call per image (scipy's
-  FFT twice, a PIL resize) would cost about as much as the rest of converting a small image
-  (tests compare both on the same thumbnails). The thumbnail is an area average (PIL's
-  ``reduce`` for large images, then a matrix product), where imagehash takes Lanczos.
+  frequencies thresholded at their median: 64 bits), computed in numpy for a whole shard
+  at once (the products in ``columns.py``): a 32x32 DCT is two small matrix products, and
+  imagehash's call per image (scipy's FFT twice, a PIL resize) would cost about as much as
+  the rest of converting a small image (tests compare both on the same thumbnails). The
+  thumbnail is an area average (PIL's ``reduce`` for large images, then a matrix product),
+  where imagehash takes Lanczos.
 - mirror pHash: the pHash of the horizontally flipped image, from the same coefficients (a
   flip negates the odd horizontal frequencies of a DCT-II), so flipped copies are found too.
 - thumbnail: 16x16 grayscale, uint8, which confirms a perceptual match (``duplicates.py``).
@@ -30,14 +31,12 @@ import numpy as np
 import xxhash
 from PIL import Image
 
+from tfgpu.convert import columns
+from tfgpu.convert.columns import SMALL, THUMB, dct_rows, thumbnails
 from tfgpu.files import replacing
 
-THUMB = 32  # the pHash's thumbnail side (imagehash: hash_size 8 x highfreq_factor 4)
-SMALL = 16  # the stored thumbnail's side
 KEY = "xxh3-64"  # the exact key's kind, kept in done markers (a resumed run checks it)
-_AT_ONCE = 1 << 21  # pixels multiplied at once: their floats fit in a cache, not new pages
 DRAFT_SIDE = 32  # a JPEG's draft keeps at least this many pixels a side (``draft_size``)
-_PAD = 8  # views whose sides round up to one multiple of this share a stack (``summaries``)
 _JPEG_METADATA = set(range(0xE0, 0xF0)) | {0xFE}  # APP0..APP15, COM
 
 
@@ -110,16 +109,6 @@ def of_array(array: np.ndarray, image: Image.Image) -> tuple:
     return _key(image.mode, image.size, _pixels(array)), view(image)
 
 
-def thumbnails(views: list) -> np.ndarray:
-    """The 32x32 float32 area-average thumbnails (N, 32, 32) of ``views`` (``view``), one
-    by one: the reference ``summaries`` is tested against."""
-    out = np.zeros((len(views), THUMB, THUMB), np.float32)
-    for i, (gray, full, step) in enumerate(views):
-        rows, cols = (_area_matrix(size, f, step) for size, f in zip(gray.shape, full))
-        out[i] = rows @ gray.astype(np.float32) @ cols.T
-    return out
-
-
 class Collector:
     """A shard's fingerprints, gathered as its records are written: each record's exact
     key, label, short-side bucket and file name, and its view's pixels appended to those
@@ -184,103 +173,7 @@ def summaries(views: list) -> tuple[np.ndarray, np.ndarray]:
     collector = Collector()
     for view in views:
         collector.add(0, view, 0, "", 0)
-    return _summaries(collector._arrays(), len(views))
-
-
-def _summaries(kinds: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``summaries`` of ``n`` images given by ``kinds`` (``Collector._arrays``), without the 32x32
-    thumbnails: their matrices are folded into the ones that make them, and images of
-    about one size are multiplied at once, each by its own matrices, padded with zeros to
-    the largest (a shard of 28x28 images: a hundredth of what one call per image costs;
-    of JPEG drafts, whose sizes differ by a few pixels: a tenth)."""
-    coeffs = np.zeros((n, 64), np.float32)
-    smalls = np.zeros((n, SMALL, SMALL), np.uint8)
-    for shape, group in _buckets(kinds).items():
-        stack, members = _stacked(group, shape)
-        sides = [_matrices(group, axis, size) for axis, size in enumerate(shape)]
-        at_once = max(1, _AT_ONCE // (shape[0] * shape[1]))
-        for start in range(0, len(members), at_once):
-            part = members[start : start + at_once]
-            # float32: the coefficients' rounding (~1e-7 of them) flips no bit of a real
-            # image's hash (tests: equal to ``phashes`` of the thumbnails, in float64)
-            grays = stack[start : start + at_once].astype(np.float32)
-            (dct_rows, half_rows), cols = (_pick(*side, start, len(part)) for side in sides)
-            dct_cols, half_cols = (np.swapaxes(m, -1, -2) for m in cols)
-            coeffs[part] = (dct_rows @ _times(grays, dct_cols)).reshape(len(part), 64)
-            blocks = half_rows @ _times(grays, half_cols)
-            smalls[part] = np.clip(np.rint(blocks), 0, 255).astype(np.uint8)
-    return coeffs, smalls
-
-
-def _times(grays: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-    """``grays`` (M, h, w) times ``matrix``: (w, c) shared by all, or (M, w, c) one each.
-    A shared one as one product of M * h rows: faster than numpy's matmul of the stack
-    (a shard of 70,000 28x28 images: ~0.02 CPU s less, the same floats; other sizes:
-    within float32's rounding, a 16x16 thumbnail pixel one grey level off at most)."""
-    if matrix.ndim == 2:
-        return (grays.reshape(-1, grays.shape[-1]) @ matrix).reshape(*grays.shape[:2], -1)
-    return grays @ matrix
-
-
-def _buckets(kinds: dict) -> dict:
-    """{stack shape: {kind: its (grays, indices)}}: the kinds whose sides round up to the
-    same multiple of _PAD share a stack, as large as the largest of them."""
-    rounded: dict = {}
-    for kind in kinds:
-        rounded.setdefault(tuple(-(-side // _PAD) for side in kind[0]), []).append(kind)
-    return {
-        tuple(max(kind[0][axis] for kind in group) for axis in (0, 1)): {
-            kind: kinds[kind] for kind in group
-        }
-        for group in rounded.values()
-    }
-
-
-def _stacked(group: dict, shape: tuple) -> tuple:
-    """(the uint8 (M, *shape) stack of the ``group``'s grays, zero-padded, its kinds one
-    after another; their indices): a kind's own array when it is the only one."""
-    if len(group) == 1 and next(iter(group))[0] == shape:
-        return next(iter(group.values()))
-    stack = np.zeros((sum(len(m) for _, m in group.values()), *shape), np.uint8)
-    at = 0
-    for grays, _ in group.values():
-        stack[at : at + len(grays), : grays.shape[1], : grays.shape[2]] = grays
-        at += len(grays)
-    return stack, np.concatenate([m for _, m in group.values()])
-
-
-def _matrices(kinds: dict, axis: int, padded: int) -> tuple:
-    """(DCT rows x area matrix, 2x2 means x area matrix) along ``axis``, zero-padded to
-    ``padded`` columns, of the images of ``kinds`` (a ``_buckets`` group), in order: (the
-    pair, None) where they all share one, else (a pair of stacks of the distinct ones,
-    each image's index into them)."""
-    pairs = [_folded(shape[axis], full[axis], step, padded) for shape, full, step in kinds]
-    distinct = list({id(pair): pair for pair in pairs}.values())  # the cache's objects
-    if len(distinct) == 1:
-        return distinct[0], None
-    index = {id(pair): n for n, pair in enumerate(distinct)}
-    which = np.repeat([index[id(pair)] for pair in pairs], [len(m) for _, m in kinds.values()])
-    return tuple(np.stack(matrices) for matrices in zip(*distinct)), which
-
-
-def _pick(matrices: tuple, which, start: int, count: int) -> tuple:
-    """The ``matrices`` (``_matrices``) of the images ``start`` to ``start + count``: the
-    pair itself when it is one (numpy multiplies every image by it), else the stacks'."""
-    if which is None:
-        return matrices
-    return tuple(m[which[start : start + count]] for m in matrices)
-
-
-_HALF = np.kron(np.eye(SMALL), [0.5, 0.5])  # (16, 32): the mean of each pair
-
-
-@functools.lru_cache(maxsize=4096)
-def _folded(size: int, full: int, step: int, padded: int) -> tuple:
-    """(DCT rows x area matrix, 2x2 means x area matrix), float32, zero-padded to
-    ``padded`` columns, for a side of ``size`` pixels standing for ``full`` at ``step``."""
-    area = np.zeros((THUMB, padded))
-    area[:, :size] = _area_matrix(size, full, step)
-    return (_dct_rows() @ area).astype(np.float32), (_HALF @ area).astype(np.float32)
+    return columns.summaries(collector._arrays(), len(views))
 
 
 def thumbnail(image: Image.Image, step: int = 1) -> np.ndarray:
@@ -288,31 +181,10 @@ def thumbnail(image: Image.Image, step: int = 1) -> np.ndarray:
     return thumbnails([view(image, step)])[0]
 
 
-@functools.lru_cache(maxsize=256)
-def _area_matrix(size: int, full: int, step: int) -> np.ndarray:
-    """(THUMB, size): each output pixel the mean of the input it covers (area resampling),
-    input pixel j covering [j * step, (j + 1) * step) of ``full`` original pixels: a block
-    cut by the edge counts for what it covers, so a mirrored image gives the mirrored
-    thumbnail whatever its size."""
-    edges = np.arange(THUMB + 1) * (full / THUMB)
-    starts, ends = edges[:-1, None], edges[1:, None]
-    left = np.arange(size)[None, :] * step
-    right = np.minimum(left + step, full)
-    overlap = np.clip(np.minimum(ends, right) - np.maximum(starts, left), 0, None)
-    return (overlap / np.maximum(overlap.sum(axis=1, keepdims=True), 1e-9)).astype(np.float32)
-
-
-@functools.lru_cache(maxsize=1)
-def _dct_rows() -> np.ndarray:
-    """The first 8 rows of the unnormalized DCT-II matrix of size 32 (scipy's default)."""
-    k, n = np.arange(8)[:, None], np.arange(THUMB)[None, :]
-    return 2 * np.cos(np.pi * k * (2 * n + 1) / (2 * THUMB))
-
-
 def phashes(thumbs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(pHash, mirror pHash) as uint64 arrays for thumbnails (N, 32, 32); bit 63 is the DC
     coefficient's, in imagehash's row-major order."""
-    dct = _dct_rows()
+    dct = dct_rows()
     # The stack times a matrix first: numpy makes that one product, not one per thumbnail.
     return hashes((dct @ (thumbs.astype(np.float64) @ dct.T)).reshape(len(thumbs), 64))
 
@@ -352,7 +224,7 @@ def shard_record(keys: list, views: list, labels: list, files: list, sides: list
 
 
 def _record(keys, kinds: dict, labels, files, sides) -> dict:
-    coeffs, smalls = _summaries(kinds, len(keys))
+    coeffs, smalls = columns.summaries(kinds, len(keys))
     direct, mirror = hashes(coeffs)
     return {
         "key": KEY,
