@@ -106,14 +106,14 @@ def find_groups(records: Records) -> tuple[list, dict]:
     largest first; stats counts flat images and the search's work."""
     keys, first, inverse = np.unique(records.exact, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
-    thumbs = records.thumbs[first]
-    flat = _row_std(thumbs) < FLAT_STD
+    flat = _row_std(records.thumbs)[first] < FLAT_STD
     live = np.nonzero(~flat)[0]  # exact classes that take part in the near search
-    pairs, search, space = near_pairs(
-        records.phash[first[live]], records.mirror[first[live]], thumbs[live]
-    )
-    cropped, crop_search = _cropped(pairs, thumbs[live], space)
-    cropped = cropped[_informative(thumbs[live], cropped)]
+    # Gathered once (an array the size of the thumbnails, each copy ~0.01 CPU s a 70,000).
+    at = first[live]
+    thumbs = records.thumbs[at]
+    pairs, search, space = near_pairs(records.phash[at], records.mirror[at], thumbs)
+    cropped, crop_search = _cropped(pairs, thumbs, space)
+    cropped = cropped[_informative(thumbs, cropped)]
     search.update(crop_search, crop_pairs=len(cropped))
     pairs = np.concatenate([pairs, cropped])
     edges = (np.ones(len(pairs)), (live[pairs[:, 0]], live[pairs[:, 1]]))
