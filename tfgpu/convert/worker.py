@@ -58,6 +58,8 @@ def serve(tasks, results, progress, output_dir: str, options: EncodeOptions) -> 
 
 def display_name(name: str) -> str:
     """``name`` printable and JSON-safe: undecodable bytes of a file name become U+FFFD."""
+    if name.isascii():  # most names, once an image with the check on: a flag, not a copy
+        return name
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
