@@ -85,3 +85,19 @@ def test_tfgpu_code_is_traced_as_written_and_other_code_is_converted():
     as_tfgpu.__module__ = "tfgpu.compat"  # the same function, as if it were tfgpu's
     with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
         numbers.map(as_tfgpu)
+
+
+@pytest.mark.fast
+def test_numpy_small_pages_turns_the_advice_off_and_restores_it():
+    from numpy._core import multiarray
+
+    before = multiarray._set_madvise_hugepage(True)  # returns the setting it replaces
+    try:
+        with compat.numpy_small_pages():
+            assert multiarray._set_madvise_hugepage(False) is False  # off inside the block
+        assert multiarray._set_madvise_hugepage(True) is True  # restored after it
+        with pytest.raises(ValueError), compat.numpy_small_pages():
+            raise ValueError("an error in the block")
+        assert multiarray._set_madvise_hugepage(True) is True  # restored after an error too
+    finally:
+        multiarray._set_madvise_hugepage(before)

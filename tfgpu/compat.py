@@ -32,6 +32,7 @@ PRIVATE_NAMES = (
     ("tensorflow.python.autograph.core.config", "CONVERSION_RULES"),
     ("tensorflow.python.autograph.core.config", "DoNotConvert"),
     ("keras.src.layers.layer", "Layer._flatten_layers"),
+    ("numpy._core.multiarray", "_set_madvise_hugepage"),
 )
 
 
@@ -370,3 +371,20 @@ def data_service_worker_address(worker) -> str:
     """``host:port`` a tf.data service WorkerServer serves on (its port chosen by the OS when
     asked for 0): TensorFlow keeps it only in a private property."""
     return worker._address
+
+
+@contextlib.contextmanager
+def numpy_small_pages():
+    """For the block, numpy's new arrays are not advised into 2 MB pages (numpy asks for
+    them, madvise, for every array of 4 MB and more; restored after). Where the kernel must
+    compact memory to find such pages (a converter's process, its page cache full of the
+    data), the first touches of short-lived arrays cost more than the work on them: the
+    duplicate check's grouping of Fashion-MNIST spent 0.18-0.20 s in the kernel in a
+    conversion, 0.05-0.07 s with ordinary pages (``bench/convert.py``'s in-process runs)."""
+    from numpy._core import multiarray
+
+    before = multiarray._set_madvise_hugepage(False)
+    try:
+        yield
+    finally:
+        multiarray._set_madvise_hugepage(before)

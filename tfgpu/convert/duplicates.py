@@ -35,6 +35,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from threadpoolctl import threadpool_limits
 
+from tfgpu import compat
 from tfgpu.convert import crops, fingerprint, near_search
 
 RADIUS = 6  # pHash bits (of 64); JPEG q95->60, a 90% resize, a 2-px crop: 0-4 on photos
@@ -218,7 +219,8 @@ def check(shards: list, class_names: list) -> tuple[Records, list, dict]:
     """Runs the check over ``shards`` (see ``gather``); returns (records, groups, report)."""
     start = time.perf_counter()
     records = gather(shards)
-    with threadpool_limits(1, "blas"):  # small products: more BLAS threads only spin
+    # Small products: more BLAS threads only spin. Short-lived arrays: ordinary pages.
+    with threadpool_limits(1, "blas"), compat.numpy_small_pages():
         groups, stats = find_groups(records)
     report = build_report(records, groups, class_names, stats)
     report["seconds"] = round(time.perf_counter() - start, 3)

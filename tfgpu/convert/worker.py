@@ -13,6 +13,7 @@ from dataclasses import asdict
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from tfgpu import compat
 from tfgpu.convert import fingerprint
 from tfgpu.convert.encode import encode_image, read_file, too_many_pixels
 from tfgpu.convert.manifest import ArrayRow, BadImage, EncodeOptions
@@ -128,7 +129,8 @@ def _mark_done(output_dir: str, name: str, result: dict, prints) -> dict:
     returns ``result``, with the fingerprints when there are some."""
     marker = result
     if prints is not None:
-        with threadpool_limits(1, "blas"):  # small products: BLAS threads would only spin
+        # Small products: BLAS threads would only spin. Short-lived arrays: ordinary pages.
+        with threadpool_limits(1, "blas"), compat.numpy_small_pages():
             record = prints.record()
         rest = fingerprint.save(os.path.join(output_dir, fingerprints_file(name)), record)
         result, marker = dict(result, fingerprints=record), dict(result, fingerprints=rest)
