@@ -218,10 +218,10 @@ def _rms(a: np.ndarray, b: np.ndarray, flip: np.ndarray) -> np.ndarray:
 def check(shards: list, class_names: list) -> tuple[Records, list, dict]:
     """Runs the check over ``shards`` (see ``gather``); returns (records, groups, report)."""
     start = time.perf_counter()
-    records = gather(shards)
-    # Small products: more BLAS threads only spin. Short-lived arrays: ordinary pages.
-    with threadpool_limits(1, "blas"), compat.numpy_small_pages():
-        groups, stats = find_groups(records)
+    with compat.numpy_small_pages():  # short-lived arrays: ordinary pages
+        records = gather(shards)
+        with threadpool_limits(1, "blas"):  # small products: more BLAS threads only spin
+            groups, stats = find_groups(records)
     report = build_report(records, groups, class_names, stats)
     report["seconds"] = round(time.perf_counter() - start, 3)
     return records, groups, report

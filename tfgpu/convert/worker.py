@@ -132,7 +132,7 @@ def _mark_done(output_dir: str, name: str, result: dict, prints) -> dict:
         # Small products: BLAS threads would only spin. Short-lived arrays: ordinary pages.
         with threadpool_limits(1, "blas"), compat.numpy_small_pages():
             record = prints.record()
-        rest = fingerprint.save(os.path.join(output_dir, fingerprints_file(name)), record)
+            rest = fingerprint.save(os.path.join(output_dir, fingerprints_file(name)), record)
         result, marker = dict(result, fingerprints=record), dict(result, fingerprints=rest)
     write_json(os.path.join(output_dir, done_marker(name)), marker, indent=None)
     return result
