@@ -121,8 +121,7 @@ def scratch_copy(inputs: RunInput, backend, batch_size: int) -> tuple:
         resize_on="host",
         balanced_sampling=False,
     )
-    stream = dataclasses.replace(inputs.stream, batch_size=batch_size)
-    stream = dataclasses.replace(stream, global_batch_size=batch_size)
+    stream = dataclasses.replace(inputs.stream, batch_size=batch_size, global_batch_size=batch_size)
     fns = step_fns(data, inputs.spec.num_classes)
     scratch = dataclasses.replace(
         inputs, data=data, step_fns=fns, stream=stream, model_dir="", recorded={}

@@ -117,9 +117,9 @@ def _resolved(config) -> tuple:
     bfloat16 = devices.fast_bfloat16() if auto else ""
     has_gpu = bool(tf.config.list_logical_devices("GPU"))
     config = config.resolved(has_gpu, bfloat16, stored)
-    dtype = config.model.dtype
     if not auto:
         return config, ""
+    dtype = config.model.dtype
     if stored and stored.get("dtype", "auto") != "auto":
         return config, f"--dtype=auto: {dtype}, the run's own choice (config.json)"
     why = f"this {bfloat16} computes bfloat16 fast" if bfloat16 else "no fast bfloat16 here"
