@@ -122,7 +122,7 @@ def build_data(cache_dir: str, num_images: int, image_set: str = "smooth") -> tu
     (``IMAGE_SETS``); built once. Prints the mean file size when it builds them."""
     import tensorflow as tf
 
-    from tfgpu import recordformat
+    from tfgpu.data import recordformat
 
     _, quality, sub, most = IMAGE_SETS[image_set]
     num_images = min(num_images, most or num_images)
@@ -171,7 +171,7 @@ def build_data(cache_dir: str, num_images: int, image_set: str = "smooth") -> tu
 
 def count(result: dict, label: int, image) -> None:
     """Adds one written ``image`` of ``label`` to its shard's counts (``result``)."""
-    from tfgpu import recordformat
+    from tfgpu.data import recordformat
 
     result["num_examples"] += 1
     result["per_class"][label] = result["per_class"].get(label, 0) + 1
@@ -233,7 +233,7 @@ def tf_sources(
     import tensorflow as tf
 
     from tfgpu.data.config import DataConfig
-    from tfgpu import recordformat
+    from tfgpu.data import recordformat
     from tfgpu.data import pipeline
     from tfgpu.data.spec import load_data_spec
     from tfgpu.data.stream import Stream

@@ -30,7 +30,7 @@ def main() -> None:
 
     from tfgpu.data import broken
     from tfgpu.data.spec import DataSpec
-    from tfgpu.recordformat import encode_example, parse_example
+    from tfgpu.data.recordformat import encode_example, parse_example
 
     print(calibration())
     rng = np.random.default_rng(0)

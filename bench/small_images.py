@@ -48,7 +48,7 @@ def large_dataset(num_images: int) -> str:
     from tfgpu.convert import plan
     from tfgpu.convert.manifest import items_from_arrays
     from tfgpu.demo import cache_dir
-    from tfgpu.recordformat import INFO_FILE
+    from tfgpu.data.recordformat import INFO_FILE
 
     out = os.path.join(cache_dir(), "bench", f"small-{num_images}")
     if os.path.exists(os.path.join(out, INFO_FILE)):

@@ -111,7 +111,7 @@ def test_a_launch_that_cannot_be_one_job_is_reported_without_tensorflow(
         "tfgpu.imagenet",
         "tfgpu.batches",
         "tfgpu.metrics",
-        "tfgpu.recordformat",
+        "tfgpu.data.recordformat",
         "tfgpu.errors",
         "tfgpu.data.service_server",
         "tfgpu.cli.data_service",
@@ -175,16 +175,23 @@ def _imported(path: pathlib.Path) -> set:
     return names
 
 
-@pytest.mark.parametrize("package, other", [("convert", "data"), ("data", "convert")])
+# What one package may import of another at most (tests below): the converter writes the
+# reader's record format and takes nothing else of it; the reader takes nothing of the converter.
+SHARED = {("convert", "data"): ("tfgpu.data.recordformat",), ("data", "convert"): ()}
+
+
+@pytest.mark.parametrize("package, other", sorted(SHARED))
 def test_the_converter_and_the_reader_share_only_the_record_format(package, other):
     root = pathlib.Path(tfgpu.__file__).parent
+    allowed = SHARED[package, other]
     wrong = {
         f"{path.relative_to(root.parent)}: {name}"
         for path in (root / package).rglob("*.py")
         for name in _imported(path)
-        if name == f"tfgpu.{other}" or name.startswith(f"tfgpu.{other}.")
+        if (name == f"tfgpu.{other}" or name.startswith(f"tfgpu.{other}."))
+        and not any(name == a or name.startswith(f"{a}.") for a in allowed)
     }
-    assert not wrong, f"tfgpu.{package} imports tfgpu.{other}: {sorted(wrong)}"
+    assert not wrong, f"tfgpu.{package} imports more of tfgpu.{other}: {sorted(wrong)}"
 
 
 # The house's layers, top to bottom: a module may import its own layer's or lower ones', never
@@ -198,9 +205,10 @@ LAYERS = (
     ("checkpoint", "results"),  # a run's checkpoints and its network; a run's files
     ("step",),  # one update and what runs compiled
     ("optim",),  # optimizers, schedules, fine-tuning groups
-    ("models", "data", "demo"),  # the registry and the nets; the reader; the demo dataset
-    ("distribute", "convert"),  # launchers, strategies, backends; the converter
-    ("errors", "settings", "imagenet", "batches", "metrics", "recordformat", "compat", "files"),
+    ("models", "convert", "demo"),  # the registry and the nets; the converter; the demo dataset
+    ("data",),  # the reader, and the record format it reads (which the converter writes)
+    ("distribute",),  # launchers, strategies, backends
+    ("errors", "settings", "imagenet", "batches", "metrics", "compat", "files"),
 )
 
 

@@ -19,7 +19,7 @@ from PIL import Image
 
 from tfgpu.convert import plan
 from tfgpu.convert.manifest import items_from_arrays, split_items
-from tfgpu.recordformat import INFO_FILE
+from tfgpu.data.recordformat import INFO_FILE
 
 DIGITS = os.path.join(os.path.dirname(__file__), "digits.csv.gz")
 DEMO_VERSION = "digits-v1"

@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfgpu import files, recordformat
+from tfgpu import files
+from tfgpu.data import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import encode, plan, verify, worker
 from tfgpu.errors import ConvertError

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from outcomes import expects, outcome
 from PIL import Image
 
-from tfgpu import recordformat
+from tfgpu.data import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import encode
 from tfgpu.convert.inputs import idx

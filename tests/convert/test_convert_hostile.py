@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tfgpu import recordformat
+from tfgpu.data import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import encode, plan, replace, worker
 from tfgpu.convert.inputs import caffe_datum, folders, hdf5, lmdb_input

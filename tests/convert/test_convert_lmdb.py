@@ -17,7 +17,7 @@ import tensorflow as tf
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from PIL import Image
 
-from tfgpu import recordformat
+from tfgpu.data import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert.inputs import caffe_datum, lmdb_input
 from tfgpu.data import spec as data_spec

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfgpu import recordformat
+from tfgpu.data import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import encode
 from tfgpu.convert.manifest import BadImage

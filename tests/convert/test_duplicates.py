@@ -19,7 +19,7 @@ from hypothesis.extra import numpy as hnp
 from PIL import Image
 from skimage import data as skimage_data
 
-from tfgpu import recordformat
+from tfgpu.data import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import dedupe, duplicates, fingerprint, near_search
 from tfgpu.data.dataset_info import leak_line

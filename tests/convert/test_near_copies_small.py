@@ -22,7 +22,7 @@ import planted
 from requires import FASHION_MNIST, requires
 from skimage import data as skimage_data
 
-from tfgpu import recordformat
+from tfgpu.data import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import crops, duplicates, encode, fingerprint
 

@@ -21,7 +21,7 @@ from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard, backends
 from tfgpu.errors import ConfigError
 from tfgpu.cli.evaluate import evaluate
-from tfgpu.recordformat import INFO_FILE
+from tfgpu.data.recordformat import INFO_FILE
 from tfgpu.step.train_step import TrainStep
 
 NAMES = ["a", "b", "c", "d"]

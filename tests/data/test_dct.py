@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from conftest import train_ds
 
-from tfgpu import recordformat
+from tfgpu.data import recordformat
 from tfgpu.convert import plan
 from tfgpu.data import dct, host_ops
 from tfgpu.data import spec as data_spec

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from outcomes import expects, outcome
 
-from tfgpu import recordformat
+from tfgpu.data import recordformat
 from tfgpu.cli import convert as cli
 from tfgpu.convert import encode, plan
 from tfgpu.convert.inputs import caffe_datum, lmdb_input

@@ -10,7 +10,7 @@ from conftest import (
 )
 
 from tfgpu.data.config import DataConfig
-from tfgpu import recordformat
+from tfgpu.data import recordformat
 from tfgpu.data import device_ops, host_ops, pipeline, readers, stream
 from tfgpu.data import spec as data_spec
 from tfgpu.distribute import InputShard

@@ -22,7 +22,7 @@ from tfgpu.data import spec as data_spec
 from tfgpu.data.config import DataConfig
 from tfgpu.distribute import InputShard
 from tfgpu.errors import DataError
-from tfgpu.recordformat import INFO_FILE, encode_example, parse_example
+from tfgpu.data.recordformat import INFO_FILE, encode_example, parse_example
 from tfgpu.train.op_errors import translate
 
 CFG = DataConfig(image_size=32, shuffle_buffer=16)

@@ -9,7 +9,7 @@ import tensorflow as tf
 from conftest import make_image_arrays
 
 from tfgpu.data.config import DataConfig
-from tfgpu import recordformat
+from tfgpu.data import recordformat
 from tfgpu.data import device_ops, memory
 from tfgpu.data import spec as data_spec
 from tfgpu.data.stream import Stream

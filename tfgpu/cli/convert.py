@@ -30,7 +30,7 @@ from tfgpu.convert.inputs import arrays, cifar, folders, hdf5, idx, lmdb_input, 
 from tfgpu.errors import ConvertError
 from tfgpu.convert.manifest import Source
 from tfgpu.files import check_flagfiles
-from tfgpu.recordformat import INFO_FILE
+from tfgpu.data.recordformat import INFO_FILE
 
 COMMAND = "tfgpu-to-tfrecord"
 # Own FlagValues: the converter's flags must not clash with tfgpu.main's in one process.

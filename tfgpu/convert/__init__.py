@@ -1,5 +1,7 @@
 """The converter behind ``tfgpu-to-tfrecord`` (``tools/to_tfrecord.py``; its flags, one-line
-errors and exit codes: ``tfgpu/cli/convert.py``): apart from the trainer.
+errors and exit codes: ``tfgpu/cli/convert.py``): apart from the trainer; it writes the
+record format the reader reads (``tfgpu/data/recordformat.py``) and imports nothing else of
+``tfgpu.data``.
 
   inputs/     where images come from (folders, HDF5, tensorflow-datasets, LMDB, IDX, .npz,
               CIFAR's python batches)

@@ -19,7 +19,7 @@ import struct
 from tfgpu.convert import duplicates
 from tfgpu.errors import ConvertError
 from tfgpu.files import open_new, write_json
-from tfgpu.recordformat import FOOTER_BYTES, HEADER_BYTES, QUALITY_FILE, scan_shard
+from tfgpu.data.recordformat import FOOTER_BYTES, HEADER_BYTES, QUALITY_FILE, scan_shard
 
 MODES = ("none", "validation", "all")
 

@@ -37,7 +37,7 @@ from tfgpu.convert.worker import (
 )
 from tfgpu.errors import WorkerLost
 from tfgpu.files import read_json, write_json
-from tfgpu.recordformat import INFO_FILE, SCHEMA_VERSION
+from tfgpu.data.recordformat import INFO_FILE, SCHEMA_VERSION
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import shutil
 import stat
 
 from tfgpu.errors import ConvertError
-from tfgpu.recordformat import INFO_FILE, QUALITY_FILE
+from tfgpu.data.recordformat import INFO_FILE, QUALITY_FILE
 
 PLAN_FILE = ".to_tfrecord-plan.json"
 # Everything a conversion may leave in --output_dir; --overwrite removes these and only these.

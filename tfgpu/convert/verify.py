@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tfgpu.errors import ConvertError
 from tfgpu.files import read_json
-from tfgpu.recordformat import INFO_FILE, parse_example
+from tfgpu.data.recordformat import INFO_FILE, parse_example
 
 
 def verify(output_dir: str) -> dict:

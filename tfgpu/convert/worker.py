@@ -3,7 +3,8 @@
 
 Nothing here imports TensorFlow. Workers are started fresh (``forkserver``), and importing
 TensorFlow would cost each of them seconds and hundreds of MB; records are serialized and
-framed by ``tfgpu/recordformat.py``, which needs no TensorFlow either.
+framed by ``tfgpu/data/recordformat.py`` (the format the reader reads), which needs no
+TensorFlow either.
 """
 
 import os
@@ -18,7 +19,7 @@ from tfgpu.convert import fingerprint
 from tfgpu.convert.encode import encode_image, read_file, too_many_pixels
 from tfgpu.convert.manifest import ArrayRow, BadImage, EncodeOptions
 from tfgpu.files import open_new, write_json
-from tfgpu.recordformat import encode_example, short_side_bucket, write_record
+from tfgpu.data.recordformat import encode_example, short_side_bucket, write_record
 
 _H5_READ_BYTES = 64 << 20  # HDF5 rows are read this many bytes' worth at a time (one read)
 _H5_MAX_ROWS = 64  # ... and at most this many rows: small images need no bigger reads

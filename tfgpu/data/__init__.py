@@ -1,6 +1,9 @@
 """The reader: from converted TFRecords (or tfds, or synthetic batches) to the step's batches.
-The record format it reads is ``../recordformat.py``, shared with the converter (and nothing else).
+The record format it reads is its own (``recordformat.py``): the converter writes it and
+imports nothing else of data/.
 
+  recordformat.py  the record format (schema, one example's codec, TFRecord framing), and a
+                 tfds dataset's image and label features; no TensorFlow until parsed
   config.py      its settings (``config.data``) and their checks; no TensorFlow
   curriculum.py  the curriculum's settings (``config.curriculum``: repeated augmentation,
                  progressive resizing) and their checks; no TensorFlow

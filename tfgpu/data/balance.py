@@ -25,7 +25,7 @@ import numpy as np
 from tfgpu.data.dataset_info import read_info
 from tfgpu.errors import ConfigError
 from tfgpu.files import read_json
-from tfgpu.recordformat import INFO_FILE
+from tfgpu.data.recordformat import INFO_FILE
 
 
 _INDEX = re.compile(r"\s*[0-9]{1,18}\s*")  # a class index as a key (ASCII digits: int() takes it)

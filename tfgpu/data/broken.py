@@ -15,7 +15,7 @@ import threading
 import tensorflow as tf
 
 from tfgpu.errors import DataError, op_error_cause, warn
-from tfgpu.recordformat import damaged_at
+from tfgpu.data.recordformat import damaged_at
 
 _LOCK = threading.Lock()
 _SEEN: dict = {}  # (file, index) -> reason, in the order met

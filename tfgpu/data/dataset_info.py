@@ -13,7 +13,7 @@ import os
 
 from tfgpu.errors import DataError
 from tfgpu.files import read_json
-from tfgpu.recordformat import INFO_FILE, QUALITY_FILE
+from tfgpu.data.recordformat import INFO_FILE, QUALITY_FILE
 
 MAX_CLASSES = 1_000_000  # more is no classifier's head: a typo or a hostile file
 MAX_EXAMPLES = 1 << 40  # a trillion examples per shard or split

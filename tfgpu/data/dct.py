@@ -15,7 +15,7 @@ import functools
 
 import numpy as np
 
-from tfgpu.recordformat import SIDE_STEP
+from tfgpu.data.recordformat import SIDE_STEP
 
 # Share of windows >= 2x the output from which the choice pays for its cost on every example:
 # on ~37 KB photos, with 52% of windows qualifying auto read 1.05x off's images/s at equal

@@ -44,7 +44,7 @@ from tfgpu.data import spec as data_spec
 from tfgpu.data.spec import DataError, DataSpec
 from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard
-from tfgpu.recordformat import scan_shard
+from tfgpu.data.recordformat import scan_shard
 from tfgpu.settings import collect
 
 PROCESSING_MODE = tf.data.experimental.service.ShardingPolicy.DYNAMIC

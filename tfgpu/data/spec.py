@@ -15,8 +15,7 @@ import tensorflow as tf
 from tfgpu.errors import DataError
 from tfgpu.data import broken
 from tfgpu.data.dataset_info import read_info
-from tfgpu.recordformat import INFO_FILE, parse_example, scan_shard
-from tfgpu.recordformat import tfds_keys
+from tfgpu.data.recordformat import INFO_FILE, parse_example, scan_shard, tfds_keys
 
 
 # Marks the runtime errors of bad records, so tfgpu.main can print them as one line.

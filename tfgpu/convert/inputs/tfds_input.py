@@ -5,7 +5,7 @@ from functools import partial
 
 from tfgpu.errors import ConvertError
 from tfgpu.convert.manifest import Item, LazySplit, Source
-from tfgpu.recordformat import tfds_keys
+from tfgpu.data.recordformat import tfds_keys
 
 
 def tfds_source(name: str, data_dir: str, validation_fraction: float) -> Source:

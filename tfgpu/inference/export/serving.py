@@ -35,7 +35,7 @@ from tfgpu.data import pipeline
 from tfgpu.step.loops import tta_logits, tta_probabilities
 from tfgpu.files import pause_for_tests
 from tfgpu.models.layers import nested_layers
-from tfgpu.recordformat import FEATURES
+from tfgpu.data.recordformat import FEATURES
 
 TOP_K = 5
 ENCODED = "image/encoded"

@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-from tfgpu import recordformat
+from tfgpu.data import recordformat
 
 
 def _jpeg(array) -> bytes:

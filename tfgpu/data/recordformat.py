@@ -12,9 +12,10 @@
 - a tensorflow-datasets dataset's image and label features (``tfds_keys``), which the
   converter writes and the reader reads alike.
 
-No TensorFlow here: the converter's workers (fresh processes, where importing TensorFlow would
-cost seconds and hundreds of MB) import this module, and so does ``tfgpu.data`` beside them.
-``tfgpu.convert`` and ``tfgpu.data`` share this and nothing else (tests/test_imports.py).
+It is the reader's format, so it lives with the reader; the converter writes it. No
+TensorFlow here: the converter's workers (fresh processes, where importing TensorFlow would
+cost seconds and hundreds of MB) import this module, and it is all ``tfgpu.convert`` imports
+of ``tfgpu.data`` (tests/test_imports.py).
 """
 
 import functools
