@@ -217,6 +217,15 @@ class DataConfig(_Reading):
         """True when MixUp or CutMix is on (batches then carry ``mix`` draws)."""
         return self.mixup_alpha > 0 or self.cutmix_alpha > 0
 
+    def common_settings(self) -> dict:
+        """{flag name: value} of the data settings every machine of a run reads alike: all
+        but the per-node ones (paths, thread counts: ``setting(per_node=True)``)."""
+        return {
+            f.metadata["flag"] or f.name: getattr(self, f.name)
+            for f in fields(self)
+            if not f.metadata["per_node"]
+        }
+
 
 def check_data(d: DataConfig) -> None:
     """Raises a ConfigError naming the first --flag of ``d`` that cannot work."""

@@ -45,7 +45,6 @@ from tfgpu.data.spec import DataError, DataSpec
 from tfgpu.data.stream import Stream
 from tfgpu.distribute import InputShard
 from tfgpu.data.recordformat import scan_shard
-from tfgpu.settings import collect
 
 PROCESSING_MODE = tf.data.experimental.service.ShardingPolicy.DYNAMIC
 GUARANTEE = "each example at most once per epoch"
@@ -116,14 +115,13 @@ def job_name(data, spec: DataSpec, shard: InputShard, stream: Stream, model_dir:
     """``tfgpu-<hash>-shard<i>of<n>``: the same for a restart of this run (so it rejoins its
     job), different whenever the stream would differ (the job's dataset is not compared).
 
-    The hash covers what makes the stream: the shared settings of ``data`` (a
+    The hash covers what makes the stream: the common settings of ``data`` (a
     config.DataConfig, as resolved), the seed, the order and the batch sizes of ``stream``, the
     dataset (classes, counts, shard names), tfgpu's version, and the run's ``model_dir``, so two
     runs with the same flags never share a job (they would split its epochs between them).
     """
-    shared = {flag: s.get(data) for flag, s in collect(type(data), {}).items() if not s.per_node}
     key = {
-        "data": shared,
+        "data": data.common_settings(),
         "seed": stream.seed,
         "deterministic": stream.deterministic,
         "global_batch_size": stream.global_batch_size,
