@@ -85,7 +85,7 @@ def test_a_restored_checkpoint_normalizes_with_its_statistics(tmp_path):
     # restored ones, not those the fresh model was built with.
     import tensorflow as tf
 
-    from tfgpu.checkpoint.store import refresh_derived_state
+    from tfgpu.models.layers import refresh_derived_state
 
     trained = _model()
     norm = _normalization(trained)

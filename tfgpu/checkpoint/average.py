@@ -21,7 +21,8 @@ import tensorflow as tf
 
 from tfgpu import compat
 from tfgpu.checkpoint import network as networks
-from tfgpu.checkpoint.store import DAMAGED, refresh_derived_state, variables_of
+from tfgpu.checkpoint.store import DAMAGED, variables_of
+from tfgpu.models.layers import refresh_derived_state
 from tfgpu.errors import CheckpointError, UsageError, first_line, warn
 from tfgpu.files import check_output, shown
 from tfgpu.results.folder import WEIGHTS_FILE
@@ -69,21 +70,23 @@ def _is_float(value: np.ndarray) -> bool:
 
 
 def assign_weights(model, values: list[np.ndarray]) -> None:
-    """Sets ``model.weights`` to ``values`` (in their order); derived state follows."""
+    """Sets ``model.weights`` to ``values`` (in their order). What layers derive from their
+    variables is the caller's to recompute once the values are final (``averaged``, after
+    the broadcast); a .weights.h5 file holds the variables alone."""
     for weight, value in zip(model.weights, values):
         weight.assign(value)
-    refresh_derived_state(model)
 
 
 def read_model_and_optimizer(model, optimizer, path: str) -> None:
-    """Reads ``model`` and ``optimizer`` (the rest of the run's checkpoint is left out) from
-    checkpoint ``path``; one that does not read back is a CheckpointError naming it."""
+    """Reads ``model``'s and ``optimizer``'s variables (the rest of the run's checkpoint is
+    left out) from checkpoint ``path``, for ``mean_weights`` to read them back: what layers
+    derive from their variables is not recomputed (``averaged`` does, once the mean is in).
+    One that does not read back is a CheckpointError naming it."""
     try:
         tf.train.Checkpoint(model=model, optimizer=optimizer).read(path).expect_partial()
     except DAMAGED as err:
         reason = first_line(err, 200)
         raise CheckpointError(f"checkpoint {path} does not read back: {reason}") from None
-    refresh_derived_state(model)
 
 
 @contextlib.contextmanager

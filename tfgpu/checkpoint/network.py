@@ -25,7 +25,8 @@ import tensorflow as tf
 
 from tfgpu import models
 from tfgpu.checkpoint.best import BEST_DIR, BEST_FILE, best_checkpoint
-from tfgpu.checkpoint.store import DAMAGED, refresh_derived_state
+from tfgpu.checkpoint.store import DAMAGED
+from tfgpu.models.layers import refresh_derived_state
 from tfgpu.results.folder import WEIGHTS_FILE
 from tfgpu.errors import CheckpointError, UsageError, first_line
 from tfgpu.models import backbone, prepare, whitening

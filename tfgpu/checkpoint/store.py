@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tfgpu.errors import CheckpointError, first_line, op_error_cause, warn
 from tfgpu.files import pause_for_tests
-from tfgpu.models.layers import nested_layers
+from tfgpu.models.layers import refresh_derived_state
 
 
 class Checkpoints:
@@ -119,18 +119,6 @@ class Checkpoints:
             if final:
                 raise CheckpointError(message) from None
             warn(message)
-
-
-def refresh_derived_state(model) -> None:
-    """After ``model``'s variables were restored or assigned: Keras layers that compute with
-    tensors derived from their variables recompute them (``finalize_state``: EfficientNet's
-    Normalization keeps its mean and variance as constants made from its variables). Keras'
-    own loaders do this; tf.train.Checkpoint does not, and the layer would go on using the
-    values it was built with."""
-    for layer in nested_layers(model):
-        finalize = getattr(layer, "finalize_state", None)
-        if callable(finalize):
-            finalize()
 
 
 def readable(path: str) -> bool:

@@ -5,7 +5,9 @@ Every network takes float pixels in [0, 255], channels-last (NHWC: the layout cu
 mixed-precision kernels and XLA prefer on GPUs, and what tf.data produces), and returns float32
 logits; normalization is inside the network, so an exported model needs no tfgpu code around
 it. A family's ``build`` takes (num_classes, image_size, small_input) and its registry
-arguments; ``small_input`` is a stem for 32x32 data.
+arguments; ``small_input`` is a stem for 32x32 data. Below them, what walks a built model's
+layers: its nested layers, its BatchNorms, the state its layers derive from their variables
+(recomputed after a restore), --dirac_init.
 """
 
 import keras
@@ -56,6 +58,18 @@ def nested_layers(model) -> list:
 
     walk(model)
     return found
+
+
+def refresh_derived_state(model) -> None:
+    """After ``model``'s variables were restored or assigned: Keras layers that compute with
+    tensors derived from their variables recompute them (``finalize_state``: EfficientNet's
+    Normalization keeps its mean and variance as constants made from its variables). Keras'
+    own loaders do this; tf.train.Checkpoint does not, and the layer would go on using the
+    values it was built with."""
+    for layer in nested_layers(model):
+        finalize = getattr(layer, "finalize_state", None)
+        if callable(finalize):
+            finalize()
 
 
 def batchnorm_layers(model) -> list:

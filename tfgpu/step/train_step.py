@@ -106,7 +106,6 @@ class TrainStep:
         bce_target_threshold: float = 0.0,
     ):
         self.model = model
-        self.optimizer = compat.without_implicit_all_reduce(optimizer)
         self.backend = backend
         self.global_batch_size = global_batch_size
         self.loss = losses.Loss(
@@ -124,6 +123,8 @@ class TrainStep:
         self.skips_non_finite = skip_non_finite or loss_scale is not None
         self.micro_batches = self._micro_batches(grad_accum_steps, sync_batchnorm, jit_compile)
         self.variant = 0  # what the loop's tf.function traces for: see trainable_changed
+        # The optimizer applies the gradients this step all-reduced itself: not again.
+        self.optimizer = compat.without_implicit_all_reduce(optimizer)
         with backend.scope():
             # Built here: variables cannot be created inside the cond that may skip an update.
             self.optimizer.build(model.trainable_variables)

@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from tfgpu import compat
 from tfgpu.checkpoint import average
-from tfgpu.checkpoint.store import refresh_derived_state, variables_of
+from tfgpu.checkpoint.store import variables_of
+from tfgpu.models.layers import refresh_derived_state
 from tfgpu.data import run_input
 from tfgpu.inference.export.serving import export_model
 from tfgpu.results.writer import RunWriter, final_eval_of
