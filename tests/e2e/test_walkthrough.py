@@ -7,11 +7,10 @@ The commands are read from the page's block and run with its flags: only paths (
 test's folder) and sizes (32x32 images, 4 updates) differ, so the page cannot drift from what
 works. Each command is a subprocess, in the test's folder, as a user types it.
 
-Cost, measured on the 2 shared cores: 132-147 s wall at a load of 2-3, 134-262 s at 5-6 (other
-jobs), ~133 CPU-s every time: training ~63 (of which the export, --export_best, ~23), evaluate
-~19, predict ~21, the weights file, pytest and the rest ~30. Nearly all of it is tracing
-efficientnet_b0's graphs (train step, eval step, export, and again in each command), which
-the sizes do not change.
+Cost, measured on the 2 shared cores (2026-12-07, the module alone with pytest -n 0, every
+process it starts counted in a cpuacct cgroup): 45.5 CPU-s, 57 s wall at a load of 2.4-4 (133
+CPU-s earlier in the project). Most of it is tracing efficientnet_b0's graphs (train step, eval
+step, export, and again in each command), which the sizes do not change.
 """
 
 import csv
