@@ -31,7 +31,10 @@ from tfgpu import compat
 # imports matplotlib itself). pandas: 0.5 of the ~4.5 CPU-s of `import tensorflow`; matplotlib
 # ~0.3 of the ~2.4 CPU-s a command takes to import TensorFlow and the train loop (measured, 2
 # cores, 3 interleaved rounds).
-HIDDEN_WHILE_IMPORTING = ("pandas", "matplotlib")
+# TensorFlow's legacy tf.keras, which TensorFlow imports itself (tfgpu uses Keras 3), tries
+# scipy (sparse inputs to its fit): hidden too. Not h5py, which it tries as well: Keras 3's
+# legacy H5 reader (a Keras .h5 file of pretrained weights) tries it once and keeps None.
+HIDDEN_WHILE_IMPORTING = ("pandas", "matplotlib", "scipy")
 
 # Read when this module is first imported: before any tfgpu code sets the variable.
 USER_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")

@@ -36,10 +36,9 @@ tree and this relation is not searched.
 import functools
 
 import numpy as np
-from scipy.ndimage import uniform_filter
-from scipy.spatial import cKDTree
 
 from tfgpu.convert.fingerprint import SMALL
+from tfgpu.convert.near_search import kd_tree
 
 MAX_CROP = 0.05  # a side cropped by up to this fraction of it
 CROP_RMS = 6.0  # grey levels between the aligned 8x8 thumbnails, at most
@@ -117,7 +116,7 @@ def _nearest(coordinates: np.ndarray, close: np.ndarray, reach: float, k: int) -
     out[read] = ends[starts[read, None] + np.arange(k), 1]
     asked = np.nonzero(counts < k)[0]
     if len(asked):
-        tree = cKDTree(coordinates)
+        tree = kd_tree(coordinates)
         # Asked in the tree's own order, neighbours after neighbours: the same answers, a
         # quarter cheaper (the nodes a query visits are still in the cache for the next).
         at = np.empty(n, np.int64)
@@ -243,5 +242,9 @@ def fine(eighths: np.ndarray) -> np.ndarray:
     (edges repeated), in grey levels. A crop misaligns a picture by a fraction of a pixel,
     which costs in proportion to this; smooth pictures (gradients, bokeh, sky) have little,
     and a crop of one looks like any other."""
+    # scipy.ndimage imported here, not at the top: every training run imports the converter
+    # (the demo dataset), which looks for crops only when it converts.
+    from scipy.ndimage import uniform_filter  # noqa: PLC0415
+
     local = uniform_filter(eighths.astype(np.float64), size=(1, 3, 3), mode="nearest")
     return _rms((eighths - local).reshape(len(eighths), _SIDE * _SIDE))

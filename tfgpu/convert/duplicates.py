@@ -31,8 +31,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 from threadpoolctl import threadpool_limits
 
 from tfgpu import compat
@@ -117,9 +115,7 @@ def find_groups(records: Records) -> tuple[list, dict]:
     cropped = cropped[_informative(thumbs, cropped)]
     search.update(crop_search, crop_pairs=len(cropped))
     pairs = np.concatenate([pairs, cropped])
-    edges = (np.ones(len(pairs)), (live[pairs[:, 0]], live[pairs[:, 1]]))
-    graph = coo_matrix(edges, shape=(len(keys), len(keys)))
-    component = connected_components(graph, directed=False)[1][inverse]
+    component = _connected(live[pairs[:, 0]], live[pairs[:, 1]], len(keys))[inverse]
     grouped = np.nonzero(np.bincount(component)[component] > 1)[0]  # most records: alone
     order = grouped[np.argsort(component[grouped], kind="stable")]
     bounds = np.flatnonzero(np.diff(component[order])) + 1
@@ -127,6 +123,18 @@ def find_groups(records: Records) -> tuple[list, dict]:
     groups.sort(key=len, reverse=True)
     flat_images = int(flat[inverse].sum())
     return groups, dict(search, flat_images=flat_images, near_pairs=len(pairs))
+
+
+def _connected(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
+    """The connected component (an int array of ``n``) of each of ``n`` nodes that the
+    edges ``a[k]``-``b[k]`` join."""
+    # scipy's graphs imported here, not at the top: every training run imports the converter
+    # (the demo dataset), and csgraph with its sparse arrays cost it ~0.2 CPU-s (measured).
+    from scipy.sparse import coo_matrix  # noqa: PLC0415
+    from scipy.sparse.csgraph import connected_components  # noqa: PLC0415
+
+    graph = coo_matrix((np.ones(len(a)), (a, b)), shape=(n, n))
+    return connected_components(graph, directed=False)[1]
 
 
 def near_pairs(direct: np.ndarray, mirror: np.ndarray, thumbs: np.ndarray) -> tuple:
@@ -150,8 +158,7 @@ def _cropped(pairs: np.ndarray, thumbs: np.ndarray, space) -> tuple:
     if space is None:
         said = "not searched: the thumbnails are noise-like (no k-d tree)"
         return np.zeros((0, 2), np.int64), {"crop_candidates": 0, "crops": said}
-    graph = coo_matrix((np.ones(len(pairs)), pairs.T), shape=(len(thumbs), len(thumbs)))
-    group = connected_components(graph, directed=False)[1]
+    group = _connected(pairs[:, 0], pairs[:, 1], len(thumbs))
     _, first = np.unique(group, return_index=True)  # group g's first image: first[g]
     # The groups in the tree's order (neighbours next to each other in memory): the same
     # pairs, ~15% cheaper on Fashion-MNIST (the neighbours' thumbnails gathered from cache).

@@ -26,7 +26,6 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.spatial import cKDTree
 
 MAX_TREE_DIMS = 8  # a k-d tree over more components nears a search over all pairs
 _CANDIDATES_PER_IMAGE = 20  # what the tree's components are chosen for (``_dims``)
@@ -76,10 +75,19 @@ def embedding(thumbs: np.ndarray, reach: float):
     return _with_norms(*_coordinates(thumbs, basis, mean), basis.shape[1])
 
 
+def kd_tree(coordinates: np.ndarray, **options):
+    """scipy's ``cKDTree`` over the rows of ``coordinates``, built with ``options``."""
+    # scipy.spatial imported here, not at the top: every training run imports the converter
+    # (the demo dataset), which searches only when it converts.
+    from scipy.spatial import cKDTree  # noqa: PLC0415
+
+    return cKDTree(coordinates, **options)
+
+
 def _tree_candidates(direct, mirror, radius, reach, coordinates) -> tuple:
     # Built by sliding midpoints, not medians: half the build, and a range search is exact
     # whatever the tree (the pairs are the same), ~8% faster here (Fashion-MNIST).
-    tree = cKDTree(coordinates, leafsize=16, balanced_tree=False)
+    tree = kd_tree(coordinates, leafsize=16, balanced_tree=False)
     a, b = tree.query_pairs(reach, output_type="ndarray").T
     # Each pair close in the mirror-symmetric part is a candidate as it is and mirrored,
     # either way round: a mirror's pHash is not its image's bits mirrored (the median moves).
@@ -123,7 +131,7 @@ def _dims(coordinates: tuple, n: int, reach: float) -> int:
     m = len(coordinates[0])
 
     def enough(dims: int) -> bool:
-        tree = cKDTree(_with_norms(*coordinates, dims))
+        tree = kd_tree(_with_norms(*coordinates, dims))
         pairs = (tree.count_neighbors(tree, reach) - m) / 2  # without each with itself
         return 3 * pairs * (n / m) ** 2 <= _CANDIDATES_PER_IMAGE * n
 
