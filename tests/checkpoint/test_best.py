@@ -29,6 +29,7 @@ BASE = dict(
     seed=1,
     deterministic=True,
     input_probe_s=0.0,
+    export=False,  # ~1.2 CPU-s a run (measured); the tests of the export turn it on
 )
 
 
@@ -72,6 +73,7 @@ def test_keep_best_resumes_with_its_best_and_exports_it(small_dataset, tmp_path)
     # Run 1: evaluations at 2 and 4 (the final one); run 2 resumes at 4 and goes on to 8.
     settings = dict(keep_best=2, best_metric="loss", export_best=True)
     train.run(_config(small_dataset, tmp_path, train_steps=4, **settings))
+    settings.update(export=True)  # run 2's export is checked below
     first = _evals(tmp_path)
     assert [r["step"] for r in first] == [2, 4]
 
@@ -119,7 +121,12 @@ def test_keep_best_resumes_with_its_best_and_exports_it(small_dataset, tmp_path)
 def test_early_stop_ends_cleanly_and_stays_stopped(small_dataset, tmp_path):
     # learning_rate 0: every evaluation equals the first, so none is better than it.
     config = _config(
-        small_dataset, tmp_path, train_steps=20, learning_rate=0.0, early_stop_patience=2
+        small_dataset,
+        tmp_path,
+        train_steps=20,
+        learning_rate=0.0,
+        early_stop_patience=2,
+        export=True,
     )
     summary = train.run(config)
     assert summary["stopped"] == "early_stop" and summary["stopped_at_step"] == 6
