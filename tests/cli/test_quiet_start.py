@@ -47,6 +47,13 @@ def test_level_3_prints_what_the_default_start_prints_and_0_shows_tensorflows_li
     argv = ["-m", "tfgpu.main", *RUN, "--strategy=default"]
     default = _started(tmp_path, argv, None)
     assert not TF_LINE.findall(default), default[-3000:]
+    # The first line a user reads is tfgpu's: no cudart_stub or cuInit complaint, no oneDNN
+    # notice, no line naming TensorFlow's sources or tf.data's before it or after.
+    lines = [line for line in default.splitlines() if line.strip()]
+    assert lines[0].startswith("default: 1 replica(s), 1 updates of 4"), default[:2000]
+    for noise in ("absl::InitializeLog", "cudart_stub", "cuInit", "oneDNN"):
+        assert noise not in default
+    assert not re.search(r"dataset\.cc|tensorflow/", default), default[-3000:]
     silent = _started(tmp_path, argv, "3")
     assert not TF_LINE.findall(silent), silent[-3000:]
     assert _shape(silent) == _shape(default)
