@@ -1,6 +1,8 @@
 """--init_weights=imagenet / a keras.applications .h5 file, and --freeze=backbone. Offline:
 the weights files are made here, in Keras' own HDF5 format, from models built without weights."""
 
+import shutil
+
 import h5py
 import keras
 import numpy as np
@@ -21,14 +23,25 @@ def _model():
     return models.build_model("efficientnet_b0", 4, 32, small_input=True)
 
 
+@pytest.fixture(scope="module")
+def notop(tmp_path_factory) -> tuple:
+    """(path, model) of a weights file of EfficientNetB0 without its top, as Keras names it,
+    made once for the module's three tests that read it (~2 CPU-s each): read it, or copy it
+    to change it."""
+    path = tmp_path_factory.mktemp("h5") / "efficientnetb0_notop.h5"
+    return str(path), efficientnet_b0_h5(path)
+
+
 @SLOW
 @pytest.mark.parametrize("include_top", [False, True])
-def test_keras_h5_loads_into_the_backbone_by_name(tmp_path, include_top):
-    name = "efficientnetb0.h5" if include_top else "efficientnetb0_notop.h5"
-    source = efficientnet_b0_h5(tmp_path / name, include_top)
+def test_keras_h5_loads_into_the_backbone_by_name(tmp_path, include_top, notop):
+    path, source = notop
+    if include_top:
+        path = str(tmp_path / "efficientnetb0.h5")
+        source = efficientnet_b0_h5(path, include_top)
     model = _model()
     head = model.get_layer("logits").kernel.numpy()
-    assert models.load_initial_weights(model, str(tmp_path / name)) == ["logits"]
+    assert models.load_initial_weights(model, path) == ["logits"]
     backbone = pretrained.backbone_of(model)
     for layer in ("stem_conv", "block1a_dwconv", "top_conv", "top_bn"):
         assert_same_weights(backbone.get_layer(layer), source.get_layer(layer), what=layer)
@@ -36,7 +49,7 @@ def test_keras_h5_loads_into_the_backbone_by_name(tmp_path, include_top):
 
 
 @SLOW
-def test_imagenet_from_keras_cache_or_one_line_naming_the_file(tmp_path, monkeypatch):
+def test_imagenet_from_keras_cache_or_one_line_naming_the_file(tmp_path, monkeypatch, notop):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     model = _model()
     with pytest.raises(ConfigError, match="efficientnetb0_notop.h5 is not in") as err:
@@ -44,7 +57,8 @@ def test_imagenet_from_keras_cache_or_one_line_naming_the_file(tmp_path, monkeyp
     message = str(err.value)
     assert "\n" not in message and "https://storage.googleapis.com/keras-applications/" in message
     (tmp_path / "models").mkdir()
-    source = efficientnet_b0_h5(tmp_path / "models" / "efficientnetb0_notop.h5")
+    shutil.copy(notop[0], tmp_path / "models" / "efficientnetb0_notop.h5")
+    source = notop[1]
     models.load_initial_weights(model, "imagenet")
     np.testing.assert_array_equal(
         pretrained.backbone_of(model).get_layer("stem_conv").kernel.numpy(),
@@ -53,9 +67,9 @@ def test_imagenet_from_keras_cache_or_one_line_naming_the_file(tmp_path, monkeyp
 
 
 @SLOW
-def test_a_file_that_does_not_fit_names_the_first_layer(tmp_path):
+def test_a_file_that_does_not_fit_names_the_first_layer(tmp_path, notop):
     path = tmp_path / "efficientnetb0_notop.h5"
-    efficientnet_b0_h5(path)
+    shutil.copy(notop[0], path)
     with h5py.File(path, "r+") as f:  # another stem: 16 filters instead of 32
         group = f["stem_conv"]
         (weight,) = [w if isinstance(w, str) else w.decode() for w in group.attrs["weight_names"]]
