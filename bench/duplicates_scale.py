@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from calibration import calibration  # noqa: E402
 
-from tfgpu.convert import duplicates, fingerprint  # noqa: E402
+from tfgpu.convert import columns, duplicates, fingerprint  # noqa: E402
 
 SHARD = 1250  # images a shard, as ImageNet's 1024 training shards hold
 
@@ -39,7 +39,7 @@ def make_records(n: int, kind: str, seed: int = 0) -> tuple[list, np.ndarray]:
         chosen = originals[(originals >= start) & (originals < start + len(thumbs))]
         kept.append(thumbs[chosen - start])
         shards.append(_shard(thumbs, start))
-    side = fingerprint.THUMB
+    side = columns.THUMB
     planted = np.concatenate(kept) + rng.normal(0, 2, (copies, side, side))
     planted[::2] = planted[::2, :, ::-1]  # half of them mirrored
     for start in range(0, copies, SHARD):
@@ -49,7 +49,7 @@ def make_records(n: int, kind: str, seed: int = 0) -> tuple[list, np.ndarray]:
 
 
 def _thumbs(rng, m: int, kind: str) -> np.ndarray:
-    side = fingerprint.THUMB
+    side = columns.THUMB
     if kind == "smooth":
         thumbs = np.kron(rng.uniform(0, 255, (m, 4, 4)), np.ones((side // 4, side // 4)))
         thumbs += rng.normal(0, 12, thumbs.shape)

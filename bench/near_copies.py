@@ -44,7 +44,7 @@ import time
 import numpy as np
 from PIL import Image
 
-from tfgpu.convert import crops, duplicates, encode, fingerprint
+from tfgpu.convert import columns, crops, duplicates, encode, fingerprint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -128,7 +128,7 @@ def _overlap(a: tuple, b: tuple) -> float:
 def _detail(tile: np.ndarray) -> float:
     """The check's measure of a tile's detail (its 8x8 thumbnail against a plane)."""
     gray = np.asarray(Image.fromarray(tile).convert("L"))
-    small = fingerprint.small(fingerprint.thumbnails([(gray, gray.shape, 1)]))
+    small = fingerprint.small(columns.thumbnails([(gray, gray.shape, 1)]))
     return float(crops.fine(crops._eighths(small))[0])
 
 

@@ -21,7 +21,7 @@ from skimage import data as skimage_data
 
 from tfgpu.data import recordformat
 from tfgpu.cli import convert as cli
-from tfgpu.convert import dedupe, duplicates, fingerprint, near_search
+from tfgpu.convert import columns, dedupe, duplicates, fingerprint, near_search
 from tfgpu.data.dataset_info import leak_line
 
 # Distinct photographs and scans among scikit-image's samples (data.cat is chelsea again).
@@ -191,7 +191,7 @@ def test_the_search_finds_every_near_pair_a_search_over_all_pairs_finds(kind, in
     else:
         monkeypatch.setattr(near_search, "MAX_TREE_DIMS", 0)
     rng = np.random.default_rng(0)
-    side = fingerprint.THUMB
+    side = columns.THUMB
     if kind == "smooth":
         coarse = rng.uniform(0, 255, (60, 4, 4))
         bases = np.kron(coarse, np.ones((side // 4, side // 4)))
@@ -232,7 +232,7 @@ def test_one_pass_over_a_shard_makes_the_hashes_and_thumbnails_image_by_image_wo
     views += [(a, a.shape, 1) for a in arrays[:-1]] + [(arrays[-1, ::-1], (28, 28), 1)]
     views = [views[i] for i in rng.permutation(len(views))]  # the kinds interleaved
     coeffs, smalls = fingerprint.summaries(views)
-    thumbs = np.stack([fingerprint.thumbnails([v])[0] for v in views])
+    thumbs = np.stack([columns.thumbnails([v])[0] for v in views])
     for ours, theirs in zip(fingerprint.hashes(coeffs), fingerprint.phashes(thumbs), strict=True):
         assert (ours == theirs).all()
     apart = np.abs(smalls.astype(int) - fingerprint.small(thumbs))

@@ -24,7 +24,7 @@ from skimage import data as skimage_data
 
 from tfgpu.data import recordformat
 from tfgpu.cli import convert as cli
-from tfgpu.convert import crops, duplicates, encode, fingerprint
+from tfgpu.convert import columns, crops, duplicates, encode, fingerprint
 
 
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "clock", "brick"]
@@ -52,7 +52,7 @@ def _tiles(size: int, count: int, seed: int) -> list:
             continue
         tile = np.asarray(Image.fromarray(photo[y : y + side, x : x + side]).resize((size, size)))
         gray = np.asarray(Image.fromarray(tile).convert("L"))
-        small = fingerprint.small(fingerprint.thumbnails([(gray, gray.shape, 1)]))
+        small = fingerprint.small(columns.thumbnails([(gray, gray.shape, 1)]))
         if crops.fine(crops._eighths(small))[0] >= 2:
             taken.append((k, x, y, side))
             out.append(tile)

@@ -37,7 +37,7 @@ import functools
 
 import numpy as np
 
-from tfgpu.convert.fingerprint import SMALL
+from tfgpu.convert.columns import SMALL
 from tfgpu.convert.near_search import kd_tree
 
 MAX_CROP = 0.05  # a side cropped by up to this fraction of it

@@ -34,7 +34,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from tfgpu import compat
-from tfgpu.convert import crops, fingerprint, near_search
+from tfgpu.convert import columns, crops, near_search
 
 RADIUS = 6  # pHash bits (of 64); JPEG q95->60, a 90% resize, a 2-px crop: 0-4 on photos
 THUMB_RMS = 4.0  # grey levels; distinct garments of Fashion-MNIST: >= 5 (docs/data.md)
@@ -87,7 +87,7 @@ def gather(shards: list) -> Records:
         arrays = [np.asarray(p[field], dtype=dtype).reshape((-1, *shape)) for _, _, p in parts]
         return np.concatenate(arrays) if arrays else np.zeros((0, *shape), dtype)
 
-    side = fingerprint.SMALL
+    side = columns.SMALL
     return Records(
         where,
         cat("exact", np.uint64),

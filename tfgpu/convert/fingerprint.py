@@ -32,7 +32,6 @@ import xxhash
 from PIL import Image
 
 from tfgpu.convert import columns
-from tfgpu.convert.columns import SMALL, THUMB, dct_rows, thumbnails
 from tfgpu.files import replacing
 
 KEY = "xxh3-64"  # the exact key's kind, kept in done markers (a resumed run checks it)
@@ -100,7 +99,7 @@ def view(image: Image.Image, step: int = 1) -> tuple:
     ``image.info["size"]`` for a draft; the step)."""
     full = image.info.get("size", image.size) if step > 1 else image.size
     gray = image if image.mode == "L" else image.convert("L")
-    factor = min(gray.size) // (2 * THUMB)
+    factor = min(gray.size) // (2 * columns.THUMB)
     if factor > 1:  # PIL's box reduction in C first: a large photo costs ~1 ms less
         gray, step = gray.reduce(factor), step * factor
     return np.asarray(gray), tuple(full[::-1]), step
@@ -111,7 +110,7 @@ def of_array(array: np.ndarray, image: Image.Image) -> tuple:
     H x W x C), from the array where that is cheaper than PIL's copy of its pixels: a small
     grayscale array is its own view, and its key (None here) is made with its shard's
     others (``Collector``); a large one is reduced first, as ``view`` does."""
-    if array.ndim == 2 and min(array.shape) < 4 * THUMB:
+    if array.ndim == 2 and min(array.shape) < 4 * columns.THUMB:
         return None, (array, array.shape, 1)
     return _key(image.mode, image.size, _pixels(array)), view(image)
 
@@ -177,13 +176,13 @@ def summaries(views: list) -> tuple[np.ndarray, np.ndarray]:
 
 def thumbnail(image: Image.Image, step: int = 1) -> np.ndarray:
     """The 32x32 float32 thumbnail of one PIL image (``view``, ``thumbnails``)."""
-    return thumbnails([view(image, step)])[0]
+    return columns.thumbnails([view(image, step)])[0]
 
 
 def phashes(thumbs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(pHash, mirror pHash) as uint64 arrays for thumbnails (N, 32, 32); bit 63 is the DC
     coefficient's, in imagehash's row-major order."""
-    dct = dct_rows()
+    dct = columns.dct_rows()
     # The stack times a matrix first: numpy makes that one product, not one per thumbnail.
     return hashes((dct @ (thumbs.astype(np.float64) @ dct.T)).reshape(len(thumbs), 64))
 
@@ -214,7 +213,7 @@ def _bits(coeffs: np.ndarray) -> np.ndarray:
 def small(thumbs: np.ndarray) -> np.ndarray:
     """16x16 uint8 thumbnails (N, 16, 16) from 32x32 ones: the mean of each 2x2 block."""
     n = len(thumbs)
-    blocks = thumbs.reshape(n, SMALL, 2, SMALL, 2).mean(axis=(2, 4))
+    blocks = thumbs.reshape(n, columns.SMALL, 2, columns.SMALL, 2).mean(axis=(2, 4))
     return np.clip(np.rint(blocks), 0, 255).astype(np.uint8)
 
 
@@ -250,7 +249,7 @@ _FIELDS = np.dtype(
         ("exact", "<u8"),
         ("phash", "<u8"),
         ("mirror", "<u8"),
-        ("thumbs", "u1", (SMALL, SMALL)),
+        ("thumbs", "u1", (columns.SMALL, columns.SMALL)),
         ("labels", "<i8"),
         ("sides", "<i8"),
     ]
