@@ -287,7 +287,7 @@ def test_job_names_follow_the_stream_not_the_run_length(id_dataset):
 
 @pytest.mark.fast
 def test_the_job_name_covers_every_data_flag_that_machines_share():
-    """``DataConfig.common_settings`` (what the job's name hashes) is the data section's flags
+    """``DataConfig.shared`` (what the job's name hashes) is the data section's flags
     as the flag tables list them (``settings.collect``), less the per-node ones."""
     from tfgpu.data.config import DataConfig
     from tfgpu.settings import collect
@@ -295,7 +295,7 @@ def test_the_job_name_covers_every_data_flag_that_machines_share():
     data = config_from(data_dir="/data", num_classes=3, crop_min_area=0.5).data
     table = collect(DataConfig, {})
     want = {flag: s.get(data) for flag, s in table.items() if not s.per_node}
-    assert data.common_settings() == want
+    assert data.shared() == want
     assert "crop_min_area" in want and "data_service" not in want  # its address: per node
 
 

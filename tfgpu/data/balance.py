@@ -16,7 +16,6 @@ probability proportional to n_c^(1 - power), n_c its train examples: power 1 giv
 class the same share, 0 the natural frequencies.
 """
 
-import json
 import math
 import os
 import re
@@ -25,6 +24,7 @@ import numpy as np
 
 from tfgpu.data.dataset_info import read_info
 from tfgpu.errors import ConfigError
+from tfgpu.files import read_json
 from tfgpu.data.recordformat import INFO_FILE
 
 
@@ -62,16 +62,13 @@ def weights_from_file(path: str, class_names: list[str]) -> np.ndarray:
     classes not in it get 1. A key is a class name first, else a decimal index. Unknown
     classes, a class given twice, and weights that are not finite numbers >= 0 are a
     ConfigError naming the file."""
-    flag, where = f"--class_weights={path}", os.path.expanduser(path)
-    if not os.path.isfile(where):  # nor a FIFO, which would block the read for ever
+    flag = f"--class_weights={path}"
+    if not os.path.isfile(os.path.expanduser(path)):
         raise ConfigError(f"{flag}: no such file")
     try:
-        with open(where, encoding="utf-8") as f:
-            given = json.load(f)
-    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nesting too deep
-        raise ConfigError(f"{flag}: {where} is not readable JSON: {err}") from None
-    if not isinstance(given, dict):
-        raise ConfigError(f"{flag}: {where} holds JSON but not an object")
+        given = read_json(os.path.expanduser(path))
+    except ValueError as err:
+        raise ConfigError(f"{flag}: {err}") from None
     index = {name: i for i, name in enumerate(class_names)}
     weights = np.ones(len(class_names), np.float64)
     seen: dict[int, str] = {}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 
 from tfgpu.data import AUGMENT_POLICIES, DCT_SCALED_DECODE, IN_MEMORY, PREPROCESS_ON, RESIZE_ON
 from tfgpu.errors import ConfigError
-from tfgpu.settings import positive, setting
+from tfgpu.settings import collect, positive, setting
 
 
 @dataclass(frozen=True)
@@ -217,14 +217,10 @@ class DataConfig(_Reading):
         """True when MixUp or CutMix is on (batches then carry ``mix`` draws)."""
         return self.mixup_alpha > 0 or self.cutmix_alpha > 0
 
-    def common_settings(self) -> dict:
+    def shared(self) -> dict:
         """{flag name: value} of the data settings every machine of a run reads alike: all
-        but the per-node ones (paths, thread counts: ``setting(per_node=True)``)."""
-        return {
-            f.metadata["flag"] or f.name: getattr(self, f.name)
-            for f in fields(self)
-            if not f.metadata["per_node"]
-        }
+        but the per-node ones (paths, thread counts), as ``Config.shared`` for the whole run."""
+        return {flag: s.get(self) for flag, s in collect(type(self), {}).items() if not s.per_node}
 
 
 def check_data(d: DataConfig) -> None:

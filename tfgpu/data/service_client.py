@@ -121,7 +121,7 @@ def job_name(data, spec: DataSpec, shard: InputShard, stream: Stream, model_dir:
     runs with the same flags never share a job (they would split its epochs between them).
     """
     key = {
-        "data": data.common_settings(),
+        "data": data.shared(),
         "seed": stream.seed,
         "deterministic": stream.deterministic,
         "global_batch_size": stream.global_batch_size,
