@@ -10,8 +10,7 @@ average. ``load`` restores it from a checkpoint (the newest, the best of ``best/
 or a path: the model, the optimizer and the step are read, nothing else), from a
 ``.weights.h5`` file of the run (its ``final.weights.h5``, ``tfgpu-average``'s), or takes an
 exported ``.keras`` file whole. No plan, train step, data pipeline, best-so-far or checkpoint
-manager of a training run is built. A training run has ``start_lines`` say what its network
-is before it trains (and load --init_weights). Keras 3 tracks the average among its optimizer's
+manager of a training run is built. Keras 3 tracks the average among its optimizer's
 variables by position alone (``optimizer/_variables/K`` in a checkpoint, after the update count
 and before or after the slots, by optimizer class and options), so the optimizer is built as
 the run built it, the one way to find those positions, and its slots are read with it.
@@ -24,14 +23,13 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from tfgpu import models, optim
+from tfgpu import models
 from tfgpu.checkpoint.best import BEST_DIR, BEST_FILE, best_checkpoint
 from tfgpu.checkpoint.store import DAMAGED
 from tfgpu.models.layers import refresh_derived_state
 from tfgpu.results.folder import WEIGHTS_FILE
 from tfgpu.errors import CheckpointError, UsageError, first_line
 from tfgpu.models import backbone, prepare, whitening
-from tfgpu.optim import finetune
 
 
 @dataclass
@@ -81,28 +79,6 @@ def build(
     made = optimizer(model) if optimizer else None
     frozen = backbone.freeze(model, m) if m.freeze == "backbone" else ""
     return Network(model, made, None, frozen=frozen, initialized=tuple(initialized))
-
-
-def start_lines(network: Network, m, o, global_batch: int, total_steps: int) -> list[str]:
-    """What a training run says of ``network`` (``build``'s, with its optimizer) before it
-    trains: how it was initialised beyond its builder (``initialized``: whitening, Dirac),
-    what a model of one's own is, where the initial weights came from (--init_weights of
-    ``m``, the model's settings: loaded into ``network.model`` here, outside the backend's
-    scope, since a .keras source needs no mirrored copies) and what the freeze left training
-    (``frozen``), the fine-tuning groups of its optimizer and the learning rate in use (``o``:
-    the optimizer's settings, at ``global_batch`` over ``total_steps`` updates); the lines
-    that apply."""
-    tuning = finetune.describe(network.optimizer, o, m, total_steps)
-    rate = optim.describe_learning_rate(o, global_batch)
-    model, frozen = network.model, network.frozen
-    init = getattr(model, "tfgpu_line", "")  # a model of one's own says what it is
-    if m.init_weights:
-        fresh = models.load_initial_weights(model, m.init_weights)
-        line = models.initial_weights_line(m, model, fresh, frozen)
-        init = "\n".join(filter(None, (init, line)))
-    elif init and frozen:  # its own weights (a .keras file, a preset) are fine-tuned
-        init += f"\nfine-tune: {frozen}"
-    return [line for line in (*network.initialized, init, tuning, rate) if line]
 
 
 def with_optimizer_built(network: Network) -> Network:

@@ -156,8 +156,8 @@ def _build(config, backend, inputs, plan) -> tuple:
     settings and what the data gives it: its classes and image side; the optimizer from its
     settings, the model and the plan's updates; a whitening layer from the first training
     images: ``checkpoint.network.build``, the recipe the uses of the run rebuild it by) and
-    the train step, in the backend's scope; then what saves them, and what the network says
-    of itself (``checkpoint.network.start_lines``: --init_weights loaded then)."""
+    the train step, in the backend's scope; then what
+    saves them."""
     m, o, t = config.model, config.optim, config.train
     any_size = config.curriculum.progressive_stages > 1  # its stages train at smaller sides
     batch, total = t.global_batch_size, plan.total_steps
@@ -172,7 +172,7 @@ def _build(config, backend, inputs, plan) -> tuple:
             model, network.optimizer, backend, m, o, t, **fns, any_size=any_size
         )
     state = build.build_state(model, step, backend, t, config.model_dir)
-    lines = networks.start_lines(network, m, o, batch, total)
+    lines = build.start_lines(network, step.optimizer, m, o, batch, total)
     return state, lines
 
 
