@@ -211,7 +211,7 @@ def test_an_unfrozen_backbone_starts_adam_as_a_new_optimizer():
 
 @pytest.mark.fast
 def test_ema_weights_leave_a_backbone_never_trained_as_it_is():
-    # The groups are built before --init_weights is loaded (train/build.start_lines), so a
+    # The groups are built before --init_weights is loaded (models.set_initial_weights), so a
     # frozen group's average holds the weights as built until its first update: evaluation
     # must not use it.
     config = _config(freeze="backbone", unfreeze_after_steps=3, ema_decay=0.5)

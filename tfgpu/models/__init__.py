@@ -146,6 +146,23 @@ def load_initial_weights(model, path: str) -> list[str]:
     raise ConfigError(f"{flag}: expected a .weights.h5 or .keras file, imagenet or a Keras .h5")
 
 
+def set_initial_weights(model, m, frozen: str) -> str:
+    """Gives ``model`` the initial weights ``m`` (the model's settings) names: --init_weights
+    loaded (``load_initial_weights``), else its builder's. Returns the start line of where
+    they came from, "" when there is nothing to say: what a model of one's own is (its
+    ``tfgpu_line``), the file loaded and what is new (``initial_weights_line``), and what the
+    freeze (``frozen``: its words, "" for none) leaves training of a model that brought its
+    own weights (a .keras file, a preset)."""
+    init = getattr(model, "tfgpu_line", "")  # a model of one's own says what it is
+    if m.init_weights:
+        fresh = load_initial_weights(model, m.init_weights)
+        line = initial_weights_line(m, model, fresh, frozen)
+        return "\n".join(filter(None, (init, line)))
+    if init and frozen:  # its own weights are fine-tuned
+        return f"{init}\nfine-tune: {frozen}"
+    return init
+
+
 def initial_weights_line(m, model, fresh: list, frozen: str) -> str:
     """The start-up line that says where ``model``'s weights came from (--init_weights of
     ``m``, the model's settings), what is new (``fresh``: ``load_initial_weights``' names)

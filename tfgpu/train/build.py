@@ -7,8 +7,6 @@
                model's, the optimizer's and the train sections)
   build_state  what training changes and what saves it (``TrainState``): the step, the
                update counters, the checkpoints, the best evaluation so far
-  start_lines  what the run says of its set-up before training: the initial weights
-               (--init_weights, loaded here), the fine-tuning groups, the learning rate
 
 The network itself (the model and its optimizer) is ``checkpoint.network.build``'s, the one
 recipe that the uses of a trained run rebuild it by.
@@ -18,12 +16,10 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from tfgpu import models, optim
 from tfgpu.checkpoint.best import Best
 from tfgpu.checkpoint.store import Checkpoints
 from tfgpu.errors import ConfigError
 from tfgpu.models.prepare import rematerialized
-from tfgpu.optim import finetune
 from tfgpu.step.train_step import DynamicLossScale, TrainStep
 from tfgpu.train.config import split_batch
 
@@ -138,25 +134,3 @@ def build_state(model, step: TrainStep, backend, t, model_dir: str) -> TrainStat
     if best:
         best.checkpoint = checkpoints.checkpoint
     return TrainState(model, step, global_step, skipped_updates, checkpoints, best)
-
-
-def start_lines(network, optimizer, m, o, global_batch: int, total_steps: int) -> list[str]:
-    """What the run says of its weights and its optimizer before training: how the network
-    was initialised beyond its builder (``network.initialized``: whitening, Dirac), what a
-    model of one's own is, where the initial weights came from (--init_weights of ``m``, the model's
-    settings: loaded into ``network.model`` here, outside the backend's scope, since a .keras
-    source needs no mirrored copies) and what the freeze left training (``network.frozen``),
-    the fine-tuning groups of ``optimizer`` and the learning rate in use (``o``: the
-    optimizer's settings, at ``global_batch`` over ``total_steps`` updates); the lines that
-    apply."""
-    tuning = finetune.describe(optimizer, o, m, total_steps)
-    rate = optim.describe_learning_rate(o, global_batch)
-    model, frozen = network.model, network.frozen
-    init = getattr(model, "tfgpu_line", "")  # a model of one's own says what it is
-    if m.init_weights:
-        fresh = models.load_initial_weights(model, m.init_weights)
-        line = models.initial_weights_line(m, model, fresh, frozen)
-        init = "\n".join(filter(None, (init, line)))
-    elif init and frozen:  # its own weights (a .keras file, a preset) are fine-tuned
-        init += f"\nfine-tune: {frozen}"
-    return [line for line in (*network.initialized, init, tuning, rate) if line]

@@ -16,7 +16,7 @@ and plain values.
                the input's scratch copy)
   network      the model from its settings and what the data gives it, the optimizer from
                its settings and the model (``checkpoint.network``), the train step and what
-               saves them (``build``: the ``TrainState``)
+               saves them (``build``: the ``TrainState``), the initial weights (``models``)
   restore      the newest checkpoint; the metrics and the best cut back to its step
   train        ``fit`` (``fitting.py``): the compiled loop until the next step some action
                is due, then the actions (``actions``: log, evaluate, best, checkpoint, ...)
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from tfgpu import compat
+from tfgpu import compat, models, optim
 from tfgpu.checkpoint import network as networks
 from tfgpu.data import run_input
 from tfgpu.distribute import backends, consensus, devices, heartbeats
@@ -156,8 +156,10 @@ def _build(config, backend, inputs, plan) -> tuple:
     settings and what the data gives it: its classes and image side; the optimizer from its
     settings, the model and the plan's updates; a whitening layer from the first training
     images: ``checkpoint.network.build``, the recipe the uses of the run rebuild it by) and
-    the train step, in the backend's scope; then what
-    saves them."""
+    the train step, in the backend's scope; then what saves them; then the model's initial
+    weights (``models.set_initial_weights``: --init_weights) and what each package says of
+    its part: the network's initialisation, the weights, the optimizer's groups and
+    learning rate."""
     m, o, t = config.model, config.optim, config.train
     any_size = config.curriculum.progressive_stages > 1  # its stages train at smaller sides
     batch, total = t.global_batch_size, plan.total_steps
@@ -172,8 +174,11 @@ def _build(config, backend, inputs, plan) -> tuple:
             model, network.optimizer, backend, m, o, t, **fns, any_size=any_size
         )
     state = build.build_state(model, step, backend, t, config.model_dir)
-    lines = build.start_lines(network, step.optimizer, m, o, batch, total)
-    return state, lines
+    tuning = finetune.describe(step.optimizer, o, m, total)
+    rate = optim.describe_learning_rate(o, batch)
+    # Outside the backend's scope: a .keras source needs no mirrored copies.
+    init = models.set_initial_weights(model, m, network.frozen)
+    return state, [line for line in (*network.initialized, init, tuning, rate) if line]
 
 
 def assemble(config, backend, inputs=None) -> tuple:
