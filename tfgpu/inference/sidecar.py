@@ -105,7 +105,7 @@ def _follow(sidecar: "Sidecar", wait: _Wait) -> int:
     while True:
         if sidecar.evaluate_new():
             wait.progress()
-        elif sidecar.run_over():
+        elif run_over(sidecar.model_dir, sidecar.last):
             sidecar.finish()
             return sidecar.count
         else:
@@ -186,7 +186,7 @@ class Sidecar:
         """Evaluates the checkpoint ``path`` of ``step`` as the loop's actions do (evaluate,
         then keep the best), then writes SIDECAR_FILE. A checkpoint that cannot be read is
         passed."""
-        read = self._read(step, path)
+        read = read_checkpoint(self.run.network, step, path, self.directory, self._log)
         if read is not None:
             result = self._evaluated(read)
             if self.best is not None and result:
@@ -211,23 +211,6 @@ class Sidecar:
         self.writer.log_eval(step, timed(result, seconds), context)
         return result
 
-    def _read(self, step: int, path: str) -> int | None:
-        """Reads checkpoint ``path`` into the network (``network.restore``); returns its step,
-        or None when it was deleted meanwhile or still does not read after READ_TRIES tries."""
-        name = os.path.basename(path)
-        for attempt in range(1, READ_TRIES + 1):
-            try:
-                return network.restore(self.run.network, path)
-            except CheckpointError as err:
-                if step not in listed_checkpoints(self.directory):
-                    self._log(f"not evaluated: {name} was deleted before it could be read")
-                    return None
-                if attempt < READ_TRIES:
-                    self._log(f"{name}: read failed, retry {attempt} in {RETRY_S:g} s ({err})")
-                    time.sleep(RETRY_S)
-        self._log(f"tfgpu: WARNING: not evaluated: {name} does not read after {READ_TRIES} tries")
-        return None
-
     def _say_verdict(self, step: int) -> None:
         """A line when the trainers are told to stop (--early_stop_patience), once."""
         patience, stale = self.t.early_stop_patience, int(self.best.stale.numpy())
@@ -245,17 +228,6 @@ class Sidecar:
             state.update(metric=best["metric"], best_step=best["step"], best_value=best["value"])
             state["evals_since_best"] = int(self.best.stale.numpy())
         write_json(os.path.join(self.model_dir, SIDECAR_FILE), state)
-
-    def run_over(self) -> bool:
-        """True once the trainer has ended (summary.json, its last file, newer than its
-        config.json) at a step this watcher has reached."""
-        paths = [os.path.join(self.model_dir, f) for f in ("summary.json", "config.json")]
-        try:
-            summary_ns, config_ns = (os.stat(p).st_mtime_ns for p in paths)
-        except FileNotFoundError:
-            return False
-        steps = read_json(paths[0]).get("steps") if summary_ns >= config_ns else None
-        return steps is not None and steps <= self.last
 
     def finish(self) -> None:
         """At the run's end, with --sidecar_eval: summary.json's ``final_eval`` (the trainer
@@ -284,6 +256,37 @@ def listed_checkpoints(directory: str) -> dict:
         if name.rpartition("-")[2].isdigit():
             listed[int(name.rpartition("-")[2])] = os.path.join(directory, name)
     return listed
+
+
+def read_checkpoint(net, step: int, path: str, directory: str, log) -> int | None:
+    """Reads checkpoint ``path`` of ``step`` (one of ``directory``'s) into ``net``, the run's
+    network (``network.restore``); returns its step, or None when it was deleted meanwhile or
+    still does not read after READ_TRIES tries, RETRY_S apart (``log(line)`` says which)."""
+    name = os.path.basename(path)
+    for attempt in range(1, READ_TRIES + 1):
+        try:
+            return network.restore(net, path)
+        except CheckpointError as err:
+            if step not in listed_checkpoints(directory):
+                log(f"not evaluated: {name} was deleted before it could be read")
+                return None
+            if attempt < READ_TRIES:
+                log(f"{name}: read failed, retry {attempt} in {RETRY_S:g} s ({err})")
+                time.sleep(RETRY_S)
+    log(f"tfgpu: WARNING: not evaluated: {name} does not read after {READ_TRIES} tries")
+    return None
+
+
+def run_over(model_dir: str, last: int) -> bool:
+    """True once the trainer of the run in ``model_dir`` has ended (summary.json, its last
+    file, newer than its config.json) at a step up to ``last``, the last one evaluated."""
+    paths = [os.path.join(model_dir, f) for f in ("summary.json", "config.json")]
+    try:
+        summary_ns, config_ns = (os.stat(p).st_mtime_ns for p in paths)
+    except FileNotFoundError:
+        return False
+    steps = read_json(paths[0]).get("steps") if summary_ns >= config_ns else None
+    return steps is not None and steps <= last
 
 
 def missed_steps(last: int, new: list, every: int) -> list:
