@@ -1,6 +1,8 @@
 """The registry: names, reference parameter counts, small-input stems, input normalization
 and --init_weights. Only a few models are built (building is the slow part on 2 cores)."""
 
+import types
+
 import keras
 import numpy as np
 
@@ -161,6 +163,29 @@ def test_init_weights_loads_weights_h5_exactly(tmp_path):
     target = _perturbed_tiny_cnn(5, seed=2)
     assert models.load_initial_weights(target, str(tmp_path / "w.weights.h5")) == []
     assert_same_weights(target, source)
+
+
+def test_set_initial_weights_loads_the_file_and_says_where_they_came_from(tmp_path):
+    """The run's initial weights: --init_weights loaded and said (with what the freeze
+    leaves training); else the builder's, said only by a model of one's own."""
+    source = _perturbed_tiny_cnn(5, seed=1)
+    source.save_weights(tmp_path / "w.weights.h5")
+    target = _perturbed_tiny_cnn(5, seed=2)
+    m = types.SimpleNamespace(init_weights=str(tmp_path / "w.weights.h5"), unfreeze_after_steps=0)
+    line = models.set_initial_weights(target, m, "head only")
+    assert_same_weights(target, source)
+    assert line == (
+        f"init: weights from --init_weights={m.init_weights}; head only (a checkpoint in "
+        "--model_dir, if any, replaces them)"
+    )
+    built, reference = _perturbed_tiny_cnn(5, seed=2), _perturbed_tiny_cnn(5, seed=2)
+    none = types.SimpleNamespace(init_weights="", unfreeze_after_steps=0)
+    assert models.set_initial_weights(built, none, "head only") == ""
+    built.tfgpu_line = "mine: built by its builder"
+    assert models.set_initial_weights(built, none, "") == "mine: built by its builder"
+    said = models.set_initial_weights(built, none, "head only")
+    assert said == "mine: built by its builder\nfine-tune: head only"
+    assert_same_weights(built, reference)
 
 
 def test_init_weights_from_keras_file_may_change_the_number_of_classes(tmp_path):
