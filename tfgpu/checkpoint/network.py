@@ -18,6 +18,8 @@ the run built it, the one way to find those positions, and its slots are read wi
 
 import contextlib
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 import keras
@@ -181,19 +183,61 @@ def restore_newest(network: Network, path: str, model_dir: str) -> tuple[int, st
     """(step, path) of the checkpoint read into ``network``: ``path``, ``model_dir``'s newest
     when it was looked up, or, when a training run writing there replaced it meanwhile
     (deleted past --keep_checkpoints, or half gone as it is read), the newest at that moment,
-    up to ``FOLLOW_TRIES`` times. A newest checkpoint that does not read is a
-    CheckpointError."""
+    up to ``FOLLOW_TRIES`` times. Each is read through hard links (``_pinned``), so that a
+    trainer faster than the read (a checkpoint every update) cannot delete it mid-read. A
+    newest checkpoint that does not read is a CheckpointError."""
     for _ in range(FOLLOW_TRIES):
         try:
-            return restore(network, path), path
+            with _pinned(path) as readable:
+                if readable is not None:
+                    return restore(network, readable), path
         except CheckpointError:
-            newest = tf.train.latest_checkpoint(
-                os.path.join(os.path.expanduser(model_dir), "checkpoints")
-            )
-            if newest is None or (newest == path and os.path.exists(path + ".index")):
-                raise  # damaged, not replaced
-            path = newest
+            pass
+        newest = tf.train.latest_checkpoint(
+            os.path.join(os.path.expanduser(model_dir), "checkpoints")
+        )
+        if newest is None or (newest == path and os.path.exists(path + ".index")):
+            return restore(network, path), path  # damaged, not replaced: its own error
+        path = newest
     return restore(network, path), path
+
+
+@contextlib.contextmanager
+def _pinned(path: str):
+    """Yields a prefix whose files are hard links to checkpoint ``path``'s, made in a hidden
+    folder beside it and removed after: a trainer deleting ``path`` meanwhile removes its
+    names, not the data read. Yields ``path`` itself where links cannot be made (another
+    file system, a read-only or remote folder), None when ``path``'s files are already gone
+    or incomplete (its .index and every data shard it names)."""
+    folder, name = os.path.split(path)
+    try:
+        pins = tempfile.mkdtemp(prefix=".tfgpu-read-", dir=folder)
+    except OSError:
+        yield path
+        return
+    try:
+        yield _linked(folder, name, pins)
+    finally:
+        shutil.rmtree(pins, ignore_errors=True)
+
+
+def _linked(folder: str, name: str, pins: str) -> str | None:
+    """``pins``/``name``: checkpoint ``name`` of ``folder`` hard-linked there; None when a
+    file it needs is gone (or there is no data shard); ``folder``/``name`` itself where the
+    file system makes no hard links."""
+    try:
+        files = [f for f in os.listdir(folder) if f.startswith(name + ".")]
+        for f in files:
+            os.link(os.path.join(folder, f), os.path.join(pins, f))
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return os.path.join(folder, name)
+    shards = [f for f in files if f.startswith(name + ".data-")]
+    total = shards[0].rpartition("-of-")[2] if shards else ""
+    if name + ".index" not in files or not total.isdigit() or len(shards) != int(total):
+        return None
+    return os.path.join(pins, name)
 
 
 def load_weights(model, path: str) -> None:
