@@ -48,22 +48,26 @@ NEAREST_RATIO = 0.3  # ... and of either image's distance to its next nearest im
 NEIGHBOURS = 5  # the nearest in the tree's coordinates that are ranked by their thumbnails
 ALIGNED = 2  # ... of which the nearest by their thumbnails are aligned
 STANDOUT = 0.6  # ... when the nearest is at most this fraction of the next one's distance
+QUERY_EPS = 1.0  # the neighbours asked of the tree: within (1 + this) times the k-th distance
 _SIDE = 8  # the aligned thumbnails' side
 _UP = 4  # the 16x16 thumbnails are upsampled this much before a crop is averaged
 _FRACTIONS = np.linspace(0, MAX_CROP, 5)  # the crops tried, per side
-_CHUNK = 8192  # pairs aligned at once: their float arrays stay small
+_CHUNK = 8192  # images ranked at once: their float arrays stay small
+# Pairs aligned at once: their crops' profiles (25 a pair) stay in the cache. Fashion-MNIST's
+# 11,344 aligned: 0.079 CPU s 8,192 at once, 0.059 at 2,048 (1,024: the same).
+_PAIRS_AT_ONCE = 2048
 
 
-def crop_pairs(thumbs: np.ndarray, coordinates: np.ndarray, close, reach: float) -> tuple:
-    """(pairs (K, 2) of indices i < j that are near by this relation, stats) of records
-    with 16x16 uint8 ``thumbs`` placed at ``coordinates`` (``near_search.embedding``),
+def crop_pairs(thumbs: np.ndarray, which, coordinates: np.ndarray, close, reach: float):
+    """(pairs (K, 2) of indices i < j into ``which`` that are near by this relation, stats)
+    of the records ``which`` (indices into the 16x16 uint8 ``thumbs``, gathered a chunk at
+    a time: no copy of them all) placed at ``coordinates`` (``near_search.embedding``),
     given pairs of them (``close``, (M, 2)) among which is every pair within ``reach``."""
-    n = len(thumbs)
+    n = len(which)
     if n < 3:
         return np.zeros((0, 2), np.int64), {"crop_candidates": 0}
-    eighths = _eighths(thumbs)
     others = _nearest(coordinates, close, reach, min(NEIGHBOURS, n - 1))
-    neighbours, distances, flipped = _ranked(eighths, others)
+    neighbours, distances, flipped = _ranked(_halves(thumbs, which), others)
     ranked, nearest = neighbours, distances  # every image's, for its partner's ratio test
     # Only an image whose nearest stands out as they are is aligned with its nearest ones:
     # a copy's does (photos: 99% of the copies found), a look-alike's rarely (Fashion-
@@ -75,7 +79,7 @@ def crop_pairs(thumbs: np.ndarray, coordinates: np.ndarray, close, reach: float)
     i = np.repeat(rows, neighbours.shape[1])
     j, flip = neighbours.reshape(-1), flipped.reshape(-1)
     # The identity is among the crops, but the one the means pick may be worse than it.
-    apart = np.minimum(distances.reshape(-1), aligned(thumbs, i, j, flip))
+    apart = np.minimum(distances.reshape(-1), aligned(thumbs, which[i], which[j], flip))
     apart = apart.reshape(neighbours.shape)
     order = np.argsort(apart, axis=1, kind="stable")
     at = np.arange(len(rows))
@@ -86,7 +90,7 @@ def crop_pairs(thumbs: np.ndarray, coordinates: np.ndarray, close, reach: float)
     # either side, a copy has none near both.
     others_near = np.where(ranked[partner, 0] == rows, nearest[partner, 1], nearest[partner, 0])
     runner_up = np.minimum(runner_up, others_near)
-    detail = np.minimum(fine(eighths[rows]), fine(eighths[partner]))
+    detail = np.minimum(*(fine(_eighths(thumbs[which[k]])) for k in (rows, partner)))
     allowed = np.maximum(DETAIL_RATIO * detail, NOISE_RMS)
     near = (best <= CROP_RMS) & (best <= allowed) & (best <= NEAREST_RATIO * runner_up)
     pairs = np.sort(np.stack([rows[near], partner[near]], axis=1), axis=1)
@@ -116,31 +120,31 @@ def _nearest(coordinates: np.ndarray, close: np.ndarray, reach: float, k: int) -
     out[read] = ends[starts[read, None] + np.arange(k), 1]
     asked = np.nonzero(counts < k)[0]
     if len(asked):
-        tree = kd_tree(coordinates)
+        # Built by sliding midpoints (half a balanced build's time), as the whole-frame one.
+        tree = kd_tree(coordinates, leafsize=16, balanced_tree=False)
         # Asked in the tree's own order, neighbours after neighbours: the same answers, a
         # quarter cheaper (the nodes a query visits are still in the cache for the next).
         at = np.empty(n, np.int64)
         at[tree.indices] = np.arange(n)
         asked = asked[np.argsort(at[asked])]
-        # Approximate (within 1.5 times the k-th distance): a third cheaper, and the
-        # neighbours are ranked by their thumbnails next.
-        _, found = tree.query(coordinates[asked], k=k + 1, eps=0.5)
+        # Approximate (within twice the k-th distance): half an exact query's time, and
+        # the neighbours are ranked by their thumbnails next. Judged end to end
+        # (bench/near_copies.py, Fashion-MNIST): as many copies found as within 1.5 times.
+        _, found = tree.query(coordinates[asked], k=k + 1, eps=QUERY_EPS)
         # Each row without the point itself (an equal point may come first).
         keep = np.argsort(found == asked[:, None], axis=1, kind="stable")[:, :k]
         out[asked] = np.take_along_axis(found, keep, axis=1)
     return out
 
 
-def _ranked(eighths: np.ndarray, others: np.ndarray) -> tuple:
+def _ranked(halves: tuple, others: np.ndarray) -> tuple:
     """(neighbours, distances, flipped), each (N, k): of each image's ``others`` (N, m),
-    the ALIGNED nearest by the RMS of their 8x8 thumbnails, in that order (the other's
-    mirrored where ``flipped``, whichever is closer)."""
-    n, half = len(eighths), _SIDE // 2
+    the ALIGNED nearest by the RMS of their 8x8 thumbnails (given by their ``halves``), in
+    that order (the other's mirrored where ``flipped``, whichever is closer)."""
+    symmetric, anti = halves
+    n = len(symmetric)
     # Mirroring negates an image's antisymmetric part and keeps its symmetric one, so both
     # distances come from two dot products of half the size: |a|^2 + |b|^2 - 2 (s +- t).
-    left, right = eighths[:, :, :half], eighths[:, :, : half - 1 : -1]
-    symmetric = (left + right).reshape(n, -1) / 2
-    anti = (left - right).reshape(n, -1) / 2
     s, t = np.empty(others.shape, np.float32), np.empty(others.shape, np.float32)
     for start in range(0, n, _CHUNK):  # the gathered neighbours stay small (a few MB)
         part = slice(start, start + _CHUNK)
@@ -156,6 +160,22 @@ def _ranked(eighths: np.ndarray, others: np.ndarray) -> tuple:
     return others[at, order], distances[at, order], flipped[at, order]
 
 
+def _halves(thumbs: np.ndarray, which: np.ndarray) -> tuple:
+    """(the mirror-symmetric parts, the antisymmetric parts) of the uncropped 8x8
+    thumbnails (``_eighths``) of ``thumbs[which]``, each as (N, 32) float32 vectors of
+    their left halves, made a chunk at a time (the 8x8 thumbnails of all and their sums
+    would be ~70 MB of new memory for 70,000 images)."""
+    half = _SIDE // 2
+    out = np.empty((2, len(which), _SIDE * half), np.float32)
+    for start in range(0, len(which), _CHUNK):
+        eighths = _eighths(thumbs[which[start : start + _CHUNK]])
+        left, right = eighths[:, :, :half], eighths[:, :, : half - 1 : -1]
+        rows = slice(start, start + len(eighths))
+        out[0, rows] = ((left + right) / 2).reshape(len(eighths), -1)
+        out[1, rows] = ((left - right) / 2).reshape(len(eighths), -1)
+    return out[0], out[1]
+
+
 def _rms(difference: np.ndarray) -> np.ndarray:
     return np.sqrt((difference * difference).mean(axis=-1))
 
@@ -164,10 +184,11 @@ def aligned(thumbs: np.ndarray, i, j, flip) -> np.ndarray:
     """For each pair: the least RMS between the 8x8 thumbnails of image j (mirrored where
     ``flip``) and a crop of image i, or of i and a crop of j."""
     out = np.empty(len(i))
-    for start in range(0, len(i), _CHUNK):
-        part = slice(start, start + _CHUNK)
-        x, y = thumbs[i[part]].astype(np.float32), thumbs[j[part]].astype(np.float32)
-        y = np.where(flip[part][:, None, None], y[:, :, ::-1], y)
+    for start in range(0, len(i), _PAIRS_AT_ONCE):
+        part = slice(start, start + _PAIRS_AT_ONCE)
+        y = thumbs[j[part]]
+        y = np.where(flip[part][:, None, None], y[:, :, ::-1], y)  # mirrored as bytes
+        x, y = thumbs[i[part]].astype(np.float32), y.astype(np.float32)
         # Each thumbnail's column and row means, from which the crops are chosen.
         a, b = ((t, t.mean(axis=1), t.mean(axis=2)) for t in (x, y))
         out[part] = np.minimum(_cropped_rms(*a, *b), _cropped_rms(*b, *a))

@@ -170,7 +170,7 @@ def _cropped(pairs: np.ndarray, thumbs: np.ndarray, space) -> tuple:
     slot[order] = np.arange(len(order))  # group g's place among them
     close = slot[group[space.close]]
     close = close[close[:, 0] != close[:, 1]]
-    found, stats = crops.crop_pairs(thumbs[first], space.coordinates[first], close, space.reach)
+    found, stats = crops.crop_pairs(thumbs, first, space.coordinates[first], close, space.reach)
     return first[found], stats
 
 
