@@ -149,15 +149,17 @@ class Collector:
         """The shard's check record (``shard_record``); the collector's last use."""
         kinds = self._arrays()
         given = self.keys
-        keys = np.array([key or 0 for key in given], dtype=np.uint64)
-        digest = xxhash.xxh3_64_intdigest
+        none = given.count(None) == len(given)  # a shard of small arrays: no key given
+        keys = np.array([0] * len(given) if none else [k or 0 for k in given], np.uint64)
         for (shape, _, _), (grays, members) in kinds.items():
             # Whole grayscale images (``of_array``): each one's key is that of its pixels.
+            if none:
+                keys[members] = _keys(grays, _seed("L", shape[::-1]))
+                continue
             unkeyed = [at for at, i in enumerate(members.tolist()) if given[i] is None]
             if unkeyed:
-                seed = _seed("L", shape[::-1])
-                found = [digest(_contiguous(grays[at]), seed=seed) for at in unkeyed]
-                keys[members[unkeyed]] = np.array(found, np.uint64)
+                found = _keys([grays[at] for at in unkeyed], _seed("L", shape[::-1]))
+                keys[members[unkeyed]] = found
         return _record(keys, kinds, self.labels, self.files, self.sides)
 
     def _arrays(self) -> dict:
@@ -171,15 +173,25 @@ class Collector:
         rows = np.empty((n, 5), np.int64)
         rows[:, :2] = np.fromiter(shapes, np.int64, 2 * n).reshape(n, 2)
         rows[:, 2:] = np.frombuffer(self.sizes, np.int64).reshape(n, 3)
+        if n and (rows == rows[0]).all():  # most shards: one kind, its grays the list as is
+            return {_kind(rows[0]): (grays, np.arange(n))}
         kinds, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
-        if len(kinds) == 1:  # most shards: one kind, its grays the list as it is
-            return {_kind(kinds[0]): (grays, np.arange(n))}
         order = np.argsort(inverse.reshape(-1), kind="stable")
         members = np.split(order, np.cumsum(np.bincount(inverse.reshape(-1)))[:-1])
         return {
             _kind(kinds[k]): ([grays[i] for i in members[k].tolist()], members[k])
             for k in np.argsort(first)
         }
+
+
+def _keys(grays: list, seed: int) -> np.ndarray:
+    """The keys (uint64) of 2-D uint8 arrays of one shape, from their pixels (``_key``'s),
+    each hashed from its own buffer where its bytes are in row-major order."""
+    digest = xxhash.xxh3_64_intdigest
+    try:
+        return np.array([digest(gray, seed=seed) for gray in grays], np.uint64)
+    except ValueError:  # one of them strided (xxhash reads contiguous buffers only)
+        return np.array([digest(_contiguous(gray), seed=seed) for gray in grays], np.uint64)
 
 
 def _kind(row: np.ndarray) -> tuple:
