@@ -65,14 +65,19 @@ def start_workers(argv: list[str], num_workers: int, host: str = "localhost"):
 def wait_all(procs, grace_s: float) -> int:
     """Waits for every worker; after a failure, says which worker failed first and how, and
     stops the rest. Returns the exit code."""
+    ended = _watch_ends(procs)
     failed_code, deadline = 0, None
-    while any(p.poll() is None for p in procs):
-        for i, p in enumerate(procs):
-            code = p.poll()
-            if code not in (None, 0) and not failed_code:
-                failed_code, deadline = code, time.time() + grace_s
-                time.sleep(0.3)  # its last lines are still on their way through the pipe
-                print(f"tfgpu.launch: {failure(i, code)}; stopping the others", flush=True)
+    while True:
+        if any(code for _, code in ended.values()) and not failed_code:
+            time.sleep(0.3)  # its last lines are still on their way through the pipe
+            # The earliest end, not the lowest index: a survivor that lost contact with a
+            # killed worker may end within one look of it (measured: an MWMS worker 0's exit
+            # 5 seen in the same look as worker 1's SIGKILL).
+            first = min((t, i) for i, (t, code) in ended.items() if code)[1]
+            failed_code, deadline = ended[first][1], time.time() + grace_s
+            print(f"tfgpu.launch: {failure(first, failed_code)}; stopping the others", flush=True)
+        if len(ended) == len(procs):
+            break
         if deadline and time.time() > deadline:
             # SIGTERM first (a training worker saves and leaves); SIGKILL 10 s later, because
             # a worker still waiting for its peers at start-up does not act on SIGTERM.
@@ -80,6 +85,20 @@ def wait_all(procs, grace_s: float) -> int:
         time.sleep(0.2)
     codes = [p.returncode for p in procs]
     return shell_code(failed_code or next((c for c in codes if c), 0))
+
+
+def _watch_ends(procs) -> dict:
+    """{worker: (monotonic time it ended, its return code)}, filled as each ends by a thread
+    blocked in its wait: the order of the ends as they happened, whatever the polling."""
+    ended: dict = {}
+
+    def watch(i: int, p) -> None:
+        code = p.wait()
+        ended[i] = (time.monotonic(), code)
+
+    for i, p in enumerate(procs):
+        threading.Thread(target=watch, args=(i, p), daemon=True).start()
+    return ended
 
 
 def failure(worker: int, returncode: int) -> str:
