@@ -34,3 +34,23 @@ def test_all_ending_well_is_exit_0_and_says_nothing(capsys):
     procs = [subprocess.Popen(["sh", "-c", "exit 0"]) for _ in range(2)]
     assert launch.wait_all(procs, grace_s=5) == 0
     assert "failed first" not in capsys.readouterr().out
+
+
+def test_a_lost_contact_exit_before_the_kill_it_reacted_to_names_the_killed_worker(capsys):
+    # Under load the survivor's exit 5 (lost contact) can be recorded before the killed
+    # worker is reaped: the launcher names the failure the survivor reacted to.
+    procs = [
+        subprocess.Popen(["sh", "-c", "exit 5"]),
+        subprocess.Popen(["sh", "-c", "sleep 0.5; kill -9 $$"]),
+    ]
+    assert launch.wait_all(procs, grace_s=5) == 128 + signal.SIGKILL
+    assert "worker 1 failed first (killed by SIGKILL)" in capsys.readouterr().out
+
+
+def test_only_lost_contact_exits_name_the_first_of_them(capsys):
+    procs = [
+        subprocess.Popen(["sh", "-c", "sleep 0.3; exit 5"]),
+        subprocess.Popen(["sh", "-c", "exit 5"]),
+    ]
+    assert launch.wait_all(procs, grace_s=5) == 5
+    assert "worker 1 failed first (exit code 5)" in capsys.readouterr().out

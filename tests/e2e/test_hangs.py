@@ -285,7 +285,9 @@ def test_a_worker_that_never_starts_is_named_by_address(outcomes):
 
 def test_sigterm_while_waiting_for_a_peer_at_start_up_ends_the_run_promptly(outcomes):
     outcome = outcomes["sigterm_at_startup"].result()
-    assert outcome["seconds"] < 5, outcome
+    # The guardian ends it ~1.7 s after the signal (signals._GUARDIAN_S + a poll); 5.3 s was
+    # seen on a fresh clone's loaded CI run. Without it the run would wait out its peer.
+    assert outcome["seconds"] < 10, outcome
     assert outcome["code"] in (-signal.SIGKILL, 128 + signal.SIGTERM), outcome["text"][-2000:]
     assert "tfgpu: stopped by SIGTERM" in outcome["text"] and "Traceback" not in outcome["text"]
 

@@ -23,6 +23,7 @@ import time
 from tfgpu.cli.app import run_app, run_command
 from tfgpu.cli.flags import command_settings, define_flags
 from tfgpu.distribute.env import free_ports
+from tfgpu.errors import WorkerLost
 
 COMMAND = "tfgpu-launch"
 define_flags(command=COMMAND)  # cli/settings.py: LaunchSettings
@@ -70,10 +71,7 @@ def wait_all(procs, grace_s: float) -> int:
     while True:
         if any(code for _, code in ended.values()) and not failed_code:
             time.sleep(0.3)  # its last lines are still on their way through the pipe
-            # The earliest end, not the lowest index: a survivor that lost contact with a
-            # killed worker may end within one look of it (measured: an MWMS worker 0's exit
-            # 5 seen in the same look as worker 1's SIGKILL).
-            first = min((t, i) for i, (t, code) in ended.items() if code)[1]
+            first = _first_failure(ended, len(procs))
             failed_code, deadline = ended[first][1], time.time() + grace_s
             print(f"tfgpu.launch: {failure(first, failed_code)}; stopping the others", flush=True)
         if len(ended) == len(procs):
@@ -85,6 +83,25 @@ def wait_all(procs, grace_s: float) -> int:
         time.sleep(0.2)
     codes = [p.returncode for p in procs]
     return shell_code(failed_code or next((c for c in codes if c), 0))
+
+
+LOST_WAIT_S = 3.0  # how long a lost-contact exit waits for the failure it reacted to
+
+
+def _first_failure(ended: dict, num_workers: int) -> int:
+    """The worker whose failure came first among ``ended`` (``_watch_ends``'): the earliest
+    end, not the lowest index; and a worker that exited because it lost contact with another
+    (WorkerLost's code) only when no other failure follows within LOST_WAIT_S. A survivor
+    may end before the worker it lost is reaped (measured under load: an MWMS worker 0's
+    exit 5 recorded before worker 1's SIGKILL)."""
+    lost = WorkerLost.exit_code
+    deadline = time.monotonic() + LOST_WAIT_S
+    while len(ended) < num_workers and time.monotonic() < deadline:
+        if any(code not in (0, lost) for _, code in ended.values()):
+            break
+        time.sleep(0.05)
+    failures = sorted((code == lost, t, i) for i, (t, code) in ended.items() if code)
+    return failures[0][2]
 
 
 def _watch_ends(procs) -> dict:
