@@ -69,20 +69,20 @@ def wait_all(procs, grace_s: float) -> int:
     ended = _watch_ends(procs)
     failed_code, deadline = 0, None
     while True:
+        done = len(ended) == len(procs)  # before the look: no end arrives unseen after it
         if any(code for _, code in ended.values()) and not failed_code:
             time.sleep(0.3)  # its last lines are still on their way through the pipe
             first = _first_failure(ended, len(procs))
             failed_code, deadline = ended[first][1], time.time() + grace_s
             print(f"tfgpu.launch: {failure(first, failed_code)}; stopping the others", flush=True)
-        if len(ended) == len(procs):
+        if done:
             break
         if deadline and time.time() > deadline:
             # SIGTERM first (a training worker saves and leaves); SIGKILL 10 s later, because
             # a worker still waiting for its peers at start-up does not act on SIGTERM.
             stop_all(procs, kill=time.time() > deadline + 10)
         time.sleep(0.2)
-    codes = [p.returncode for p in procs]
-    return shell_code(failed_code or next((c for c in codes if c), 0))
+    return shell_code(failed_code)  # every failure is seen before the loop ends
 
 
 LOST_WAIT_S = 3.0  # how long a lost-contact exit waits for the failure it reacted to
