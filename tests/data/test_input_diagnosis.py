@@ -12,6 +12,7 @@ from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.convert import plan
 from tfgpu.convert.manifest import Item
+from tfgpu.results.writer import INPUT_BOUND
 
 pytestmark = pytest.mark.slow  # each test trains for 23-34 s on 2 cores
 
@@ -37,7 +38,7 @@ def test_synthetic_batches_leave_no_time_waiting_for_input(tmp_path):
     assert summary["input_images_per_sec"] is None  # nothing to read: no probe
 
 
-def _large_photos(n: int, side: int = 1600) -> list:
+def _large_photos(n: int, side: int = 2000) -> list:
     """``n`` JPEGs of side x side: decoding one costs tens of milliseconds of CPU."""
     rng = np.random.default_rng(0)
     out = []
@@ -69,11 +70,13 @@ def test_a_slow_input_is_diagnosed_with_the_levers(tmp_path, capsys):
     assert len(warnings) == 1, out[-3000:]
     assert "--data_threads" in warnings[0] and "--data_service" in warnings[0]
     assert "the input pipeline alone reads" in warnings[0]
-    assert summary["input_wait_fraction"] > 0.2, summary
-    # One thread decoding 1600x1600 photos: far below what tiny_cnn trains at (thousands).
+    # The whole run's share agrees with the warning (quiet: ~0.6; under a loaded CI run's
+    # start the prefetch buffer fills while the step traces, so the share is lower).
+    assert summary["input_wait_fraction"] > INPUT_BOUND, summary
+    # One thread decoding 2000x2000 photos: far below what tiny_cnn trains at (thousands).
     assert 0 < summary["input_images_per_sec"] < 1000, summary
     assert "input alone:" in out and "(input alone " in out
     records = [json.loads(r) for r in open(tmp_path / "run" / "metrics.jsonl")]
     train_records = [r for r in records if r["split"] == "train"]
-    assert max(r.get("input_wait_fraction", 0) for r in train_records) > 0.2
+    assert max(r.get("input_wait_fraction", 0) for r in train_records) > INPUT_BOUND
     assert all(r["input_images_per_sec"] == summary["input_images_per_sec"] for r in train_records)
