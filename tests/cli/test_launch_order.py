@@ -44,6 +44,7 @@ def test_a_lost_contact_exit_before_the_kill_it_reacted_to_names_the_killed_work
 
 
 def test_only_lost_contact_exits_name_the_first_of_them(capsys):
-    procs = _workers("sleep 0.3; exit 5", "exit 5")
+    # 1.5 s apart: a loaded CI run started worker 1's shell more than 0.3 s after worker 0's.
+    procs = _workers("sleep 1.5; exit 5", "exit 5")
     assert launch.wait_all(procs, grace_s=5) == 5
     assert "worker 1 failed first (exit code 5)" in capsys.readouterr().out
