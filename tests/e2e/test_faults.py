@@ -195,6 +195,17 @@ def test_bad_flags_and_environment_are_one_clear_line(flags, env, expected, tmp_
     assert "Traceback" not in err
 
 
+def _as_the_command(config) -> int:
+    """tfgpu-train's exit code for ``config``, in this process: ``train.run`` ended as the
+    command ends it (``run_command`` with its translation: a TfgpuError or a translated
+    TensorFlow error becomes one line on stderr and its code)."""
+
+    def command() -> None:
+        train.run(config)
+
+    return run_command(command, prog="tfgpu", translate=op_errors.translate)
+
+
 def test_label_out_of_range_is_one_clear_line(small_dataset, tmp_path, capsys):
     """A record's label past --num_classes, found by the reader mid-run: through the command's
     own ending (``run_command`` with tfgpu-train's translation of TensorFlow's error, in this
@@ -203,7 +214,7 @@ def test_label_out_of_range_is_one_clear_line(small_dataset, tmp_path, capsys):
     config = validate(
         config_from(data_dir=small_dataset, model_dir=str(tmp_path / "run"), **values)
     )
-    code = run_command(train.run, config, prog="tfgpu", translate=op_errors.translate)
+    code = _as_the_command(config)
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
     lines = [line for line in err.splitlines() if line.startswith("tfgpu: error:")]
@@ -248,26 +259,33 @@ def _truncate_data_files(checkpoint_prefix: str) -> None:
                 f.truncate(max(os.path.getsize(path) // 2, 1))
 
 
-def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(small_dataset, tmp_path):
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(
+    small_dataset, tmp_path, capsys
+):
+    """A run started again on checkpoints whose newest is damaged: one warning naming it,
+    then the one before it resumes and the run ends with the undamaged run's weights; with
+    every checkpoint damaged, one line and exit 4. In this process, through the command's own
+    ending (``run_command`` with tfgpu-train's translation): the claim is what the restore
+    does and says, not the process (the SIGTERM test above resumes through the command)."""
     settings = dict(RUN, train_steps=12, checkpoint_every_steps=6)
     model_dir = tmp_path / "run"
-    # The run that leaves the checkpoints, in this process (no TensorFlow to start again): the
-    # two commands below, on its damaged checkpoints, are the claim.
     values = dict(settings, data_dir=small_dataset, model_dir=str(model_dir), strategy="default")
-    train.run(validate(config_from(**values)))
+    config = validate(config_from(**values))
+    train.run(config)
     reference = final_weights(model_dir)  # of the uninterrupted run, before the damage
     _truncate_data_files(str(model_dir / "checkpoints" / "ckpt-12"))
-    proc = _start(_flags(small_dataset, model_dir, **dict(settings, train_steps=12)))
-    out, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, err[-3000:]
+    capsys.readouterr()
+    code = _as_the_command(config)
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
     warning = [line for line in err.splitlines() if "does not read back" in line]
     assert len(warning) == 1 and "ckpt-12" in warning[0] and "trying an older one" in warning[0]
     assert "resumed from" in out and "ckpt-6 at step 6" in out
     assert_same_weights(model_dir, reference, atol=1e-6)
     for step in (6, 12):
         _truncate_data_files(str(model_dir / "checkpoints" / f"ckpt-{step}"))
-    proc = _start(_flags(small_dataset, model_dir, **settings))
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 4, err[-3000:]
+    code = _as_the_command(config)
+    err = capsys.readouterr().err
+    assert code == 4, err[-3000:]
     lines = [line for line in err.splitlines() if line.startswith("tfgpu: error:")]
     assert len(lines) == 1 and "no checkpoint in" in lines[0] and "Traceback" not in err
