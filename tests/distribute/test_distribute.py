@@ -236,6 +236,13 @@ def _resumes_and_finishes(cmd, timeout: float = 240) -> str:
     return text
 
 
+# Heavy: the default tier holds both halves elsewhere, on runs it makes anyway. The survivor's
+# one lost-contact line, no traceback, before the launcher's grace: tests/e2e/test_hangs.py's
+# test_the_launcher_says_which_worker_failed_first_and_how (worker 1 killed -9 under
+# tfgpu.launch). The resume after one worker is killed mid-update, to the uninterrupted
+# run's weights and rows: tests/e2e/test_chaos.py's two-worker case. No TensorFlow line from
+# launched workers: tests/cli/test_quiet_start.py.
+@pytest.mark.heavy
 def test_multi_worker_survivor_stops_with_clear_error_then_resumes(small_dataset, tmp_path):
     flags = _flags(small_dataset, tmp_path, "multi_worker_mirrored")
     cmd = [sys.executable, "-m", "tfgpu.main", *flags]
@@ -262,7 +269,7 @@ def test_multi_worker_survivor_stops_with_clear_error_then_resumes(small_dataset
     assert not logged.search(text), text[-3000:]
 
 
-@pytest.mark.heavy  # the MWMS survivor above shows it; test_hangs names a frozen rank
+@pytest.mark.heavy  # test_hangs: a killed MWMS worker's survivor, a frozen rank named
 def test_horovod_survivor_stops_with_clear_error_then_resumes(
     small_dataset, tmp_path, horovodrun_tfgpu
 ):

@@ -17,11 +17,12 @@ import time
 
 import psutil
 import pytest
-from conftest import cli_flags
+from conftest import cli_flags, heavy_enabled
 from procs import Output, kill_tree, popen, rank_process, start_flood, wait_until_idle
 
 from tfgpu.cli import launch
 
+LOST_LINE = "tfgpu: error: lost contact with another worker ("  # a survivor's, exit 5
 BOUND_S = 120  # the issue's bound: every other process gone within this, default flags
 RUN = dict(
     model="tiny_cnn",
@@ -224,13 +225,21 @@ SCENARIOS = {
 }
 
 
+# Started with the heavy tests only (their tests are heavy): the same contract under one more
+# backend. A rank stuck on a hung file system is a worker stuck so (stuck_worker) under
+# Horovod: the same heartbeat watchdog, whose Horovod run frozen_rank shows by default, and the
+# same culprit line with a rank's name (tests/distribute/test_peer_names.py).
+HEAVY_SCENARIOS = {"stuck_rank"}
+
+
 @pytest.fixture(scope="module")
 def outcomes(small_dataset, tmp_path_factory):
     """Every scenario's outcome, all started at once (they mostly wait)."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(SCENARIOS))
+    started = {n: f for n, f in SCENARIOS.items() if heavy_enabled() or n not in HEAVY_SCENARIOS}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(started))
     futures = {
         name: pool.submit(run, small_dataset, tmp_path_factory.mktemp(name))
-        for name, run in SCENARIOS.items()
+        for name, run in started.items()
     }
     yield futures
     pool.shutdown(wait=True)
@@ -273,6 +282,7 @@ def test_a_worker_stuck_on_a_hung_file_system_is_named_mwms(outcomes):
     assert "every other worker went silent (worker 0" in _last_error(stuck["text"])
 
 
+@pytest.mark.heavy  # stuck_worker (MWMS) above, frozen_rank (Horovod's watchdog): HEAVY_SCENARIOS
 def test_a_rank_stuck_on_a_hung_file_system_is_named_horovod(outcomes):
     outcome = outcomes["stuck_rank"].result()
     rank0 = "\n".join(line for line in outcome["text"].splitlines() if line.startswith("[0]"))
@@ -299,9 +309,16 @@ def test_sigterm_while_blocked_in_a_collective_ends_the_run_after_the_grace(outc
 
 
 def test_the_launcher_says_which_worker_failed_first_and_how(outcomes):
+    """Worker 1 killed -9 mid-run: the launcher names it, and the survivor stops on its own
+    within the launcher's grace (30 s, before any SIGTERM) with the one line of a lost peer,
+    no traceback. (tests/e2e/test_chaos.py's two-worker case resumes such a job and ends with
+    the uninterrupted run's weights; test_partitions the same line for a cut network.)"""
     outcome = outcomes["launched_worker_killed"].result()
-    assert outcome["code"] == 128 + signal.SIGKILL, outcome["text"][-3000:]
-    assert (
-        "tfgpu.launch: worker 1 failed first (killed by SIGKILL); stopping the others"
-        in (outcome["text"])
-    ), outcome["text"][-3000:]
+    text = outcome["text"]
+    assert outcome["code"] == 128 + signal.SIGKILL, text[-3000:]
+    assert "tfgpu.launch: worker 1 failed first (killed by SIGKILL); stopping the others" in text, (
+        text[-3000:]
+    )
+    survivor = [line for line in text.splitlines() if line.startswith("[worker 0] tfgpu: ")]
+    assert survivor and survivor[-1].startswith(f"[worker 0] {LOST_LINE}"), text[-3000:]
+    assert "stopped by SIGTERM" not in text and "Traceback" not in text, text[-3000:]
