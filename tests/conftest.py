@@ -349,6 +349,27 @@ SPREAD_RUN = dict(
     progressive_min_image_size=24,
     progressive_min_magnitude=3,
 )
+# SPREAD_RUN with the large-batch settings: LARS at a rate (2.5 per 8 images, scaled linearly
+# to 16) that moves each layer by ~0.5% of its norm per update, BCE with a target threshold on
+# mixed targets, poly decay, EMA warm-up. Its two-process runs: tests/e2e/test_equivalence.py
+# (Horovod) and test_heartbeat_flood.py (multi_worker_mirrored, under a flood).
+LARGE_BATCH_RUN = dict(
+    SPREAD_RUN,
+    optimizer="lars",
+    learning_rate=2.5,
+    lr_scaling="linear",
+    base_batch_size=8,
+    lr_schedule="poly",
+    warmup_steps=2,
+    weight_decay=1e-4,
+    loss="bce",
+    label_smoothing=0.1,
+    bce_target_threshold=0.2,
+    mixup_alpha=0.2,
+    cutmix_alpha=1.0,
+    ema_decay=0.9,
+    ema_warmup=True,
+)
 
 
 # airbench's methods on TINY_RUN (tests/train/test_airbench_methods.py; its mirrored = default

@@ -2,8 +2,10 @@
 workers (tfgpu.launch) and 2 Horovod ranks (horovodrun) end with the weights one process ends
 with (within 1e-5) and one gradient all-reduce per update, with every per-example draw and
 the step's options on (SPREAD_RUN) and the large-batch settings (LARS, BCE on MixUp/CutMix
-targets, poly decay, a scaled rate, the EMA's warm-up). In one process, the same under 2
-mirrored replicas: tests/distribute/test_mirrored_equals_default.py."""
+targets, poly decay, a scaled rate, the EMA's warm-up: LARGE_BATCH_RUN). The default tier runs
+the multi_worker_mirrored case in tests/e2e/test_heartbeat_flood.py (the same run, flooded
+with forged heartbeats); here Horovod's. In one process, the same under 2 mirrored replicas:
+tests/distribute/test_mirrored_equals_default.py."""
 
 import json
 import os
@@ -12,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SPREAD_RUN, cli_flags, final_weights
+from conftest import LARGE_BATCH_RUN, SPREAD_RUN, cli_flags, final_weights
 from weights import assert_same_weights
 
 STEPS = SPREAD_RUN["train_steps"]
@@ -68,36 +70,22 @@ def test_horovod_two_ranks_equals_default(small_dataset, reference, tmp_path, ho
     _check_two_process_run(cmd, tmp_path, reference)
 
 
-# LARS at a rate (2.5 per 8 images, scaled linearly to 16) that moves each layer by ~0.5% of
-# its norm per update, BCE with a target threshold on mixed targets, poly decay, EMA warm-up.
-LARGE_BATCH = dict(
-    optimizer="lars",
-    learning_rate=2.5,
-    lr_scaling="linear",
-    base_batch_size=8,
-    lr_schedule="poly",
-    warmup_steps=2,
-    weight_decay=1e-4,
-    loss="bce",
-    label_smoothing=0.1,
-    bce_target_threshold=0.2,
-    mixup_alpha=0.2,
-    cutmix_alpha=1.0,
-    ema_decay=0.9,
-    ema_warmup=True,
-)
-
-
 @pytest.fixture(scope="module")
 def large_batch_reference(reference_run):
-    """The final weights of one process with FLAGS and LARGE_BATCH (one run for both tests)."""
-    model_dir = reference_run(**dict(FLAGS, **LARGE_BATCH))
+    """The final weights of one process with LARGE_BATCH_RUN (the session's run, shared with
+    tests/e2e/test_heartbeat_flood.py)."""
+    model_dir = reference_run(**LARGE_BATCH_RUN)
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         assert json.load(f)["optimizer"] == "lars"
     return final_weights(model_dir)
 
 
-@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "horovod"])
+# multi_worker_mirrored's case is heavy: tests/e2e/test_heartbeat_flood.py runs it in the
+# default tier (2 workers, LARGE_BATCH_RUN, the same checks: one fingerprint, the one-process
+# weights within 1e-5, one all-reduce per update), under a flood of forged heartbeats.
+@pytest.mark.parametrize(
+    "strategy", [pytest.param("multi_worker_mirrored", marks=pytest.mark.heavy), "horovod"]
+)
 def test_large_batch_settings_on_two_processes_equal_default(
     small_dataset, large_batch_reference, tmp_path, strategy, request
 ):
@@ -105,7 +93,7 @@ def test_large_batch_settings_on_two_processes_equal_default(
         cmd = list(request.getfixturevalue("horovodrun_tfgpu"))  # requires('horovod')
     else:
         cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
-    flags = cli_flags(dict(FLAGS, **LARGE_BATCH), data_dir=small_dataset, model_dir=tmp_path)
+    flags = cli_flags(LARGE_BATCH_RUN, data_dir=small_dataset, model_dir=tmp_path)
     _check_two_process_run(
         cmd + flags + [f"--strategy={strategy}"], tmp_path, large_batch_reference
     )

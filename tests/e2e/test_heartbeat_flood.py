@@ -1,15 +1,21 @@
 """A real two-worker run under a flood of malformed, forged and replayed heartbeat datagrams
 from another process (``tests/flood.py``) ends as it would have without it: exit 0, the same
-weights as an uninterrupted single-process run, with the datagrams counted as dropped. That
+weights as an uninterrupted single-process run, with the datagrams counted as dropped.
+
+The run is tests/e2e/test_equivalence.py's multi_worker_mirrored case (LARGE_BATCH_RUN: every
+per-example draw, the step's options and the large-batch settings), whose claim this test holds
+in the default tier: both workers end with one fingerprint, the one-process run's weights
+within 1e-5, and one gradient all-reduce per update. That
 the stall watchdog still names a frozen worker under the same flood (replays of its genuine
 messages included) is shown by tests/e2e/test_hangs.py's frozen-worker scenario."""
 
+import json
 import os
 import re
 import sys
 
 import pytest
-from conftest import TINY_RUN, cli_flags, final_weights
+from conftest import LARGE_BATCH_RUN, cli_flags, final_weights
 from procs import Output, kill_tree, popen, start_flood, wait_for
 from weights import assert_same_weights
 
@@ -20,7 +26,8 @@ TIMEOUT = 240
 
 @pytest.fixture(scope="module")
 def reference(reference_run):
-    return final_weights(reference_run())
+    """The one-process run (the session's, shared with tests/e2e/test_equivalence.py)."""
+    return final_weights(reference_run(**LARGE_BATCH_RUN))
 
 
 def test_a_flood_of_forged_datagrams_changes_nothing(small_dataset, reference, tmp_path):
@@ -36,7 +43,7 @@ def test_a_flood_of_forged_datagrams_changes_nothing(small_dataset, reference, t
     }
     procs = [
         popen(
-            [*cmd, *cli_flags(TINY_RUN, data_dir=small_dataset, model_dir=d)],
+            [*cmd, *cli_flags(LARGE_BATCH_RUN, data_dir=small_dataset, model_dir=d)],
             {**os.environ, "TF_CONFIG": c, **(hold if i == 0 else {})},
         )
         for i, (d, c) in enumerate(zip(dirs, launch.tf_configs(2)))
@@ -57,8 +64,10 @@ def test_a_flood_of_forged_datagrams_changes_nothing(small_dataset, reference, t
     for p, text in zip(procs, texts):
         assert p.returncode == 0 and "Traceback" not in text, text[-3000:]
     assert_same_weights(dirs[0], reference, atol=1e-5)
-    hashes = {h for t in texts for h in re.findall(r"worker \d/2 weights_sha256 (\w+)", t)}
-    assert len(hashes) == 1, texts
+    hashes = dict(h for t in texts for h in re.findall(r"worker (\d)/2 weights_sha256 (\w+)", t))
+    assert sorted(hashes) == ["0", "1"] and len(set(hashes.values())) == 1, texts
+    with open(dirs[0] / "summary.json", encoding="utf-8") as f:  # one per update, across both
+        assert json.load(f)["gradient_all_reduces"] == LARGE_BATCH_RUN["train_steps"]
     # The flood reached both workers and was counted: from strangers and, as root, from the
     # workers' own addresses (forged, and genuine ones replayed once captured).
     assert "flood: spoofing" in flooded, flooded
