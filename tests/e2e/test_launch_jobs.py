@@ -2,8 +2,8 @@
 processes) with Horovod's MPI controller and without Horovod, and a TFJob-style TF_CONFIG
 (chief + worker, DNS names, ``"environment": "cloud"``). Each 2-process run ends with one
 weights fingerprint and the weights of a one-process run (within 1e-5 of the largest weight),
-on tiny_cnn and on resnet20 with synchronized BatchNorm; a strategy that cannot join the
-processes stops them all in one line."""
+on tiny_cnn, and with the heavy tests on resnet20 with synchronized BatchNorm too; a strategy
+that cannot join the processes stops them all in one line."""
 
 import json
 import os
@@ -92,8 +92,11 @@ def test_mpirun_auto_is_one_horovod_job(model, references, small_dataset, tmp_pa
     check_one_job(out, tmp_path, references(model), "horovod")
 
 
+# resnet20's synchronized BatchNorm across multi_worker_mirrored processes: heavy here, as under
+# Horovod and TFJob; the default tier shows it on a user's Conv-BatchNorm model under
+# tfgpu.launch (tests/e2e/test_own_model_runs.py: two workers equal one device with sync).
 @needs_mpirun
-@pytest.mark.parametrize("model", [pytest.param("tiny_cnn", marks=pytest.mark.heavy), "resnet20"])
+@pytest.mark.parametrize("model", ["tiny_cnn", pytest.param("resnet20", marks=pytest.mark.heavy)])
 def test_mpirun_multi_worker_mirrored_needs_no_horovod(model, references, small_dataset, tmp_path):
     # Horovod hidden: the cluster comes from the MPI world alone (addresses through mpi4py).
     strategy = "multi_worker_mirrored"
