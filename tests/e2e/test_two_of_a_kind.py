@@ -1,7 +1,8 @@
-"""Two of a kind (issue 48): two side-car evaluators on one run, exports into one folder at
-once (one output twice, another beside it), tfgpu-evaluate while the
-trainer replaces its checkpoints. Real processes started together: each works or stops with
-one line, and no file is left half-written or interleaved."""
+"""Two of a kind (issue 48): two side-car evaluators on one run (heavy here; by default in
+tests/inference/test_watch.py), exports into one folder at once (one output twice, another
+beside it), tfgpu-evaluate while the trainer replaces its checkpoints. Real processes
+started together: each works or stops with one line, and no file is left half-written or
+interleaved."""
 
 import json
 import os
@@ -51,6 +52,10 @@ def finished_run(small_dataset, tmp_path_factory) -> str:
     return model_dir
 
 
+# Heavy: tests/inference/test_watch.py's watcher that follows a restarted trainer starts a
+# second watcher on its run (exit 2, one line naming the first's pid) and checks that the first
+# evaluates each checkpoint once, in order, to the run's end (sidecar.json's step included).
+@pytest.mark.heavy
 @pytest.mark.timeout(900)  # two watchers: 91 s on 2 cores at load ~17
 def test_a_second_side_car_on_one_run_stops_in_one_line_and_the_first_writes_alone(
     finished_run, tmp_path

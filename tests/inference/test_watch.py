@@ -191,7 +191,9 @@ def _finished(proc, out, timeout=180) -> int:
 def test_a_watcher_started_first_follows_a_restarted_trainer_to_its_end(small_dataset, tmp_path):
     """The watcher starts before the trainer; the trainer is stopped mid-way (SIGTERM: its
     checkpoint, exit 75) and started again; the watcher evaluates every checkpoint once and
-    exits 0 at the run's end, and summary.json gets its final evaluation."""
+    exits 0 at the run's end, and summary.json gets its final evaluation. A second watcher
+    started meanwhile on the same run stops at once in one line naming the first (two would
+    write every result twice); the first writes alone."""
     model_dir = str(tmp_path / "run")
     watcher_cmd = [sys.executable, "-m", "tfgpu.evaluate", f"--model_dir={model_dir}", "--watch"]
     watcher = popen([*watcher_cmd, "--watch_interval_s=0.3", "--watch_timeout_s=150"])
@@ -206,6 +208,7 @@ def test_a_watcher_started_first_follows_a_restarted_trainer_to_its_end(small_da
         _wait_for(lambda: "step 10/60" in out.text, [(first, out), (watcher, watched)])
         first.send_signal(signal.SIGTERM)
         assert _finished(first, out) == 75, out.text[-3000:]
+        _a_second_watcher_stops_naming(watcher, watcher_cmd)
         second = popen(trainer_cmd)
         again = Output(second)
         assert _finished(second, again) == 0, again.text[-3000:]
@@ -225,6 +228,21 @@ def test_a_watcher_started_first_follows_a_restarted_trainer_to_its_end(small_da
         k: last[k] for k in ("top1", "top5", "loss", "non_finite", "tta")
     }
     assert "the run ended at step 60" in watched.text
+    assert _read(model_dir, "sidecar.json")["step"] == 60
+
+
+def _a_second_watcher_stops_naming(watcher, watcher_cmd) -> None:
+    """A second side-car on the run ``watcher`` watches (it holds the run's side-car lock
+    once sidecar.json is there): exit 2, one line naming the first's pid, no traceback."""
+    model_dir = next(a.split("=", 1)[1] for a in watcher_cmd if a.startswith("--model_dir="))
+    _wait_for(lambda: os.path.exists(os.path.join(model_dir, "sidecar.json")), [])
+    again = popen([*watcher_cmd, "--watch_interval_s=0.3", "--watch_timeout_s=150"])
+    said = Output(again)
+    assert _finished(again, said) == 2, said.text[-3000:]
+    lines = [line for line in said.text.splitlines() if line.startswith("tfgpu-evaluate: error:")]
+    assert len(lines) == 1 and "Traceback" not in said.text, said.text[-3000:]
+    assert "watched by another side-car evaluator" in lines[0], lines
+    assert f"pid {watcher.pid}" in lines[0], lines
 
 
 def test_the_evaluator_task_keeps_the_best_and_stops_the_trainer_early(small_dataset, tmp_path):
