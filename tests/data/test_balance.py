@@ -208,7 +208,7 @@ def test_the_streaming_path_is_a_one_line_error(imbalanced):
     )
     spec = data_spec.load_data_spec(imbalanced)
     with pytest.raises(ConfigError, match="--balanced_sampling needs the train split in memory"):
-        run_input.class_balance(config.data, config.optim.class_weights, spec, None)
+        run_input.class_balance(config.data, spec)
 
 
 # --- training -------------------------------------------------------------------------

@@ -92,14 +92,11 @@ def weights_from_file(path: str, class_names: list[str]) -> np.ndarray:
     return weights
 
 
-def class_weights(setting: str, data_dir: str, class_names: list[str]) -> np.ndarray | None:
-    """The weights --class_weights=``setting`` gives the dataset in ``data_dir`` (its
-    ``class_names``): None when off, else float64 [K]."""
-    if not setting:
-        return None
-    if setting != "auto":
-        return weights_from_file(setting, class_names)
-    counts = train_class_counts(data_dir, len(class_names))
+def auto_weights(data_dir: str, num_classes: int) -> np.ndarray:
+    """--class_weights=auto's float64 [num_classes] weights for the dataset in ``data_dir``:
+    ``inverse_frequency`` of its train split's per-class counts. An info file without the
+    counts, or whose train split counts no examples, is a ConfigError naming it."""
+    counts = train_class_counts(data_dir, num_classes)
     if counts is None:
         where = os.path.join(data_dir, INFO_FILE) if data_dir else "the dataset"
         raise ConfigError(
@@ -112,16 +109,29 @@ def class_weights(setting: str, data_dir: str, class_names: list[str]) -> np.nda
     return inverse_frequency(counts)
 
 
-def describe_weights(setting: str, weights: np.ndarray, class_names: list[str]) -> str:
-    """The start-up line's words: "class weights (auto: inverse frequency, mean 1 over the
-    train examples): 0.5 (a) to 3 (d); evaluation unweighted"."""
+def class_weights(setting: str, data_dir: str, class_names: list[str]) -> np.ndarray | None:
+    """The weights --class_weights=``setting`` gives the dataset in ``data_dir`` (its
+    ``class_names``): None when off, else float64 [K] (``auto_weights``, or
+    ``weights_from_file``)."""
+    if not setting:
+        return None
+    if setting == "auto":
+        return auto_weights(data_dir, len(class_names))
+    return weights_from_file(setting, class_names)
+
+
+def described_weights(setting: str, data_dir: str, class_names: list[str]) -> tuple:
+    """(``class_weights``' weights, the start-up line's words on them: "class weights (auto:
+    inverse frequency, mean 1 over the train examples): 0.5 (a) to 3 (d); evaluation
+    unweighted"); (None, "") when off."""
+    weights = class_weights(setting, data_dir, class_names)
+    if weights is None:
+        return None, ""
     how = (
-        "auto: inverse frequency, mean 1 over the train examples"
-        if setting == "auto"
-        else (setting)
+        "auto: inverse frequency, mean 1 over the train examples" if setting == "auto" else setting
     )
     low, high = int(np.argmin(weights)), int(np.argmax(weights))
-    return (
+    return weights, (
         f"class weights ({how}): {weights[low]:.3g} ({class_names[low]}) to "
         f"{weights[high]:.3g} ({class_names[high]}); evaluation unweighted"
     )

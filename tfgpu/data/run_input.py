@@ -31,12 +31,6 @@ from tfgpu.data.stream import Stream
 from tfgpu.errors import ConfigError
 
 
-def class_weights(setting: str, spec: data_spec.DataSpec):
-    """--class_weights' float64 [K] weights (``setting``) for the dataset of ``spec``, or None
-    when off; a ConfigError names a file that does not fit it (``balance.class_weights``)."""
-    return balance.class_weights(setting, spec.data_dir, data_spec.class_names(spec))
-
-
 @dataclass(frozen=True)
 class RunInput:
     """What a training run takes from data/, worked out once (``prepare``): plain values the
@@ -87,26 +81,31 @@ def prepare(
     spec = data_spec.load_spec(data)
     if model_dir:
         identity.check(model_dir, spec)
-    weights = class_weights(class_weights_setting, spec)
     stream = Stream(batch_size, global_batch_size, seed, deterministic, repeats=repeats)
     reading = memory.decide(spec, data)
-    lines = (
-        class_balance(data, class_weights_setting, spec, weights),
-        sampling.describe(repeats, spec.num_train, global_batch_size),
-    )
+    sampled = class_balance(data, spec)
+    repeated = sampling.describe(repeats, spec.num_train, global_batch_size)
+    names = data_spec.class_names(spec)
+    words = describe(data, spec, reading)
+    fns, served = step_fns(data, spec.num_classes), serving(data, spec)
+    recorded = identity.to_record(model_dir, spec) if model_dir and is_chief else {}
+    # Last, once the data's own files are read: the loss' class weights, from the user's
+    # --class_weights file (or the data's counts), and their words.
+    weights, weighted = balance.described_weights(class_weights_setting, spec.data_dir, names)
+    balanced = "; ".join(line for line in (sampled, weighted) if line)
     return RunInput(
         data=data,
         spec=spec,
         class_weights=weights,
-        lines="\n".join(line for line in lines if line),
-        words=describe(data, spec, reading),
+        lines="\n".join(line for line in (balanced, repeated) if line),
+        words=words,
         in_memory=reading.use,
-        step_fns=step_fns(data, spec.num_classes),
-        serving=serving(data, spec),
+        step_fns=fns,
+        serving=served,
         stream=stream,
         model_dir=model_dir,
         is_chief=is_chief,
-        recorded=identity.to_record(model_dir, spec) if model_dir and is_chief else {},
+        recorded=recorded,
     )
 
 
@@ -193,23 +192,19 @@ def broken_found() -> list:
     return broken.found()
 
 
-def class_balance(data, setting: str, spec: data_spec.DataSpec, weights) -> str:
-    """The start-up line on class balance (--balanced_sampling, and the class ``weights``, float
-    [K] or None, read by --class_weights=``setting``), "" for neither. Balanced sampling that
-    the split's path cannot do is a ConfigError naming why."""
-    lines = []
-    if data.balanced_sampling:
-        decision = memory.decide(spec, data)
-        if not decision.use:  # the streaming reader has no random access by class
-            raise ConfigError(
-                "--balanced_sampling needs the train split in memory (--in_memory; docs/data.md: "
-                f"Class balance), and here: {decision.reason}"
-            )
-        lines.append(balance.describe_sampling(data.sampling_power))
-    if weights is not None:
-        names = data_spec.class_names(spec)
-        lines.append(balance.describe_weights(setting, weights, names))
-    return "; ".join(lines)
+def class_balance(data, spec: data_spec.DataSpec) -> str:
+    """The start-up line's words on --balanced_sampling ("" when off; the class weights' are
+    ``balance.described_weights``'). Balanced sampling that the split's path cannot do is a
+    ConfigError naming why."""
+    if not data.balanced_sampling:
+        return ""
+    decision = memory.decide(spec, data)
+    if not decision.use:  # the streaming reader has no random access by class
+        raise ConfigError(
+            "--balanced_sampling needs the train split in memory (--in_memory; docs/data.md: "
+            f"Class balance), and here: {decision.reason}"
+        )
+    return balance.describe_sampling(data.sampling_power)
 
 
 def describe(data, spec: data_spec.DataSpec, reading: memory.Decision) -> str:
