@@ -2,7 +2,7 @@
 layer from the data, --dirac_init), ``any_input_size`` (--progressive_stages) and
 ``rematerialized`` (--remat). Keras and TensorFlow at import: the registry (``__init__``)
 stays light for ``config/``, which reads it before TensorFlow starts; ``checkpoint.network``
-and ``train.build`` call these.
+and the trainer's conductor (``train.loop``: the model its train step runs) call these.
 """
 
 import keras

@@ -19,7 +19,6 @@ import tensorflow as tf
 from tfgpu.checkpoint.best import Best
 from tfgpu.checkpoint.store import Checkpoints
 from tfgpu.errors import ConfigError
-from tfgpu.models.prepare import rematerialized
 from tfgpu.step.train_step import DynamicLossScale, TrainStep
 from tfgpu.train.config import split_batch
 
@@ -74,18 +73,16 @@ class TrainState:
 
 
 def build_step(
-    model, optimizer, backend, m, o, t, *, step_fns: tuple, class_weights=None, any_size=False
+    model, optimizer, backend, m, o, t, *, step_fns: tuple, class_weights=None
 ) -> TrainStep:
-    """The TrainStep of ``model`` and ``optimizer`` on ``backend`` under ``m`` (the model's
-    settings: precision, XLA, sync BatchNorm, --remat), ``o`` (the optimizer's: loss, label
-    smoothing, clipping, skipping) and ``t`` (the train section: the batch and its split),
-    for batches of the layout the train pipeline makes (``step_fns``: its (prepare, unpack),
-    ``run_input.step_fns``; ``class_weights``: float [K], or None; ``any_size``: progressive
-    stages feed it smaller images). Made inside the backend's scope: it builds the
+    """The TrainStep of ``model`` (as the step runs it: rematerialized with --remat) and
+    ``optimizer`` on ``backend`` under ``m`` (the model's settings: precision, XLA, sync
+    BatchNorm), ``o`` (the optimizer's: loss, label smoothing, clipping, skipping) and ``t``
+    (the train section: the batch and its split), for batches of the layout the train
+    pipeline makes (``step_fns``: its (prepare, unpack), ``run_input.step_fns``;
+    ``class_weights``: float [K], or None). Made inside the backend's scope: it builds the
     optimizer."""
     prepare, unpack = step_fns
-    if m.remat:  # only the step runs the blocks so; checkpoints hold ``model``
-        model = rematerialized(model, m.name, any_size=any_size)
     return TrainStep(
         model,
         optimizer,

@@ -15,8 +15,9 @@ and plain values.
   micro-batch  --micro_batch_size=auto (``micro_batch``: scratch runs of one update, on
                the input's scratch copy)
   network      the model from its settings and what the data gives it, the optimizer from
-               its settings and the model (``checkpoint.network``), the train step and what
-               saves them (``build``: the ``TrainState``), the initial weights (``models``)
+               its settings and the model (``checkpoint.network``), the model as the step
+               runs it (``models``: --remat), the train step and what saves them
+               (``build``: the ``TrainState``), the initial weights (``models``)
   restore      the newest checkpoint; the metrics and the best cut back to its step
   train        ``fit`` (``fitting.py``): the compiled loop until the next step some action
                is due, then the actions (``actions``: log, evaluate, best, checkpoint, ...)
@@ -39,6 +40,7 @@ from tfgpu.data import run_input
 from tfgpu.distribute import backends, consensus, devices, heartbeats
 from tfgpu.errors import ConfigError, DataError
 from tfgpu.inference.evaluate import Evaluator
+from tfgpu.models import prepare
 from tfgpu.optim import finetune
 from tfgpu.results import folder, runlock
 from tfgpu.results.writer import RunWriter, eval_context
@@ -155,8 +157,9 @@ def _build(config, backend, inputs, plan) -> tuple:
     """(the run's ``build.TrainState``, its start lines): the network (the model from its
     settings and what the data gives it: its classes and image side; the optimizer from its
     settings, the model and the plan's updates; a whitening layer from the first training
-    images: ``checkpoint.network.build``, the recipe the uses of the run rebuild it by) and
-    the train step, in the backend's scope; then what saves them; then the model's initial
+    images: ``checkpoint.network.build``, the recipe the uses of the run rebuild it by), the
+    model as the step runs it (--remat: ``models.prepare.rematerialized``) and the train
+    step, in the backend's scope; then what saves them; then the model's initial
     weights (``models.set_initial_weights``: --init_weights) and what each package says of
     its part: the network's initialisation, the weights, the optimizer's groups and
     learning rate."""
@@ -169,10 +172,10 @@ def _build(config, backend, inputs, plan) -> tuple:
     with backend.scope():
         network = networks.build(m, classes, side, any_size, optimizer, images)
         model = network.model
+        # --remat: the step runs the blocks rematerialized; the checkpoints hold ``model``.
+        stepped = prepare.rematerialized(model, m.name, any_size) if m.remat else model
         fns = dict(step_fns=inputs.step_fns, class_weights=inputs.class_weights)
-        step = build.build_step(
-            model, network.optimizer, backend, m, o, t, **fns, any_size=any_size
-        )
+        step = build.build_step(stepped, network.optimizer, backend, m, o, t, **fns)
     state = build.build_state(model, step, backend, t, config.model_dir)
     tuning = finetune.describe(step.optimizer, o, m, total)
     rate = optim.describe_learning_rate(o, batch)
