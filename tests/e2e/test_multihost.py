@@ -2,7 +2,14 @@
 address, hostname and node-local --model_dir. multi_worker_mirrored workers talk over the
 addresses in TF_CONFIG; horovodrun starts rank 1 over ssh, with its environment forwarded and
 the network interface picked from those both hosts share. Both end with the weights of a
-single-process run (to 1e-5), as in tests/e2e/test_equivalence.py."""
+single-process run (to 1e-5), as in tests/e2e/test_equivalence.py.
+
+The TF_CONFIG case is heavy: by default multi_worker_mirrored crosses the hosts under mpirun
+(its cluster built from the MPI world), with the same checks (weights, one all-reduce per
+update, nothing in the non-chief's --model_dir) and the heartbeats' (each on its host's own
+address, each worker heard the other, none dropped); TF_CONFIG naming the hosts' addresses is
+what tests/e2e/test_partitions.py's default runs start with (heartbeats on each host's
+address checked there too)."""
 
 import json
 import os
@@ -61,6 +68,7 @@ def _check_trained(chief_dir, other_dir, output: str, reference) -> None:
     assert left <= {"config.json"}, f"the non-chief wrote {sorted(left)} to its --model_dir"
 
 
+@pytest.mark.heavy  # test_mpirun_across_two_hosts' default case: module docstring
 def test_multi_worker_across_two_hosts(hosts, reference, small_dataset, tmp_path):
     cluster = {"worker": [f"{h.address}:{TF_PORT}" for h in hosts.hosts]}
     procs, logs = [], []
@@ -75,11 +83,17 @@ def test_multi_worker_across_two_hosts(hosts, reference, small_dataset, tmp_path
         procs.append(hosts.start(host, argv, logs[-1], env=_env(TF_CONFIG=tf_config)))
     outputs = hosts.wait(procs, logs, TIMEOUT_S)
     _check_trained(tmp_path / hosts.a.name, tmp_path / hosts.b.name, "\n".join(outputs), reference)
-    # The heartbeats listen on each host's own address only, and each heard the other.
+    _check_heartbeats(hosts, outputs[0], outputs)
+
+
+def _check_heartbeats(hosts, chief: str, outputs: list[str]) -> None:
+    """The heartbeats listen on each host's own address only (the chief's start-up line), and
+    each worker heard the other and dropped nothing."""
     addresses = ", ".join(rf"{re.escape(h.address)}:\d+" for h in hosts.hosts)
-    assert re.search(rf"heartbeats on UDP {addresses} \(", outputs[0]), outputs[0][-3000:]
+    assert re.search(rf"heartbeats on UDP {addresses} \(", chief), chief[-3000:]
     for i, text in enumerate(outputs):
-        assert re.search(rf"worker {i}: heartbeats: [1-9]\d* heard from peers, none dropped", text)
+        found = rf"worker {i}: heartbeats: [1-9]\d* heard from peers, none dropped"
+        assert re.search(found, text), text[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +174,5 @@ def test_mpirun_across_two_hosts(strategy, hosts, sshd, reference, small_dataset
     assert f"{expected}: 2 replica(s)" in output, output[-3000:]
     a, b = hosts.hosts
     _check_trained(tmp_path / a.name, tmp_path / b.name, output, reference)
+    if strategy == "multi_worker_mirrored":  # both ranks' lines are in mpirun's one output
+        _check_heartbeats(hosts, output, [output, output])
