@@ -7,7 +7,13 @@ per-example draw, the step's options and the large-batch settings), whose claim 
 in the default tier: both workers end with one fingerprint, the one-process run's weights
 within 1e-5, and one gradient all-reduce per update. That
 the stall watchdog still names a frozen worker under the same flood (replays of its genuine
-messages included) is shown by tests/e2e/test_hangs.py's frozen-worker scenario."""
+messages included) is shown by tests/e2e/test_hangs.py's frozen-worker scenario.
+
+The two workers are a Slurm job without Slurm (tests/e2e/test_slurm_job.py's claim, heavy
+there): srun's variables for 2 tasks on one node, faked in each one's environment, no
+TF_CONFIG, make --strategy=auto a two-worker multi_worker_mirrored run. The start line says
+so before the flood's checks and the weights': a wrong cluster from srun's variables fails on
+that line."""
 
 import json
 import os
@@ -17,9 +23,8 @@ import sys
 import pytest
 from conftest import LARGE_BATCH_RUN, cli_flags, final_weights
 from procs import Output, kill_tree, popen, start_flood, wait_for
+from slurm_env import srun_environ
 from weights import assert_same_weights
-
-from tfgpu.cli import launch
 
 TIMEOUT = 240
 
@@ -32,7 +37,9 @@ def reference(reference_run):
 
 def test_a_flood_of_forged_datagrams_changes_nothing(small_dataset, reference, tmp_path):
     dirs = [tmp_path / "w0", tmp_path / "w1"]
-    cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=multi_worker_mirrored"]
+    cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=auto"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TF_CONFIG"))}
+    job = 10_000 + os.getpid() % 50_000  # this "job"'s ports differ from other test runs'
     # The chief pauses in its first checkpoint write until the flood is under way (its
     # capture done and replays sent, as root): a short run would end before that.
     release = tmp_path / "flood-under-way"
@@ -44,12 +51,16 @@ def test_a_flood_of_forged_datagrams_changes_nothing(small_dataset, reference, t
     procs = [
         popen(
             [*cmd, *cli_flags(LARGE_BATCH_RUN, data_dir=small_dataset, model_dir=d)],
-            {**os.environ, "TF_CONFIG": c, **(hold if i == 0 else {})},
+            {**base, **srun_environ("2", "localhost", i, job=job), **(hold if i == 0 else {})},
         )
-        for i, (d, c) in enumerate(zip(dirs, launch.tf_configs(2)))
+        for i, d in enumerate(dirs)
     ]
     outs, flood = [Output(p) for p in procs], None
     try:
+        # Slurm's two tasks (srun's variables alone) made one two-worker job.
+        started = wait_for(outs[0], r"(?m)^\S+: \d+ replica\(s\)", TIMEOUT).group(0)
+        slurm = "srun's 2 tasks, --strategy=auto: " + outs[0].text[-3000:]
+        assert started == "multi_worker_mirrored: 2 replica(s)", slurm
         flood = start_flood(outs[0])
         flooding = Output(flood)
         wait_for(flooding, "flood: under way", TIMEOUT)

@@ -1,11 +1,16 @@
 """Slurm without Slurm: srun's variables for 2 tasks on one node, faked in the environment,
-make --strategy=auto a multi_worker_mirrored run that ends with a single process's weights."""
+make --strategy=auto a multi_worker_mirrored run that ends with a single process's weights.
+
+Heavy: by default tests/e2e/test_heartbeat_flood.py's two workers are such a job (srun's
+variables, --strategy=auto, no TF_CONFIG), and check its start line, one fingerprint from both
+workers and the one-process weights within 1e-5."""
 
 import os
 import re
 import subprocess
 import sys
 
+import pytest
 from conftest import TINY_RUN, cli_flags
 from slurm_env import srun_environ as _srun
 from weights import assert_same_weights
@@ -13,6 +18,7 @@ from weights import assert_same_weights
 STEPS = 6
 
 
+@pytest.mark.heavy  # test_heartbeat_flood's run: module docstring
 def test_srun_with_two_tasks_ends_with_the_weights_of_one_process(
     small_dataset, reference_run, tmp_path
 ):
