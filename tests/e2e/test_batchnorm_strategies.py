@@ -1,8 +1,9 @@
-"""BatchNorm models under the strategies that start processes: resnet20 (tfgpu's CIFAR ResNet)
-and efficientnet_b0 (keras.applications) trained by 2 multi_worker_mirrored workers and by 2
-Horovod ranks end with the same weights on every process, equal to mirrored x2 (without
---sync_batchnorm) or to one device (with it); and the checkpoint the 2 workers wrote, evaluated
-by one process, gives their top-1."""
+"""BatchNorm models under the strategies that start processes: resnet20 (tfgpu's CIFAR ResNet),
+efficientnet_b0 (keras.applications) and a user's two Conv-BatchNorm blocks
+(own_nets.functional_bn) trained by 2 multi_worker_mirrored workers and by 2 Horovod ranks end
+with the same weights on every process, equal to mirrored x2 (without --sync_batchnorm) or to
+one device (with it); and the checkpoint the 2 workers wrote, evaluated by one process, gives
+their top-1."""
 
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import TINY_RUN, cli_flags, final_weights
+from own_nets import MODULE, env_with, write_module
 from weights import assert_same_weights, combined, largest
 from test_equivalence import _fingerprints
 
@@ -32,12 +34,28 @@ BN_RUN = dict(
 # the same collectives as any BatchNorm model, in 0.27M weights (resnet18's 11M made each
 # update's all-reduce, checkpoint and weights file 40 times larger, for no claim of this
 # module); keras.applications' efficientnet_b0 needs 32 at least.
-IMAGE_SIZES = {"resnet20": 16, "efficientnet_b0": 32}
+IMAGE_SIZES = {"resnet20": 16, "efficientnet_b0": 32, "functional_bn": 16}
+# A model of the user's own: --model=<module>:functional_bn, the module written by own_bn (its
+# folder on this process' path and on PYTHONPATH); tfgpu's --small_input and --drop_path_rate
+# do not apply to it.
+OWN = {"functional_bn"}
 
 
 def _settings(model: str, **settings) -> dict:
     """BN_RUN for ``model`` at its image size, with ``settings``."""
-    return dict(BN_RUN, model=model, image_size=IMAGE_SIZES[model], **settings)
+    values = dict(BN_RUN, model=model, image_size=IMAGE_SIZES[model], **settings)
+    if model in OWN:
+        values.update(model=f"{MODULE}:{model}", small_input=False)
+        values.pop("drop_path_rate")
+    return values
+
+
+@pytest.fixture(scope="module")
+def own_bn(tmp_path_factory):
+    """own_nets' module written where this process and the ranks it starts import it from."""
+    folder = tmp_path_factory.mktemp("own")
+    write_module(folder)
+    return env_with(folder)["PYTHONPATH"]
 
 
 # Without sync the code path is the same for every family: resnet20 alone. With it, one model
@@ -140,17 +158,29 @@ def _one_process_evaluates_the_same(data_dir, tmp_path, model, dtype):
     assert abs(summary["final_eval"]["loss"] - two_workers["loss"]) < 1e-5
 
 
-# The default run keeps resnet20 without sync (each rank drifted apart before); the rest heavy.
-HOROVOD_CASES = [SYNC_CASES[0]] + [
-    pytest.param(*p.values, marks=pytest.mark.heavy, id=p.id) for p in SYNC_CASES[1:]
+# The default run keeps the moving statistics averaged without sync (each rank drifted apart
+# before) on a user's two Conv-BatchNorm blocks: the averaging is the same for every BatchNorm
+# model, and the blocks cost a fraction of resnet20's 19 layers; the rest heavy.
+HOROVOD_CASES = [pytest.param("functional_bn", False, "float32", 1e-5, id="own-nosync")] + [
+    pytest.param(*p.values, marks=pytest.mark.heavy, id=p.id) for p in SYNC_CASES
 ]
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("model,sync,dtype,atol", HOROVOD_CASES)
 def test_horovod_batchnorm_equals_its_reference(
-    small_dataset, references, tmp_path, horovodrun_tfgpu, model, sync, dtype, atol
+    small_dataset,
+    references,
+    tmp_path,
+    horovodrun_tfgpu,
+    own_bn,
+    monkeypatch,
+    model,
+    sync,
+    dtype,
+    atol,
 ):
+    monkeypatch.setenv("PYTHONPATH", own_bn)  # the ranks import the user's module
     flags = _settings(model, sync_batchnorm=sync, dtype=dtype, strategy="horovod")
     cmd = list(horovodrun_tfgpu) + cli_flags(
         flags, data_dir=small_dataset, model_dir=tmp_path / "run"
