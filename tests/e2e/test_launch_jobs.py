@@ -3,7 +3,8 @@ processes) with Horovod's MPI controller and without Horovod, and a TFJob-style 
 (chief + worker, DNS names, ``"environment": "cloud"``). Each 2-process run ends with one
 weights fingerprint and the weights of a one-process run (within 1e-5 of the largest weight),
 on tiny_cnn, and with the heavy tests on resnet20 with synchronized BatchNorm too; a strategy
-that cannot join the processes stops them all in one line."""
+that cannot join the processes stops them all in one line. mpirun without Horovod is heavy
+here: by default it runs across two hosts (tests/e2e/test_multihost.py), Horovod hidden."""
 
 import json
 import os
@@ -92,20 +93,29 @@ def test_mpirun_auto_is_one_horovod_job(model, references, small_dataset, tmp_pa
     check_one_job(out, tmp_path, references(model), "horovod")
 
 
-# resnet20's synchronized BatchNorm across multi_worker_mirrored processes: heavy here, as under
-# Horovod and TFJob; the default tier shows it on a user's Conv-BatchNorm model under
-# tfgpu.launch (tests/e2e/test_own_model_runs.py: two workers equal one device with sync).
+def horovod_hidden(folder) -> str:
+    """A folder whose ``horovod`` package fails to import, for the front of a PYTHONPATH."""
+    hide = os.path.join(folder, "no-horovod")
+    os.makedirs(os.path.join(hide, "horovod"))
+    with open(os.path.join(hide, "horovod", "__init__.py"), "w", encoding="utf-8") as f:
+        f.write("raise ImportError('hidden by the test')\n")
+    return hide
+
+
+# Heavy: the default tier runs multi_worker_mirrored under mpirun with Horovod hidden across two
+# hosts (tests/e2e/test_multihost.py's mpirun case, the same checks). resnet20's synchronized
+# BatchNorm across multi_worker_mirrored processes is heavy as under Horovod and TFJob; the
+# default tier shows it on a user's Conv-BatchNorm model under tfgpu.launch
+# (tests/e2e/test_own_model_runs.py: two workers equal one device with sync).
+@pytest.mark.heavy
 @needs_mpirun
-@pytest.mark.parametrize("model", ["tiny_cnn", pytest.param("resnet20", marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("model", ["tiny_cnn", "resnet20"])
 def test_mpirun_multi_worker_mirrored_needs_no_horovod(model, references, small_dataset, tmp_path):
     # Horovod hidden: the cluster comes from the MPI world alone (addresses through mpi4py).
     strategy = "multi_worker_mirrored"
     model_dir = tmp_path / "run"  # beside the hiding folder: a model_dir holds a run only
     flags = cli_flags(RUNS[model], data_dir=small_dataset, model_dir=model_dir, strategy=strategy)
-    hide = os.path.join(tmp_path, "no-horovod")
-    os.makedirs(os.path.join(hide, "horovod"))
-    with open(os.path.join(hide, "horovod", "__init__.py"), "w", encoding="utf-8") as f:
-        f.write("raise ImportError('hidden by the test')\n")
+    hide = horovod_hidden(tmp_path)
     cmd = mpirun(flags)
     env_path = os.pathsep.join(p for p in (hide, os.environ.get("PYTHONPATH", "")) if p)
     out = subprocess.run(
