@@ -4,8 +4,9 @@ with (within 1e-5) and one gradient all-reduce per update, with every per-exampl
 the step's options on (SPREAD_RUN) and the large-batch settings (LARS, BCE on MixUp/CutMix
 targets, poly decay, a scaled rate, the EMA's warm-up: LARGE_BATCH_RUN). The default tier runs
 the multi_worker_mirrored case in tests/e2e/test_heartbeat_flood.py (the same run, flooded
-with forged heartbeats); here Horovod's. In one process, the same under 2 mirrored replicas:
-tests/distribute/test_mirrored_equals_default.py."""
+with forged heartbeats) and Horovod's in tests/e2e/test_launch_jobs.py (the same run under
+mpirun, Horovod over MPI); both launches here are heavy. In one process, the same under 2
+mirrored replicas: tests/distribute/test_mirrored_equals_default.py."""
 
 import json
 import os
@@ -53,9 +54,10 @@ def _check_two_process_run(cmd, model_dir, reference):
         assert json.load(f)["gradient_all_reduces"] == STEPS  # one per update, across processes
 
 
-# The large-batch cases below run this contract, with more settings on it, under both backends
-# in the default tier (and test_launch_jobs.py runs it with TINY_RUN under mpirun and a TFJob):
-# these, the same two launches with the plain settings, are heavy.
+# The large-batch run holds this contract, with more settings on it, under both backends in the
+# default tier (in test_heartbeat_flood.py and test_launch_jobs.py: below; test_launch_jobs.py
+# also runs TINY_RUN as a TFJob): these, the same two launches with the plain settings, are
+# heavy.
 @pytest.mark.heavy
 def test_multi_worker_two_processes_equals_default(small_dataset, reference, tmp_path):
     cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
@@ -80,12 +82,12 @@ def large_batch_reference(reference_run):
     return final_weights(model_dir)
 
 
-# multi_worker_mirrored's case is heavy: tests/e2e/test_heartbeat_flood.py runs it in the
-# default tier (2 workers, LARGE_BATCH_RUN, the same checks: one fingerprint, the one-process
-# weights within 1e-5, one all-reduce per update), under a flood of forged heartbeats.
-@pytest.mark.parametrize(
-    "strategy", [pytest.param("multi_worker_mirrored", marks=pytest.mark.heavy), "horovod"]
-)
+# Both heavy, each run by default elsewhere with the same checks (one fingerprint, the
+# one-process weights within 1e-5, one all-reduce per update): multi_worker_mirrored's in
+# tests/e2e/test_heartbeat_flood.py (2 workers under a flood of forged heartbeats), Horovod's
+# in tests/e2e/test_launch_jobs.py (2 ranks under mpirun).
+@pytest.mark.heavy
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "horovod"])
 def test_large_batch_settings_on_two_processes_equal_default(
     small_dataset, large_batch_reference, tmp_path, strategy, request
 ):

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from requires import requires
-from conftest import TINY_RUN, cli_flags, final_weights
+from conftest import LARGE_BATCH_RUN, TINY_RUN, cli_flags, final_weights
 from weights import assert_same_weights, largest
 
 from tfgpu.cli import launch
@@ -25,7 +25,11 @@ TIMEOUT_S = 240
 BN_RUN = dict(TINY_RUN, model="resnet20", small_input=True, train_steps=4, sync_batchnorm=True)
 BN_RUN.update(steps_per_loop=2, log_every_steps=2, checkpoint_every_steps=4, drop_path_rate=0.0)
 BN_RUN.update(image_size=16)
-RUNS = {"tiny_cnn": TINY_RUN, "resnet20": BN_RUN}
+# mpirun's Horovod job runs the large-batch settings (LARGE_BATCH_RUN: every per-example draw,
+# the step's options, LARS, BCE on MixUp/CutMix, poly decay, the EMA's warm-up): it is
+# tests/e2e/test_equivalence.py's Horovod case in the default tier (horovodrun's launch of it
+# heavy there), with that test's checks added.
+RUNS = {"tiny_cnn": TINY_RUN, "resnet20": BN_RUN, "large_batch": LARGE_BATCH_RUN}
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +89,20 @@ needs_mpirun = pytest.mark.requires("mpirun")
 
 
 @needs_mpirun
-@pytest.mark.parametrize("model", ["tiny_cnn", pytest.param("resnet20", marks=pytest.mark.heavy)])
+@pytest.mark.parametrize(
+    "model", ["large_batch", pytest.param("resnet20", marks=pytest.mark.heavy)]
+)
 def test_mpirun_auto_is_one_horovod_job(model, references, small_dataset, tmp_path):
     requires("horovod_mpi")
     flags = cli_flags(RUNS[model], data_dir=small_dataset, model_dir=tmp_path, strategy="auto")
     out = _run(mpirun(flags))
-    check_one_job(out, tmp_path, references(model), "horovod")
+    reference = references(model)
+    check_one_job(out, tmp_path, reference, "horovod")
+    if model == "large_batch":  # test_equivalence's checks: module comment above RUNS
+        assert_same_weights(tmp_path, reference, atol=1e-5)
+        with open(os.path.join(tmp_path, "summary.json"), encoding="utf-8") as f:
+            all_reduces = json.load(f)["gradient_all_reduces"]
+        assert all_reduces == LARGE_BATCH_RUN["train_steps"], "one per update, across ranks"
 
 
 def horovod_hidden(folder) -> str:
