@@ -196,10 +196,16 @@ def _thumbs_close(thumbs: np.ndarray, triples: np.ndarray) -> np.ndarray:
     """For each (i, j, flipped): whether the thumbnails (j's mirrored if flipped) differ by
     at most THUMB_RMS grey levels (root mean square)."""
     close = np.zeros(len(triples), bool)
+    # The sum of squared differences in whole grey levels against THUMB_RMS^2 a pixel:
+    # exact in float32 (256 x 255^2 < 2^24), the decisions of the RMS in float32 (its
+    # mean and square root round nothing across 4.0), in a third of its time.
+    limit = THUMB_RMS**2 * np.prod(thumbs.shape[1:])
     for start in range(0, len(triples), _CHUNK):
         i, j, flip = triples[start : start + _CHUNK].T
-        a, b = (np.take(thumbs, k, axis=0).astype(np.float32) for k in (i, j))
-        close[start : start + len(i)] = _rms(a, b, flip.astype(bool)[:, None, None]) <= THUMB_RMS
+        a, b = (np.take(thumbs, k, axis=0) for k in (i, j))
+        b = np.where(flip.astype(bool)[:, None, None], b[:, :, ::-1], b)  # mirrored as bytes
+        difference = (a.astype(np.int16) - b).reshape(len(i), -1).astype(np.float32)
+        close[start : start + len(i)] = np.einsum("ij,ij->i", difference, difference) <= limit
     return close
 
 
@@ -221,12 +227,6 @@ def _spread(pixels: np.ndarray) -> np.ndarray:
     deviation = np.abs(pixels - np.median(pixels, axis=1, keepdims=True))
     energy = (deviation * deviation).sum(axis=1)
     return deviation.sum(axis=1) ** 2 / np.maximum(energy, 1e-9)
-
-
-def _rms(a: np.ndarray, b: np.ndarray, flip: np.ndarray) -> np.ndarray:
-    """Root mean square difference of images ``a`` and ``b`` (mirrored where ``flip``)."""
-    other = np.where(flip, b[:, :, ::-1], b)
-    return np.sqrt(((a - other) ** 2).mean(axis=(1, 2)))
 
 
 def check(shards: list, class_names: list) -> tuple[Records, list, dict]:
