@@ -91,9 +91,11 @@ def crop_pairs(thumbs: np.ndarray, which, coordinates: np.ndarray, close, reach:
     # either side, a copy has none near both.
     others_near = np.where(ranked[partner, 0] == rows, nearest[partner, 1], nearest[partner, 0])
     runner_up = np.minimum(runner_up, others_near)
-    detail = np.minimum(*(fine(_eighths(thumbs[which[k]])) for k in (rows, partner)))
-    allowed = np.maximum(DETAIL_RATIO * detail, NOISE_RMS)
-    near = (best <= CROP_RMS) & (best <= allowed) & (best <= NEAREST_RATIO * runner_up)
+    near = np.nonzero((best <= CROP_RMS) & (best <= NEAREST_RATIO * runner_up))[0]
+    # The detail only of the pairs left (Fashion-MNIST: ~200 of ~5,700): the same pairs.
+    ends = (rows[near], partner[near])
+    detail = np.minimum(*(fine(_eighths(np.take(thumbs, which[k], axis=0))) for k in ends))
+    near = near[best[near] <= np.maximum(DETAIL_RATIO * detail, NOISE_RMS)]
     pairs = np.sort(np.stack([rows[near], partner[near]], axis=1), axis=1)
     pairs = np.unique(pairs, axis=0) if len(pairs) else pairs
     return pairs.astype(np.int64), {"crop_candidates": int(len(i))}
