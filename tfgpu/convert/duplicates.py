@@ -108,7 +108,7 @@ def find_groups(records: Records) -> tuple[list, dict]:
     flat = _row_std(records.thumbs)[first] < FLAT_STD
     live = np.nonzero(~flat)[0]  # exact classes that take part in the near search
     # Gathered once (an array the size of the thumbnails, each copy ~0.01 CPU s a 70,000),
-    # by np.take here and wherever rows are gathered: numpy's indexing takes 2-7 times as
+    # by np.take here and wherever rows are gathered: numpy's indexing takes 1.5-7 times as
     # long for rows this short (the same arrays).
     at = first[live]
     thumbs = np.take(records.thumbs, at, axis=0)
