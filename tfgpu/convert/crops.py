@@ -234,20 +234,28 @@ def aligned(thumbs: np.ndarray, i, j, flip) -> np.ndarray:
 def _cropped_rms(x, x_columns, x_rows, y, y_columns, y_rows) -> np.ndarray:
     """RMS between each y's 8x8 thumbnail and that of the crop of x (each side 0-5%) whose
     column and row means best match y's (one axis at a time: a crop is one per axis)."""
-    crops, profiles = _banks()
-    columns = _best_crop(x_columns, y_columns, profiles)
-    rows = _best_crop(x_rows, y_rows, profiles)
+    crops, _ = _banks()
+    columns = _best_crop(x_columns, y_columns)
+    rows = _best_crop(x_rows, y_rows)
     cropped = crops[rows] @ x @ np.swapaxes(crops[columns], 1, 2)
     target = crops[0] @ y @ crops[0].T
     return _rms((cropped - target).reshape(len(x), -1))
 
 
-def _best_crop(x: np.ndarray, y: np.ndarray, profiles: np.ndarray) -> np.ndarray:
+def _best_crop(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """The index of the crop (``_banks``) of each 16-vector of means in ``x`` closest to the
     uncropped one in ``y``."""
-    tried = (x @ profiles.reshape(-1, SMALL).T).reshape(len(x), len(profiles), SMALL)
-    tried -= (y @ profiles[0].T)[:, None]
+    tried = (np.hstack([x, y]) @ _differences()).reshape(len(x), -1, SMALL)
     return np.einsum("ncs,ncs->nc", tried, tried).argmin(axis=1)
+
+
+@functools.cache
+def _differences() -> np.ndarray:
+    """(32, C * 16) float32: [x, y] times it is each crop's profile of x minus the uncropped
+    one of y (``_best_crop``): one product, where the difference after it took as long."""
+    _, profiles = _banks()
+    tiled = np.tile(profiles[0].T, (1, len(profiles)))
+    return np.vstack([profiles.reshape(-1, SMALL).T, -tiled]).astype(np.float32)
 
 
 @functools.cache
