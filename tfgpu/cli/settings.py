@@ -135,8 +135,8 @@ class ConvertSettings:
         "slightly cropped or flipped copies: perceptual hash plus thumbnail) within and across "
         "splits, and duplicates with different labels; writes quality.json beside "
         "dataset_info.json and prints one line (docs/data.md#data-quality). It adds about a "
-        "tenth to a sixth to the conversion's CPU time (measured on a quiet host: +16.0% to "
-        "+16.4% on Fashion-MNIST's 28x28 images, +14.1% of the wall time with 2 workers; "
+        "seventh to the conversion's CPU time (measured on a quiet host: +13.4% to +14.2% on "
+        "Fashion-MNIST's 28x28 images, +13.8% to +14.4% of the wall time with 2 workers; "
         "+11.3% on 20,000 photo-sized JPEGs: bench/README.md); --nocheck_duplicates skips it.",
     )
     dedupe: str = setting(
