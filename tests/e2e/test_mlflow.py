@@ -101,10 +101,11 @@ def _run(data_dir, model_dir, uri, actions=(), **settings):
 
 @pytest.fixture(scope="module")
 def tracked(server, small_dataset, tmp_path_factory):
-    """(model_dir, the MLflow run id after the first run) of a run of 6 updates with its
-    export, then resumed to 9."""
+    """(model_dir, the MLflow run id after the first run) of a run of 6 updates, then resumed
+    to 9 with its export (one export: the resumed run's is the MLflow run's artifact, and its
+    changed --export a tag)."""
     model_dir = tmp_path_factory.mktemp("tracked")
-    _run(small_dataset, model_dir, server.uri, export=True)
+    _run(small_dataset, model_dir, server.uri, export=False)
     with open(model_dir / tracking.RUN_FILE, encoding="utf-8") as f:
         first_id = json.load(f)["run_id"]
     _run(small_dataset, model_dir, server.uri, export=True, train_steps=9)
@@ -132,9 +133,10 @@ def test_params_metrics_and_artifacts_read_back(server, tracked, tmp_path):
     assert run.info.status == "FINISHED"
     with open(model_dir / "config.json", encoding="utf-8") as f:
         params = tracking.params_of(json.load(f))
-    # MLflow's params never change: the resumed run's new length is a tag.
-    assert run.data.params == dict(params, train_steps="6")
+    # MLflow's params never change: the resumed run's new length and export are tags.
+    assert run.data.params == dict(params, train_steps="6", export="False")
     assert run.data.tags["resumed/train_steps"] == "9"
+    assert run.data.tags["resumed/export"] == "True"
     _assert_history_is_metrics_jsonl(client, run_id, model_dir)
     with open(model_dir / "summary.json", encoding="utf-8") as f:
         summary = json.load(f)
