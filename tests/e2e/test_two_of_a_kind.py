@@ -6,6 +6,7 @@ interleaved."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -42,6 +43,7 @@ def _error_lines(err: str, prog: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def finished_run(small_dataset, tmp_path_factory) -> str:
+    """TINY_RUN with a checkpoint every 2 updates, all kept: the heavy side-car test's run."""
     model_dir = str(tmp_path_factory.mktemp("run"))
     settings = dict(TINY_RUN, checkpoint_every_steps=2, keep_checkpoints=10, input_probe_s=0.0)
     train.run(
@@ -89,6 +91,15 @@ def test_a_second_side_car_on_one_run_stops_in_one_line_and_the_first_writes_alo
         assert json.load(f)["step"] == TINY_RUN["train_steps"]
 
 
+@pytest.fixture
+def session_run_copy(reference_run, tmp_path) -> str:
+    """A copy of the session's TINY_RUN run (one default process; other modules compare with
+    it), to export into."""
+    model_dir = str(tmp_path / "run")
+    shutil.copytree(reference_run(), model_dir)
+    return model_dir
+
+
 def _left_over(folder) -> list[str]:
     names = []
     for _, dirs, files in os.walk(folder):
@@ -97,10 +108,11 @@ def _left_over(folder) -> list[str]:
 
 
 @pytest.mark.timeout(1200)  # three exports at once on 2 shared cores: 208 s at load ~17
-def test_exports_into_one_folder_at_once_each_land_whole(finished_run):
+def test_exports_into_one_folder_at_once_each_land_whole(session_run_copy):
     """Three exports into the run's export/ started together: its SavedModel twice (one
     output) and its ONNX model (another output, the same report.json and folder). Each ends
     with its export in place, whole, and the report keeps both entries."""
+    finished_run = session_run_copy
     common = [f"--model_dir={finished_run}", "--check_images=8", "--batch_size=8"]
     procs = [_command("tfgpu.cli.export", *common) for _ in range(2)]
     procs.append(_command("tfgpu.cli.export", *common, "--format=onnx"))
