@@ -5,19 +5,41 @@ one the heartbeat watcher ends). No TensorFlow here: the heartbeat watcher remov
 without it.
 """
 
+import atexit
+import os
+import shutil
 import tempfile
+import time
 
-_SCRATCH: list = []  # removed when the process exits normally
+_SCRATCH: list = []  # paths, removed when the process exits normally
+REMOVE_WAIT_S = 2.0  # how long a removal tries again while a save writes into a directory
 
 
-def remove_scratch_dirs() -> None:
+def remove_scratch_dirs(wait_s: float = REMOVE_WAIT_S) -> None:
     """Removes this process's scratch directories now (a process that ends by a kill, such as
-    a Ray worker, never runs the exit handlers that would)."""
+    a Ray worker, never runs the exit handlers that would). The heartbeat watcher calls this
+    while the main thread may be saving into one: each is renamed before it is removed, and a
+    removal that finds a file a save was still writing tries again for up to ``wait_s`` s."""
+    deadline = time.monotonic() + wait_s
     while _SCRATCH:
-        _SCRATCH.pop().cleanup()
+        path = _SCRATCH.pop()
+        # Renamed first: a save's next file cannot be made under the old path, so the
+        # removal is not outrun; one opened before the rename is removed on a second try.
+        gone = f"{path}.removing"
+        try:
+            os.rename(path, gone)
+        except OSError:  # already gone
+            gone = path
+        shutil.rmtree(gone, ignore_errors=True)
+        while os.path.exists(gone) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            shutil.rmtree(gone, ignore_errors=True)
 
 
 def scratch_dir(prefix: str) -> str:
-    """A temporary directory for a non-chief worker's throw-away checkpoint saves."""
-    _SCRATCH.append(tempfile.TemporaryDirectory(prefix=prefix))
-    return _SCRATCH[-1].name
+    """A new temporary directory (its name starting with ``prefix``) for a non-chief
+    worker's throw-away checkpoint saves."""
+    if not _SCRATCH:
+        atexit.register(remove_scratch_dirs)
+    _SCRATCH.append(tempfile.mkdtemp(prefix=prefix))
+    return _SCRATCH[-1]
