@@ -39,7 +39,8 @@ def remove_scratch_dirs(wait_s: float = REMOVE_WAIT_S) -> None:
 def scratch_dir(prefix: str) -> str:
     """A new temporary directory (its name starting with ``prefix``) for a non-chief
     worker's throw-away checkpoint saves."""
-    if not _SCRATCH:
-        atexit.register(remove_scratch_dirs)
     _SCRATCH.append(tempfile.mkdtemp(prefix=prefix))
     return _SCRATCH[-1]
+
+
+atexit.register(remove_scratch_dirs)  # a normal exit: nothing to do when none was made
