@@ -17,10 +17,14 @@ unexport PYTHONDONTWRITEBYTECODE
 demo: install
 	$(PY) -m tfgpu.main --strategy=mirrored
 
-# On two pytest-xdist workers: most tests wait on processes they started, so two at a time keep
-# 2 cores busy. A module's tests stay on one worker (its shared runs happen once);
-# tests/conftest.py's spread hands out the modules that start processes first.
-XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+# On three pytest-xdist workers for 2 cores: many tests wait on processes they started (the hang
+# scenarios wait out their 60-s bounds, Ray's cluster starts), and a third worker fills those
+# waits (measured on 2 quiet cores, 2026-12-07: 665.5 s of pytest on two workers, 628.7 s on
+# three, 1,100 and 1,138 CPU-s). A module's tests stay on one worker (its shared runs happen
+# once); tests/conftest.py's spread hands out the modules that start processes first.
+XDIST := -n 3 --dist loadfile --no-loadscope-reorder
+# The fast tier is CPU-bound in-process work: a third worker would only collect once more.
+XDIST_FAST := -n 2 --dist loadfile --no-loadscope-reorder
 # These targets install every dependency the tests use (tests/requires.py), so a test that
 # finds one missing fails instead of skipping; `make test REQUIRE_ALL=0` where the system
 # packages cannot be installed (no root). Only the opt-in heavy tier skips.
@@ -39,9 +43,9 @@ test-heavy: system install horovod ray export report hub mlflow mlflow-server
 
 # The fast tier (tests/conftest.py): the package tests that start no process and train for no
 # seconds (tests/e2e/, the runs of real processes, is left out); no Horovod or Ray needed. On
-# the two workers too (each module's fixtures once, on one of them).
+# two workers (each module's fixtures once, on one of them).
 test-fast: install
-	$(PY) -m pytest -q -m fast --ignore=tests/e2e $(XDIST) tests
+	$(PY) -m pytest -q -m fast --ignore=tests/e2e $(XDIST_FAST) tests
 
 # The fast tier in a virtualenv of its own that never had Horovod, Ray, MLflow, matplotlib or
 # the export runtimes: what a user has after `pip install .` (CI runs it before `make test`).
