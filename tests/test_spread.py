@@ -1,4 +1,4 @@
-"""The order in which ``make test`` hands modules to its two pytest-xdist workers
+"""The order in which ``make test`` hands modules to its pytest-xdist workers
 (conftest.spread): the modules that start processes first, then those with slow tests, then
 the fast ones; a module's tests stay together (``--dist loadfile`` keeps them on one worker)."""
 
