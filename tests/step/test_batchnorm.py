@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from fewer_blocks import fewer_blocks
 from weights import largest, same_structure
 
 from tfgpu import compat, models, optim
@@ -224,8 +225,11 @@ def test_sync_batchnorm_two_replicas_equal_one_device_of_the_whole_batch(name, d
 def test_every_batchnorm_layer_of_every_family_takes_the_synchronized_moments(name):
     """``synchronize`` reaches every BatchNormalization layer the model's config holds, and a
     training forward pass takes every layer's moments through the collective: two sums per
-    layer (the equivalence above shows those sums make N replicas of b one device of N*b)."""
-    model = _build(name)
+    layer (the equivalence above shows those sums make N replicas of b one device of N*b).
+    efficientnet_b0 and densenet121 in fewer blocks (tests/fewer_blocks.py: each kind of
+    block and transition of the family, inside its nested backbone, as the whole models)."""
+    with fewer_blocks():
+        model = _build(name)
     sums = []
     synced = batchnorm.synchronize(model, lambda t: sums.append(t) or t)
     in_config = json.dumps(model.get_config()).count('"class_name": "BatchNormalization"')

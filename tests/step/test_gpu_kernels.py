@@ -10,6 +10,7 @@ too.
 import keras
 import numpy as np
 import pytest
+from fewer_blocks import fewer_blocks
 from requires import requires
 import tensorflow as tf
 
@@ -68,7 +69,10 @@ def _batch(resize_on: str, image_size: int = 32) -> dict:
 @pytest.mark.slow  # 8-36 s a case: builds and traces a train step (2 shared cores)
 def test_every_op_of_the_train_step_has_a_gpu_kernel(model_name, dtype, accumulation, resize_on):
     keras.mixed_precision.set_global_policy(dtype)
-    model = models.build_model(model_name, 4, 32)
+    # efficientnet_b0 in B0's first three stages (tests/fewer_blocks.py): every kind of layer of
+    # B0 (expansion, depthwise 3x3 and 5x5, squeeze-excitation, stochastic depth, the top).
+    with fewer_blocks():
+        model = models.build_model(model_name, 4, 32)
     config = config_from(
         image_size=32,
         resize_on=resize_on,
