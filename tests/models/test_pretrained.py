@@ -1,12 +1,17 @@
 """--init_weights=imagenet / a keras.applications .h5 file, and --freeze=backbone. Offline:
-the weights files are made here, in Keras' own HDF5 format, from models built without weights."""
+the weights files are made here, in Keras' own HDF5 format, from models built without weights.
+EfficientNetB0 in its first three stages (tests/fewer_blocks.py: Keras' builder, its layer
+names, each kind of block), the files and the models alike; the whole B0's file loaded by name
+is a heavy case."""
 
+import contextlib
 import shutil
 
 import h5py
 import keras
 import numpy as np
 import pytest
+from fewer_blocks import fewer_blocks
 from keras_files import efficientnet_b0_h5
 from weights import assert_same_weights
 
@@ -15,12 +20,19 @@ from tfgpu.step import batchnorm
 from tfgpu.models import pretrained
 from tfgpu.config import ConfigError, config_from, validate
 
-SLOW = pytest.mark.slow  # builds efficientnet_b0 (32x32) once or twice: ~5 s each
+HEAVY = pytest.mark.heavy
+SLOW = pytest.mark.slow  # builds efficientnet_b0 (32x32) once or twice: ~1 s each (whole: ~5)
 
 
-def _model():
+def _small(whole=False):
+    """Where EfficientNetB0 has B0's first three stages, unless ``whole``."""
+    return contextlib.nullcontext() if whole else fewer_blocks()
+
+
+def _model(whole=False):
     keras.utils.set_random_seed(1)
-    return models.build_model("efficientnet_b0", 4, 32, small_input=True)
+    with _small(whole):
+        return models.build_model("efficientnet_b0", 4, 32, small_input=True)
 
 
 @pytest.fixture(scope="module")
@@ -29,17 +41,21 @@ def notop(tmp_path_factory) -> tuple:
     made once for the module's three tests that read it (~2 CPU-s each): read it, or copy it
     to change it."""
     path = tmp_path_factory.mktemp("h5") / "efficientnetb0_notop.h5"
-    return str(path), efficientnet_b0_h5(path)
+    with _small():
+        return str(path), efficientnet_b0_h5(path)
 
 
 @SLOW
-@pytest.mark.parametrize("include_top", [False, True])
-def test_keras_h5_loads_into_the_backbone_by_name(tmp_path, include_top, notop):
+@pytest.mark.parametrize(
+    "include_top, whole", [(False, False), (True, False), pytest.param(False, True, marks=HEAVY)]
+)
+def test_keras_h5_loads_into_the_backbone_by_name(tmp_path, include_top, whole, notop):
     path, source = notop
-    if include_top:
-        path = str(tmp_path / "efficientnetb0.h5")
-        source = efficientnet_b0_h5(path, include_top)
-    model = _model()
+    if include_top or whole:
+        path = str(tmp_path / f"efficientnetb0{'' if include_top else '_notop'}.h5")
+        with _small(whole):
+            source = efficientnet_b0_h5(path, include_top)
+    model = _model(whole)
     head = model.get_layer("logits").kernel.numpy()
     assert models.load_initial_weights(model, path) == ["logits"]
     backbone = pretrained.backbone_of(model)
