@@ -15,6 +15,7 @@ from requires import requires
 import tensorflow as tf
 
 from tfgpu import models
+from tfgpu.models import resnet
 from tfgpu.train import build
 from tfgpu.compat import ops_refused_under_gpu_determinism, ops_without_gpu_kernel
 from tfgpu.config import config_from
@@ -62,7 +63,9 @@ def _batch(resize_on: str, image_size: int = 32) -> dict:
     "model_name, dtype, accumulation, resize_on",
     [
         ("tiny_cnn", "float32", 1, "host"),
-        ("resnet18", "mixed_float16", 2, "device"),
+        # resnet18's code in one block a stage (each kind of its layers); resnet18 heavy.
+        ("resnet10", "mixed_float16", 2, "device"),
+        pytest.param("resnet18", "mixed_float16", 2, "device", marks=pytest.mark.heavy),
         ("efficientnet_b0", "mixed_bfloat16", 1, "device"),
     ],
 )
@@ -71,8 +74,11 @@ def test_every_op_of_the_train_step_has_a_gpu_kernel(model_name, dtype, accumula
     keras.mixed_precision.set_global_policy(dtype)
     # efficientnet_b0 in B0's first three stages (tests/fewer_blocks.py): every kind of layer of
     # B0 (expansion, depthwise 3x3 and 5x5, squeeze-excitation, stochastic depth, the top).
-    with fewer_blocks():
-        model = models.build_model(model_name, 4, 32)
+    if model_name == "resnet10":
+        model = resnet.build(4, 32, depths=(1, 1, 1, 1))
+    else:
+        with fewer_blocks():
+            model = models.build_model(model_name, 4, 32)
     config = config_from(
         image_size=32,
         resize_on=resize_on,
