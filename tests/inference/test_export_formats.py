@@ -83,18 +83,30 @@ def _quiet(*_):
 
 
 def test_saved_model_signatures_are_predicts(run_dir, tmp_path):
+    """Exported to an --output whose folder holds another export's report.json and model.keras,
+    which stay as they were: the SavedModel and its report named after it are all the command
+    writes there. (The run's own export/report.json: test_export_tta, every format.)"""
     import tensorflow as tf
 
     from tfgpu.cli.predict import predict
 
-    entry = export(run_dir, ExportOptions(format="saved_model"), log=_quiet)
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "report.json").write_text('{"exports": {"other": {}}}')
+    (folder / "model.keras").write_text("another export's")
+    options = ExportOptions(format="saved_model", output=str(folder / "r50"))
+    entry = export(run_dir, options, log=_quiet)
     assert entry["verdict"] == "ok" and entry["num_images"] == 24
+    assert entry["file"] == str(folder / "r50")
     assert set(entry["outputs"]) == {"images", "bytes", "examples"}
     for out in entry["outputs"].values():
         assert out["top1_agreement"] == 1.0 and out["max_prob_diff"] < 1e-5
     assert entry["latency_ms"] > 0 and entry["reference"]["images_per_sec"] > 0
-    report = json.load(open(os.path.join(run_dir, "export", "report.json")))
-    assert report["exports"]["saved_model"]["verdict"] == "ok"
+    assert sorted(os.listdir(folder)) == ["model.keras", "r50", "r50.report.json", "report.json"]
+    assert (folder / "report.json").read_text() == '{"exports": {"other": {}}}'
+    assert (folder / "model.keras").read_text() == "another export's"
+    report = json.load(open(folder / "r50.report.json"))
+    assert report["exports"]["r50"]["verdict"] == "ok"
     # A JPEG the model never saw, of another size: the bytes signature's crop and resize are
     # tfgpu.predict's.
     image = make_image_arrays(1, size=57, seed=5)[0][0]
@@ -185,24 +197,6 @@ def test_an_export_that_departs_is_refused_and_not_put_in_place(
         "saved_model.report.json",
         "saved_model.unchecked",
     ]
-
-
-def test_an_export_to_an_output_writes_only_there(run_dir, tmp_path):
-    """Another export's report.json and model.keras in the --output's folder stay as they were:
-    the SavedModel and its report named after it are all the command writes there."""
-    folder = tmp_path / "models"
-    folder.mkdir()
-    (folder / "report.json").write_text('{"exports": {"other": {}}}')
-    (folder / "model.keras").write_text("another export's")
-    entry = export(
-        run_dir, ExportOptions(format="saved_model", output=str(folder / "r50")), log=_quiet
-    )
-    assert entry["verdict"] == "ok" and entry["file"] == str(folder / "r50")
-    assert sorted(os.listdir(folder)) == ["model.keras", "r50", "r50.report.json", "report.json"]
-    assert (folder / "report.json").read_text() == '{"exports": {"other": {}}}'
-    assert (folder / "model.keras").read_text() == "another export's"
-    report = json.load(open(folder / "r50.report.json"))
-    assert report["exports"]["r50"]["verdict"] == "ok"
 
 
 @pytest.mark.fast
