@@ -94,7 +94,7 @@ def _stopped_naming(proc, shard: str, why: str, model_dir) -> int:
 
 @pytest.mark.timeout(1200)  # three runs of 36 updates: 191 s on 2 cores at load ~17, more at ~21
 def test_a_shard_unreadable_or_deleted_mid_run_is_named_and_the_run_resumes_once_it_is_back(
-    small_dataset, uninterrupted, tmp_path
+    small_dataset, uninterrupted, tmp_path, capsys
 ):
     """A network file system going away: a shard made unreadable (chmod 000) while the run
     reads it, then, in the resumed run, deleted. Each stops the run in one line naming it,
@@ -112,9 +112,11 @@ def test_a_shard_unreadable_or_deleted_mid_run_is_named_and_the_run_resumes_once
     os.rename(shard, shard + ".away")
     kept = _stopped_naming(proc, shard, "it is gone (No such file or directory)", run)
     os.rename(shard + ".away", shard)
-    resumed = _start(data, run)
-    out, err = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, err[-3000:]
+    # The resume to the end in this process: its claim is the weights, not the process.
+    capsys.readouterr()
+    summary = train.run(_config(data, run, train_steps=RUN["train_steps"]))
+    assert summary["steps"] == RUN["train_steps"]
+    out, err = capsys.readouterr()
     assert f"resumed from {run}/checkpoints/ckpt-{kept}" in out + err
     assert_same_weights(run, uninterrupted, atol=1e-6)
 
