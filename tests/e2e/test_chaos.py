@@ -12,9 +12,14 @@ import random
 import sys
 
 import pytest
+from absl import flags as absl_flags
 from chaos import SEED_ENV, chaos_run, chaos_seed, jobs, run_until_done
 from own_nets import env_with, write_module
 from requires import requires
+
+from tfgpu import train
+from tfgpu.cli.flags import define_flags
+from tfgpu.cli.train import make_config
 
 # Each test runs its job a few times over (about 1-2 minutes on 2 shared cores); the bound is
 # for a hang, on a machine far busier than that.
@@ -29,10 +34,27 @@ def _chaos(job, tmp_path, kinds: list) -> None:
     print(f"{job.name}: chaos seed {seed} (replay: {SEED_ENV}={seed})", file=sys.stderr)
     rng = random.Random(seed)
     reference = str(tmp_path / "uninterrupted")
-    (whole,) = run_until_done(job, reference, [], rng)
+    if job.kind == "single":
+        whole = _in_this_process(job, reference, kinds)
+    else:
+        (whole,) = run_until_done(job, reference, [], rng)
     attempts, lost = chaos_run(job, str(tmp_path / "chaos"), (reference, whole), kinds, rng)
     assert any(a.moment is not None for a in attempts), "no kill landed"
     assert not any(lost.values()), (seed, lost)
+
+
+def _in_this_process(job, model_dir: str, kinds: list) -> None:
+    """A single-process job's uninterrupted run in the pytest worker: its flags parsed into a
+    fresh set of tfgpu.main's and made its Config as the command makes them, trained (the
+    killed attempts are the processes; this run's claim is what it writes). Returns None: no
+    start or tracing time of its own to draw a "startup" or "time" moment from."""
+    assert not {k.split(":")[0] for k in kinds} & {"startup", "time"}, kinds
+    values = absl_flags.FlagValues()
+    define_flags(values)
+    argv = ["tfgpu", "--strategy=default", *job.flags, f"--model_dir={model_dir}"]
+    values(argv)
+    summary = train.run(make_config(values, argv))
+    assert summary["steps"] == job.flag("train_steps"), summary
 
 
 def test_one_process_killed_at_any_moment_ends_as_the_uninterrupted_run(small_dataset, tmp_path):
