@@ -75,11 +75,13 @@ def stopped_at_3(small_dataset, tmp_path_factory) -> list:
 
 
 @pytest.fixture(scope="module")
-def two_workers_throughout(small_dataset, tmp_path_factory):
-    """The final weights of 2 workers that ran RESIZED for all 6 steps, uninterrupted: what
-    the runs resumed at step 3 below end with, bit for bit, on 2 workers or on one process."""
-    model_dir = tmp_path_factory.mktemp("two-workers") / "run"
-    _two_workers(small_dataset, model_dir, 6)
+def uninterrupted_resized(small_dataset, tmp_path_factory):
+    """The final weights of RESIZED run for all 6 steps, uninterrupted, by one default process
+    (this one, its 2 micro-batches of 8 each update): what the runs resumed at step 3 below
+    end with, bit for bit, on 2 workers or on one process. 2 workers (one micro-batch each)
+    end with the same bits: the sum of the two halves' gradients either way."""
+    model_dir = tmp_path_factory.mktemp("resized") / "run"
+    _default(small_dataset, model_dir, 6)
     return final_weights(model_dir)
 
 
@@ -107,7 +109,7 @@ def _copies(dirs, to) -> list:
 
 
 def test_node_local_model_dirs_resume_from_the_chief_mwms(
-    small_dataset, two_workers_throughout, stopped_at_3, tmp_path
+    small_dataset, uninterrupted_resized, stopped_at_3, tmp_path
 ):
     dirs = _copies(stopped_at_3, tmp_path)
     assert os.listdir(dirs[0] / "checkpoints") and not (dirs[1] / "checkpoints").exists()
@@ -118,7 +120,7 @@ def test_node_local_model_dirs_resume_from_the_chief_mwms(
     for out in second:
         assert out.returncode == 0, out.stderr[-3000:]
     assert "resumed from" in second[0].stdout and "at step 3" in second[0].stdout
-    assert_same_weights(dirs[0], two_workers_throughout)
+    assert_same_weights(dirs[0], uninterrupted_resized)
     hashes = {
         h for out in second for h in re.findall(r"worker \d+/2 weights_sha256 (\w+)", out.stdout)
     }
@@ -225,12 +227,12 @@ def _two_workers(data_dir, model_dir, steps):
 
 
 def test_two_workers_then_one_process_ends_bit_identical(
-    small_dataset, stopped_at_3, two_workers_throughout, tmp_path
+    small_dataset, stopped_at_3, uninterrupted_resized, tmp_path
 ):
     shutil.copytree(stopped_at_3[0], tmp_path / "resized")  # the chief's directory goes on
     out = _default(small_dataset, tmp_path / "resized", 6)
     assert "at step 3" in out and "2 micro-batch(es) of 8" in out, out[-3000:]
-    assert_same_weights(tmp_path / "resized", two_workers_throughout)
+    assert_same_weights(tmp_path / "resized", uninterrupted_resized)
 
 
 @pytest.mark.heavy  # the worker count changes in the tests beside it, both ways round here
