@@ -45,6 +45,7 @@ for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
     os.environ.pop(_name, None)
 
 import collections
+import json
 import inspect
 import shutil
 import sys
@@ -422,6 +423,18 @@ def final_weights(model_dir) -> dict[str, np.ndarray]:
     """Every array of ``model_dir/final.weights.h5`` by its path in the file, in file order
     (compare two with ``weights.assert_same_weights``)."""
     return named_weights(model_dir)
+
+
+def run_summary(model_dir) -> dict:
+    """``model_dir/summary.json``, the finished run's summary (what ``train.run`` returns)."""
+    with open(os.path.join(model_dir, "summary.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def assert_one_all_reduce_per_update(model_dir, updates: int) -> None:
+    """The run in ``model_dir`` all-reduced its gradients once per update: ``updates`` in all,
+    however many micro-batches, replicas or processes."""
+    assert run_summary(model_dir)["gradient_all_reduces"] == updates, "one per update"
 
 
 def cli_flags(values: dict, **paths) -> list[str]:

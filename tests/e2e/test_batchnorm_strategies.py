@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import TINY_RUN, cli_flags, final_weights
+from conftest import TINY_RUN, cli_flags, final_weights, run_summary
 from own_nets import MODULE, env_with, write_module
 from weights import assert_same_weights, combined, largest
 from test_equivalence import _fingerprints
@@ -146,10 +146,7 @@ def test_multi_worker_batchnorm_equals_its_reference(
 def _one_process_evaluates_the_same(data_dir, tmp_path, model, dtype):
     """The 2 workers' last checkpoint, restored by one process (no update left to do),
     evaluates to the 2 workers' final top-1 and loss."""
-    import json
-
-    with open(tmp_path / "run" / "summary.json", encoding="utf-8") as f:
-        two_workers = json.load(f)["final_eval"]
+    two_workers = run_summary(tmp_path / "run")["final_eval"]
     alone = tmp_path / "alone"
     shutil.copytree(tmp_path / "run" / "checkpoints", alone / "checkpoints")
     summary, _ = _in_process(data_dir, alone, model, dtype=dtype, strategy="default")

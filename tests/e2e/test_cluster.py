@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY_RUN, cli_flags, final_weights
+from conftest import TINY_RUN, cli_flags, final_weights, run_summary
 from requires import requires
 from weights import assert_same_weights
 
@@ -158,7 +158,7 @@ def test_best_and_early_stop_under_two_workers(small_dataset, tmp_path):
     ended = [re.findall(r"worker (\d)/2 weights_sha256 (\w+)", out.stdout) for out in runs]
     assert [worker for ((worker, _),) in ended] == ["0", "1"]
     assert len({sha for ((_, sha),) in ended}) == 1  # the same updates, so the same stop
-    summary = json.load(open(dirs[0] / "summary.json"))
+    summary = run_summary(dirs[0])
     assert summary["stopped"] == "early_stop" and summary["stopped_at_step"] == 4
     assert summary["steps"] == 4 and "early stop at step 4" in runs[0].stdout
     (kept,) = json.load(open(dirs[0] / "best" / "best.json"))["kept"]

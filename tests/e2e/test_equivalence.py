@@ -15,7 +15,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import LARGE_BATCH_RUN, SPREAD_RUN, cli_flags, final_weights
+from conftest import (
+    LARGE_BATCH_RUN,
+    SPREAD_RUN,
+    assert_one_all_reduce_per_update,
+    cli_flags,
+    final_weights,
+)
 from weights import assert_same_weights
 
 STEPS = SPREAD_RUN["train_steps"]
@@ -50,8 +56,7 @@ def _check_two_process_run(cmd, model_dir, reference):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(_fingerprints(out.stdout)) == 1, "the processes ended with different weights"
     _assert_same(final_weights(model_dir), reference)
-    with open(os.path.join(model_dir, "summary.json"), encoding="utf-8") as f:
-        assert json.load(f)["gradient_all_reduces"] == STEPS  # one per update, across processes
+    assert_one_all_reduce_per_update(model_dir, STEPS)  # across processes
 
 
 # The large-batch run holds this contract, with more settings on it, under both backends in the

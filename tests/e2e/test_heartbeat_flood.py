@@ -15,13 +15,12 @@ TF_CONFIG, make --strategy=auto a two-worker multi_worker_mirrored run. The star
 so before the flood's checks and the weights': a wrong cluster from srun's variables fails on
 that line."""
 
-import json
 import os
 import re
 import sys
 
 import pytest
-from conftest import LARGE_BATCH_RUN, cli_flags, final_weights
+from conftest import LARGE_BATCH_RUN, assert_one_all_reduce_per_update, cli_flags, final_weights
 from procs import Output, kill_tree, popen, start_flood, wait_for
 from slurm_env import srun_environ
 from weights import assert_same_weights
@@ -77,8 +76,7 @@ def test_a_flood_of_forged_datagrams_changes_nothing(small_dataset, reference, t
     assert_same_weights(dirs[0], reference, atol=1e-5)
     hashes = dict(h for t in texts for h in re.findall(r"worker (\d)/2 weights_sha256 (\w+)", t))
     assert sorted(hashes) == ["0", "1"] and len(set(hashes.values())) == 1, texts
-    with open(dirs[0] / "summary.json", encoding="utf-8") as f:  # one per update, across both
-        assert json.load(f)["gradient_all_reduces"] == LARGE_BATCH_RUN["train_steps"]
+    assert_one_all_reduce_per_update(dirs[0], LARGE_BATCH_RUN["train_steps"])  # across both workers
     # The flood reached both workers and was counted: from strangers and, as root, from the
     # workers' own addresses (forged, and genuine ones replayed once captured).
     assert "flood: spoofing" in flooded, flooded

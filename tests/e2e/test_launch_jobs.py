@@ -14,7 +14,14 @@ import sys
 
 import pytest
 from requires import requires
-from conftest import LARGE_BATCH_RUN, TINY_RUN, cli_flags, final_weights
+from conftest import (
+    LARGE_BATCH_RUN,
+    TINY_RUN,
+    assert_one_all_reduce_per_update,
+    cli_flags,
+    final_weights,
+    run_summary,
+)
 from weights import assert_same_weights, largest
 
 from tfgpu.cli import launch
@@ -79,8 +86,7 @@ def check_one_job(out, model_dir, reference, strategy: str, replicas: int = 2) -
     found = dict(re.findall(pattern, text))
     assert sorted(found) == [str(i) for i in range(replicas)], text[-3000:]
     assert len(set(found.values())) == 1, f"the processes ended with different weights: {found}"
-    with open(os.path.join(model_dir, "summary.json"), encoding="utf-8") as f:
-        summary = json.load(f)
+    summary = run_summary(model_dir)
     assert (summary["strategy"], summary["num_replicas"]) == (strategy, replicas)
     assert_same_weights(model_dir, reference, atol=1e-5 * largest(reference))
 
@@ -100,9 +106,7 @@ def test_mpirun_auto_is_one_horovod_job(model, references, small_dataset, tmp_pa
     check_one_job(out, tmp_path, reference, "horovod")
     if model == "large_batch":  # test_equivalence's checks: module comment above RUNS
         assert_same_weights(tmp_path, reference, atol=1e-5)
-        with open(os.path.join(tmp_path, "summary.json"), encoding="utf-8") as f:
-            all_reduces = json.load(f)["gradient_all_reduces"]
-        assert all_reduces == LARGE_BATCH_RUN["train_steps"], "one per update, across ranks"
+        assert_one_all_reduce_per_update(tmp_path, LARGE_BATCH_RUN["train_steps"])  # across ranks
 
 
 def horovod_hidden(folder) -> str:
@@ -186,5 +190,4 @@ def test_a_tfjob_is_one_job_the_chief_writes_and_its_evaluator_follows(
         rows = [r for r in map(json.loads, f) if r["split"] == "validation"]
     steps = run["train_steps"]
     assert [r["step"] for r in rows] == list(range(2, steps + 1, 2)), rows
-    with open(dirs[0] / "summary.json", encoding="utf-8") as f:
-        assert json.load(f)["final_eval"]["top1"] == rows[-1]["top1"]
+    assert run_summary(dirs[0])["final_eval"]["top1"] == rows[-1]["top1"]

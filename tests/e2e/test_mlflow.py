@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from conftest import TINY_RUN, cli_flags
+from conftest import TINY_RUN, cli_flags, run_summary
 from procs import Output, kill_tree, popen
 from requires import requires
 
@@ -140,8 +140,7 @@ def test_params_metrics_and_artifacts_read_back(server, tracked, tmp_path):
     assert run.data.tags["resumed/train_steps"] == "9"
     assert run.data.tags["resumed/export"] == "True"
     _assert_history_is_metrics_jsonl(client, run_id, model_dir)
-    with open(model_dir / "summary.json", encoding="utf-8") as f:
-        summary = json.load(f)
+    summary = run_summary(model_dir)
     assert run.data.metrics["final/top1"] == summary["final_eval"]["top1"]
     assert run.data.metrics["summary/wall_time_s"] == summary["wall_time_s"]
     root = {a.path for a in client.list_artifacts(run_id)}

@@ -16,7 +16,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import TINY_RUN, cli_flags, final_weights
+from conftest import TINY_RUN, cli_flags, final_weights, run_summary
 from own_nets import env_with, write_module
 from requires import requires
 from weights import assert_same_weights, changed
@@ -82,8 +82,7 @@ def _two_processes(prefix, strategy, data_dir, nets, model_dir, reference) -> No
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env_with(nets[0]))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert_same_weights(model_dir, reference[1], atol=ATOL)
-    with open(model_dir / "summary.json", encoding="utf-8") as f:
-        summary = json.load(f)
+    summary = run_summary(model_dir)
     assert summary["num_replicas"] == 2 and summary["gradient_all_reduces"] == 6
 
 
@@ -186,8 +185,7 @@ def test_a_keras_file_run_is_exported_served_evaluated_predicted_and_reported(ke
 
 
 def summary_top1(run: str) -> float:
-    with open(os.path.join(run, "summary.json"), encoding="utf-8") as f:
-        return json.load(f)["final_eval"]["top1"]
+    return run_summary(run)["final_eval"]["top1"]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ installs it). Each starts ``python -m tfgpu.ray`` (= ``tfgpu-ray``), which start
 Ray cluster: the cluster's processes are that command's descendants, and only they are killed.
 """
 
-import json
 import os
 import re
 import signal
@@ -16,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from conftest import TINY_RUN, cli_flags, final_weights
+from conftest import TINY_RUN, cli_flags, final_weights, run_summary
 from procs import Output, kill_tree, popen
 from requires import requires
 from weights import assert_same_weights, largest
@@ -158,8 +157,7 @@ def test_two_ray_workers_end_with_the_weights_of_one_process(restarted, referenc
     prints = _fingerprints(text)
     assert set(prints) == {0, 1}, text[-5000:]
     assert len(set(prints.values())) == 1, "the workers ended with different weights"
-    with open(model_dir / "summary.json", encoding="utf-8") as f:
-        summary = json.load(f)
+    summary = run_summary(model_dir)
     assert summary["strategy"] == "multi_worker_mirrored" and summary["num_replicas"] == 2
     assert summary["steps"] == RUN["train_steps"]
     for name in ("config.json", "metrics.jsonl", "final.weights.h5", "checkpoints"):

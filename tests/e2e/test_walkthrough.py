@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import make_image_arrays
+from conftest import make_image_arrays, run_summary
 from PIL import Image
 from keras_files import efficientnet_b0_h5
 
@@ -150,7 +150,7 @@ def _check_trained(model_dir, stdout: str) -> dict:
     assert [r["step"] for r in evals] == [2, 4]  # every epoch of 2 updates
     logged = next(r for r in evals if r["step"] == best["step"])
     assert (logged["top1"], logged["loss"]) == (best["top1"], best["loss"])
-    summary = json.load(open(model_dir / "summary.json"))
+    summary = run_summary(model_dir)
     assert summary["steps"] == 4 and summary["best"]["step"] == best["step"]
     assert os.path.exists(model_dir / "export" / "model.keras")  # --export_best
     return best
