@@ -349,7 +349,7 @@ def test_training_through_a_local_service_says_what_it_guarantees(procs, small_d
     assert len({p for _, p in listening}) == 3 and (port in {p for _, p in listening})
     assert {ip for ip, _ in listening} <= {"0.0.0.0", "::"}, listening
     assert "it listens on EVERY interface, unauthenticated" in local.out.text
-    run = trainer(procs, small_dataset, tmp_path / "run", port, train_steps=60)
+    run = trainer(procs, small_dataset, tmp_path / "run", port, train_steps=30)
     assert run.wait(120) == 0, run.out.text[-3000:]
     lines = [line for line in run.out.text.splitlines() if line.startswith("data service ")]
     assert len(lines) == 1, run.out.text[-3000:]
@@ -358,7 +358,7 @@ def test_training_through_a_local_service_says_what_it_guarantees(procs, small_d
     assert "--deterministic keeps" in lines[0]
     records = [json.loads(r) for r in open(tmp_path / "run" / "metrics.jsonl")]
     losses = [r["loss"] for r in records if "loss" in r]
-    assert summary(tmp_path / "run")["steps"] == 60 and losses[-1] < losses[0], losses
+    assert summary(tmp_path / "run")["steps"] == 30 and losses[-1] < losses[0], losses
     local.signal(signal.SIGINT)
     assert local.wait(60) == 0 and "stopped by SIGINT" in local.out.text  # 60: a safety net
 
