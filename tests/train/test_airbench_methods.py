@@ -92,6 +92,7 @@ def test_lookahead_with_accumulation_equals_the_large_batch(small_dataset, tmp_p
     """tiny_cnn (no BatchNorm: micro-batches would normalize apart): 4 micro-batches of 4
     with lookahead end as one batch of 16."""
     plain = dict(model="tiny_cnn", dirac_init=True, batchnorm_lr_multiplier=1.0)
+    plain.update(eval_tta="none")  # the claim is the weights: no six-view final evaluation
     _run(small_dataset, tmp_path / "one", **plain)
     _run(small_dataset, tmp_path / "four", grad_accum_steps=4, **plain)
     assert_same_weights(tmp_path / "four", tmp_path / "one", atol=1e-5)
