@@ -45,8 +45,8 @@ for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
     os.environ.pop(_name, None)
 
 import collections
-import json
 import inspect
+import json
 import shutil
 import sys
 

@@ -36,8 +36,9 @@ def test_removed_while_a_save_writes_into_it():
         directory = scratch.scratch_dir("tfgpu-test-scratch-")
         stop = threading.Event()
         saver = _saving(directory, stop)
-        while len(os.listdir(directory)) < 200:  # the save well under way
+        while saver.is_alive() and len(os.listdir(directory)) < 200:  # the save well under way
             pass
+        assert saver.is_alive(), "the save stopped before the removal"  # not a hang either
         scratch.remove_scratch_dirs()
         stop.set()
         saver.join()
