@@ -26,15 +26,16 @@ from tfgpu.cli.train import make_config
 pytestmark = pytest.mark.timeout(900)
 
 
-def _chaos(job, tmp_path, kinds: list) -> None:
+def _chaos(job, tmp_path, kinds: list, alone: bool = False) -> None:
     """The job uninterrupted, then killed at a moment of each of ``kinds`` in turn until it
     finishes (a kind, or "kind:whom": all of its processes or one); the two must hold the same
-    weights and rows, to the byte."""
+    weights and rows, to the byte. ``alone``: the uninterrupted run is one process (this one)
+    even for a multi-process job, whose flags make one process compute the same bits."""
     seed = chaos_seed()
     print(f"{job.name}: chaos seed {seed} (replay: {SEED_ENV}={seed})", file=sys.stderr)
     rng = random.Random(seed)
     reference = str(tmp_path / "uninterrupted")
-    if job.kind == "single":
+    if job.kind == "single" or alone:
         whole = _in_this_process(job, reference, kinds)
     else:
         (whole,) = run_until_done(job, reference, [], rng)
@@ -44,7 +45,7 @@ def _chaos(job, tmp_path, kinds: list) -> None:
 
 
 def _in_this_process(job, model_dir: str, kinds: list) -> None:
-    """A single-process job's uninterrupted run in the pytest worker: its flags parsed into a
+    """A job's uninterrupted run, one process: the pytest worker. Its flags parsed into a
     fresh set of tfgpu.main's and made its Config as the command makes them, trained (the
     killed attempts are the processes; this run's claim is what it writes). Returns None: no
     start or tracing time of its own to draw a "startup" or "time" moment from."""
@@ -86,11 +87,17 @@ def test_batchnorm_ema_keep_best_and_export_killed_in_every_write(
 def test_two_workers_killed_one_or_all_end_as_the_uninterrupted_job(small_dataset, tmp_path):
     """chaos.TINY's job at 16x16: both kills come at a moment the run itself names (a
     progress line drawn from those still to come, a checkpoint's write), not at a time, so
-    faster updates (~25 ms of CPU instead of ~65 at 32x32) cannot carry the run past them."""
+    faster updates (~25 ms of CPU instead of ~65 at 32x32) cannot carry the run past them.
+    With --micro_batch_size=8 each worker takes its 8 examples in one micro-batch (as without
+    it) and one process takes two, summed as the all-reduce sums the workers': the job
+    uninterrupted is run once, by this process (measured: two workers and one process end
+    with the same weights, metrics.jsonl and summary.csv rows, to the byte; two processes
+    fewer than running the two-worker job uninterrupted)."""
     job = jobs(small_dataset)["mwms"]
     flags = ["--image_size=16" if f == "--image_size=32" else f for f in job.flags]
     assert "--image_size=16" in flags
-    _chaos(dataclasses.replace(job, flags=flags), tmp_path, ["update:one", "checkpoint:all"])
+    job = dataclasses.replace(job, flags=[*flags, "--micro_batch_size=8"])
+    _chaos(job, tmp_path, ["update:one", "checkpoint:all"], alone=True)
 
 
 @pytest.mark.heavy  # the two-worker case above shows the claim; this one under Horovod
