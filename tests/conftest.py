@@ -373,6 +373,17 @@ LARGE_BATCH_RUN = dict(
 )
 
 
+# Class weights from the data's counts with balanced sampling (in memory, as it needs) and
+# MixUp/CutMix: tests/data/test_balance.py's accumulation and resume and the mirrored row of
+# tests/distribute/test_mirrored_equals_default.py share its one-device run on ``imbalanced``.
+BALANCE_RUN = dict(
+    class_weights="auto",
+    balanced_sampling=True,
+    sampling_power=0.5,
+    mixup_alpha=0.4,
+    cutmix_alpha=1.0,
+)
+
 # airbench's methods on TINY_RUN (tests/train/test_airbench_methods.py; its mirrored = default
 # row in tests/distribute/test_mirrored_equals_default.py shares the one-device run): the
 # data's whitening, identity initialisation, lookahead, BatchNorm's own learning rate,

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY_RUN, TRAIN_COUNTS, final_weights
+from conftest import BALANCE_RUN, TINY_RUN, TRAIN_COUNTS, final_weights
 from weights import assert_same_weights
 
 from tfgpu import models, optim
@@ -217,10 +217,11 @@ def test_the_streaming_path_is_a_one_line_error(imbalanced):
 def test_class_weights_in_micro_batches_and_resumed_end_as_one_uninterrupted_device(
     imbalanced, reference_run, tmp_path, monkeypatch
 ):
-    """--class_weights=auto with balanced sampling at power 0.5: 2 micro-batches, and a run
-    stopped after 3 updates (mid-epoch) then resumed, end where one uninterrupted device does
-    (2 mirrored replicas too: tests/distribute/test_mirrored_equals_default.py's row)."""
-    flags = dict(class_weights="auto", balanced_sampling=True, sampling_power=0.5)
+    """--class_weights=auto with balanced sampling at power 0.5 and MixUp/CutMix (BALANCE_RUN):
+    2 micro-batches, and a run stopped after 3 updates (mid-epoch) then resumed, end where one
+    uninterrupted device does (2 mirrored replicas too:
+    tests/distribute/test_mirrored_equals_default.py's row)."""
+    flags = BALANCE_RUN
     reference = final_weights(reference_run(data_dir=imbalanced, **flags))
 
     def run(name, **kw):

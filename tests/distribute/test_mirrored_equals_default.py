@@ -3,20 +3,24 @@ logical CPU devices) end with the weights one device ends with (within 1e-5), wi
 gradient all-reduce per update, whatever the input path. One table, a row per path; each
 row's one-device run is the session's (conftest's ``reference_run``), shared with the tests
 that compare other things with it (tests/e2e/test_equivalence.py's launches,
-tests/data/test_balance.py's accumulation and resume).
+tests/data/test_balance.py's accumulation and resume, the two-process launches).
 
-The rows: every per-example draw and the step's options at once (SPREAD_RUN: RandAugment,
-random erasing, repeated augmentation, --remat, progressive stages) in 4 micro-batches per
-replica; un-resized crops (variable-length per-replica tensors through tf.distribute) with
-MixUp; the in-memory path with MixUp and CutMix; class weights with balanced sampling on an
-imbalanced dataset; airbench's methods together (tests/train/test_airbench_methods.py's run:
-the data's whitening, lookahead, BatchNorm's own learning rate, synchronized BatchNorm,
-alternating flips, six-view TTA).
+The rows: every per-example draw, the step's options and the large-batch settings at once
+(LARGE_BATCH_RUN: SPREAD_RUN's RandAugment, random erasing, repeated augmentation, --remat and
+progressive stages, with LARS, BCE on MixUp/CutMix targets, poly decay, the EMA's warm-up) in
+4 micro-batches per replica, its one-device run the one tests/e2e/test_launch_jobs.py's and
+test_heartbeat_flood.py's default launches compare with; un-resized crops (variable-length
+per-replica tensors through tf.distribute) with MixUp; class weights with balanced sampling on
+an imbalanced dataset, on the in-memory path with MixUp and CutMix (conftest's BALANCE_RUN,
+whose one-device run tests/data/test_balance.py's accumulation and resume compare with);
+airbench's methods together (tests/train/test_airbench_methods.py's run: the data's
+whitening, lookahead, BatchNorm's own learning rate, synchronized BatchNorm, alternating flips,
+six-view TTA, in memory without mixing).
 """
 
 import numpy as np
 import pytest
-from conftest import AIRBENCH_RUN, SPREAD_RUN, TINY_RUN
+from conftest import AIRBENCH_RUN, BALANCE_RUN, LARGE_BATCH_RUN, SPREAD_RUN, TINY_RUN
 from weights import assert_same_weights
 
 from tfgpu import train
@@ -24,10 +28,10 @@ from tfgpu.config import config_from, validate
 
 STEPS = TINY_RUN["train_steps"]
 SPREAD = {k: v for k, v in SPREAD_RUN.items() if TINY_RUN.get(k) != v}
-BALANCE = dict(class_weights="auto", balanced_sampling=True, sampling_power=0.5)
+LARGE_BATCH = {k: v for k, v in LARGE_BATCH_RUN.items() if TINY_RUN.get(k) != v}
 # name -> (the dataset's fixture, the run's settings, what the mirrored run adds)
 CASES = {
-    "spread_run_accumulating": ("small_dataset", SPREAD, dict(grad_accum_steps=4)),
+    "large_batch_accumulating": ("small_dataset", LARGE_BATCH, dict(grad_accum_steps=4)),
     "spread_run_accumulating_x2": ("small_dataset", SPREAD, dict(grad_accum_steps=2)),
     "spread_run": ("small_dataset", SPREAD, {}),
     "resize_on_device": (
@@ -35,15 +39,16 @@ CASES = {
         dict(crop_min_area=0.3, mixup_alpha=0.4, resize_on="device"),
         {},
     ),
-    "in_memory": ("small_dataset", dict(in_memory="on", mixup_alpha=0.4, cutmix_alpha=1.0), {}),
-    "class_weights": ("imbalanced", BALANCE, {}),
+    # The in-memory path with MixUp and CutMix: its own row until 2026-12-07, here since.
+    "class_weights": ("imbalanced", BALANCE_RUN, {}),
     "airbench_methods": ("small_dataset", AIRBENCH_RUN, {}),
 }
 # To float rounding (1e-5, the contract's), but airbench's: the synchronized batch moments sum
 # in another order than one device's, and BatchNorm's 8x learning rate carries that further
 # (measured: 1.4e-5 on one offset of 128 after 6 updates).
 ATOL = dict.fromkeys(CASES, 1e-5) | {"airbench_methods": 1e-4}
-# The accumulating row covers the plain one and the one of 2 micro-batches (heavy).
+# The accumulating row (SPREAD_RUN and more) covers SPREAD_RUN's plain row and its row of 2
+# micro-batches (heavy).
 HEAVY = {"spread_run_accumulating_x2", "spread_run"}
 
 
