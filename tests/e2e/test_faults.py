@@ -3,6 +3,7 @@ and environments. Nothing finished is lost and every error is one clear line."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -82,10 +83,16 @@ def _config(data_dir, model_dir):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(small_dataset, tmp_path_factory):
+def uninterrupted_run(small_dataset, tmp_path_factory):
+    """RUN trained uninterrupted in this process: its folder (checkpoints at 30, 40, 48)."""
     model_dir = tmp_path_factory.mktemp("uninterrupted")
     train.run(_config(small_dataset, model_dir))
-    return final_weights(model_dir)
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_run):
+    return final_weights(uninterrupted_run)
 
 
 def test_sigterm_checkpoints_exits_75_and_the_resumed_run_is_exact(
@@ -264,29 +271,28 @@ def _truncate_data_files(checkpoint_prefix: str) -> None:
 
 
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(
-    small_dataset, tmp_path, capsys
+    small_dataset, uninterrupted_run, uninterrupted, tmp_path, capsys
 ):
     """A run started again on checkpoints whose newest is damaged: one warning naming it,
     then the one before it resumes and the run ends with the undamaged run's weights; with
     every checkpoint damaged, one line and exit 4. In this process, through the command's own
     ending (``run_command`` with tfgpu-train's translation): the claim is what the restore
-    does and says, not the process (the SIGTERM test above resumes through the command)."""
-    settings = dict(RUN, train_steps=12, checkpoint_every_steps=6)
+    does and says, not the process (the SIGTERM test above resumes through the command). On a
+    copy of the module's uninterrupted run (its checkpoints at 30, 40 and 48)."""
     model_dir = tmp_path / "run"
-    values = dict(settings, data_dir=small_dataset, model_dir=str(model_dir), strategy="default")
-    config = validate(config_from(**values))
-    train.run(config)
-    reference = final_weights(model_dir)  # of the uninterrupted run, before the damage
-    _truncate_data_files(str(model_dir / "checkpoints" / "ckpt-12"))
+    shutil.copytree(uninterrupted_run, model_dir)
+    os.remove(model_dir / "final.weights.h5")  # the resumed run must write its own
+    config = _config(small_dataset, model_dir)
+    _truncate_data_files(str(model_dir / "checkpoints" / "ckpt-48"))
     capsys.readouterr()
     code = _as_the_command(config)
     out, err = capsys.readouterr()
     assert code == 0, err[-3000:]
     warning = [line for line in err.splitlines() if "does not read back" in line]
-    assert len(warning) == 1 and "ckpt-12" in warning[0] and "trying an older one" in warning[0]
-    assert "resumed from" in out and "ckpt-6 at step 6" in out
-    assert_same_weights(model_dir, reference, atol=1e-6)
-    for step in (6, 12):
+    assert len(warning) == 1 and "ckpt-48" in warning[0] and "trying an older one" in warning[0]
+    assert "resumed from" in out and "ckpt-40 at step 40" in out
+    assert_same_weights(model_dir, uninterrupted, atol=1e-6)
+    for step in (30, 40, 48):
         _truncate_data_files(str(model_dir / "checkpoints" / f"ckpt-{step}"))
     code = _as_the_command(config)
     err = capsys.readouterr().err
