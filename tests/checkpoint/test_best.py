@@ -14,7 +14,7 @@ from tfgpu.config import ConfigError, config_from, validate
 BASE = dict(
     strategy="default",
     model="tiny_cnn",
-    image_size=32,
+    image_size=16,  # the claims are the best-keeping, not the model: ~10% less CPU than 32
     global_batch_size=16,
     optimizer="adam",
     learning_rate=0.003,
