@@ -42,11 +42,17 @@ RUN = dict(
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(small_dataset, tmp_path_factory):
+def uninterrupted_run(small_dataset, tmp_path_factory):
+    """RUN trained uninterrupted on the small dataset, in this process: its folder."""
     model_dir = tmp_path_factory.mktemp("uninterrupted")
     flags = dict(data_dir=small_dataset, model_dir=str(model_dir), strategy="default")
     train.run(validate(config_from(**flags, **RUN)))
-    return final_weights(model_dir)
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_run):
+    return final_weights(uninterrupted_run)
 
 
 # Started without the capability that overrides file permissions: as root too, a shard
@@ -128,17 +134,17 @@ def _config(data_dir, model_dir, **overrides):
     )
 
 
-@pytest.mark.timeout(900)  # two short runs in-process: 86 s on 2 cores shared at load ~17
+@pytest.mark.timeout(900)  # a refused start and a short run in-process, on 2 shared cores
 def test_a_dataset_rewritten_between_a_run_and_its_resume_is_said_in_one_line(
-    small_dataset, tmp_path
+    uninterrupted_run, tmp_path
 ):
-    data = shutil.copytree(small_dataset, tmp_path / "data")
-    run = tmp_path / "run"
-    train.run(_config(data, run))
+    """On a copy of the module's uninterrupted run (36 updates on the small dataset), its
+    data re-converted from other images in another folder."""
+    run = shutil.copytree(uninterrupted_run, tmp_path / "run")
     recorded = json.loads((run / identity.IDENTITY_FILE).read_text())
     assert recorded["train"]["examples"] == 96
     # Re-converted from other images: the same names, other records, other counts.
-    shutil.rmtree(data)
+    data = tmp_path / "data"
     images, labels = make_image_arrays(100, seed=9)
     items = items_from_arrays(images, labels, prefix="other")
     plan.write_dataset(
@@ -150,7 +156,7 @@ def test_a_dataset_rewritten_between_a_run_and_its_resume_is_said_in_one_line(
     )
     config_before = (run / "config.json").read_bytes()
     with pytest.raises(DataError) as caught:
-        train.run(_config(data, run, train_steps=12))
+        train.run(_config(data, run, train_steps=40))
     line = str(caught.value)
     assert "\n" not in line and line.startswith(f"the data changed since the run in {run}")
     assert "the train split holds 80 examples, was 96" in line, line
@@ -158,6 +164,6 @@ def test_a_dataset_rewritten_between_a_run_and_its_resume_is_said_in_one_line(
     assert (run / "config.json").read_bytes() == config_before  # nothing written
     # A copy of the same data elsewhere is the same data: moved, it resumes.
     (run / identity.IDENTITY_FILE).unlink()  # the user accepts the new data
-    summary = train.run(_config(data, run, train_steps=12))
-    assert summary["steps"] == 12
+    summary = train.run(_config(data, run, train_steps=40))
+    assert summary["steps"] == 40
     assert json.loads((run / identity.IDENTITY_FILE).read_text())["train"]["examples"] == 80
