@@ -93,7 +93,7 @@ def pytest_configure(config):
 TIERS = ("fast", "slow")
 PROCESS_MODULES = frozenset({"subprocess", "multiprocessing", "procs", "multihost", "chaos"})
 PROCESS_FIXTURES = frozenset({"horovodrun_tfgpu"})
-TRAINING_FIXTURES = frozenset({"reference_run"})  # trains when a test first asks
+TRAINING_FIXTURES = frozenset({"reference_run", "faults_run"})  # train when a test first asks
 TRAINING_HELPERS = frozenset(
     {
         "tfgpu.train",
@@ -428,6 +428,48 @@ def reference_run(small_dataset, tmp_path_factory, pytestconfig):
         return str(shared.made_once(root / name, train_it))
 
     return run
+
+
+# A short run on 16x16 crops read from the shards all along, a policy's per-epoch draws in it,
+# a checkpoint every 4 updates: the run tests/e2e/test_faults.py and test_data_faults.py
+# interrupt (a signal, damaged checkpoints, a shard gone, the data rewritten) and resume.
+FAULTS_RUN = dict(
+    model="tiny_cnn",
+    image_size=16,  # ~25 ms of CPU an update instead of ~65 at 32 (bench/README.md)
+    global_batch_size=16,
+    train_steps=36,  # 6 epochs of the 96 images: a resume lands mid-way
+    optimizer="adam",
+    learning_rate=0.001,
+    weight_decay=0.0,
+    deterministic=True,
+    seed=7,
+    steps_per_loop=2,
+    log_every_steps=2,
+    checkpoint_every_steps=4,
+    export=False,
+    crop_min_area=0.5,
+    augment_policy="trivialaugment",  # its draws depend on the epoch too
+    random_erasing=0.25,
+    shuffle_buffer=32,
+    in_memory="off",  # the shards read all along (a small set is otherwise read once)
+)
+
+
+@pytest.fixture(scope="session")
+def faults_run(small_dataset, tmp_path_factory, pytestconfig) -> str:
+    """The model_dir of FAULTS_RUN trained uninterrupted on ``small_dataset`` by one default
+    process (its checkpoints at 28, 32 and 36), once per session for test_faults and
+    test_data_faults: read it, copy it to go on with it."""
+    root = shared.shared_root(tmp_path_factory, pytestconfig)
+
+    def train_it(model_dir):
+        from tfgpu import train  # noqa: PLC0415 (TensorFlow's work: only when asked)
+        from tfgpu.config import config_from, validate  # noqa: PLC0415
+
+        values = dict(FAULTS_RUN, data_dir=small_dataset, model_dir=str(model_dir))
+        train.run(validate(config_from(strategy="default", **values)))
+
+    return str(shared.made_once(root / "faults-run", train_it))
 
 
 def final_weights(model_dir) -> dict[str, np.ndarray]:

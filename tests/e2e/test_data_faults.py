@@ -12,7 +12,7 @@ import time
 
 import pytest
 import tensorflow as tf
-from conftest import cli_flags, final_weights, make_image_arrays
+from conftest import FAULTS_RUN, cli_flags, final_weights, make_image_arrays
 from weights import assert_same_weights
 
 from tfgpu import train
@@ -22,37 +22,14 @@ from tfgpu.convert.manifest import items_from_arrays
 from tfgpu.data import identity
 from tfgpu.errors import DataError
 
-RUN = dict(
-    model="tiny_cnn",
-    image_size=16,  # 36 updates at 16x16: ~25 ms of CPU each instead of ~65 (bench/README.md)
-    global_batch_size=16,
-    train_steps=36,
-    optimizer="adam",
-    learning_rate=0.001,
-    weight_decay=0.0,
-    deterministic=True,
-    seed=7,
-    steps_per_loop=2,
-    log_every_steps=2,
-    checkpoint_every_steps=4,
-    export=False,
-    shuffle_buffer=32,
-    in_memory="off",  # read from the shards all along (a small set is otherwise read once)
-)
+# conftest's FAULTS_RUN: 36 updates at 16x16 read from the shards all along; its uninterrupted
+# run the session's (``faults_run``, shared with test_faults).
+RUN = FAULTS_RUN
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_run(small_dataset, tmp_path_factory):
-    """RUN trained uninterrupted on the small dataset, in this process: its folder."""
-    model_dir = tmp_path_factory.mktemp("uninterrupted")
-    flags = dict(data_dir=small_dataset, model_dir=str(model_dir), strategy="default")
-    train.run(validate(config_from(**flags, **RUN)))
-    return model_dir
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(uninterrupted_run):
-    return final_weights(uninterrupted_run)
+def uninterrupted(faults_run):
+    return final_weights(faults_run)
 
 
 # Started without the capability that overrides file permissions: as root too, a shard
@@ -135,12 +112,10 @@ def _config(data_dir, model_dir, **overrides):
 
 
 @pytest.mark.timeout(900)  # a refused start and a short run in-process, on 2 shared cores
-def test_a_dataset_rewritten_between_a_run_and_its_resume_is_said_in_one_line(
-    uninterrupted_run, tmp_path
-):
-    """On a copy of the module's uninterrupted run (36 updates on the small dataset), its
+def test_a_dataset_rewritten_between_a_run_and_its_resume_is_said_in_one_line(faults_run, tmp_path):
+    """On a copy of the session's uninterrupted run (36 updates on the small dataset), its
     data re-converted from other images in another folder."""
-    run = shutil.copytree(uninterrupted_run, tmp_path / "run")
+    run = shutil.copytree(faults_run, tmp_path / "run")
     recorded = json.loads((run / identity.IDENTITY_FILE).read_text())
     assert recorded["train"]["examples"] == 96
     # Re-converted from other images: the same names, other records, other counts.

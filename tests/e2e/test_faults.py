@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import cli_flags, final_weights
+from conftest import FAULTS_RUN, cli_flags, final_weights
 from weights import assert_same_weights
 import tensorflow as tf
 
@@ -21,27 +21,9 @@ from tfgpu.errors import CheckpointError
 from tfgpu.step.train_step import NonFiniteLoss
 from tfgpu.train import op_errors
 
-# 16x16: the faults are the run's (signals, checkpoints, losses), not the model's; a tiny_cnn
-# update costs ~2.5x less CPU than at 32.
-RUN = dict(
-    model="tiny_cnn",
-    image_size=16,
-    global_batch_size=16,
-    train_steps=48,
-    optimizer="adam",
-    learning_rate=0.001,
-    weight_decay=0.0,
-    deterministic=True,
-    seed=5,
-    steps_per_loop=2,
-    log_every_steps=2,
-    checkpoint_every_steps=10,
-    export=False,
-    crop_min_area=0.5,
-    # A policy's draws depend on the epoch too: 48 updates are 8 epochs, resumed mid-way.
-    augment_policy="trivialaugment",
-    random_erasing=0.25,
-)
+# The run the faults interrupt: conftest's FAULTS_RUN (16x16: the faults are the run's, not the
+# model's), its uninterrupted run the session's (``faults_run``, shared with test_data_faults).
+RUN = FAULTS_RUN
 
 
 def _flags(data_dir, model_dir, **overrides):
@@ -83,16 +65,8 @@ def _config(data_dir, model_dir):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_run(small_dataset, tmp_path_factory):
-    """RUN trained uninterrupted in this process: its folder (checkpoints at 30, 40, 48)."""
-    model_dir = tmp_path_factory.mktemp("uninterrupted")
-    train.run(_config(small_dataset, model_dir))
-    return model_dir
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(uninterrupted_run):
-    return final_weights(uninterrupted_run)
+def uninterrupted(faults_run):
+    return final_weights(faults_run)
 
 
 def test_sigterm_checkpoints_exits_75_and_the_resumed_run_is_exact(
@@ -271,28 +245,28 @@ def _truncate_data_files(checkpoint_prefix: str) -> None:
 
 
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(
-    small_dataset, uninterrupted_run, uninterrupted, tmp_path, capsys
+    small_dataset, faults_run, uninterrupted, tmp_path, capsys
 ):
     """A run started again on checkpoints whose newest is damaged: one warning naming it,
     then the one before it resumes and the run ends with the undamaged run's weights; with
     every checkpoint damaged, one line and exit 4. In this process, through the command's own
     ending (``run_command`` with tfgpu-train's translation): the claim is what the restore
     does and says, not the process (the SIGTERM test above resumes through the command). On a
-    copy of the module's uninterrupted run (its checkpoints at 30, 40 and 48)."""
+    copy of the session's uninterrupted run (its checkpoints at 28, 32 and 36)."""
     model_dir = tmp_path / "run"
-    shutil.copytree(uninterrupted_run, model_dir)
+    shutil.copytree(faults_run, model_dir)
     os.remove(model_dir / "final.weights.h5")  # the resumed run must write its own
     config = _config(small_dataset, model_dir)
-    _truncate_data_files(str(model_dir / "checkpoints" / "ckpt-48"))
+    _truncate_data_files(str(model_dir / "checkpoints" / "ckpt-36"))
     capsys.readouterr()
     code = _as_the_command(config)
     out, err = capsys.readouterr()
     assert code == 0, err[-3000:]
     warning = [line for line in err.splitlines() if "does not read back" in line]
-    assert len(warning) == 1 and "ckpt-48" in warning[0] and "trying an older one" in warning[0]
-    assert "resumed from" in out and "ckpt-40 at step 40" in out
+    assert len(warning) == 1 and "ckpt-36" in warning[0] and "trying an older one" in warning[0]
+    assert "resumed from" in out and "ckpt-32 at step 32" in out
     assert_same_weights(model_dir, uninterrupted, atol=1e-6)
-    for step in (30, 40, 48):
+    for step in (28, 32, 36):
         _truncate_data_files(str(model_dir / "checkpoints" / f"ckpt-{step}"))
     code = _as_the_command(config)
     err = capsys.readouterr().err
