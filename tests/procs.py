@@ -10,6 +10,10 @@ import time
 
 import psutil
 
+# A line TensorFlow's C++ (or absl) wrote: "I0000 00:00:17.1 ...", "W1205 ...", and absl's
+# notice before its log is initialized.
+TF_LINE = re.compile(r"^(?:[IWEF]\d{4} |WARNING: All log messages before absl).*$", re.M)
+
 
 class Output:
     """Collects a process's merged output on a thread, so pipes never fill up."""
@@ -116,3 +120,12 @@ def wait_for(output: Output, pattern: str, timeout: float) -> re.Match:
         assert time.time() < deadline, f"no {pattern!r}: " + output.text[-3000:]
         time.sleep(0.1)
     return re.search(pattern, output.text)
+
+
+def assert_each_worker_quiet(text: str) -> None:
+    """``text``, what two multi_worker_mirrored workers under tfgpu.launch printed with
+    TF_CPP_MIN_LOG_LEVEL=3, holds none of TensorFlow's lines (each worker used to print its
+    early ones: tests/cli/test_quiet_start.py) and worker 0's start."""
+    tf_lines = [line for line in text.splitlines() if TF_LINE.match(line.split("] ", 1)[-1])]
+    assert not tf_lines, text[-3000:]
+    assert re.search(r"^\[worker 0\] multi_worker_mirrored: 2 replica", text, re.M), text[-3000:]

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from conftest import TINY_RUN, cli_flags, run_summary
-from procs import Output, kill_tree, popen
+from procs import Output, assert_each_worker_quiet, kill_tree, popen
 from requires import requires
 
 from tfgpu import train
@@ -164,8 +164,13 @@ def test_a_resumed_run_continues_its_mlflow_run(server, tracked):
 
 
 def test_two_workers_log_once_to_the_environments_server(server, small_dataset, tmp_path):
+    """Of two workers under tfgpu.launch only the chief logs. The same run holds
+    tests/cli/test_quiet_start.py's multi-worker claim (a launch of its own there cost ~10
+    CPU-s): with TF_CPP_MIN_LOG_LEVEL=3 neither worker prints one of TensorFlow's early
+    lines."""
     # No flag: MLflow's own environment variables say where (the command reads them).
     env = dict(os.environ, MLFLOW_TRACKING_URI=server.uri, MLFLOW_EXPERIMENT_NAME="two")
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     cmd = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
     cmd += cli_flags(
         RUN, data_dir=small_dataset, model_dir=tmp_path, strategy="multi_worker_mirrored"
@@ -173,6 +178,7 @@ def test_two_workers_log_once_to_the_environments_server(server, small_dataset, 
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert WARNING not in out.stderr, out.stderr[-3000:]
+    assert_each_worker_quiet(out.stdout + out.stderr)
     client = _client(server.uri)
     runs = client.search_runs([client.get_experiment_by_name("two").experiment_id])
     assert len(runs) == 1
