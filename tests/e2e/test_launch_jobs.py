@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from procs import Output, kill_tree
 from requires import requires
 from conftest import (
     LARGE_BATCH_RUN,
@@ -25,6 +26,7 @@ from conftest import (
 from weights import assert_same_weights, largest
 
 from tfgpu.cli import launch
+from tfgpu.cli.sidecar import watch
 
 TIMEOUT_S = 240
 # resnet20 at 16x16: synchronized BatchNorm's collectives as in any BatchNorm model, in 0.27M
@@ -166,9 +168,13 @@ def test_a_tfjob_is_one_job_the_chief_writes_and_its_evaluator_follows(
     model, references, small_dataset, tmp_path
 ):
     """The chief and the worker (node-local --model_dirs) train as one job with the chief
-    writing; the evaluator task, running the trainers' own command on the chief's directory,
-    evaluates every checkpoint as it appears and fills in the run's final evaluation."""
-    dirs = [tmp_path / "chief", tmp_path / "worker", tmp_path / "chief"]
+    writing; the side-car evaluator on the chief's directory evaluates every checkpoint as it
+    appears and fills in the run's final evaluation. It runs in this process (the function
+    the evaluator task's command runs, ``cli.sidecar.watch``): that the trainers' own command
+    with the TFJob's evaluator TF_CONFIG is that evaluator is
+    tests/inference/test_watch.py's evaluator task (a process there); a third process here
+    cost ~3.5 CPU-s of TensorFlow's start."""
+    dirs = [tmp_path / "chief", tmp_path / "worker"]
     run = dict(RUNS[model], sidecar_eval=True, checkpoint_every_steps=2)
     procs = []
     for tf_config, model_dir in zip(tfjob_configs(), dirs):
@@ -180,14 +186,20 @@ def test_a_tfjob_is_one_job_the_chief_writes_and_its_evaluator_follows(
                 [*cmd, *flags], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
             )
         )
-    outs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
-    trainers = subprocess.CompletedProcess([], procs[0].returncode or procs[1].returncode, "", "")
-    trainers.stdout = "\n".join(outs[:2])
+    outs = [Output(p) for p in procs]  # read as they come: this process is busy evaluating
+    try:
+        evaluated = watch(str(dirs[0]), 0.2, TIMEOUT_S, log=lambda _: None)
+        codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            kill_tree(p)
+    trainers = subprocess.CompletedProcess([], codes[0] or codes[1], "", "")
+    trainers.stdout = "\n".join(o.drained() for o in outs)
     check_one_job(trainers, dirs[0], references(model), "multi_worker_mirrored")
     assert set(os.listdir(dirs[1])) <= {"config.json"}, "the worker wrote results"
-    assert procs[2].returncode == 0, outs[2][-3000:]
     with open(dirs[0] / "metrics.jsonl", encoding="utf-8") as f:
         rows = [r for r in map(json.loads, f) if r["split"] == "validation"]
     steps = run["train_steps"]
     assert [r["step"] for r in rows] == list(range(2, steps + 1, 2)), rows
+    assert evaluated == len(rows)
     assert run_summary(dirs[0])["final_eval"]["top1"] == rows[-1]["top1"]

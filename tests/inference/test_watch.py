@@ -266,9 +266,11 @@ def test_the_evaluator_task_keeps_the_best_and_stops_the_trainer_early(small_dat
     settings = dict(SIDECAR_RUN, train_steps=3000, checkpoint_every_steps=4)
     settings.update(keep_best=2, best_metric="top5", early_stop_patience=2)
     flags = cli_flags(settings, data_dir=small_dataset, model_dir=model_dir, strategy="default")
-    # As TFJob writes it: the evaluator is not in the cluster, whose tasks it never reaches.
+    # As TFJob writes it: the evaluator is not in the cluster, whose tasks it never reaches
+    # (tests/e2e/test_launch_jobs.py's TFJob follows its chief with this evaluator's function).
     cluster = {"chief": ["localhost:1"], "worker": ["localhost:2"]}
-    tf_config = json.dumps({"cluster": cluster, "task": {"type": "evaluator", "index": 0}})
+    task = {"type": "evaluator", "index": 0}
+    tf_config = json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})
     evaluator_cmd = [sys.executable, "-m", "tfgpu.main", *flags, "--watch_interval_s=0.2"]
     evaluator = popen(evaluator_cmd, env=dict(os.environ, TF_CONFIG=tf_config))
     watched = Output(evaluator)
