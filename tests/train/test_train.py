@@ -4,13 +4,11 @@ import os
 import numpy as np
 import pytest
 
-from conftest import TINY_RUN
-
 from tfgpu import train
 from tfgpu.config import config_from, validate
 from tfgpu.train.actions import Action
 
-pytestmark = pytest.mark.slow  # each test trains: ~10.5 CPU-s the file
+pytestmark = pytest.mark.slow  # the tests read one run of the module
 
 CONTRACT_FILES = [
     "config.json",
@@ -51,33 +49,6 @@ def _config(data_dir, model_dir, **kw):
     return validate(config_from(**base))
 
 
-def test_short_run_writes_every_contract_file_and_learns(small_dataset, tmp_path):
-    summary = train.run(_config(small_dataset, tmp_path))
-    for name in CONTRACT_FILES:
-        assert os.path.exists(tmp_path / name), name
-    logged = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if r["split"] == "train"]
-    train_losses = [r["loss"] for r in logged]
-    # Each window's images/s, turned back into seconds, must fit inside the run's wall time.
-    window_seconds = sum(10 * 16 / r["images_per_sec"] for r in logged)
-    assert 0 < window_seconds < summary["wall_time_s"]
-    assert len(train_losses) == 4
-    assert np.mean(train_losses[-2:]) < 0.7 * train_losses[0]
-    assert summary["steps"] == 40 and summary["final_eval"]["top1"] > 0.5
-    assert json.load(open(tmp_path / "summary.json"))["num_replicas"] == 1
-    assert json.load(open(tmp_path / "config.json"))["model"] == "tiny_cnn"
-
-
-def test_evaluation_every_epoch(small_dataset, tmp_path):
-    # 96 train examples / 16 per update = 6 updates per epoch: evaluations at 6, 12 and the end.
-    train.run(_config(small_dataset, tmp_path, train_steps=14, eval_every_epochs=1.0, export=False))
-    evals = [
-        r["step"]
-        for r in map(json.loads, open(tmp_path / "metrics.jsonl"))
-        if r["split"] == "validation"
-    ]
-    assert evals == [6, 12, 14]
-
-
 class _Recorder(Action):
     """A run's own action: what it saw at each step it was asked."""
 
@@ -90,12 +61,47 @@ class _Recorder(Action):
         self.seen.append((state.step, state.evaluation[0] if state.evaluation else None))
 
 
-def test_a_runs_own_actions_are_asked_after_the_built_in_ones(small_dataset, tmp_path):
+@pytest.fixture(scope="module")
+def run(small_dataset, tmp_path_factory):
+    """(model_dir, summary, what a run's own action saw) of one 40-update run that evaluates
+    every epoch and asks a _Recorder every 3 updates: the module's three tests read it."""
+    model_dir = tmp_path_factory.mktemp("run")
     recorder = _Recorder()
-    settings = dict(TINY_RUN, train_steps=9, eval_every_steps=3, steps_per_loop=9)
-    config = validate(config_from(data_dir=small_dataset, model_dir=str(tmp_path), **settings))
+    config = _config(small_dataset, model_dir, eval_every_epochs=1.0)
     summary = train.run(config, actions=[recorder])
+    return model_dir, summary, recorder.seen
+
+
+def test_short_run_writes_every_contract_file_and_learns(run):
+    model_dir, summary, _ = run
+    for name in CONTRACT_FILES:
+        assert os.path.exists(model_dir / name), name
+    metrics = map(json.loads, open(model_dir / "metrics.jsonl"))
+    logged = [r for r in metrics if r["split"] == "train"]
+    train_losses = [r["loss"] for r in logged]
+    # Each window's images/s, turned back into seconds, must fit inside the run's wall time.
+    window_seconds = sum(10 * 16 / r["images_per_sec"] for r in logged)
+    assert 0 < window_seconds < summary["wall_time_s"]
+    assert len(train_losses) == 4
+    assert np.mean(train_losses[-2:]) < 0.7 * train_losses[0]
+    assert summary["steps"] == 40 and summary["final_eval"]["top1"] > 0.5
+    assert json.load(open(model_dir / "summary.json"))["num_replicas"] == 1
+    assert json.load(open(model_dir / "config.json"))["model"] == "tiny_cnn"
+
+
+def test_evaluation_every_epoch(run):
+    # 96 train examples / 16 per update = 6 updates per epoch: evaluations at 6, 12, .., 36
+    # and the end.
+    model_dir, _, _ = run
+    metrics = map(json.loads, open(model_dir / "metrics.jsonl"))
+    evals = [r["step"] for r in metrics if r["split"] == "validation"]
+    assert evals == [6, 12, 18, 24, 30, 36, 40]
+
+
+def test_a_runs_own_actions_are_asked_after_the_built_in_ones(run):
     # Asked at every multiple of 3 but the last step (the run's own), after this step's
-    # evaluation; the loop stopped there although --steps_per_loop was 9.
-    assert recorder.seen == [(3, 3), (6, 6)]
-    assert summary["steps"] == 9 and os.path.exists(tmp_path / "final.weights.h5")
+    # evaluation (at each multiple of 6; the newest one's step else), although the loop
+    # runs --steps_per_loop=5 updates.
+    _, summary, seen = run
+    assert seen == [(step, 6 * (step // 6) or None) for step in range(3, 40, 3)]
+    assert summary["steps"] == 40
