@@ -2,8 +2,11 @@
 stay out of the window's loss, evaluation reports non-finite logits, the per-window norms and
 loss scale, summary.csv and TensorBoard hparams, and the profiler window."""
 
+import contextlib
+import io
 import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -50,6 +53,22 @@ def _rows(model_dir, split):
 def float32_after():
     yield
     keras.mixed_precision.set_global_policy("float32")
+
+
+# One float32 run of 8 updates that three tests read (each its own part): its windows' norms
+# (compared with a mirrored run's), its evaluations' summary.csv rows (then resumed in a copy),
+# its profile of updates 3..5.
+PLAIN = dict(train_steps=8, deterministic=True, clip_norm=0.5, eval_every_steps=4)
+
+
+@pytest.fixture(scope="module")
+def plain_run(small_dataset, tmp_path_factory):
+    """(model_dir, its stdout) of PLAIN with --profile_steps=3:5."""
+    model_dir = tmp_path_factory.mktemp("plain")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        train.run(_config(small_dataset, model_dir, profile_steps="3:5", **PLAIN))
+    return model_dir, out.getvalue()
 
 
 # --- 1. a diverging float16 run stops, and says so ------------------------------------------
@@ -156,14 +175,11 @@ def test_windows_log_grad_norm_clipping_weight_norm_and_loss_scale(
     assert {"grad_norm", "weight_norm", "loss_scale", "skipped_updates"} <= tags
 
 
-def test_window_norms_under_mirrored_equal_those_of_one_device(small_dataset, tmp_path):
+def test_window_norms_under_mirrored_equal_those_of_one_device(small_dataset, tmp_path, plain_run):
     # The norms are taken after the all-reduce: 2 replicas of 8 give the figures of 1 of 16.
-    rows = {}
-    for strategy in ("default", "mirrored"):
-        model_dir = tmp_path / strategy
-        kw = dict(strategy=strategy, train_steps=8, deterministic=True, clip_norm=0.5)
-        train.run(_config(small_dataset, model_dir, **kw))
-        rows[strategy] = _rows(model_dir, "train")
+    rows = {"default": _rows(plain_run[0], "train")}
+    train.run(_config(small_dataset, tmp_path, strategy="mirrored", **PLAIN))
+    rows["mirrored"] = _rows(tmp_path, "train")
     assert [r["step"] for r in rows["default"]] == [r["step"] for r in rows["mirrored"]] != []
     for a, b in zip(rows["default"], rows["mirrored"], strict=True):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
@@ -190,10 +206,13 @@ def _events(directory):
         yield from tf.compat.v1.train.summary_iterator(path)
 
 
-def test_summary_csv_has_a_row_per_evaluation_and_tensorboard_has_hparams(small_dataset, tmp_path):
+def test_summary_csv_has_a_row_per_evaluation_and_tensorboard_has_hparams(
+    small_dataset, tmp_path, plain_run
+):
     import csv
 
-    train.run(_config(small_dataset, tmp_path, train_steps=8, eval_every_steps=4))
+    tmp_path = tmp_path / "run"
+    shutil.copytree(plain_run[0], tmp_path)  # resumed below: the other tests read the original
     rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
     assert [int(r["step"]) for r in rows] == [4, 8]
     assert list(rows[0]) == ["step", "epoch", "top1", "top5", "loss", "learning_rate",
@@ -204,7 +223,7 @@ def test_summary_csv_has_a_row_per_evaluation_and_tensorboard_has_hparams(small_
         assert float(row["images_per_sec"]) > 0
     assert float(rows[1]["epoch"]) == pytest.approx(8 * 16 / 96, abs=1e-3)  # 96 train examples
     # A resumed run (more steps, same model_dir) appends, header once.
-    train.run(_config(small_dataset, tmp_path, train_steps=12, eval_every_steps=4))
+    train.run(_config(small_dataset, tmp_path, **dict(PLAIN, train_steps=12)))
     lines = open(tmp_path / "summary.csv").read().splitlines()
     assert lines[0].startswith("step,") and [ln.split(",")[0] for ln in lines[1:]] == [
         "4",
@@ -240,10 +259,10 @@ def test_profile_action_stops_the_loop_at_the_window_edges():
     assert fitting.next_stop([profile], 2, 100, 10) == 5
 
 
-def test_profile_steps_write_a_trace_holding_the_train_step(small_dataset, tmp_path, capsys):
-    train.run(_config(small_dataset, tmp_path, train_steps=8, profile_steps="3:5"))
+def test_profile_steps_write_a_trace_holding_the_train_step(plain_run):
+    tmp_path, out = plain_run
     traces = tf.io.gfile.glob(str(tmp_path / "tensorboard/plugins/profile/*/*.xplane.pb"))
     assert len(traces) == 1
     content = open(traces[0], "rb").read()
     assert b"Conv2D" in content  # tiny_cnn's convolutions ran while tracing
-    assert "profile of updates 3..5 written" in capsys.readouterr().out
+    assert "profile of updates 3..5 written" in out
