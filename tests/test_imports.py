@@ -311,15 +311,22 @@ def test_every_import_runs_down_the_layers():
 TF_LOG_LINE = re.compile(r"^[IWE]\d{4} .*$|^.*(?:dataset\.cc|tensorflow/).*$", re.M)
 
 
+@pytest.fixture(scope="module")
+def demo_cache(tmp_path_factory):
+    """The demo dataset's folder, shared by the module's demo runs: the first (auto) writes
+    the dataset (~1.4 CPU-s, its lines checked there), the next reads it."""
+    return tmp_path_factory.mktemp("demo-cache")
+
+
 @pytest.mark.parametrize("strategy", ["auto", "one_device"])
-def test_a_demo_run_with_evaluations_prints_no_tensorflow_line(tmp_path, strategy):
+def test_a_demo_run_with_evaluations_prints_no_tensorflow_line(tmp_path, demo_cache, strategy):
     """The demo as a user starts it (no TF_CPP_MIN_LOG_LEVEL, no dataset flag), cut to 4
     updates with an evaluation after every 2: every line is tfgpu's. Under one_device,
     tf.distribute used to feed each iterator through a MultiDeviceIterator, and tf.data
     logged "dataset.cc: Input of GeneratorDatasetOp::Dataset will not be optimized" for the
     train batches and evaluations (``StrategyBackend.distribute_dataset``)."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    env["TFGPU_CACHE_DIR"] = str(tmp_path / "cache")  # the demo dataset, written once here
+    env["TFGPU_CACHE_DIR"] = str(demo_cache)
     argv = [sys.executable, "-m", "tfgpu.main", f"--model_dir={tmp_path / 'run'}"]
     argv += ["--train_steps=4", "--eval_every_steps=2", "--log_every_steps=2", "--export=false"]
     argv += [f"--strategy={strategy}"]
