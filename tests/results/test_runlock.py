@@ -10,7 +10,11 @@ import sys
 import pytest
 from conftest import TINY_RUN, cli_flags
 
+from tfgpu import train
+from tfgpu.cli.app import run_command
+from tfgpu.config import config_from, validate
 from tfgpu.results import runlock
+from tfgpu.train import op_errors
 
 
 def _hold(model_dir) -> object:
@@ -39,22 +43,35 @@ def test_a_held_model_dir_is_named_with_its_holder(tmp_path):
     _hold(tmp_path).close()  # released after the block
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_a_second_run_into_a_model_dir_in_use_stops_on_every_worker(
-    workers, small_dataset, tmp_path
-):
+def test_a_second_run_into_a_model_dir_in_use_stops_in_one_line(small_dataset, tmp_path, capsys):
+    """One default run, in this process (its lock file opened anew, as another process's
+    would be: flock refuses it): the command's one line and code 2, nothing written. Every
+    worker of a multi-worker run, each its own process: the test below."""
+    holder = _hold(tmp_path)
+    config = validate(
+        config_from(strategy="default", data_dir=small_dataset, model_dir=str(tmp_path), **TINY_RUN)
+    )
+    code = run_command(train.run, config, prog="tfgpu", translate=op_errors.translate)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("tfgpu: error: ") and "in use by another run" in lines[0]
+    assert "host node7, pid 4242" in lines[0]
+    assert os.listdir(tmp_path) == [runlock.LOCK_FILE], "the second run wrote into the dir"
+    holder.close()
+
+
+def test_a_second_run_into_a_model_dir_in_use_stops_on_every_worker(small_dataset, tmp_path):
+    """Two workers (tfgpu.launch, multi_worker_mirrored): each stops with its own line."""
+    workers = 2
     holder = _hold(tmp_path)
     flags = cli_flags(TINY_RUN, data_dir=small_dataset, model_dir=tmp_path)
-    if workers == 1:
-        cmd = [sys.executable, "-m", "tfgpu.main", "--strategy=default", *flags]
-    else:
-        cmd = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={workers}", "--"]
-        cmd += ["--strategy=multi_worker_mirrored", *flags]
+    cmd = [sys.executable, "-m", "tfgpu.launch", f"--num_workers={workers}", "--"]
+    cmd += ["--strategy=multi_worker_mirrored", *flags]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     text = out.stdout + out.stderr
     # Each worker's own error line (tfgpu.launch prefixes them with "[worker i] ").
-    own = re.compile(r"(\[worker \d\] )?tfgpu: error: .*in use by another run")
+    own = re.compile(r"\[worker \d\] tfgpu: error: .*in use by another run")
     lines = [line for line in text.splitlines() if own.match(line)]
     assert out.returncode == 2 and len(lines) == workers, text[-3000:]
     assert "host node7, pid 4242" in lines[0]
