@@ -199,20 +199,27 @@ def test_resize_flat_does_not_depend_on_the_batch():
 DEVICE_RESIZE = dataclasses.replace(MIX, resize_on="device")
 
 
-@pytest.mark.slow  # 8 s (2 shared cores)
-def test_resize_on_device_batches_and_equals_host_resize(small_dataset):
+@pytest.fixture(scope="module")
+def packed_batch(small_dataset):
+    """(the first packed batch of 8 of one DEVICE_RESIZE pipeline, the device fn's (images,
+    targets) of it): read once for the two tests below (a pipeline traced costs ~0.6 CPU-s);
+    neither changes it."""
     spec = data_spec.load_data_spec(small_dataset)
-    ds = train_ds(spec, DEVICE_RESIZE, InputShard(1, 0), 8, 8, **ORDER)
-    batch = next(iter(ds))
+    batch = next(iter(train_ds(spec, DEVICE_RESIZE, InputShard(1, 0), 8, 8, **ORDER)))
+    return batch, device_ops.make_batch_fn("packed", 4, DEVICE_RESIZE)(batch)
+
+
+@pytest.mark.slow  # 8 s (2 shared cores)
+def test_resize_on_device_batches_and_equals_host_resize(small_dataset, packed_batch, whole_batch):
+    spec = data_spec.load_data_spec(small_dataset)
+    batch, (images, targets) = packed_batch
     assert "image" not in batch and batch["pixels"].dtype == tf.int64
     assert batch["pixels"].shape.rank == 1 and batch["sizes"].shape == (8, 2)
     # No padding beyond each crop's last 8-pixel group: 3 words per group.
     groups = (tf.reduce_prod(batch["sizes"], 1) + 7) // 8
     assert batch["pixels"].shape[0] == 3 * int(tf.reduce_sum(groups))
-    images, targets = device_ops.make_batch_fn("packed", 4, DEVICE_RESIZE)(batch)
     assert images.shape == (8, 32, 32, 3) and images.dtype == tf.float32
-    host_batch = _batch(spec, InputShard(1, 0), 8, 8)
-    host_images, host_targets = device_ops.make_batch_fn("uint8", 4, MIX)(host_batch)
+    host_images, host_targets = device_ops.make_batch_fn("uint8", 4, MIX)(whole_batch)
     # Same crops, flips and mixing; the host rounds its resize to uint8 (MixUp blends two).
     assert np.abs(images.numpy() - host_images.numpy()).max() <= 1.0 + 1e-3
     _assert_same(targets, host_targets)
@@ -223,11 +230,11 @@ def test_resize_on_device_batches_and_equals_host_resize(small_dataset):
 
 
 @pytest.mark.slow  # 7 s (2 shared cores)
-def test_resize_on_device_does_not_depend_on_the_split(small_dataset):
+def test_resize_on_device_does_not_depend_on_the_split(small_dataset, packed_batch):
     spec = data_spec.load_data_spec(small_dataset)
     fn = device_ops.make_batch_fn("packed", 4, DEVICE_RESIZE)
     make = lambda shard, b: next(iter(train_ds(spec, DEVICE_RESIZE, shard, b, 8, **ORDER)))
-    whole = fn(make(InputShard(1, 0), 8))
+    _, whole = packed_batch
     halves = [fn(make(InputShard(2, i), 4)) for i in range(2)]
     for k in range(2):
         np.testing.assert_allclose(
