@@ -125,6 +125,17 @@ def trainer(start, data_dir, model_dir, port, **overrides) -> Proc:
     )
 
 
+def train_here(data_dir, model_dir, port, actions=(), **overrides) -> dict:
+    """``trainer``'s run in this process (train.run, as the command runs it: the service's
+    processes are the claim; a trainer of its own costs ~3.5 CPU-s of TensorFlow's start);
+    its summary."""
+    from tfgpu import train  # noqa: PLC0415 (TensorFlow's work: only the tests that train)
+
+    values = dict(RUN, **overrides, data_service=f"grpc://localhost:{port}")
+    values.update(data_dir=data_dir, model_dir=str(model_dir))
+    return train.run(validate(config_from(**values)), actions=list(actions))
+
+
 def logged_step(model_dir) -> int:
     path = os.path.join(model_dir, "metrics.jsonl")
     if not os.path.exists(path):
@@ -340,9 +351,8 @@ def test_training_through_a_local_service_says_what_it_guarantees(
     procs, small_dataset, tmp_path, capsys
 ):
     """The local service (dispatcher and 2 workers: one process) says where it listens; a run
-    through it, in this process (train.run, as the command runs it: the service is the other
-    process; a trainer of its own cost ~3.5 CPU-s of TensorFlow's start), says in one line
-    what the service guarantees, and learns."""
+    through it, in this process (``train_here``), says in one line what the service
+    guarantees, and learns."""
     port = free_ports(1)[0]
     local = service(procs, "--role=local", "--num_workers=2", f"--port={port}")
     assert f"grpc://localhost:{port} with 2 worker(s)" in local.out.text
@@ -355,12 +365,8 @@ def test_training_through_a_local_service_says_what_it_guarantees(
     assert len({p for _, p in listening}) == 3 and (port in {p for _, p in listening})
     assert {ip for ip, _ in listening} <= {"0.0.0.0", "::"}, listening
     assert "it listens on EVERY interface, unauthenticated" in local.out.text
-    from tfgpu import train
-
-    values = dict(RUN, train_steps=30, data_service=f"grpc://localhost:{port}")
-    values.update(data_dir=small_dataset, model_dir=str(tmp_path / "run"))
     capsys.readouterr()
-    train.run(validate(config_from(**values)))
+    train_here(small_dataset, tmp_path / "run", port, train_steps=30)
     said = capsys.readouterr().out
     lines = [line for line in said.splitlines() if line.startswith("data service ")]
     assert len(lines) == 1, said[-3000:]
@@ -374,44 +380,38 @@ def test_training_through_a_local_service_says_what_it_guarantees(
     assert local.wait(60) == 0 and "stopped by SIGINT" in local.out.text  # 60: a safety net
 
 
-class _KillWorkerAtWork:
-    """An action of the run (train.run's ``actions``): at the first loop boundary from step
-    40 on where both ``workers`` have used 0.5 CPU-s since ``idle`` (a worker learns of a
-    job by heartbeat; their share of the decoding is counted in updates more than in seconds:
-    0.5 CPU-s by update 70-90), kills the second with SIGKILL; ``killed_at``: the step."""
+def _kill_worker_at_work(workers, idle):
+    """An action of the run (train.run's ``actions``, a tfgpu ``Action``, imported here with
+    TensorFlow): at the first loop boundary from step 40 on where both ``workers`` have used
+    0.5 CPU-s since ``idle`` (a worker learns of a job by heartbeat; their share of the
+    decoding is counted in updates more than in seconds: 0.5 CPU-s by update 70-90), kills the
+    second with SIGKILL; its ``killed_at``: the step."""
+    from tfgpu.train.actions import Action  # noqa: PLC0415 (TensorFlow: only when training)
 
-    every = 5  # RUN's steps_per_loop
-    at_start = False
+    class KillWorkerAtWork(Action):
+        every = 5  # RUN's steps_per_loop
+        killed_at = None
 
-    def __init__(self, workers, idle):
-        self.workers, self.idle, self.killed_at = workers, idle, None
+        def due(self, state) -> bool:
+            return self.killed_at is None and state.step >= 40 and not state.last
 
-    def due(self, state) -> bool:
-        return self.killed_at is None and state.step >= 40 and not state.last
+        def __call__(self, state) -> None:
+            if min(cpu_seconds(w) - t for w, t in zip(workers, idle)) >= 0.5:
+                workers[1].proc.send_signal(signal.SIGKILL)
+                self.killed_at = state.step
 
-    def next_stop(self, step: int) -> int:
-        return (step // self.every + 1) * self.every
-
-    def __call__(self, state) -> None:
-        if min(cpu_seconds(w) - t for w, t in zip(self.workers, self.idle)) >= 0.5:
-            self.workers[1].proc.send_signal(signal.SIGKILL)
-            self.killed_at = state.step
+    return KillWorkerAtWork()
 
 
 def test_a_worker_killed_mid_run_does_not_end_training(procs, small_dataset, tmp_path):
     """A worker of a dispatcher's two killed with SIGKILL mid-run: the run, in this process
-    (train.run, as the command runs it: the service's processes are the claim; a trainer of
-    its own cost ~3.5 CPU-s of TensorFlow's start), goes on to its last update."""
-    from tfgpu import train
-
+    (``train_here``), goes on to its last update."""
     port = free_ports(1)[0]
     service(procs, "--role=dispatcher", f"--port={port}")
     flags = ("--role=worker", f"--dispatcher=localhost:{port}", "--worker_host=localhost")
     workers = [service(procs, *flags) for _ in range(2)]
-    killer = _KillWorkerAtWork(workers, [cpu_seconds(w) for w in workers])
-    values = dict(RUN, train_steps=160, data_service=f"grpc://localhost:{port}")
-    values.update(data_dir=small_dataset, model_dir=str(tmp_path / "run"))
-    summary_ = train.run(validate(config_from(**values)), actions=[killer])
+    killer = _kill_worker_at_work(workers, [cpu_seconds(w) for w in workers])
+    summary_ = train_here(small_dataset, tmp_path / "run", port, [killer], train_steps=160)
     assert killer.killed_at is not None and killer.killed_at < 160
     assert summary_["steps"] == 160 and summary(tmp_path / "run")["steps"] == 160
     assert workers[1].proc.wait(timeout=30) == -signal.SIGKILL
