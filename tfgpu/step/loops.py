@@ -174,17 +174,31 @@ def tta_logits(model: keras.Model, images, tta: str = "none"):
     computed from logits are those of the averaged probabilities. "flip_translate" (airbench's
     multi-view TTA): six views (``tta_views``), their probabilities weighted
     (``weighted_mean_of_softmax``). Per example: any replica may run it."""
+    return logits_of_views(view_logits(model, images, tta), tta)
 
-    def logits_of(x):
-        return tf.cast(model(x, training=False), tf.float32)
 
-    if tta == "flip_translate":
-        views, weights = tta_views(images, tta)
-        return weighted_mean_of_softmax([logits_of(v) for v in views], weights)
-    logits = logits_of(images)
+def view_logits(model: keras.Model, images, tta: str = "none") -> list:
+    """float32 logits [N, K] of ``model`` (inference mode) on each view of ``tta_views``, in
+    order. Keras ops: the same in a Keras functional model (``export.litert``)."""
+    views, _ = tta_views(images, tta)
+    return [keras.ops.cast(model(view, training=False), "float32") for view in views]
+
+
+def logits_of_views(logits: list, tta: str = "none"):
+    """``tta_logits`` from the views' logits (``view_logits``)."""
     if tta == "none":
-        return logits
-    return mean_of_softmax(logits, logits_of(tf.reverse(images, axis=[2])))
+        return logits[0]
+    if tta == "flip":
+        return mean_of_softmax(*logits)
+    return weighted_mean_of_softmax(logits, TTA_WEIGHTS[tta])
+
+
+# The weight of each view of tta_views, by --eval_tta.
+TTA_WEIGHTS = {
+    "none": [1.0],
+    "flip": [0.5, 0.5],
+    "flip_translate": [0.25, 0.25, 0.125, 0.125, 0.125, 0.125],
+}
 
 
 def tta_views(images, tta: str = "none") -> tuple[list, list]:
@@ -194,26 +208,29 @@ def tta_views(images, tta: str = "none") -> tuple[list, list]:
     down-right (edges reflected) with their mirrors (1/8 each). Keras ops: the same in a
     Keras functional model (``export.litert``), a tf.function and tf.data."""
     if tta == "none":
-        return [images], [1.0]
+        return [images], TTA_WEIGHTS[tta]
     if tta == "flip":
-        return [images, keras.ops.flip(images, axis=2)], [0.5, 0.5]
+        return [images, keras.ops.flip(images, axis=2)], TTA_WEIGHTS[tta]
     height, width = images.shape[1], images.shape[2]
     padded = keras.ops.pad(images, [[0, 0], [1, 1], [1, 1], [0, 0]], mode="reflect")
     shifted = [padded[:, :height, :width], padded[:, 2 : height + 2, 2 : width + 2]]
     views = []
     for view in [images, *shifted]:
         views += [view, keras.ops.flip(view, axis=2)]
-    return views, [0.25, 0.25, 0.125, 0.125, 0.125, 0.125]
+    return views, TTA_WEIGHTS[tta]
 
 
 def tta_probabilities(model: keras.Model, images, tta: str = "none"):
     """float32 probabilities [N, K]: the weighted mean of ``model``'s softmax over the views
     of ``tta_views`` (what the exports compute: no log-sum-exp for a converter to carry)."""
-    views, weights = tta_views(images, tta)
+    return probabilities_of_views(view_logits(model, images, tta), tta)
+
+
+def probabilities_of_views(logits: list, tta: str = "none"):
+    """``tta_probabilities`` from the views' logits (``view_logits``)."""
     total = 0.0
-    for view, weight in zip(views, weights):
-        logits = keras.ops.cast(model(view, training=False), "float32")
-        total = keras.ops.softmax(logits) * weight + total
+    for view, weight in zip(logits, TTA_WEIGHTS[tta]):
+        total = keras.ops.softmax(view) * weight + total
     return total
 
 

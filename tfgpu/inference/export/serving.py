@@ -32,7 +32,7 @@ import keras
 import tensorflow as tf
 
 from tfgpu.data import pipeline
-from tfgpu.step.loops import tta_logits, tta_probabilities
+from tfgpu.step.loops import logits_of_views, probabilities_of_views, view_logits
 from tfgpu.files import pause_for_tests
 from tfgpu.models.layers import nested_layers
 from tfgpu.data.recordformat import FEATURES
@@ -69,15 +69,18 @@ def export_model(
     pixels = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.add_endpoint(
-        "serve",
-        lambda images: tta_logits(model, tf.cast(images, tf.float32), tta),
+    # The network on the views, one tf.function that every signature calls, and classify one
+    # that the three classify_* call: the network is traced once for them all, not once each
+    # (an EfficientNet's trace is seconds of CPU).
+    views = tf.function(
+        lambda images: view_logits(model, tf.cast(images, tf.float32), tta),
         input_signature=[pixels],
     )
+    archive.add_endpoint(
+        "serve", lambda images: logits_of_views(views(images), tta), input_signature=[pixels]
+    )
     if class_names is not None:
-        # One tf.function that the three classify_* signatures call: the network is traced
-        # once for them, not once each (an EfficientNet's trace is seconds of CPU).
-        classify = tf.function(classifier(model, class_names, tta), input_signature=[pixels])
+        classify = tf.function(classifier(model, class_names, tta, views), input_signature=[pixels])
         archive.add_endpoint("classify_images", classify, input_signature=[pixels])
     if class_names is not None and data is not None:
         from_bytes = lambda encoded: _with_decoded(classify, encoded, data)
@@ -116,17 +119,18 @@ def _has_config(layer) -> bool:
     return True
 
 
-def classifier(model: keras.Model, class_names, tta: str = "none"):
+def classifier(model: keras.Model, class_names, tta: str, views):
     """uint8 images [N, S, S, 3] -> {probabilities [N, C] (averaged over the views of
     ``tta``), top_k_indices int32 [N, k], top_k_names string [N, k], top_k_probabilities
-    [N, k]}, k = min(TOP_K, C)."""
+    [N, k]}, k = min(TOP_K, C). ``views``: uint8 images -> the logits of ``model`` on each
+    view (``loops.view_logits``), a tf.function the other signatures call too."""
     if len(class_names) != model.output_shape[-1]:
         raise ValueError(f"{len(class_names)} class names for {model.output_shape[-1]} classes")
     names = tf.constant([str(n) for n in class_names])
     k = min(TOP_K, len(class_names))
 
     def classify(images):
-        probabilities = tta_probabilities(model, tf.cast(images, tf.float32), tta)
+        probabilities = probabilities_of_views(views(images), tta)
         top = tf.math.top_k(probabilities, k=k)
         return {
             "probabilities": probabilities,
