@@ -228,19 +228,18 @@ POLICIES = ["randaugment", "trivialaugment", "autoaugment"]
 @pytest.mark.fast
 @pytest.mark.parametrize("name", POLICIES)
 def test_a_policy_does_not_depend_on_the_split(photos, name):
-    """8 examples as one batch, and as two batches of 4, give identical images."""
+    """8 examples as one batch, and as two batches of 4, give identical images. The draws are
+    each example's own (``_draws``, one position at a time): the halves take theirs."""
     data = _policy(name, random_erasing=0.5)
     images = _images(photos, 8)
-    whole = augment.apply(images, _draws(data, range(8)))
-    halves = [augment.apply(images[i : i + 4], _draws(data, range(i, i + 4))) for i in (0, 4)]
+    draws = _draws(data, range(8))
+    whole = augment.apply(images, draws)
+    halves = [
+        augment.apply(images[i : i + 4], tf.nest.map_structure(lambda x, i=i: x[i : i + 4], draws))
+        for i in (0, 4)
+    ]
     np.testing.assert_array_equal(np.concatenate(halves), whole.numpy())
-    graph = next(
-        iter(
-            tf.data.Dataset.from_tensors(_draws(data, range(8))).map(
-                lambda d: augment.apply(images, d)
-            )
-        )
-    )
+    graph = next(iter(tf.data.Dataset.from_tensors(draws).map(lambda d: augment.apply(images, d))))
     np.testing.assert_array_equal(graph.numpy(), whole.numpy())
 
 
