@@ -8,12 +8,8 @@ import json
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from requires import requires
 
-requires("matplotlib")  # the [report] extra (make test installs it)
-
-from tfgpu.report import page  # noqa: E402
-from tfgpu.report.runs import Run, read_metrics, read_run  # noqa: E402
+from tfgpu.report.runs import Run, read_metrics, read_run
 
 ROWS = [
     {"step": 10, "split": "train", "loss": 2.3, "accuracy": 0.1, "learning_rate": 1e-3,
@@ -93,6 +89,7 @@ names = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, ma
 
 
 @pytest.mark.slow  # each page draws its six charts: ~1 CPU-s an example
+@pytest.mark.requires("matplotlib")  # the [report] extra (make test installs it)
 @settings(max_examples=3, deadline=None)
 @example(classes=['<script>alert("x")</script>', "a & b <i>i</i>", "</td></tr>"], run_name="<b")
 @given(classes=st.lists(names, min_size=2, max_size=3, unique=True), run_name=names)
@@ -114,6 +111,8 @@ def test_names_with_html_in_them_are_text_on_the_page(classes, run_name):
         "gallery": [{"name": run_name, "true": 0, "pred": 1, "prob": 0.9, "true_prob": 0.05,
                      "png": b"\x89PNG"}],
     }  # fmt: skip
+    from tfgpu.report import page  # matplotlib: after the requires mark
+
     text = page.render([run], [evaluation], {"gallery": 1})
     parsed = _Collect()
     parsed.feed(
