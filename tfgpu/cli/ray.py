@@ -132,9 +132,10 @@ def main(argv: list[str]) -> int:
 
 def _run(argv: list[str]) -> int:
     job, tfgpu_argv = parse(argv)
+    config = make_config(tfgpu_argv, local=False)  # bad flags refused before Ray's ~1 s import
     require_ray()
-    local = not (job.address or os.environ.get("RAY_ADDRESS"))
-    config = make_config(tfgpu_argv, local)
+    if not (job.address or os.environ.get("RAY_ADDRESS")):  # local: the workers share this disk
+        check_writable(config.model_dir)
     return run_job(config, job)
 
 
