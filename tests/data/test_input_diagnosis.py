@@ -79,7 +79,7 @@ def test_a_slow_input_is_diagnosed_with_the_levers(tmp_path, capsys):
     # The whole run's share agrees with the warning (quiet: ~0.6; under a loaded CI run's
     # start the prefetch buffer fills while the step traces, so the share is lower).
     assert summary["input_wait_fraction"] > INPUT_BOUND, summary
-    # One thread decoding 2000x2000 photos: far below what tiny_cnn trains at (thousands).
+    # One thread decoding 1400x1400 photos: far below what tiny_cnn trains at (thousands).
     assert 0 < summary["input_images_per_sec"] < 1000, summary
     assert "input alone:" in out and "(input alone " in out
     records = [json.loads(r) for r in open(tmp_path / "run" / "metrics.jsonl")]
