@@ -103,8 +103,10 @@ def chaos_seed() -> int:
 @dataclasses.dataclass
 class Job:
     """How to start one attempt of a run: ``kind`` is "single", "mwms" (2 workers, each
-    started with its TF_CONFIG) or "horovod" (``tfgpu-horovodrun --gloo -np 2``); ``flags`` its
-    tfgpu flags but --model_dir (--train_steps and --log_every_steps among them)."""
+    started with its TF_CONFIG), "launch" (the same 2 workers under ``tfgpu-launch
+    --num_workers=2``: one output, each line prefixed ``[worker i]``; a pause's "one" kill takes
+    either worker) or "horovod" (``tfgpu-horovodrun --gloo -np 2``); ``flags`` its tfgpu flags
+    but --model_dir (--train_steps and --log_every_steps among them)."""
 
     name: str
     kind: str
@@ -136,6 +138,9 @@ class Job:
             configs = launch.tf_configs(2)
             cmd = [*main, "--strategy=multi_worker_mirrored", *flags]
             return [popen(cmd, dict(env, TF_CONFIG=c)) for c in configs]
+        if self.kind == "launch":
+            launcher = [sys.executable, "-m", "tfgpu.launch", "--num_workers=2", "--"]
+            return [popen([*launcher, "--strategy=multi_worker_mirrored", *flags], env)]
         # tfgpu-horovodrun: horovodrun, with one line for a failed rank instead of a traceback.
         hvdrun = [sys.executable, "-m", "tfgpu.distribute.hvdrun"]
         cmd = [*hvdrun, "--gloo", "-np", "2", "-H", "localhost:2", *main]
@@ -251,7 +256,11 @@ PROGRESS = re.compile(r"step +\d+/\d+ +loss")  # a progress line, also behind a 
 
 
 def _pythons(proc) -> list:
-    """The tfgpu processes of ``proc``: itself, or for horovodrun its ranks."""
+    """The tfgpu processes of ``proc``: itself, for tfgpu-launch its workers, or for
+    horovodrun its ranks."""
+    if "tfgpu.launch" in proc.args:
+        children = sorted(psutil.Process(proc.pid).children(), key=lambda c: c.pid)
+        return [c for c in children if "tfgpu.main" in " ".join(c.cmdline())]
     if "tfgpu.distribute.hvdrun" not in proc.args:
         return [psutil.Process(proc.pid)]
     ranks = []

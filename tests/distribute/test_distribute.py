@@ -236,12 +236,12 @@ def _resumes_and_finishes(cmd, timeout: float = 240) -> str:
     return text
 
 
-# Heavy: the default tier holds both halves elsewhere, on runs it makes anyway. The survivor's
-# one lost-contact line, no traceback, before the launcher's grace: tests/e2e/test_hangs.py's
-# test_the_launcher_says_which_worker_failed_first_and_how (worker 1 killed -9 under
-# tfgpu.launch). The resume after one worker is killed mid-update, to the uninterrupted
-# run's weights and rows: tests/e2e/test_chaos.py's two-worker case. No TensorFlow line from
-# launched workers: tests/e2e/test_mlflow.py's two workers (procs.assert_each_worker_quiet).
+# Heavy: the default tier holds both halves elsewhere, on runs it makes anyway, both in
+# tests/e2e/test_chaos.py's two-worker job under tfgpu.launch: the survivor's one lost-contact
+# line, no traceback, before the launcher's grace (a worker killed -9 mid-update: its
+# _check_launcher), and the resume to the uninterrupted run's weights and rows. No TensorFlow
+# line from launched workers: tests/e2e/test_mlflow.py's two workers
+# (procs.assert_each_worker_quiet).
 @pytest.mark.heavy
 def test_multi_worker_survivor_stops_with_clear_error_then_resumes(small_dataset, tmp_path):
     flags = _flags(small_dataset, tmp_path, "multi_worker_mirrored")

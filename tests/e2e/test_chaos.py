@@ -9,6 +9,8 @@ its choices. A few kills per job here; bench/chaos_soak.py runs many.
 
 import dataclasses
 import random
+import re
+import signal
 import sys
 
 import pytest
@@ -26,11 +28,12 @@ from tfgpu.cli.train import make_config
 pytestmark = pytest.mark.timeout(900)
 
 
-def _chaos(job, tmp_path, kinds: list, alone: bool = False) -> None:
+def _chaos(job, tmp_path, kinds: list, alone: bool = False) -> list:
     """The job uninterrupted, then killed at a moment of each of ``kinds`` in turn until it
     finishes (a kind, or "kind:whom": all of its processes or one); the two must hold the same
     weights and rows, to the byte. ``alone``: the uninterrupted run is one process (this one)
-    even for a multi-process job, whose flags make one process compute the same bits."""
+    even for a multi-process job, whose flags make one process compute the same bits.
+    Returns the chaos run's attempts (``chaos.Attempt``)."""
     seed = chaos_seed()
     print(f"{job.name}: chaos seed {seed} (replay: {SEED_ENV}={seed})", file=sys.stderr)
     rng = random.Random(seed)
@@ -42,6 +45,7 @@ def _chaos(job, tmp_path, kinds: list, alone: bool = False) -> None:
     attempts, lost = chaos_run(job, str(tmp_path / "chaos"), (reference, whole), kinds, rng)
     assert any(a.moment is not None for a in attempts), "no kill landed"
     assert not any(lost.values()), (seed, lost)
+    return attempts
 
 
 def _in_this_process(job, model_dir: str, kinds: list) -> None:
@@ -85,19 +89,41 @@ def test_batchnorm_ema_keep_best_and_export_killed_in_every_write(
 
 
 def test_two_workers_killed_one_or_all_end_as_the_uninterrupted_job(small_dataset, tmp_path):
-    """chaos.TINY's job at 16x16: both kills come at a moment the run itself names (a
-    progress line drawn from those still to come, a checkpoint's write), not at a time, so
-    faster updates (~25 ms of CPU instead of ~65 at 32x32) cannot carry the run past them.
-    With --micro_batch_size=8 each worker takes its 8 examples in one micro-batch (as without
-    it) and one process takes two, summed as the all-reduce sums the workers': the job
-    uninterrupted is run once, by this process (measured: two workers and one process end
-    with the same weights, metrics.jsonl and summary.csv rows, to the byte; two processes
-    fewer than running the two-worker job uninterrupted)."""
+    """chaos.TINY's two workers under tfgpu.launch, at 16x16: both kills come at a moment the run
+    itself names (a progress line drawn from those still to come, a checkpoint's write), not at
+    a time, so faster updates (~25 ms of CPU instead of ~65 at 32x32) cannot carry the run past
+    them. With --micro_batch_size=8 each worker takes its 8 examples in one micro-batch (as
+    without it) and one process takes two, summed as the all-reduce sums the workers': the job
+    uninterrupted is run once, by this process (measured: two workers and one process end with
+    the same weights, metrics.jsonl and summary.csv rows, to the byte; two processes fewer than
+    running the two-worker job uninterrupted). The attempt whose worker is killed mid-update is
+    also the launcher's case: ``_check_launcher``."""
     job = jobs(small_dataset)["mwms"]
     flags = ["--image_size=16" if f == "--image_size=32" else f for f in job.flags]
     assert "--image_size=16" in flags
-    job = dataclasses.replace(job, flags=[*flags, "--micro_batch_size=8"])
-    _chaos(job, tmp_path, ["update:one", "checkpoint:all"], alone=True)
+    name = "tiny_cnn, 2 workers under tfgpu.launch"
+    job = dataclasses.replace(job, name=name, kind="launch", flags=[*flags, "--micro_batch_size=8"])
+    attempts = _chaos(job, tmp_path, ["update:one", "checkpoint:all"], alone=True)
+    _check_launcher(next(a for a in attempts if a.moment and a.moment.kind == "update"))
+
+
+LOST_LINE = "tfgpu: error: lost contact with another worker ("  # a survivor's, exit 5
+
+
+def _check_launcher(killed) -> None:
+    """``killed``, the attempt one of whose workers was killed -9 as it ran (chaos.Attempt: its
+    output, each line prefixed "[0] [worker i]"): tfgpu.launch names that worker as the one that
+    failed first and how, exits as it did, and the other stops on its own within the launcher's
+    grace (30 s, before any SIGTERM) with the one line of a lost peer, no traceback
+    (chaos.check_attempt)."""
+    text = killed.text
+    first = r"^\[0\] tfgpu\.launch: worker (\d) failed first \(killed by SIGKILL\); stopping"
+    found = re.search(first + " the others$", text, re.M)
+    assert found and killed.code == 128 + signal.SIGKILL, (killed.code, text[-3000:])
+    survivor = f"[0] [worker {1 - int(found.group(1))}] "
+    said = [line for line in text.splitlines() if line.startswith(survivor + "tfgpu: ")]
+    assert said and said[-1].startswith(survivor + LOST_LINE), text[-3000:]
+    assert "stopped by SIGTERM" not in text, text[-3000:]
 
 
 @pytest.mark.heavy  # the two-worker case above shows the claim; this one under Horovod
