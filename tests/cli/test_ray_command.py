@@ -72,7 +72,7 @@ def test_the_job_ray_is_given(small_dataset, tmp_path):
     )
     assert job == ray_train.RayJob(num_workers=3, use_gpu=True, max_failures=2, address="")
     argv = [*tfgpu_argv, f"--data_dir={small_dataset}", "--model=tiny_cnn", "--image_size=32"]
-    config = tfgpu_ray.make_config(argv, local=True)
+    config = tfgpu_ray.make_config(argv)
     assert config.dist.strategy == "multi_worker_mirrored"
     job_config = {"config": config}
     trainer = ray_train.build_trainer(job, tfgpu_ray.train_worker, job_config, config.model_dir)

@@ -272,7 +272,7 @@ def _ray(args: list, stand_ins: StandIns) -> None:
 
     _, tfgpu_args = ray.parse(args)
     with mock.patch("tfgpu.demo.build_demo_dataset", return_value=stand_ins.folder):
-        ray.make_config(tfgpu_args, local=False)
+        ray.make_config(tfgpu_args)
 
 
 def _convert(args: list, stand_ins: StandIns) -> None:

@@ -100,10 +100,10 @@ def require_ray() -> None:
         raise DistributeError("tfgpu-ray runs on Ray Train V2: unset RAY_TRAIN_V2_ENABLED=0")
 
 
-def make_config(tfgpu_argv: list[str], local: bool):
+def make_config(tfgpu_argv: list[str]):
     """The validated Config of ``tfgpu_argv`` (tfgpu.main's flags), strategy
-    multi_worker_mirrored; ``local``: the workers share this machine, so --model_dir is
-    checked for writing here."""
+    multi_worker_mirrored (its --model_dir not checked for writing: ``_run`` does that where
+    the workers share this machine)."""
     tfgpu_flags = flags.FlagValues()
     define_flags(tfgpu_flags)
     rest = tfgpu_flags(["tfgpu", *tfgpu_argv])[1:]  # a bad flag: flags.Error, one line
@@ -113,10 +113,7 @@ def make_config(tfgpu_argv: list[str], local: bool):
     if strategy.present and strategy.value not in ("auto", STRATEGY):
         raise UsageError(f"tfgpu-ray runs --strategy={STRATEGY}, not --strategy={strategy.value}")
     tfgpu_flags.strategy = STRATEGY  # also for one worker: TF_CONFIG names the cluster
-    config = train_config(tfgpu_flags, argv=["tfgpu", *tfgpu_argv])
-    if local:
-        check_writable(config.model_dir)
-    return config
+    return train_config(tfgpu_flags, argv=["tfgpu", *tfgpu_argv])
 
 
 def main(argv: list[str]) -> int:
@@ -132,7 +129,7 @@ def main(argv: list[str]) -> int:
 
 def _run(argv: list[str]) -> int:
     job, tfgpu_argv = parse(argv)
-    config = make_config(tfgpu_argv, local=False)  # bad flags refused before Ray's ~1 s import
+    config = make_config(tfgpu_argv)  # bad flags refused before Ray's ~1 s import
     require_ray()
     if not (job.address or os.environ.get("RAY_ADDRESS")):  # local: the workers share this disk
         check_writable(config.model_dir)
