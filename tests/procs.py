@@ -13,6 +13,8 @@ import psutil
 # A line TensorFlow's C++ (or absl) wrote: "I0000 00:00:17.1 ...", "W1205 ...", and absl's
 # notice before its log is initialized.
 TF_LINE = re.compile(r"^(?:[IWEF]\d{4} |WARNING: All log messages before absl).*$", re.M)
+# The one line a worker that lost a peer ends with (exit 5), before the peer's name.
+LOST_LINE = "tfgpu: error: lost contact with another worker ("
 
 
 class Output:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from conftest import cli_flags
-from procs import Output, kill_tree, popen, rank_process
+from procs import LOST_LINE, Output, kill_tree, popen, rank_process
 import tensorflow as tf
 
 from tfgpu.cli import launch
@@ -24,7 +24,6 @@ from tfgpu.distribute import (
 )
 
 EXIT_WORKER_LOST = 5
-LOST_LINE = "tfgpu: error: lost contact with another worker ("
 STOP_BOUND_S = 90  # kill -> survivor gone; measured ~2 s (MWMS) and <1 s (Horovod)
 # 16x16: the claim is the lost worker's, not the model's (a tiny_cnn update at 16 costs ~2.5x
 # less CPU than at 32).

@@ -17,6 +17,7 @@ import pytest
 from absl import flags as absl_flags
 from chaos import SEED_ENV, chaos_run, chaos_seed, jobs, run_until_done
 from own_nets import env_with, write_module
+from procs import LOST_LINE
 from requires import requires
 
 from tfgpu import train
@@ -105,9 +106,6 @@ def test_two_workers_killed_one_or_all_end_as_the_uninterrupted_job(small_datase
     job = dataclasses.replace(job, name=name, kind="launch", flags=[*flags, "--micro_batch_size=8"])
     attempts = _chaos(job, tmp_path, ["update:one", "checkpoint:all"], alone=True)
     _check_launcher(next(a for a in attempts if a.moment and a.moment.kind == "update"))
-
-
-LOST_LINE = "tfgpu: error: lost contact with another worker ("  # a survivor's, exit 5
 
 
 def _check_launcher(killed) -> None:
