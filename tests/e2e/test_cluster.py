@@ -19,6 +19,8 @@ from weights import assert_same_weights
 from tfgpu import train
 from tfgpu.cli import launch
 from tfgpu.config import config_from, validate
+from tfgpu.distribute import DistributeError, heartbeats
+from tfgpu.train.loop import _agreed_input
 
 # 16x16: the cluster is the claim, not the model (a tiny_cnn update ~25 ms of CPU instead of
 # ~65 at 32, bench/README.md).
@@ -199,7 +201,52 @@ def _error_lines(out) -> list:
     return [line for line in out.stderr.splitlines() if line.startswith("tfgpu: error:")]
 
 
-def test_workers_that_disagree_stop_naming_the_field_and_the_workers(small_dataset, tmp_path):
+class _Gather:
+    """A backend of 2 workers whose all-gather returns worker 0's blob, then worker 1's:
+    ``theirs`` (what worker 1 sent), or this worker's own (None); ``sent``: its blob."""
+
+    num_workers, num_replicas = 2, 2
+
+    def __init__(self, is_chief: bool, theirs: bytes | None = None):
+        self.is_chief, self.theirs, self.sent = is_chief, theirs, None
+
+    def all_gather_bytes(self, blob: bytes) -> list:
+        self.sent = blob
+        return [blob, blob if self.theirs is None else self.theirs]
+
+
+def test_workers_that_disagree_stop_naming_the_field_and_the_workers(
+    small_dataset, tmp_path, monkeypatch
+):
+    """Each worker's start-up agreement as tfgpu.main makes it (train.loop._agreed_input:
+    its own input, its settings, its TF_CONFIG's address), worker 0 given what worker 1 sent:
+    the first field that differs, who holds which value. That the processes then stop with
+    that one line, exit 2, nothing trained, is the no-data pair's below (the same way out);
+    two real workers disagreeing: the heavy test after it."""
+    configs, sent, line = launch.tf_configs(2), [], ""
+    for i, lr in ((1, 0.02), (0, 0.01)):
+        monkeypatch.setenv("TF_CONFIG", configs[i])
+        values = dict(RUN, learning_rate=lr, strategy="multi_worker_mirrored")
+        config = validate(
+            config_from(data_dir=small_dataset, model_dir=str(tmp_path / f"w{i}"), **values)
+        )
+        backend = _Gather(is_chief=i == 0, theirs=sent[0] if sent else None)
+        try:
+            _agreed_input(config, backend, heartbeats.Watch().announced)
+        except DistributeError as err:
+            line = str(err)
+        sent.append(backend.sent)
+    addresses = json.loads(configs[0])["cluster"]["worker"]
+    assert line == (
+        f"the workers disagree on --learning_rate: 0.01 on worker 0 ({addresses[0]}), "
+        f"0.02 on worker 1 ({addresses[1]})"
+    ), line
+
+
+@pytest.mark.heavy  # the agreement in-process above, the processes' way out in the no-data pair
+def test_two_worker_processes_that_disagree_stop_naming_the_field_and_the_workers(
+    small_dataset, tmp_path
+):
     runs = _mwms(
         [
             cli_flags(
@@ -229,6 +276,8 @@ def test_a_worker_without_its_data_is_named_by_every_worker(small_dataset, tmp_p
         assert out.returncode == 2, out.stderr[-3000:]
         (line,) = _error_lines(out)
         assert "worker 1 (localhost:" in line and "holds no train-* shards" in line, line
+        assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert not (tmp_path / "w0" / "checkpoints").exists()  # nothing trained
 
 
 # --- restarts on another number of workers --------------------------------------------------
