@@ -343,7 +343,8 @@ def main(argv=None) -> int:
         print(f"gpu_check: no GPU is visible to TensorFlow (is its CUDA installed?); {GO_ON}")
         return 2
     started = time.monotonic()
-    print(f"calibration: {calibration()}")
+    # A dry run measures nothing: one matmul names the machine (best of 5: ~2 CPU-s).
+    print(f"calibration: {calibration(1 if args.dry_run else 5)}")
     print(f"devices: {device_names()}; TF {tf.__version__}" + (" (DRY RUN)" * args.dry_run))
     with tempfile.TemporaryDirectory() as work_dir:
         args.work_dir = work_dir
