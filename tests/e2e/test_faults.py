@@ -24,6 +24,11 @@ from tfgpu.train import op_errors
 # The run the faults interrupt: conftest's FAULTS_RUN (16x16: the faults are the run's, not the
 # model's), its uninterrupted run the session's (``faults_run``, shared with test_data_faults).
 RUN = FAULTS_RUN
+# RUN for the faults that stop or go on within the run's first updates whatever its input
+# does (a non-finite loss, a label out of range, a checkpoint that fails to write): without
+# the per-example policies, whose draws are the resumes' claim, and without the start-up
+# probe of the input alone (up to 100 batches through those policies first).
+PLAIN = dict(RUN, augment_policy="none", random_erasing=0.0, input_probe_s=0.0)
 
 
 def _flags(data_dir, model_dir, **overrides):
@@ -111,7 +116,7 @@ def test_non_finite_float32_loss_stops_naming_the_step_and_keeps_the_last_checkp
             data_dir=small_dataset,
             model_dir=str(tmp_path),
             strategy="default",
-            **dict(RUN, learning_rate=1e30, optimizer="sgd", train_steps=40),
+            **dict(PLAIN, learning_rate=1e30, optimizer="sgd", train_steps=40),
         )
     )
     with pytest.raises(NonFiniteLoss, match=r"at step \d+"):
@@ -126,7 +131,7 @@ def test_skip_non_finite_counts_skipped_updates(small_dataset, tmp_path):
             model_dir=str(tmp_path),
             strategy="default",
             skip_non_finite=True,
-            **dict(RUN, learning_rate=1e30, optimizer="sgd", train_steps=8, export=False),
+            **dict(PLAIN, learning_rate=1e30, optimizer="sgd", train_steps=8, export=False),
         )
     )
     summary = train.run(config)
@@ -195,7 +200,7 @@ def test_label_out_of_range_is_one_clear_line(small_dataset, tmp_path, capsys):
     """A record's label past --num_classes, found by the reader mid-run: through the command's
     own ending (``run_command`` with tfgpu-train's translation of TensorFlow's error, in this
     process: the claim is the line), exit 2 and one line naming the range and the flag."""
-    values = dict(RUN, train_steps=4, num_classes=2, strategy="default")
+    values = dict(PLAIN, train_steps=4, num_classes=2, strategy="default")
     config = validate(
         config_from(data_dir=small_dataset, model_dir=str(tmp_path / "run"), **values)
     )
@@ -227,7 +232,7 @@ def test_a_failed_checkpoint_write_is_loud_and_the_final_one_is_an_error(
             data_dir=small_dataset,
             model_dir=str(tmp_path),
             strategy="default",
-            **dict(RUN, train_steps=20, checkpoint_every_steps=8),
+            **dict(PLAIN, train_steps=20, checkpoint_every_steps=8),
         )
     )
     with pytest.raises(CheckpointError, match="No space left on device"):
