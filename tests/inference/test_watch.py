@@ -203,17 +203,20 @@ def test_a_watcher_started_first_follows_a_restarted_trainer_to_its_end(
     watcher_cmd = [sys.executable, "-m", "tfgpu.evaluate", f"--model_dir={model_dir}", "--watch"]
     watcher = popen([*watcher_cmd, "--watch_interval_s=0.3", "--watch_timeout_s=150"])
     watched = Output(watcher)
-    # 40 updates: the stop at step 10 leaves 30 for the signal to land mid-run (its aim: the
-    # lines up to step 10 are read every 0.1 s); a checkpoint every 10, the stop's between.
+    # 40 updates, a checkpoint every 10, the stop's between: the signal is sent once step 10
+    # is logged and lands mid-run for sure, as the trainer waits inside its checkpoint of
+    # step 20 (the test-only pause, tfgpu/files.py) until the signal is sent.
     settings = dict(SIDECAR_RUN, train_steps=LAST, checkpoint_every_steps=10)
-    settings.update(augment_policy="trivialaugment", random_erasing=0.25)  # slower updates
     trainer_cmd = [sys.executable, "-m", "tfgpu.main", *cli_flags(settings)]
     trainer_cmd += [f"--data_dir={small_dataset}", f"--model_dir={model_dir}", "--strategy=default"]
+    sent = tmp_path / "sigterm-sent"
+    pause = dict(TFGPU_TEST_PAUSE="checkpoint@2", TFGPU_TEST_PAUSE_UNTIL=str(sent))
     try:
-        first = popen(trainer_cmd)
+        first = popen(trainer_cmd, env=dict(os.environ, **pause, TFGPU_TEST_PAUSE_S="600"))
         out = Output(first)
         _wait_for(lambda: f"step 10/{LAST}" in out.text, [(first, out), (watcher, watched)])
         first.send_signal(signal.SIGTERM)
+        sent.touch()
         assert _finished(first, out) == 75, out.text[-3000:]
         _a_second_watcher_stops_naming(watcher, model_dir, capsys)
         again = _restarted_here(settings, small_dataset, model_dir, capsys)
