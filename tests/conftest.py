@@ -331,8 +331,9 @@ TINY_RUN = {
     "export": False,
     # No start-up probe of the input alone (default 1 s, up to 100 batches: ~0.6 CPU-s of a
     # 6-update run's ~5.6, measured). tests/data/test_input_diagnosis.py checks its line and
-    # figure; tests/e2e/test_faults.py's and test_data_faults.py's runs keep it, and each
-    # resumed run (which probes again) ends with the uninterrupted run's weights.
+    # figure; tests/e2e/test_faults.py's and test_data_faults.py's uninterrupted run and their
+    # resumes keep it (each resumed run, which probes again, ends with the uninterrupted run's
+    # weights); the processes they interrupt do without it.
     "input_probe_s": 0.0,
 }
 # TINY_RUN with every per-example draw and the step's options that must not depend on how a
