@@ -77,7 +77,10 @@ def uninterrupted(faults_run):
 def test_sigterm_checkpoints_exits_75_and_the_resumed_run_is_exact(
     small_dataset, uninterrupted, tmp_path, capsys
 ):
-    proc = _start(_flags(small_dataset, tmp_path))
+    # The process without the start-up probe of the input alone (up to 100 batches through
+    # the policies): the signal is its claim; the in-process resume below probes, as a run
+    # started again does, and still ends with the uninterrupted weights.
+    proc = _start(_flags(small_dataset, tmp_path, input_probe_s=0.0))
     _wait_for(lambda: _logged_step(tmp_path) >= 4, proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
