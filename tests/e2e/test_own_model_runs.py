@@ -214,12 +214,21 @@ def vit_preset(tmp_path_factory):
     return directory
 
 
-VIT = dict(strategy="default", sync_batchnorm=False)
+# The KerasHub backbone frozen until update 3, then trained at a tenth of the head's rate
+# (--freeze=backbone, --unfreeze_after_steps, --backbone_lr_multiplier): the run the
+# accumulation test compares with and the unfreeze test reads, one ViT run for both.
+VIT = dict(
+    strategy="default",
+    sync_batchnorm=False,
+    freeze="backbone",
+    unfreeze_after_steps=3,
+    backbone_lr_multiplier=0.1,
+)
 
 
 @pytest.fixture(scope="module")
 def vit_run(small_dataset, vit_preset, tmp_path_factory):
-    """The ViT preset's run on one device: its folder."""
+    """The ViT preset's run on one device (VIT): its folder."""
     model_dir = tmp_path_factory.mktemp("vit")
     summary = _run(small_dataset, model_dir, model=f"hub:{vit_preset}", **VIT)
     assert np.isfinite(summary["final_eval"]["loss"])
@@ -240,20 +249,21 @@ def test_a_kerashub_preset_trains_and_accumulation_equals_the_large_batch(
 
 
 # ONNX by default: ViT's exact GELU computes with Erfc, which ONNX lacks (onnx.py rewrites it).
-def test_a_frozen_vit_backbone_unfreezes_at_its_own_learning_rate(
-    small_dataset, vit_preset, tmp_path
-):
+def test_a_frozen_vit_backbone_unfreezes_at_its_own_learning_rate(vit_preset, vit_run, tmp_path):
     """--freeze=backbone with --unfreeze_after_steps and --backbone_lr_multiplier: the
-    KerasHub backbone is the group that waits, then trains at a tenth of the head's rate."""
+    KerasHub backbone is the group that waits, then trains at a tenth of the head's rate.
+    Read in the module's ViT run: its final weights in the model a run builds of the preset,
+    saved as the export's model.keras is (model.save) and loaded as a user loads that."""
     import keras_hub  # noqa: PLC0415  (the [hub] extra)
 
-    values = dict(VIT, freeze="backbone", unfreeze_after_steps=3, backbone_lr_multiplier=0.1)
-    _run(small_dataset, tmp_path, model=f"hub:{vit_preset}", export=True, **values)
-    trained = keras.saving.load_model(tmp_path / "export" / "model.keras", safe_mode=True)
+    built = models.build_model(f"hub:{vit_preset}", 4, SETTINGS["image_size"])
+    built.load_weights(vit_run / "final.weights.h5")
+    built.save(tmp_path / "model.keras")
+    trained = keras.saving.load_model(tmp_path / "model.keras", safe_mode=True)
     vit = [x for x in trained.layers if isinstance(x, keras_hub.models.Backbone)][0]
     saved = keras_hub.models.Backbone.from_preset(vit_preset)
     assert changed(vit, saved)  # trained after update 3
-    lines = _lines(tmp_path)
+    lines = _lines(vit_run)
     assert "fine-tune: learning rate logits x1, backbone x0.1" in lines
     assert "the backbone trains from update 4 on" in lines
 
