@@ -6,6 +6,7 @@ check against predict (which averages them too) passes."""
 import json
 import os
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -17,18 +18,22 @@ from tfgpu.data.spec import load_spec
 from tfgpu.cli.export import export_run as export
 from tfgpu.inference.export import ExportOptions
 
+SIZE = 16
+
 
 @pytest.fixture(scope="module")
 def run(small_dataset, tmp_path_factory):
-    """tiny_cnn for 6 updates, evaluated with six-view TTA; (its folder, its summary)."""
+    """tiny_cnn for 6 updates on 16x16 crops (the views are the claim, not the input size),
+    evaluated with six-view TTA; (its folder, its summary)."""
     model_dir = tmp_path_factory.mktemp("tta-run")
     values = dict(TINY_RUN, export=True, eval_tta="flip_translate", learning_rate=0.05)
+    values.update(image_size=SIZE)
     config = validate(config_from(data_dir=small_dataset, model_dir=str(model_dir), **values))
     return model_dir, train.run(config)
 
 
 def _validation(data_dir):
-    spec = load_spec(validate(config_from(data_dir=data_dir, image_size=32)).data)
+    spec = load_spec(validate(config_from(data_dir=data_dir, image_size=SIZE)).data)
     records = tf.data.TFRecordDataset(list(spec.eval_files)).map(spec.parse)
     encoded, labels = zip(*[(e["encoded"].numpy(), int(e["label"])) for e in records])
     return list(encoded), np.array(labels)
@@ -44,10 +49,17 @@ def test_the_runs_saved_model_serves_its_final_evaluation(run, small_dataset):
     top1 = served["top_k_indices"].numpy()[:, 0]
     assert np.mean(top1 == labels) == final["top1"] and len(labels) == 24
     # serve's logits are those whose softmax is the views' average: classify_images'.
-    pixels = tf.constant(np.random.default_rng(0).integers(0, 256, (5, 32, 32, 3)), tf.uint8)
+    pixels = tf.constant(np.random.default_rng(0).integers(0, 256, (5, SIZE, SIZE, 3)), tf.uint8)
     logits = loaded.signatures["serve"](images=pixels)["output_0"]
     classified = loaded.signatures["classify_images"](images=pixels)["probabilities"]
     np.testing.assert_allclose(tf.nn.softmax(logits).numpy(), classified.numpy(), atol=1e-6)
+    # and that average is of the six views (top-1 on 24 images can agree with fewer views):
+    # the views of model.keras beside it, the same weights
+    from tfgpu.step.loops import tta_probabilities  # noqa: PLC0415
+
+    model = keras.saving.load_model(model_dir / "export" / "model.keras", safe_mode=True)
+    views = tta_probabilities(model, tf.cast(pixels, tf.float32), "flip_translate")
+    np.testing.assert_allclose(classified.numpy(), np.asarray(views), atol=1e-6)
 
 
 @pytest.mark.parametrize(
