@@ -26,16 +26,22 @@ needs_litert = pytest.mark.requires("litert")
 needs_onnx = pytest.mark.requires("onnx")
 
 
+# The trained run's crops: what each format serves against predict is the claim, not the
+# input size (the family exports below stay at 32x32, keras.applications' smallest).
+RUN_SIZE = 16
+
+
 @pytest.fixture(scope="module")
 def run_dir(small_dataset, tmp_path_factory):
-    """tiny_cnn, 6 updates of Adam with EMA weights (what evaluation and the export use)."""
+    """tiny_cnn, 6 updates of Adam with EMA weights (what evaluation and the export use),
+    RUN_SIZE crops."""
     model_dir = tmp_path_factory.mktemp("run")
     config = config_from(
         strategy="default",
         model="tiny_cnn",
         data_dir=small_dataset,
         model_dir=str(model_dir),
-        image_size=32,
+        image_size=RUN_SIZE,
         global_batch_size=16,
         train_steps=6,
         optimizer="adam",
@@ -64,7 +70,7 @@ def test_the_runs_own_export_holds_the_ema_weights(run_dir):
     kept = os.path.join(os.path.dirname(run_dir), "end-of-run0", "model.keras")
     model = keras.saving.load_model(kept, compile=False)
     trained = head.open_run(run_dir, "latest")
-    images = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
+    images = np.random.default_rng(0).integers(0, 256, (8, RUN_SIZE, RUN_SIZE, 3), dtype=np.uint8)
     averaged = predictor(trained)(images)
     last = predictor(trained).probabilities(images).numpy()  # the weights as trained
     exported = keras.ops.convert_to_numpy(keras.ops.softmax(model(images.astype("float32"))))
@@ -123,7 +129,7 @@ def test_saved_model_signatures_are_predicts(run_dir, tmp_path):
     )
     broken = loaded.classify_bytes(tf.constant([b"\xff\xd8\xffnot a jpeg"]))
     assert not bool(broken["valid"].numpy()[0])
-    assert loaded.serve(tf.zeros([2, 32, 32, 3], tf.uint8)).shape == (2, 4)  # logits, as before
+    assert loaded.serve(tf.zeros([2, RUN_SIZE, RUN_SIZE, 3], tf.uint8)).shape == (2, 4)  # logits
 
 
 @needs_litert
@@ -161,7 +167,7 @@ def test_onnx_runs_in_onnx_runtime_as_predict(run_dir, small_dataset):
     entry = export(run_dir, ExportOptions(format="onnx"), log=_quiet)
     assert entry["verdict"] == "ok" and entry["outputs"]["onnx"]["max_prob_diff"] < 1e-5
     session = onnxruntime.InferenceSession(entry["file"], providers=["CPUExecutionProvider"])
-    images = make_image_arrays(3, size=32, seed=7)[0]
+    images = make_image_arrays(3, size=RUN_SIZE, seed=7)[0]
     probabilities = session.run(None, {session.get_inputs()[0].name: images.astype(np.float32)})[0]
     assert probabilities.shape == (3, 4)
     np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-5)
