@@ -9,6 +9,7 @@ models users train: resnet18, resnet20, wrn16_4, densenet121 and efficientnet_b0
 """
 
 import contextlib
+import functools
 import json
 
 import keras
@@ -82,6 +83,8 @@ def _batches(size: int, n=GLOBAL_BATCH * UPDATES, seed=0):
 def _build(name):
     if name in ("regularized", "unregularized"):
         return _regularized_net(name == "regularized")
+    if name == "stem":
+        return _stem_net()
     if name == "resnet6":
         return resnet.build(4, _size(name), small_input=True, depths=(1, 1))
     # Stochastic depth off: its masks are drawn per replica (docs/training-loop.md).
@@ -91,6 +94,18 @@ def _build(name):
 def _family(name: str) -> str:
     """The network family of a registry model or of resnet6 (what --remat cuts into blocks)."""
     return "resnet" if name == "resnet6" else models.MODELS[name][0]
+
+
+def _stem_net():
+    """resnet6's stem alone (stem_conv, stem_bn, ReLU), pooled, a Dense classifier: one
+    BatchNorm layer whose moving mean the mirrored update moves."""
+    inputs = keras.Input((_size("stem"), _size("stem"), 3))
+    x = keras.layers.Rescaling(1 / 255)(inputs)
+    x = keras.layers.Conv2D(8, 3, padding="same", use_bias=False, name="stem_conv")(x)
+    x = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name="stem_bn")(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(4, dtype="float32")(x))
 
 
 def _regularized_net(regularized=True):
@@ -271,12 +286,13 @@ def test_without_sync_replicas_hold_the_mean_and_equal_accumulation(name, recipe
 def test_moving_statistics_are_the_mean_of_the_replicas_batch_statistics():
     """One update from the initial statistics (mean 0, variance 1, momentum 0.9): the first
     BatchNorm's moving mean is 0.1 x the mean of the two half-batches' means, computed here
-    from the stem convolution's outputs."""
-    model, _ = _train("resnet6", "mirrored", updates=1)
+    from the stem convolution's outputs. On resnet6's stem alone (``_stem_net``): the value
+    is the one layer's; the equivalences above hold every layer of resnet6 to one device."""
+    model, _ = _train("stem", "mirrored", updates=1)
     keras.utils.set_random_seed(5)
-    fresh = _build("resnet6")  # same seed: the weights before the update
+    fresh = _build("stem")  # same seed: the weights before the update
     stem = keras.Model(fresh.input, fresh.get_layer("stem_conv").output)
-    images = _batches(_size("resnet6"))["image"][:GLOBAL_BATCH].astype(np.float32)
+    images = _batches(_size("stem"))["image"][:GLOBAL_BATCH].astype(np.float32)
     halves = [stem(images[:4]).numpy().mean((0, 1, 2)), stem(images[4:]).numpy().mean((0, 1, 2))]
     expected = 0.1 * (halves[0] + halves[1]) / 2
     for copy in _components(model.get_layer("stem_bn").moving_mean):
@@ -285,9 +301,16 @@ def test_moving_statistics_are_the_mean_of_the_replicas_batch_statistics():
     assert np.abs(expected - wrong).max() > 1e-3
 
 
+@functools.cache
+def _regularized_reference() -> keras.Model:
+    """The regularized net trained on one device in whole batches (read, never trained on):
+    the reference of the two tests below, trained once for both."""
+    return _train("regularized")[0]
+
+
 @pytest.mark.parametrize("strategy,accum", [("default", 2), ("mirrored", 2)])
 def test_regularization_losses_count_once_per_update(strategy, accum):
-    reference, _ = _train("regularized")
+    reference = _regularized_reference()
     assert reference.losses, "the test model must have regularization losses"
     split, _ = _train("regularized", strategy, accum=accum)
     _assert_same_weights(split, reference)
@@ -295,7 +318,7 @@ def test_regularization_losses_count_once_per_update(strategy, accum):
 
 def test_regularization_losses_change_the_update():
     """The regularizers are not ignored: without them the same start ends elsewhere."""
-    regularized, _ = _train("regularized")
+    regularized = _regularized_reference()
     unregularized, _ = _train("unregularized")
     kernels = [m.layers[2].kernel.numpy() for m in (regularized, unregularized)]
     assert regularized.layers[2].name.startswith("conv2d")
