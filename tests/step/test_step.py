@@ -9,6 +9,7 @@ from weights import assert_same_weights, combined
 from weights import named as named_weights
 
 from tfgpu import models, optim
+from tfgpu.models import resnet
 from tfgpu.optim import schedules
 from tfgpu.distribute import backends
 from tfgpu.step.train_step import TrainStep
@@ -96,7 +97,10 @@ def test_lars_with_bce_on_two_replicas_in_micro_batches_equals_one_device():
 
 @pytest.mark.fast
 def test_weight_decay_skips_batchnorm_and_bias():
-    model = models.build_model("resnet18", num_classes=3, image_size=32, small_input=True)
+    # resnet6 (resnet18's code in two stages of one block, as tests/step/test_batchnorm.py's):
+    # the same kinds of variables (conv kernels, BatchNorm's gamma and beta, the head's kernel
+    # and bias), a tenth of resnet18's values to draw.
+    model = resnet.build(3, 16, small_input=True, depths=(1, 1))
     opt = optim.build_optimizer("sgd", 0.1, weight_decay=1e-4)
     opt.build(model.trainable_variables)
     decayed = {v.path for v in model.trainable_variables if opt._use_weight_decay(v)}
