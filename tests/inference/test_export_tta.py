@@ -17,6 +17,7 @@ from tfgpu.config import config_from, validate
 from tfgpu.data.spec import load_spec
 from tfgpu.cli.export import export_run as export
 from tfgpu.inference.export import ExportOptions
+from tfgpu.step.loops import tta_probabilities
 
 SIZE = 16
 
@@ -55,8 +56,6 @@ def test_the_runs_saved_model_serves_its_final_evaluation(run, small_dataset):
     np.testing.assert_allclose(tf.nn.softmax(logits).numpy(), classified.numpy(), atol=1e-6)
     # and that average is of the six views (top-1 on 24 images can agree with fewer views):
     # the views of model.keras beside it, the same weights
-    from tfgpu.step.loops import tta_probabilities  # noqa: PLC0415
-
     model = keras.saving.load_model(model_dir / "export" / "model.keras", safe_mode=True)
     views = tta_probabilities(model, tf.cast(pixels, tf.float32), "flip_translate")
     np.testing.assert_allclose(classified.numpy(), np.asarray(views), atol=1e-6)
