@@ -2,8 +2,9 @@
 runs; medians): ``python -m tfgpu.main --help``, a bad-flag error, a launch error (Horovod
 without a launcher), a short training run
 (tiny_cnn, 6 updates on synthetic data: TensorFlow's import, tracing and the first steps) and
-the same run as 2 multi_worker_mirrored workers (``tfgpu.launch``), in wall seconds and CPU
-seconds (user + system, the process and its children).
+the same run as 2 multi_worker_mirrored workers (``tfgpu.launch``), and, with Horovod,
+tfgpu-horovodrun on 2 ranks that only echo, in wall seconds and CPU seconds (user + system,
+the process and its children).
 
     python bench/startup.py --before=b6c7d94 [--rounds=5] [--before_path=DIR]
 
@@ -13,6 +14,7 @@ an unpacked wheel (``pip download ml_dtypes==0.7.0`` and unzip it into DIR).
 """
 
 import argparse
+import importlib.util
 import os
 import resource
 import statistics
@@ -45,6 +47,15 @@ COMMANDS = {
     "the same run on 2 workers": TWO_WORKERS,
 }
 TRAINS = (SHORT_RUN, TWO_WORKERS)
+# tfgpu-horovodrun's own start (its build check, its rendezvous) with 2 ranks that only echo.
+if importlib.util.find_spec("horovod"):
+    HOROVODRUN = ["-m", "tfgpu.distribute.hvdrun", "--gloo", "-np", "2", "-H", "localhost:2"]
+    COMMANDS["tfgpu-horovodrun, 2 ranks of `sh -c 'echo ok'`"] = [
+        *HOROVODRUN,
+        "sh",
+        "-c",
+        "echo ok",
+    ]
 
 
 def _children_cpu() -> float:
