@@ -68,12 +68,7 @@ def export_model(
         pause_for_tests("export")
     pixels = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")
     archive = keras.export.ExportArchive()
-    # The model's variables as archive.track(model) keeps them, without its walk of every
-    # object the model reaches for lookup tables (an image classifier has none): for
-    # efficientnet_b0 that walk was ~28% of the export's CPU. A resource a signature uses
-    # and nothing tracks is an error at write_out, never a silent loss.
-    for name in ("variables", "trainable_variables", "non_trainable_variables"):
-        archive.add_variable_collection(name, getattr(model, name))
+    _track_variables(archive, model)
     # The network on the views, one tf.function that every signature calls, and classify one
     # that the three classify_* call: the network is traced once for them all, not once each
     # (an EfficientNet's trace is seconds of CPU).
@@ -101,6 +96,15 @@ def export_model(
         )
     archive.write_out(saved_model_dir or os.path.join(directory, "saved_model"), verbose=False)
     return refusal
+
+
+def _track_variables(archive, model: keras.Model) -> None:
+    """The model's variables kept in ``archive`` as ``archive.track(model)`` keeps them, without
+    its walk of every object the model reaches for lookup tables (an image classifier has none):
+    for efficientnet_b0 that walk was ~28% of the export's CPU. A resource a signature uses and
+    nothing tracks is an error at write_out, never a silent loss."""
+    for name in ("variables", "trainable_variables", "non_trainable_variables"):
+        archive.add_variable_collection(name, getattr(model, name))
 
 
 def keras_file_refusal(model: keras.Model) -> str:
