@@ -101,23 +101,3 @@ def test_numpy_small_pages_turns_the_advice_off_and_restores_it():
         assert multiarray._set_madvise_hugepage(True) is True  # restored after an error too
     finally:
         multiarray._set_madvise_hugepage(before)
-
-
-def test_horovods_build_checks_answer_as_its_tensorflow_extension_does(monkeypatch):
-    requires("horovod")
-    import horovod.runner.launch as launch  # noqa: PLC0415 (optional: after requires)
-    import horovod.tensorflow as hvd  # noqa: PLC0415 (TensorFlow is imported here already)
-
-    for name in ("gloo_built", "mpi_built"):
-        monkeypatch.setattr(launch, name, getattr(launch, name))  # put back afterwards
-    compat.horovod_build_checks_without_tensorflow()
-    # The library's own answers (not Horovod's fallback), and horovodrun gets them.
-    assert compat.extension_says("gloo") is hvd.gloo_built() is launch.gloo_built()
-    assert compat.extension_says("mpi") is hvd.mpi_built() is launch.mpi_built()
-
-
-def test_where_the_extension_does_not_load_horovods_own_check_answers(monkeypatch):
-    monkeypatch.setattr(compat, "_extension_answer", lambda feature: None)
-    asked = []
-    built = compat._built_check("gloo", lambda verbose=False: asked.append(verbose) or "own")
-    assert built(verbose=True) == "own" and asked == [True]

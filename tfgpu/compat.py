@@ -7,11 +7,6 @@ reducing gradients twice. setup.cfg pins Keras and TensorFlow to the minor versi
 """
 
 import contextlib
-import ctypes
-import importlib.util
-import multiprocessing
-import os
-import sysconfig
 
 # (module, attribute path) of every private name used below.
 PRIVATE_NAMES = (
@@ -303,72 +298,14 @@ def set_horovod_termination_grace(seconds: float) -> None:
     safe_shell_exec.GRACEFUL_TERMINATION_TIME_S = seconds
 
 
-def horovod_build_checks_without_tensorflow() -> None:
-    """horovodrun asks whether Horovod was built with Gloo (or MPI) by importing
-    horovod.tensorflow, and so all of TensorFlow, in a forked process: ~3.6-4.2 CPU-s and
-    seconds of wall before any rank starts (measured). The answers are two C functions of
-    Horovod's TensorFlow extension library, which loads with TensorFlow's two C++ libraries
-    alone (~0.5 CPU-s): horovod.runner.launch's gloo_built and mpi_built ask those instead,
-    once each, and Horovod's own checks answer where that library does not load."""
+def replace_horovod_build_checks(make_check) -> None:
+    """horovodrun's ``gloo_built`` and ``mpi_built`` (names horovod.runner.launch imported)
+    replaced by ``make_check(feature, horovods_own)`` for "gloo" and "mpi"."""
     import horovod.runner.launch as launch
 
     for feature in ("gloo", "mpi"):
         name = f"{feature}_built"
-        setattr(launch, name, _built_check(feature, getattr(launch, name)))
-
-
-def _built_check(feature: str, horovods_own):
-    """A stand-in for Horovod's ``<feature>_built(verbose=False)``: the extension library's
-    answer (asked once), else ``horovods_own``'s."""
-    answers = {}
-
-    def built(verbose=False):
-        if feature not in answers:
-            answers[feature] = extension_says(feature)
-        answer = answers[feature]
-        return horovods_own(verbose=verbose) if answer is None else answer
-
-    return built
-
-
-def extension_says(feature: str):
-    """Horovod's TensorFlow extension's ``horovod_<feature>_built()`` as a bool, asked in a
-    forked process as Horovod asks (the libraries' start-up lines go to /dev/null there, not
-    into the launcher's output); None where the library does not load."""
-    ctx = multiprocessing.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_send_extension_answer, args=(feature, send), daemon=True)
-    child.start()
-    send.close()
-    try:
-        answer = receive.recv()
-    except EOFError:  # the child died before it answered
-        answer = None
-    child.join()
-    return answer
-
-
-def _send_extension_answer(feature: str, send) -> None:
-    quiet = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(quiet, 1)
-    os.dup2(quiet, 2)
-    send.send(_extension_answer(feature))
-
-
-def _extension_answer(feature: str):
-    """In this process: loads TensorFlow's C++ libraries and Horovod's TensorFlow extension
-    (horovod/tensorflow/mpi_lib, as horovod.tensorflow.mpi_ops names it) with ctypes and calls
-    its ``horovod_<feature>_built``; None where any of them does not load."""
-    try:
-        tf_dir = importlib.util.find_spec("tensorflow").submodule_search_locations[0]
-        hvd_dir = importlib.util.find_spec("horovod").submodule_search_locations[0]
-        for library in ("libtensorflow_framework.so.2", "libtensorflow_cc.so.2"):
-            ctypes.CDLL(os.path.join(tf_dir, library), mode=ctypes.RTLD_GLOBAL)
-        suffix = sysconfig.get_config_var("EXT_SUFFIX")
-        extension = ctypes.CDLL(os.path.join(hvd_dir, "tensorflow", "mpi_lib" + suffix))
-        return bool(getattr(extension, f"horovod_{feature}_built")())
-    except (OSError, AttributeError, TypeError, IndexError):
-        return None
+        setattr(launch, name, make_check(feature, getattr(launch, name)))
 
 
 _GPU_KERNELS: dict = {}  # op type -> its GPU (and device-independent) kernel definitions

@@ -3,7 +3,7 @@ arguments, but a failing rank ends the job with one line naming it, and its exit
 (horovodrun prints a traceback of its own and always exits 1), the other ranks get 2 s
 instead of 5 to stop after one fails, and it starts ~3 s sooner: whether Horovod was built with
 Gloo or MPI is asked of its library, not of a process that imports TensorFlow
-(compat.horovod_build_checks_without_tensorflow).
+(tfgpu/distribute/horovod_build.py).
 
     tfgpu-horovodrun --gloo -np 16 -H node1:8,node2:8 python -m tfgpu.main --strategy=horovod ...
 
@@ -17,6 +17,7 @@ import sys
 
 from tfgpu import compat
 from tfgpu.cli.app import asked_for_help, report
+from tfgpu.distribute import horovod_build
 from tfgpu.errors import INSTALL_HOROVOD, UsageError
 
 PROG = "tfgpu-horovodrun"
@@ -46,7 +47,7 @@ def main(argv: list[str]) -> int:
         return report(UsageError(missing), PROG)
     from horovod.runner.launch import run_commandline  # noqa: PLC0415 (an optional part)
 
-    compat.horovod_build_checks_without_tensorflow()
+    compat.replace_horovod_build_checks(horovod_build.built_check)
     try:
         run_commandline()
     except RuntimeError as err:

@@ -19,6 +19,7 @@ horovodrun, mpirun, Slurm, Ray) and Horovod.
   heartbeat_wire.py  its signed messages, and the judge of every datagram that arrives
   failures.py    a lost worker's error, in one line naming it
   hvdrun.py      `python -m` alias of tfgpu-horovodrun (tfgpu/cli/horovodrun.py)
+  horovod_build.py  whether Horovod has Gloo or MPI, asked of its library (for horovodrun)
   ray_train.py   tfgpu-ray's Ray Train job: the trainer, a worker's entry, failures in one line
 
 This file holds the choices ``config.py`` checks before TensorFlow starts, and the names
