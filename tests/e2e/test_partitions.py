@@ -81,10 +81,11 @@ WORKERS = (("worker", 0, TF_PORT), ("worker", 1, TF_PORT))
 class Run:
     """A two-process multi_worker_mirrored run across ``hosts`` as ``tasks`` (``TFJOB`` or
     ``WORKERS``) say, each with its own node-local --model_dir (``dirs[i]``) and TMPDIR
-    (``tmpdirs[i]``)."""
+    (``tmpdirs[i]``), and ``env`` added to their environment."""
 
-    def __init__(self, hosts: TwoHosts, data: str, where, tasks=WORKERS):
+    def __init__(self, hosts: TwoHosts, data: str, where, tasks=WORKERS, env=None):
         self.hosts, self.data, self.where, self.tasks = hosts, data, where, tasks
+        self.env = env or {}
         self.dirs = [str(where / f"w{i}") for i in (0, 1)]
         self.tmpdirs = [str(where / f"tmp{i}") for i in (0, 1)]
         self.attempt = 0
@@ -107,7 +108,7 @@ class Run:
             flags = cli_flags(values, data_dir=self.data, model_dir=self.dirs[i])
             argv = [sys.executable, "-m", "tfgpu.main", "--strategy=multi_worker_mirrored"]
             logs.append(str(self.where / f"w{i}-{self.attempt}.log"))
-            env = _env(self.tmpdirs[i], TF_CONFIG=tf_config)
+            env = _env(self.tmpdirs[i], TF_CONFIG=tf_config, **self.env)
             procs.append(self.hosts.start(host, [*argv, *flags], logs[-1], env=env))
         return procs, logs
 
@@ -138,15 +139,15 @@ def _ended(procs, logs, started: float, timeout: float) -> list[dict]:
     return [{"code": c, "seconds": s, "text": _read(log)} for c, s, log in zip(codes, ends, logs)]
 
 
-def _cut_and_resume(data, where, pair: int, cut, steps: int = STEPS, tasks=WORKERS) -> dict:
-    """A run of ``steps`` updates (its processes as ``tasks`` say) cut by ``cut(hosts,
-    chief's log)`` once the chief logged CUT_AT; what each worker said and left, then (when
-    ``steps`` is STEPS, with the heavy tests) the same command after ``heal``: its outputs
-    and final weights."""
+def _cut_and_resume(data, where, pair: int, cut, steps=STEPS, tasks=WORKERS, env=None) -> dict:
+    """A run of ``steps`` updates (its processes as ``tasks`` say, ``env`` added to their
+    environment) cut by ``cut(hosts, chief's log)`` once the chief logged CUT_AT; what each
+    worker said and left, then (when ``steps`` is STEPS, with the heavy tests) the same
+    command after ``heal``: its outputs and final weights."""
     where.mkdir()
     hosts = TwoHosts(pair)
     try:
-        run = Run(hosts, data, where, tasks)
+        run = Run(hosts, data, where, tasks, env)
         procs, logs = run.start(steps)
         _wait_for(logs[0], rf"step\s+{CUT_AT}/", procs, START_S)
         cut(hosts, logs[0])
@@ -215,15 +216,23 @@ def _heartbeats_only(hosts, log: str) -> None:
         hosts.drop_incoming(host, udp_port=int(address.rsplit(":", 1)[1]))
 
 
-# name -> (how the link is cut, updates, heavy: run only with the heavy tests, the tasks).
-# Blocked heartbeats stop a run only after 3 x heartbeats.SILENT_S, when STEPS may be done:
-# that run is longer, and not resumed (the cut both ways shows the resume). The runs that
-# resume are TFJob's chief and worker, as the uninterrupted one; blocked heartbeats stop two
-# workers.
+# Blocked heartbeats stop a run 3 x heartbeats.SILENT_S (15 s) after the last one heard, and
+# only when updates went on completing SILENT_S after it (Record.blocked): one update then is
+# enough. Trained flat out, the two workers spent ~13 CPU-s in those 15 s; instead each pauses
+# HOLD_S in its third checkpoint write (update 12, after the cut at CUT_AT), where the
+# watchdog's stall timeout does not count, and trains again from ~8 s after the cut.
+HOLD_S = 8
+HOLD = {"TFGPU_TEST_PAUSE": "checkpoint@3", "TFGPU_TEST_PAUSE_S": str(HOLD_S)}
+
+# name -> (how the link is cut, updates, heavy: run only with the heavy tests, the tasks, the
+# environment added). Blocked heartbeats stop a run only after 3 x heartbeats.SILENT_S, when
+# STEPS may be done: that run is longer, and not resumed (the cut both ways shows the resume).
+# The runs that resume are TFJob's chief and worker, as the uninterrupted one; blocked
+# heartbeats stop two workers.
 SCENARIOS = {
-    "both_ways": (_both_ways, STEPS, False, TFJOB),
-    "heartbeats_only": (_heartbeats_only, 10**5, False, WORKERS),
-    "one_way": (_one_way, STEPS, True, TFJOB),
+    "both_ways": (_both_ways, STEPS, False, TFJOB, None),
+    "heartbeats_only": (_heartbeats_only, 10**5, False, WORKERS, HOLD),
+    "one_way": (_one_way, STEPS, True, TFJOB, None),
 }
 
 
@@ -237,9 +246,9 @@ def outcomes(small_dataset, tmp_path_factory):
     futures = {}
     if heavy_enabled():  # what the resumes end with (module docstring)
         futures["reference"] = pool.submit(_uninterrupted, small_dataset, root / "reference", 0)
-    for pair, (name, (cut, steps, heavy, tasks)) in enumerate(SCENARIOS.items(), 1):
+    for pair, (name, (cut, steps, heavy, tasks, env)) in enumerate(SCENARIOS.items(), 1):
         if heavy_enabled() or not heavy:
-            run = functools.partial(_cut_and_resume, cut=cut, steps=steps, tasks=tasks)
+            run = functools.partial(_cut_and_resume, cut=cut, steps=steps, tasks=tasks, env=env)
             futures[name] = pool.submit(run, small_dataset, root / name, pair)
     if heavy_enabled() and not (missing("horovod") or missing("sshd")):
         pair = len(SCENARIOS) + 1
