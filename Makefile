@@ -13,9 +13,20 @@ STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 # collect the fast tier, per xdist worker; 4.6 -> 4.2 CPU-s per tfgpu process a test starts).
 unexport PYTHONDONTWRITEBYTECODE
 
+# jemalloc, where the system has it (Debian's libjemalloc2; `make system` installs it), preloaded
+# into every process of the demo and the tests: TensorFlow's import and tracing allocate
+# millions of small short-lived blocks, which it serves with less CPU than glibc's malloc
+# (bench/malloc.py: a 6-update run 1.08x less CPU, on two workers 1.05x; the steps of a longer
+# run not faster). The suite's processes are mostly such short runs: make test's pytest 1,191
+# CPU-s machine-wide against 1,269-1,322 without (bench/README.md). Looked up when a recipe
+# runs, after `system`. `make test JEMALLOC=`: without.
+JEMALLOC ?= $(firstword $(shell ls /usr/lib/*/libjemalloc.so.2 /usr/lib/libjemalloc.so.2 \
+	/usr/local/lib/libjemalloc.so.2 2>/dev/null))
+PRELOAD = $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC)$${LD_PRELOAD:+:$$LD_PRELOAD})
+
 .PHONY: demo test test-serial test-heavy test-fast test-fast-bare install horovod system ray export report hub mlflow mlflow-server
 demo: install
-	$(PY) -m tfgpu.main --strategy=mirrored
+	$(PRELOAD) $(PY) -m tfgpu.main --strategy=mirrored
 
 # On three pytest-xdist workers for 2 cores: many tests wait on processes they started (the hang
 # scenarios wait out their 60-s bounds, Ray's cluster starts), and a third worker fills those
@@ -31,21 +42,21 @@ XDIST_FAST := -n 2 --dist loadfile --no-loadscope-reorder
 REQUIRE_ALL ?= 1
 ALL := TFGPU_REQUIRE_ALL=$(REQUIRE_ALL)
 test: system install horovod ray export report hub mlflow mlflow-server
-	$(ALL) $(PY) -m pytest -q $(XDIST) --durations=25 tests
+	$(ALL) $(PRELOAD) $(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # The same in one process (a failure's output reads in order).
 test-serial: system install horovod ray export report hub mlflow mlflow-server
-	$(ALL) $(PY) -m pytest -q --durations=25 tests
+	$(ALL) $(PRELOAD) $(PY) -m pytest -q --durations=25 tests
 
 # Everything, with the opt-in heavy tests too (tests/conftest.py: HEAVY_ENV).
 test-heavy: system install horovod ray export report hub mlflow mlflow-server
-	$(ALL) TFGPU_HEAVY_TESTS=1 $(PY) -m pytest -q $(XDIST) --durations=25 tests
+	$(ALL) TFGPU_HEAVY_TESTS=1 $(PRELOAD) $(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 # The fast tier (tests/conftest.py): the package tests that start no process and train for no
 # seconds (tests/e2e/, the runs of real processes, is left out); no Horovod or Ray needed. On
 # two workers (each module's fixtures once, on one of them).
 test-fast: install
-	$(PY) -m pytest -q -m fast --ignore=tests/e2e $(XDIST_FAST) tests
+	$(PRELOAD) $(PY) -m pytest -q -m fast --ignore=tests/e2e $(XDIST_FAST) tests
 
 # The fast tier in a virtualenv of its own that never had Horovod, Ray, MLflow, matplotlib or
 # the export runtimes: what a user has after `pip install .` (CI runs it before `make test`).

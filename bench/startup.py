@@ -63,13 +63,16 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(tree: str, argv: list, path: str = "") -> tuple[float, float]:
+def measure(
+    tree: str, argv: list, path: str = "", env: dict | None = None, trains: bool | None = None
+) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of ``python -m tfgpu.main argv`` (or, for ``argv``
     starting with ``-m``, that module) with ``tree``'s tfgpu (and ``path`` ahead of it, if
-    given)."""
+    given), ``env`` added to the environment. ``trains``: whether it must train and exit 0
+    (default: whether ``argv`` is one of TRAINS)."""
     pythonpath = os.pathsep.join(p for p in (path, tree) if p)
-    env = dict(os.environ, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="3")
-    trains = argv in TRAINS  # the others are meant to exit early, some with an error
+    env = dict(os.environ, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
+    trains = argv in TRAINS if trains is None else trains  # the others exit early, some failing
     command = argv if argv[0] == "-m" else ["-m", "tfgpu.main", *argv]
     with tempfile.TemporaryDirectory() as model_dir:
         if trains:

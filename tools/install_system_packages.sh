@@ -3,7 +3,8 @@
 # Debian's packages: Open MPI (mpirun, and mpicxx so that tools/install_horovod.sh builds
 # Horovod's MPI controller), sshd/ssh and iproute2 (tests/e2e/test_multihost.py's two hosts), and
 # Zalando's Fashion-MNIST (dataset-fashion-mnist: real data with a public results table), and
-# Chromium (tests/report/test_report.py opens tfgpu-report's page in it, headless).
+# Chromium (tests/report/test_report.py opens tfgpu-report's page in it, headless), and
+# jemalloc (the Makefile preloads it into the tests' processes: bench/malloc.py).
 #
 # Installs only what is missing, with apt-get as root or through password-less sudo. Without
 # either it says so and exits 0: the tests that need a missing tool then fail under `make test`
@@ -21,6 +22,7 @@ have ip || missing+=(iproute2)
 # Fashion-MNIST's four IDX files (tests/e2e/test_fashion_mnist.py; the recipes in flags/).
 [[ -d /usr/share/datasets/fashion-mnist ]] || missing+=(dataset-fashion-mnist)
 have chromium || missing+=(chromium)
+compgen -G '/usr/lib/*/libjemalloc.so.2' >/dev/null || missing+=(libjemalloc2)
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 
 sudo=""
