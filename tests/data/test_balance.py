@@ -244,7 +244,7 @@ def test_class_weights_in_micro_batches_and_resumed_end_as_one_uninterrupted_dev
 def test_a_run_trains_with_the_class_weights_its_workers_agreed_on(
     imbalanced, tmp_path, monkeypatch
 ):
-    """--class_weights=FILE rewritten after the workers compared it (train._agreed_input) and
+    """--class_weights=FILE rewritten after the workers compared it (train.loop.agreed_input) and
     before the run is built (train._build): the loss and the start-up line have the compared
     weights."""
     path = tmp_path / "weights.json"

@@ -1,5 +1,5 @@
 """What workers compare at start-up (``distribute/consensus.py``), without worker processes:
-fingerprints as plain data, and one worker's start-up agreement (``train.loop._agreed_input``)
+fingerprints as plain data, and one worker's start-up agreement (``train.loop.agreed_input``)
 given what another one sent. tests/e2e/test_cluster.py runs real workers that disagree on a flag."""
 
 import json
@@ -8,14 +8,14 @@ import pytest
 
 from tfgpu.config import config_from
 from tfgpu.distribute import DistributeError, consensus, heartbeats
-from tfgpu.train.loop import _agreed_input
+from tfgpu.train.loop import agreed_input
 
 ALONE = heartbeats.Watch().announced  # what a worker without heartbeats announces
 
 
 def _agreed_spec(config, backend, announced):
     """The agreement of a run of ``config``, as the conductor makes it."""
-    return _agreed_input(config, backend, announced)
+    return agreed_input(config, backend, announced)
 
 
 def _fingerprints(*weights, where=("host-a:1", "host-b:2")) -> list:

@@ -20,7 +20,7 @@ from tfgpu import train
 from tfgpu.cli import launch
 from tfgpu.config import config_from, validate
 from tfgpu.distribute import DistributeError, heartbeats
-from tfgpu.train.loop import _agreed_input
+from tfgpu.train.loop import agreed_input
 
 # 16x16: the cluster is the claim, not the model (a tiny_cnn update ~25 ms of CPU instead of
 # ~65 at 32, bench/README.md).
@@ -218,7 +218,7 @@ class _Gather:
 def test_workers_that_disagree_stop_naming_the_field_and_the_workers(
     small_dataset, tmp_path, monkeypatch
 ):
-    """Each worker's start-up agreement as tfgpu.main makes it (train.loop._agreed_input:
+    """Each worker's start-up agreement as tfgpu.main makes it (train.loop.agreed_input:
     its own input, its settings, its TF_CONFIG's address), worker 0 given what worker 1 sent:
     the first field that differs, who holds which value. That the processes then stop with
     that one line, exit 2, nothing trained, is the no-data pair's below (the same way out);
@@ -232,7 +232,7 @@ def test_workers_that_disagree_stop_naming_the_field_and_the_workers(
         )
         backend = _Gather(is_chief=i == 0, theirs=sent[0] if sent else None)
         try:
-            _agreed_input(config, backend, heartbeats.Watch().announced)
+            agreed_input(config, backend, heartbeats.Watch().announced)
         except DistributeError as err:
             line = str(err)
         sent.append(backend.sent)

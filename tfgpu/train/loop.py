@@ -134,7 +134,7 @@ def _set_up(config, backend, watch, in_use: str, sizing, dtype_line: str = "") -
     worker and what the run takes from it, config.json and the data's record written, the
     micro-batch sized, the run built, its start lines (``dtype_line``: --dtype=auto's choice)
     said and the heartbeats (``watch``) started."""
-    inputs, fingerprints = _agreed_input(config, backend, watch.announced, in_use)
+    inputs, fingerprints = agreed_input(config, backend, watch.announced, in_use)
     writer = RunWriter(config.model_dir, backend.is_chief)
     writer.write_config(config.flat(), backend, config.train)
     writer.write_files(inputs.recorded)
@@ -264,7 +264,7 @@ def _train(config, backend, inputs, plan, state, writer, evaluated, actions) -> 
     return throughput
 
 
-def _agreed_input(config, backend, announced: dict, in_use: str = "") -> tuple:
+def agreed_input(config, backend, announced: dict, in_use: str = "") -> tuple:
     """(this worker's ``run_input.RunInput``, every worker's fingerprint), once every worker
     has its input and all agree on it (its spec and class weights: ``RunInput.fingerprint``),
     on the settings (``Config.shared``) and on the tfgpu version (``consensus.agree``): the
