@@ -16,11 +16,14 @@ from conftest import FAULTS_RUN, cli_flags, final_weights, make_image_arrays
 from weights import assert_same_weights
 
 from tfgpu import train
+from tfgpu.cli.app import run_command
 from tfgpu.config import config_from, validate
 from tfgpu.convert import plan
 from tfgpu.convert.manifest import items_from_arrays
 from tfgpu.data import identity
 from tfgpu.errors import DataError
+from tfgpu.train import op_errors
+from tfgpu.train.actions import Action
 
 # conftest's FAULTS_RUN: 36 updates at 16x16 read from the shards all along; its uninterrupted
 # run the session's (``faults_run``, shared with test_faults).
@@ -68,15 +71,45 @@ def _wait_for_rows(model_dir, rows: int, proc, timeout: float = 600) -> None:
 
 
 def _stopped_naming(proc, shard: str, why: str, model_dir) -> int:
-    """Asserts the run stopped with one line naming ``shard`` and ``why``; returns the step
-    of its newest checkpoint (kept)."""
+    """Asserts the process ``proc`` stopped as ``_said_once`` says; returns its newest
+    checkpoint's step."""
     _, err = proc.communicate(timeout=600)
+    return _said_once(proc.returncode, err, shard, why, model_dir)
+
+
+def _said_once(code: int, err: str, shard: str, why: str, model_dir) -> int:
+    """Asserts a run ended with exit code ``code`` 2 and, in its stderr ``err``, one line
+    naming ``shard`` and ``why``; returns the step of its newest checkpoint (kept)."""
     lines = [line for line in err.splitlines() if line.startswith("tfgpu: error:")]
-    assert proc.returncode == 2 and len(lines) == 1, err[-3000:]
+    assert code == 2 and len(lines) == 1, err[-3000:]
     assert f"{shard}: {why}" in lines[0] and "run the same command again" in lines[0], lines
     assert "Traceback" not in err
     kept = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
     return int(kept.rsplit("-", 1)[1])
+
+
+class _MoveAway(Action):
+    """Renames ``shard`` to ``shard.away`` at the resumed run's first loop boundary (4
+    updates in, as the process was waited for two more rows): the next epoch opens it."""
+
+    every = 4
+
+    def __init__(self, shard: str):
+        self.shard = shard
+
+    def __call__(self, state) -> None:
+        if os.path.exists(self.shard):
+            os.rename(self.shard, self.shard + ".away")
+
+
+def _as_the_command(config, actions=()) -> int:
+    """tfgpu-train's exit code for ``config`` (with ``actions``), in this process:
+    ``train.run`` ended as the command ends it (``run_command`` with its translation)."""
+    return run_command(
+        lambda: train.run(config, actions=list(actions)),
+        prog="tfgpu",
+        translate=op_errors.translate,
+    )
 
 
 @pytest.mark.timeout(1200)  # three runs of 36 updates: 191 s on 2 cores at load ~17, more at ~21
@@ -94,10 +127,13 @@ def test_a_shard_unreadable_or_deleted_mid_run_is_named_and_the_run_resumes_once
     kept = _stopped_naming(proc, shard, "it cannot be read (Permission denied)", run)
     assert 4 <= kept < RUN["train_steps"]
     os.chmod(shard, 0o644)
-    proc = _start(data, run)
-    _wait_for_rows(run, _rows(run) + 2, proc)
-    os.rename(shard, shard + ".away")
-    kept = _stopped_naming(proc, shard, "it is gone (No such file or directory)", run)
+    # The resumed run in this process, through the command's own ending: the exit code and
+    # the line are the claim, not a second process (the permission needs the one above).
+    capsys.readouterr()
+    config = _config(data, run, train_steps=RUN["train_steps"], input_probe_s=0.0)
+    code = _as_the_command(config, actions=[_MoveAway(shard)])
+    gone = "it is gone (No such file or directory)"
+    kept = _said_once(code, capsys.readouterr().err, shard, gone, run)
     os.rename(shard + ".away", shard)
     # The resume to the end in this process: its claim is the weights, not the process.
     capsys.readouterr()
