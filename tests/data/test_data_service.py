@@ -347,39 +347,6 @@ def test_data_service_flags_are_checked_before_tensorflow(values, message):
 # ---------------------------------------------------------------- real processes
 
 
-def test_training_through_a_local_service_says_what_it_guarantees(
-    procs, small_dataset, tmp_path, capsys
-):
-    """The local service (dispatcher and 2 workers: one process) says where it listens; a run
-    through it, in this process (``train_here``), says in one line what the service
-    guarantees, and learns."""
-    port = free_ports(1)[0]
-    local = service(procs, "--role=local", "--num_workers=2", f"--port={port}")
-    assert f"grpc://localhost:{port} with 2 worker(s)" in local.out.text
-    # What it says about where it listens is what the kernel says (docs/security.md).
-    listening = {
-        (c.laddr.ip, c.laddr.port)
-        for c in psutil.Process(local.proc.pid).net_connections(kind="tcp")
-        if c.status == psutil.CONN_LISTEN
-    }
-    assert len({p for _, p in listening}) == 3 and (port in {p for _, p in listening})
-    assert {ip for ip, _ in listening} <= {"0.0.0.0", "::"}, listening
-    assert "it listens on EVERY interface, unauthenticated" in local.out.text
-    capsys.readouterr()
-    train_here(small_dataset, tmp_path / "run", port, train_steps=30)
-    said = capsys.readouterr().out
-    lines = [line for line in said.splitlines() if line.startswith("data service ")]
-    assert len(lines) == 1, said[-3000:]
-    assert "2 worker(s)" in lines[0] and "job tfgpu-" in lines[0]
-    assert "at most once per epoch" in lines[0] and "no exact resume" in lines[0]
-    assert "--deterministic keeps" in lines[0]
-    records = [json.loads(r) for r in open(tmp_path / "run" / "metrics.jsonl")]
-    losses = [r["loss"] for r in records if "loss" in r]
-    assert summary(tmp_path / "run")["steps"] == 30 and losses[-1] < losses[0], losses
-    local.signal(signal.SIGINT)
-    assert local.wait(60) == 0 and "stopped by SIGINT" in local.out.text  # 60: a safety net
-
-
 def _kill_worker_at_work(workers, idle):
     """An action of the run (train.run's ``actions``, a tfgpu ``Action``, imported here with
     TensorFlow): at the first loop boundary from step 40 on where both ``workers`` (the two
@@ -404,21 +371,51 @@ def _kill_worker_at_work(workers, idle):
     return KillWorkerAtWork()
 
 
-def test_a_worker_killed_mid_run_does_not_end_training(procs, small_dataset, tmp_path):
-    """A worker of a dispatcher's two killed with SIGKILL mid-run: the run, in this process
-    (``train_here``), goes on to its last update. The dispatcher and the worker that stays are
-    one local service (two processes, not three: a process's start is ~3 CPU-s of
-    TensorFlow's import); the worker killed is a process of its own."""
+def test_a_local_service_says_what_it_guarantees_and_a_worker_killed_mid_run_is_survived(
+    procs, small_dataset, tmp_path, capsys
+):
+    """The local service (a dispatcher and a worker: one process) says where it listens; a
+    second worker, a process of its own, joins it. A run through the two, in this process
+    (``train_here``), says in one line what the service guarantees, learns, and goes on to its
+    last update though the second worker is killed with SIGKILL mid-run; the local service
+    then stops on SIGINT. (Two tests before, each with its own service processes and run.)"""
     port = free_ports(1)[0]
     local = service(procs, "--role=local", "--num_workers=1", f"--port={port}")
+    assert f"grpc://localhost:{port} with 1 worker(s)" in local.out.text
+    # What it says about where it listens is what the kernel says (docs/security.md).
+    listening = {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process(local.proc.pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+    assert len({p for _, p in listening}) == 2 and (port in {p for _, p in listening})
+    assert {ip for ip, _ in listening} <= {"0.0.0.0", "::"}, listening
+    assert "it listens on EVERY interface, unauthenticated" in local.out.text
     flags = ("--role=worker", f"--dispatcher=localhost:{port}", "--worker_host=localhost")
     workers = [local, service(procs, *flags)]
     killer = _kill_worker_at_work(workers, [cpu_seconds(w) for w in workers])
+    capsys.readouterr()
     summary_ = train_here(small_dataset, tmp_path / "run", port, [killer], train_steps=160)
+    _assert_said_and_learnt(capsys.readouterr().out, tmp_path / "run")
     assert killer.killed_at is not None and killer.killed_at < 160
     assert summary_["steps"] == 160 and summary(tmp_path / "run")["steps"] == 160
     assert workers[1].proc.wait(timeout=30) == -signal.SIGKILL
-    assert workers[0].proc.poll() is None
+    assert local.proc.poll() is None
+    local.signal(signal.SIGINT)
+    assert local.wait(60) == 0 and "stopped by SIGINT" in local.out.text  # 60: a safety net
+
+
+def _assert_said_and_learnt(said: str, model_dir) -> None:
+    """The run's printed ``said`` holds one data service line (2 workers, its job, what the
+    service guarantees); its metrics.jsonl's last loss is below its first."""
+    lines = [line for line in said.splitlines() if line.startswith("data service ")]
+    assert len(lines) == 1, said[-3000:]
+    assert "2 worker(s)" in lines[0] and "job tfgpu-" in lines[0]
+    assert "at most once per epoch" in lines[0] and "no exact resume" in lines[0]
+    assert "--deterministic keeps" in lines[0]
+    records = [json.loads(r) for r in open(model_dir / "metrics.jsonl")]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert losses[-1] < losses[0], losses
 
 
 @pytest.mark.heavy  # 80 s; the killed service worker above keeps the fault-tolerance claim
