@@ -14,19 +14,19 @@ STAMP := $(VENV)/.tfgpu-$(shell cat setup.cfg setup.py | cksum | cut -d' ' -f1)
 unexport PYTHONDONTWRITEBYTECODE
 
 # jemalloc, where the system has it (Debian's libjemalloc2; `make system` installs it), preloaded
-# into every process of the demo and the tests: TensorFlow's import and tracing allocate
-# millions of small short-lived blocks, which it serves with less CPU than glibc's malloc
-# (bench/malloc.py: a 6-update run 1.08x less CPU, on two workers 1.05x; the steps of a longer
-# run not faster). The suite's processes are mostly such short runs: make test's pytest 1,191
-# CPU-s machine-wide against 1,269-1,322 without (bench/README.md). Looked up when a recipe
-# runs, after `system`. `make test JEMALLOC=`: without.
+# into every process of the tests: TensorFlow's import and tracing allocate millions of small
+# short-lived blocks, which it serves with less CPU than glibc's malloc (bench/malloc.py: a
+# 6-update run 1.08x less CPU, on two workers 1.05x), and the suite's processes are mostly such
+# short runs: make test's pytest 1,191 CPU-s machine-wide against 1,269-1,322 without
+# (bench/README.md). Not for the demo: the steps of a longer run are no faster (0.97x).
+# Looked up when a recipe runs, after `system`. `make test JEMALLOC=`: without.
 JEMALLOC ?= $(firstword $(shell ls /usr/lib/*/libjemalloc.so.2 /usr/lib/libjemalloc.so.2 \
 	/usr/local/lib/libjemalloc.so.2 2>/dev/null))
 PRELOAD = $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC)$${LD_PRELOAD:+:$$LD_PRELOAD})
 
 .PHONY: demo test test-serial test-heavy test-fast test-fast-bare install horovod system ray export report hub mlflow mlflow-server
 demo: install
-	$(PRELOAD) $(PY) -m tfgpu.main --strategy=mirrored
+	$(PY) -m tfgpu.main --strategy=mirrored
 
 # On three pytest-xdist workers for 2 cores: many tests wait on processes they started (the hang
 # scenarios wait out their 60-s bounds, Ray's cluster starts), and a third worker fills those
