@@ -15,11 +15,11 @@ unexport PYTHONDONTWRITEBYTECODE
 
 # jemalloc, where the system has it (Debian's libjemalloc2; `make system` installs it), preloaded
 # into every process of the tests: TensorFlow's import and tracing allocate millions of small
-# short-lived blocks, which it serves with less CPU than glibc's malloc (bench/malloc.py: a
-# 6-update run 1.08x less CPU, on two workers 1.05x), and the suite's processes are mostly such
-# short runs: make test's pytest 1,191 CPU-s machine-wide against 1,269-1,322 without
-# (bench/README.md). Not for the demo: the steps of a longer run are no faster (0.97x).
-# Looked up when a recipe runs, after `system`. `make test JEMALLOC=`: without.
+# short-lived blocks, which it serves with less CPU than glibc's malloc (bench/malloc.py, quiet:
+# a 6-update run 1.10x less CPU, on two workers 1.08x), and the suite's processes are mostly
+# such short runs (make test's figures with and without: bench/README.md). Not for the demo:
+# the steps of a longer run are no faster (0.99x). Looked up when a recipe runs, after
+# `system`. `make test JEMALLOC=`: without.
 JEMALLOC ?= $(firstword $(shell ls /usr/lib/*/libjemalloc.so.2 /usr/lib/libjemalloc.so.2 \
 	/usr/local/lib/libjemalloc.so.2 2>/dev/null))
 PRELOAD = $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC)$${LD_PRELOAD:+:$$LD_PRELOAD})
