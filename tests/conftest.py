@@ -491,6 +491,20 @@ def assert_one_all_reduce_per_update(model_dir, updates: int) -> None:
     assert run_summary(model_dir)["gradient_all_reduces"] == updates, "one per update"
 
 
+def as_train_command(config, actions=()) -> int:
+    """tfgpu-train's exit code for ``config`` (with the run's ``actions``), in this process:
+    ``train.run`` ended as the command ends it (``run_command`` with its translation: a
+    TfgpuError or a translated TensorFlow error becomes one line on stderr and its code)."""
+    from tfgpu import train  # noqa: PLC0415 (TensorFlow's work: only when asked)
+    from tfgpu.cli.app import run_command  # noqa: PLC0415
+    from tfgpu.train import op_errors  # noqa: PLC0415
+
+    def command() -> None:  # as tfgpu-train's: the summary is not an exit code
+        train.run(config, actions)
+
+    return run_command(command, prog="tfgpu", translate=op_errors.translate)
+
+
 def cli_flags(values: dict, **paths) -> list[str]:
     """Config-style values (and paths such as data_dir=...) as tfgpu.main flags."""
     out = [f"--{key}={value}" for key, value in paths.items()]

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import psutil
 import pytest
-from conftest import cli_flags
+from conftest import as_train_command, cli_flags
 from procs import Output
 
 from tfgpu.config import ConfigError, config_from, validate
@@ -460,16 +460,12 @@ def test_an_unreachable_dispatcher_is_one_line_naming_it(small_dataset, tmp_path
     """A run whose --data_service has no dispatcher, through the command's own ending
     (``run_command`` with tfgpu-train's translation, in this process: the claim is the line,
     not the process): exit 2, one line naming the address, within the timeout."""
-    from tfgpu import train
-    from tfgpu.cli.app import run_command
-    from tfgpu.train import op_errors
-
     port = free_ports(1)[0]
     values = dict(RUN, train_steps=5, data_service=f"grpc://localhost:{port}")
     values.update(data_service_timeout_s=3, data_dir=small_dataset, model_dir=str(tmp_path / "r"))
     config = validate(config_from(**values))
     start = time.monotonic()
-    code = run_command(train.run, config, prog="tfgpu", translate=op_errors.translate)
+    code = as_train_command(config)
     took = time.monotonic() - start
     err = capsys.readouterr().err
     assert code == 2, err[-3000:]

@@ -12,17 +12,15 @@ import time
 
 import pytest
 import tensorflow as tf
-from conftest import FAULTS_RUN, cli_flags, final_weights, make_image_arrays
+from conftest import FAULTS_RUN, as_train_command, cli_flags, final_weights, make_image_arrays
 from weights import assert_same_weights
 
 from tfgpu import train
-from tfgpu.cli.app import run_command
 from tfgpu.config import config_from, validate
 from tfgpu.convert import plan
 from tfgpu.convert.manifest import items_from_arrays
 from tfgpu.data import identity
 from tfgpu.errors import DataError
-from tfgpu.train import op_errors
 from tfgpu.train.actions import Action
 
 # conftest's FAULTS_RUN: 36 updates at 16x16 read from the shards all along; its uninterrupted
@@ -102,16 +100,6 @@ class _MoveAway(Action):
             os.rename(self.shard, self.shard + ".away")
 
 
-def _as_the_command(config, actions=()) -> int:
-    """tfgpu-train's exit code for ``config`` (with ``actions``), in this process:
-    ``train.run`` ended as the command ends it (``run_command`` with its translation)."""
-    return run_command(
-        lambda: train.run(config, actions=list(actions)),
-        prog="tfgpu",
-        translate=op_errors.translate,
-    )
-
-
 @pytest.mark.timeout(1200)  # three runs of 36 updates: 191 s on 2 cores at load ~17, more at ~21
 def test_a_shard_unreadable_or_deleted_mid_run_is_named_and_the_run_resumes_once_it_is_back(
     small_dataset, uninterrupted, tmp_path, capsys
@@ -131,7 +119,7 @@ def test_a_shard_unreadable_or_deleted_mid_run_is_named_and_the_run_resumes_once
     # the line are the claim, not a second process (the permission needs the one above).
     capsys.readouterr()
     config = _config(data, run, train_steps=RUN["train_steps"], input_probe_s=0.0)
-    code = _as_the_command(config, actions=[_MoveAway(shard)])
+    code = as_train_command(config, actions=[_MoveAway(shard)])
     gone = "it is gone (No such file or directory)"
     kept = _said_once(code, capsys.readouterr().err, shard, gone, run)
     os.rename(shard + ".away", shard)

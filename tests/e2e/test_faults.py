@@ -10,16 +10,14 @@ import sys
 import time
 
 import pytest
-from conftest import FAULTS_RUN, cli_flags, final_weights
+from conftest import FAULTS_RUN, as_train_command, cli_flags, final_weights
 from weights import assert_same_weights
 import tensorflow as tf
 
 from tfgpu import train
-from tfgpu.cli.app import run_command
 from tfgpu.config import config_from, validate
 from tfgpu.errors import CheckpointError
 from tfgpu.step.train_step import NonFiniteLoss
-from tfgpu.train import op_errors
 
 # The run the faults interrupt: conftest's FAULTS_RUN (16x16: the faults are the run's, not the
 # model's), its uninterrupted run the session's (``faults_run``, shared with test_data_faults).
@@ -188,17 +186,6 @@ def test_bad_flags_and_environment_are_one_clear_line(flags, env, expected, tmp_
     assert "Traceback" not in err
 
 
-def _as_the_command(config) -> int:
-    """tfgpu-train's exit code for ``config``, in this process: ``train.run`` ended as the
-    command ends it (``run_command`` with its translation: a TfgpuError or a translated
-    TensorFlow error becomes one line on stderr and its code)."""
-
-    def command() -> None:
-        train.run(config)
-
-    return run_command(command, prog="tfgpu", translate=op_errors.translate)
-
-
 def test_label_out_of_range_is_one_clear_line(small_dataset, tmp_path, capsys):
     """A record's label past --num_classes, found by the reader mid-run: through the command's
     own ending (``run_command`` with tfgpu-train's translation of TensorFlow's error, in this
@@ -207,7 +194,7 @@ def test_label_out_of_range_is_one_clear_line(small_dataset, tmp_path, capsys):
     config = validate(
         config_from(data_dir=small_dataset, model_dir=str(tmp_path / "run"), **values)
     )
-    code = _as_the_command(config)
+    code = as_train_command(config)
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
     lines = [line for line in err.splitlines() if line.startswith("tfgpu: error:")]
@@ -267,7 +254,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(
     config = _config(small_dataset, model_dir)
     _truncate_data_files(str(model_dir / "checkpoints" / "ckpt-36"))
     capsys.readouterr()
-    code = _as_the_command(config)
+    code = as_train_command(config)
     out, err = capsys.readouterr()
     assert code == 0, err[-3000:]
     warning = [line for line in err.splitlines() if "does not read back" in line]
@@ -276,7 +263,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(
     assert_same_weights(model_dir, uninterrupted, atol=1e-6)
     for step in (28, 32, 36):
         _truncate_data_files(str(model_dir / "checkpoints" / f"ckpt-{step}"))
-    code = _as_the_command(config)
+    code = as_train_command(config)
     err = capsys.readouterr().err
     assert code == 4, err[-3000:]
     lines = [line for line in err.splitlines() if line.startswith("tfgpu: error:")]

@@ -8,13 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY_RUN, cli_flags
+from conftest import TINY_RUN, as_train_command, cli_flags
 
-from tfgpu import train
-from tfgpu.cli.app import run_command
 from tfgpu.config import config_from, validate
 from tfgpu.results import runlock
-from tfgpu.train import op_errors
 
 
 def _hold(model_dir) -> object:
@@ -51,7 +48,7 @@ def test_a_second_run_into_a_model_dir_in_use_stops_in_one_line(small_dataset, t
     config = validate(
         config_from(strategy="default", data_dir=small_dataset, model_dir=str(tmp_path), **TINY_RUN)
     )
-    code = run_command(train.run, config, prog="tfgpu", translate=op_errors.translate)
+    code = as_train_command(config)
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("tfgpu: error: ") and "in use by another run" in lines[0]
