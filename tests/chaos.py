@@ -23,7 +23,6 @@ kill; ``TFGPU_CHAOS_SEED`` replays a run's choices (not its timing, which the ma
 
 import dataclasses
 import json
-import math
 import os
 import random
 import re
@@ -292,27 +291,18 @@ def _kill(procs, outputs, moment: Moment, rng: random.Random) -> None:
             pass
 
 
-def _checkpoints_left(job: Job, model_dir: str, kind: str) -> float:
-    """For ``kind`` "checkpoint", how many checkpoints an attempt from ``model_dir``'s newest
-    still writes (one per --checkpoint_every_steps up to --train_steps), at least 1; for other
-    kinds no bound (inf). A drawn N-th write past the last would never come: the attempt would
-    finish, ending the chaos run with the kinds after it unkilled."""
-    if kind != "checkpoint":
-        return math.inf
-    left = job.flag("train_steps") - newest_checkpoint(model_dir)
-    return max(1, -(-left // job.flag("checkpoint_every_steps")))
-
-
 def attempt(job: Job, model_dir: str, moment: Moment | None, rng: random.Random) -> Attempt:
     """Starts the job once; kills it at ``moment`` (None: lets it finish). Returns how the
     attempt ended, with every process's output (each line prefixed with its index)."""
-    env = dict(os.environ)
+    env, steps_left = dict(os.environ), job.flag("train_steps") - newest_checkpoint(model_dir)
+    if moment is not None and moment.kind == "checkpoint":
+        # A write past the attempt's last (one per --checkpoint_every_steps) would never come:
+        # the attempt would finish, ending the chaos run with the kinds after it unkilled.
+        writes_left = -(-steps_left // job.flag("checkpoint_every_steps"))
+        moment.value = min(moment.value, max(1, writes_left))
     if moment is not None and moment.kind in PAUSE_POINTS:
-        moment.value = min(moment.value, _checkpoints_left(job, model_dir, moment.kind))
         env.update(TFGPU_TEST_PAUSE=f"{moment.kind}@{int(moment.value)}", TFGPU_TEST_PAUSE_S="120")
-    remaining = (job.flag("train_steps") - newest_checkpoint(model_dir)) // job.flag(
-        "log_every_steps"
-    )
+    remaining = steps_left // job.flag("log_every_steps")
     procs = job.start(model_dir, env)
     outputs = [Output(p) for p in procs]
     watch, killed_at = _Watch(moment, outputs, model_dir, remaining), 0.0
